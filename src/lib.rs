@@ -1,0 +1,18 @@
+//! threadgate: an orchestrator that lets an AI support agent work a customer's thread
+//! end to end while a person keeps the last word on anything that moves money or
+//! changes an account.
+//!
+//! `ARCHITECTURE.md` at the repository root maps these modules and the path a webhook
+//! and a tool call take through them.
+
+pub mod approvals;
+pub mod audit;
+pub mod connectors;
+pub mod gateway;
+pub mod policy;
+pub mod sandbox;
+pub mod secrets;
+pub mod session;
+pub mod store;
+pub mod webhook;
+pub mod workspace;
