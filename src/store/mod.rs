@@ -1,1 +1,256 @@
-//! TODO: store
+//! Durable state: one SQLite database in the data directory.
+//!
+//! Every write goes through a single writer thread that batches concurrent writes into
+//! one transaction and one fsync (group commit): a caller's `write` future resolves only
+//! after its transaction is on disk (`synchronous=FULL`, WAL). Reads use a small pool of
+//! separate connections, which WAL lets run beside the writer.
+//!
+//! Domain modules own their SQL and run it through [`Db::write`] and [`Db::read`];
+//! the schema lives in `migrations/`, applied in order at open. To move to Postgres for
+//! several instances, this module and the domain queries are what changes; the
+//! orchestrator only sees domain functions.
+
+mod migrations;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread;
+
+use rusqlite::{Connection, OpenFlags};
+use tokio::sync::oneshot;
+
+pub use rusqlite;
+
+/// The most writes folded into one transaction.
+const MAX_BATCH: usize = 512;
+/// Read connections kept open beside the writer.
+const READERS: usize = 4;
+
+/// Errors from the state store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open database {path}: {source}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("database migration {name} failed: {source}")]
+    Migration {
+        name: &'static str,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("database error: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("database commit failed: {0}")]
+    Commit(String),
+    #[error("the database writer has stopped")]
+    WriterGone,
+}
+
+type Finish = Box<dyn FnOnce(Result<(), String>) + Send>;
+type Job = Box<dyn FnOnce(&Connection) -> (bool, Finish) + Send>;
+
+/// A handle on the database; cheap to clone.
+#[derive(Clone)]
+pub struct Db {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    readers: Mutex<Vec<Connection>>,
+}
+
+impl Db {
+    /// Opens (creating if needed) the database at `path`, applies pending migrations and
+    /// starts the writer thread.
+    pub fn open(path: &Path) -> Result<Db, StoreError> {
+        let open_err = |source| StoreError::Open {
+            path: path.to_owned(),
+            source,
+        };
+        let mut writer = Connection::open(path).map_err(open_err)?;
+        configure(&writer).map_err(open_err)?;
+        migrations::apply(&mut writer)?;
+        let mut readers = Vec::with_capacity(READERS);
+        for _ in 0..READERS {
+            readers.push(open_reader(path).map_err(open_err)?);
+        }
+        let (tx, rx) = mpsc::channel::<Job>();
+        thread::Builder::new()
+            .name("threadgate-db-writer".into())
+            .spawn(move || writer_loop(writer, rx))
+            .map_err(|e| StoreError::Commit(format!("cannot start the writer thread: {e}")))?;
+        Ok(Db {
+            inner: Arc::new(Inner {
+                path: path.to_owned(),
+                jobs: Mutex::new(Some(tx)),
+                readers: Mutex::new(readers),
+            }),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Runs `f` inside a write transaction and resolves once that transaction is
+    /// durably committed. `f` runs inside its own savepoint: if it returns an error,
+    /// its changes are rolled back and the batch it shares goes on.
+    pub async fn write<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> rusqlite::Result<R> + Send + 'static,
+    {
+        let rx = self.submit(f)?;
+        rx.await.map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// [`Db::write`] for callers outside an async runtime (the CLI).
+    pub fn write_blocking<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> rusqlite::Result<R> + Send + 'static,
+    {
+        let rx = self.submit(f)?;
+        rx.blocking_recv().map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Runs `f` on a read connection (a consistent snapshot) on the blocking pool.
+    pub async fn read<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> rusqlite::Result<R> + Send + 'static,
+    {
+        let db = self.clone();
+        tokio::task::spawn_blocking(move || db.read_blocking(f))
+            .await
+            .map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// [`Db::read`] for callers outside an async runtime.
+    pub fn read_blocking<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        F: FnOnce(&Connection) -> rusqlite::Result<R>,
+    {
+        let conn = self.take_reader()?;
+        let result = f(&conn).map_err(StoreError::from);
+        self.return_reader(conn);
+        result
+    }
+
+    fn take_reader(&self) -> Result<Connection, StoreError> {
+        let pooled = lock(&self.inner.readers).pop();
+        match pooled {
+            Some(conn) => Ok(conn),
+            None => open_reader(&self.inner.path).map_err(|source| StoreError::Open {
+                path: self.inner.path.clone(),
+                source,
+            }),
+        }
+    }
+
+    fn return_reader(&self, conn: Connection) {
+        let mut readers = lock(&self.inner.readers);
+        if readers.len() < READERS {
+            readers.push(conn);
+        }
+    }
+
+    fn submit<R, F>(&self, f: F) -> Result<oneshot::Receiver<Result<R, StoreError>>, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> rusqlite::Result<R> + Send + 'static,
+    {
+        let (reply, rx) = oneshot::channel();
+        let job: Job = Box::new(move |conn| {
+            let outcome = f(conn);
+            let ok = outcome.is_ok();
+            let finish: Finish = Box::new(move |committed| {
+                let result = match (outcome, committed) {
+                    (Ok(value), Ok(())) => Ok(value),
+                    (Ok(_), Err(message)) => Err(StoreError::Commit(message)),
+                    (Err(e), _) => Err(StoreError::Sql(e)),
+                };
+                // The caller may have gone away; its result is then not needed.
+                let _ = reply.send(result);
+            });
+            (ok, finish)
+        });
+        let jobs = lock(&self.inner.jobs);
+        let sender = jobs.as_ref().ok_or(StoreError::WriterGone)?;
+        sender.send(job).map_err(|_| StoreError::WriterGone)?;
+        Ok(rx)
+    }
+}
+
+/// Locks a mutex, recovering the data if a holder panicked: the pools hold no invariant
+/// that a panic could break.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn configure(conn: &Connection) -> rusqlite::Result<()> {
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    Ok(())
+}
+
+fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    Ok(conn)
+}
+
+/// Takes every job waiting, runs them in one transaction, each in a savepoint, commits
+/// once, then answers each caller.
+fn writer_loop(conn: Connection, jobs: mpsc::Receiver<Job>) {
+    while let Ok(first) = jobs.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match jobs.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut finishers = Vec::with_capacity(batch.len());
+        // INVARIANT: a job runs only inside its own savepoint of an open transaction, so
+        // a failing job never leaves partial changes in the batch. A job that cannot be
+        // run is dropped, which its caller sees as `WriterGone`.
+        if conn.execute_batch("BEGIN IMMEDIATE").is_err() {
+            continue;
+        }
+        for job in batch {
+            if conn.execute_batch("SAVEPOINT job").is_err() {
+                continue;
+            }
+            let (ok, finish) = job(&conn);
+            let end = if ok {
+                "RELEASE job"
+            } else {
+                "ROLLBACK TO job; RELEASE job"
+            };
+            let _ = conn.execute_batch(end);
+            finishers.push(finish);
+        }
+        let committed = conn.execute_batch("COMMIT").map_err(|e| {
+            let _ = conn.execute_batch("ROLLBACK");
+            e.to_string()
+        });
+        for finish in finishers {
+            finish(committed.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,42 @@
+//! The schema, as an ordered list of migrations applied once each at open.
+//!
+//! `PRAGMA user_version` records how many have been applied. Append new migrations;
+//! never edit one that has shipped.
+
+use rusqlite::Connection;
+
+use super::StoreError;
+
+/// One step of the schema.
+struct Migration {
+    name: &'static str,
+    sql: &'static str,
+}
+
+/// Every migration in order. A domain module that needs tables adds a file here.
+const MIGRATIONS: &[Migration] = &[Migration {
+    name: "0001_meta",
+    sql: include_str!("migrations/0001_meta.sql"),
+}];
+
+/// Applies every migration newer than the database's `user_version`, each in its own
+/// transaction together with the version bump.
+pub(super) fn apply(conn: &mut Connection) -> Result<(), StoreError> {
+    let current: usize = conn
+        .pragma_query_value(None, "user_version", |row| row.get::<_, i64>(0))
+        .map_err(StoreError::Sql)?
+        .try_into()
+        .unwrap_or(0);
+    for (index, migration) in MIGRATIONS.iter().enumerate().skip(current) {
+        let fail = |source| StoreError::Migration {
+            name: migration.name,
+            source,
+        };
+        let tx = conn.transaction().map_err(fail)?;
+        tx.execute_batch(migration.sql).map_err(fail)?;
+        tx.pragma_update(None, "user_version", (index + 1) as i64)
+            .map_err(fail)?;
+        tx.commit().map_err(fail)?;
+    }
+    Ok(())
+}

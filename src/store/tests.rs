@@ -1,0 +1,83 @@
+use super::*;
+
+fn open_temp() -> (tempfile::TempDir, Db) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = Db::open(&dir.path().join("state.db")).expect("open");
+    (dir, db)
+}
+
+#[tokio::test]
+async fn writes_are_visible_to_readers_after_commit() {
+    let (_dir, db) = open_temp();
+    db.write(|c| c.execute("INSERT INTO meta (key, value) VALUES ('a', '1')", []))
+        .await
+        .expect("write");
+    let value: String = db
+        .read(|c| c.query_row("SELECT value FROM meta WHERE key = 'a'", [], |r| r.get(0)))
+        .await
+        .expect("read");
+    assert_eq!(value, "1");
+}
+
+#[tokio::test]
+async fn a_failing_write_rolls_back_alone_in_a_concurrent_batch() {
+    let (_dir, db) = open_temp();
+    db.write(|c| c.execute("INSERT INTO meta (key, value) VALUES ('taken', '1')", []))
+        .await
+        .expect("seed");
+    let mut handles = Vec::new();
+    for i in 0..200 {
+        let db = db.clone();
+        handles.push(tokio::spawn(async move {
+            db.write(move |c| {
+                c.execute(
+                    "INSERT INTO meta (key, value) VALUES (?1, 'x')",
+                    [format!("k{i}")],
+                )?;
+                if i % 10 == 0 {
+                    // A duplicate key: this job's insert above must be rolled back too.
+                    c.execute("INSERT INTO meta (key, value) VALUES ('taken', 'dup')", [])?;
+                }
+                Ok(())
+            })
+            .await
+        }));
+    }
+    let mut failed = 0;
+    for h in handles {
+        if h.await.expect("join").is_err() {
+            failed += 1;
+        }
+    }
+    assert_eq!(failed, 20);
+    let count: i64 = db
+        .read(|c| c.query_row("SELECT count(*) FROM meta", [], |r| r.get(0)))
+        .await
+        .expect("count");
+    assert_eq!(count, 181, "180 successful jobs plus the seed row");
+}
+
+#[test]
+fn reopening_keeps_data_and_does_not_rerun_migrations() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    {
+        let db = Db::open(&path).expect("open");
+        db.write_blocking(|c| c.execute("INSERT INTO meta (key, value) VALUES ('a', '1')", []))
+            .expect("write");
+    }
+    let db = Db::open(&path).expect("reopen");
+    let value: String = db
+        .read_blocking(|c| c.query_row("SELECT value FROM meta WHERE key = 'a'", [], |r| r.get(0)))
+        .expect("read");
+    assert_eq!(value, "1");
+}
+
+#[test]
+fn the_database_runs_with_full_sync_and_wal() {
+    let (_dir, db) = open_temp();
+    let mode: String = db
+        .read_blocking(|c| c.pragma_query_value(None, "journal_mode", |r| r.get(0)))
+        .expect("pragma");
+    assert_eq!(mode, "wal");
+}
