@@ -1,1 +1,258 @@
-//! TODO: approvals
+//! Approvals: a person's decision on a held call, and running an approved call exactly
+//! once.
+//!
+//! A held call's row is frozen when it is held. Deciding it is a compare-and-set from
+//! `held` (two reviewers at once: one wins, the other is told it was already decided);
+//! running it is a second compare-and-set from `approved` to `running`, so a retried
+//! request, a second reviewer or a restart can never send it twice. Stripe also gets an
+//! idempotency key derived from the execution id; a call to a provider without one whose
+//! outcome is unknown after a crash is marked `needs_check` for a person, never re-sent.
+
+pub mod http;
+pub mod outbox;
+pub mod reviewers;
+pub mod store;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Deserialize;
+
+use crate::gateway::{CallReply, Gate, audit_execution};
+use crate::policy::Verdict;
+use store::{Execution, Status};
+
+/// What a reviewer asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Choice {
+    Approve,
+    Deny,
+}
+
+/// Why a decision was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum DecideError {
+    #[error("no held call {0}")]
+    NotFound(String),
+    #[error("call {id} expired; the agent must make a new call")]
+    Expired { id: String },
+    #[error("call {id} was already decided: {status}")]
+    AlreadyDecided { id: String, status: &'static str },
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
+/// The approvals service.
+#[derive(Clone)]
+pub struct Approvals {
+    pub gate: Arc<Gate>,
+}
+
+enum Recorded {
+    Decided(Execution),
+    Expired(Execution),
+    Already(Status),
+    Missing,
+}
+
+impl Approvals {
+    /// Records a reviewer's decision on a held call and, when approved, runs it.
+    pub async fn decide(
+        &self,
+        id: &str,
+        reviewer: &str,
+        choice: Choice,
+        message: Option<String>,
+    ) -> Result<Execution, DecideError> {
+        let now = self.gate.now();
+        let redactor = self.gate.current_redactor();
+        let (id_owned, reviewer_owned) = (id.to_owned(), reviewer.to_owned());
+        let recorded = self
+            .gate
+            .db
+            .write(move |conn| {
+                let Some(exec) = store::get(conn, &id_owned)? else {
+                    return Ok(Recorded::Missing);
+                };
+                if exec.status != Status::Held {
+                    return Ok(Recorded::Already(exec.status));
+                }
+                if exec.expires_at_ms.is_some_and(|at| at <= now) {
+                    store::transition(conn, &id_owned, Status::Held, Status::Expired)?;
+                    audit_execution(conn, &redactor, &exec, "expired", None, None, None, &exec.policy_hash)?;
+                    return Ok(Recorded::Expired(exec));
+                }
+                let to = match choice {
+                    Choice::Approve => Status::Approved,
+                    Choice::Deny => Status::Denied,
+                };
+                store::record_decision(conn, &id_owned, to, &reviewer_owned, message.as_deref(), now)?;
+                let event = match choice {
+                    Choice::Approve => "approved",
+                    Choice::Deny => "denied",
+                };
+                audit_execution(conn, &redactor, &exec, event, message.as_deref(), Some(&reviewer_owned), None, &exec.policy_hash)?;
+                Ok(Recorded::Decided(store::get(conn, &id_owned)?.unwrap_or(exec)))
+            })
+            .await?;
+        match recorded {
+            Recorded::Missing => Err(DecideError::NotFound(id.to_owned())),
+            Recorded::Already(Status::Expired) => Err(DecideError::Expired { id: id.to_owned() }),
+            Recorded::Already(status) => Err(DecideError::AlreadyDecided {
+                id: id.to_owned(),
+                status: status.as_str(),
+            }),
+            Recorded::Expired(exec) => {
+                self.after_change(&exec);
+                Err(DecideError::Expired { id: id.to_owned() })
+            }
+            Recorded::Decided(exec) => {
+                if exec.status == Status::Approved {
+                    let me = self.clone();
+                    let id = exec.id.clone();
+                    tokio::spawn(async move { me.run_approved(&id).await });
+                }
+                self.after_change(&exec);
+                Ok(exec)
+            }
+        }
+    }
+
+    fn after_change(&self, exec: &Execution) {
+        let _ = self.gate.changes.send(exec.id.clone());
+        if let Some(sup) = self.gate.supervisor.get() {
+            sup.resume(&exec.thread_id);
+        }
+    }
+
+    /// Runs an approved call once: claims it (`approved` to `running`), decides it again
+    /// against the current policy (a `block` now beats the approval), then sends it.
+    /// Does nothing when another task already claimed it.
+    pub async fn run_approved(&self, id: &str) -> Option<CallReply> {
+        let loaded = self.gate.current_policy();
+        let catalog = self.gate.catalog.clone();
+        let redactor = self.gate.current_redactor();
+        let now = self.gate.now();
+        let id_owned = id.to_owned();
+        let claimed = self
+            .gate
+            .db
+            .write(move |conn| {
+                let Some(exec) = store::get(conn, &id_owned)? else {
+                    return Ok(None);
+                };
+                if exec.status != Status::Approved {
+                    return Ok(None);
+                }
+                let args: serde_json::Value = serde_json::from_str(&exec.args).unwrap_or_default();
+                let history = crate::policy::MemoryHistory::new();
+                let now_decision = loaded.policy.decide(&exec.tool, &args, &catalog, &history, now);
+                if now_decision.verdict == Verdict::Block {
+                    let reason = format!("blocked by the current policy: {}", now_decision.because);
+                    store::finish(conn, &id_owned, Status::Blocked, None, Some(&reason), now)?;
+                    audit_execution(conn, &redactor, &exec, "rechecked", Some(&reason), None, None, &loaded.hash_hex)?;
+                    return Ok(Some((exec, false)));
+                }
+                store::transition(conn, &id_owned, Status::Approved, Status::Running)?;
+                audit_execution(conn, &redactor, &exec, "rechecked", Some("run"), None, None, &loaded.hash_hex)?;
+                Ok(Some((exec, true)))
+            })
+            .await;
+        let (exec, run) = match claimed {
+            Ok(Some(c)) => c,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::error!(execution = id, error = %e, "cannot claim an approved call");
+                return None;
+            }
+        };
+        if !run {
+            self.after_change(&exec);
+            return None;
+        }
+        let reply = self.gate.execute(exec.clone(), Instant::now()).await;
+        self.after_change(&exec);
+        Some(reply)
+    }
+
+    /// Expires held calls whose ttl has passed; they never run.
+    pub async fn expire_due(&self) -> usize {
+        let now = self.gate.now();
+        let redactor = self.gate.current_redactor();
+        let expired = self
+            .gate
+            .db
+            .write(move |conn| {
+                let due = store::expired_holds(conn, now)?;
+                let mut done = Vec::new();
+                for exec in due {
+                    if store::transition(conn, &exec.id, Status::Held, Status::Expired)? {
+                        audit_execution(conn, &redactor, &exec, "expired", None, None, None, &exec.policy_hash)?;
+                        done.push(exec);
+                    }
+                }
+                Ok(done)
+            })
+            .await
+            .unwrap_or_default();
+        for exec in &expired {
+            self.after_change(exec);
+        }
+        expired.len()
+    }
+
+    /// After a restart: runs approved calls that had not run, re-sends calls whose
+    /// outcome is unknown where the provider deduplicates by idempotency key, and marks
+    /// the others for a person to check.
+    pub async fn recover(&self) {
+        let approved = self
+            .gate
+            .db
+            .read(|c| store::with_status(c, Status::Approved))
+            .await
+            .unwrap_or_default();
+        for exec in approved {
+            tracing::info!(execution = %exec.id, "running an approved call left by a restart");
+            self.run_approved(&exec.id).await;
+        }
+        let running = self
+            .gate
+            .db
+            .read(|c| store::with_status(c, Status::Running))
+            .await
+            .unwrap_or_default();
+        for exec in running {
+            let idempotent = self
+                .gate
+                .connectors
+                .for_tool(&exec.tool)
+                .is_some_and(|c| c.supports_idempotency());
+            if idempotent {
+                tracing::info!(execution = %exec.id, "re-sending a call with its idempotency key after a restart");
+                self.gate.execute(exec, Instant::now()).await;
+            } else {
+                self.mark_needs_check(exec).await;
+            }
+        }
+    }
+
+    async fn mark_needs_check(&self, exec: Execution) {
+        let now = self.gate.now();
+        let redactor = self.gate.current_redactor();
+        let reason = "threadgate stopped while this call was in flight; the provider has no idempotency key, so it was not re-sent: check the provider";
+        let e = exec.clone();
+        let written = self
+            .gate
+            .db
+            .write(move |conn| {
+                store::finish(conn, &e.id, Status::NeedsCheck, None, Some(reason), now)?;
+                audit_execution(conn, &redactor, &e, "needs_check", Some(reason), None, None, &e.policy_hash)
+            })
+            .await;
+        if let Err(e) = written {
+            tracing::error!(error = %e, "cannot mark a call for checking");
+        }
+        self.after_change(&exec);
+    }
+}

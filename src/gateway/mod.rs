@@ -1,1 +1,16 @@
-//! TODO: gateway
+//! The gateway: everything a session's sandbox can reach, served on the session's own
+//! unix socket. Tool calls go through the policy gate here and run with credentials
+//! the agent never sees.
+
+mod audit_log;
+mod complete;
+pub mod gate;
+pub mod note;
+pub mod routes;
+pub mod sandbox_api;
+pub mod socket;
+
+pub use audit_log::record_with_policy as audit_execution;
+pub use gate::{CallReply, CallRequest, Connectors, Gate, LoadedPolicy};
+pub use sandbox_api::SandboxApi;
+pub use socket::{SOCKET_NAME, SandboxRouter, SocketHost};

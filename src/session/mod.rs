@@ -1,1 +1,72 @@
-//! TODO: session
+//! Sessions: one per support thread, each with its own container and git branch.
+//!
+//! The [`Supervisor`] is the only place that changes a session's state. It is an actor:
+//! intake, the sandbox API and the approvals service send it messages, and it answers
+//! them one at a time, so two deliveries for one thread can never start two containers.
+//! Slow work (git, Docker) runs in spawned tasks that report back with a message; while
+//! a thread has such an operation in flight, the supervisor starts nothing else for it.
+//!
+//! The database is the truth: a session's row says what should exist, and on start-up
+//! and every `reconcile_every` the supervisor makes the containers match it (adopting,
+//! reaping, resuming). Every container carries this instance's label; the supervisor
+//! never touches one without it.
+
+pub mod agents;
+pub mod store;
+mod supervisor;
+mod workspace;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::PathBuf;
+
+pub use agents::{AgentBook, AgentDefinition};
+pub use store::{SessionRow, SessionState};
+pub use supervisor::{Clock, Supervisor, SupervisorHandle, SupervisorParts};
+pub use workspace::{CommitReport, PreparedWorktree, WorkspaceOps};
+
+/// What a session's sandbox API knows about the session it serves. The socket a request
+/// arrives on decides which scope it gets; nothing in the request can change it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionScope {
+    pub session_id: String,
+    pub thread_id: String,
+    pub agent: String,
+    pub customer_id: Option<String>,
+    pub customer_email: Option<String>,
+}
+
+/// Serves the sandbox API on a session's own unix socket.
+#[async_trait::async_trait]
+pub trait SessionApi: Send + Sync {
+    /// Starts (or restarts, after threadgate restarted) the listener at `socket_dir/api.sock`.
+    async fn open(&self, scope: SessionScope, socket_dir: PathBuf) -> anyhow::Result<()>;
+    /// Stops the session's listener; idempotent.
+    async fn close(&self, session_id: &str);
+}
+
+/// The secrets a session needs: those its agent asks for (and is granted), and every
+/// stored value, which commits are scanned for.
+#[async_trait::async_trait]
+pub trait SecretSource: Send + Sync {
+    /// The secrets `agent` asks for; fails naming any that are not granted to it.
+    async fn for_agent(
+        &self,
+        agent: &str,
+        asked: &[String],
+    ) -> anyhow::Result<Vec<(String, crate::secrets::SecretString)>>;
+    /// Every stored secret.
+    async fn all(&self) -> anyhow::Result<Vec<(String, crate::secrets::SecretString)>>;
+}
+
+/// Errors the supervisor reports to operators.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("no session for thread {0}")]
+    UnknownThread(String),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error("the supervisor has stopped")]
+    Stopped,
+}

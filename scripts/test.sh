@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Runs threadgate's whole test suite on this machine, installing and starting what the
+# tests need first: a Docker engine, the sandbox image, and the localstripe venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/docker-up.sh
+scripts/build-sandbox-image.sh
+scripts/localstripe.sh setup
+exec cargo test --all-targets "$@"

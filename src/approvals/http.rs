@@ -1,0 +1,145 @@
+//! The people's side of approvals, on the TCP listener (never on a session socket):
+//! reviewers list held calls and approve or deny them with their credential.
+//! No GET changes state; `approval_url` points here and needs a credential to use.
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::reviewers::{self, Reviewer};
+use super::store::{self, Execution, Status};
+use super::{Approvals, Choice, DecideError};
+use crate::gateway::routes::rfc3339;
+
+/// The routes for reviewers.
+pub fn router(approvals: Approvals) -> Router {
+    Router::new()
+        .route("/api/approvals", get(list))
+        .route("/api/approvals/{id}", get(show).post(decide))
+        .route("/approvals/{id}", get(show))
+        .with_state(approvals)
+}
+
+fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    (status, Json(json!({"error": code, "message": message.into()}))).into_response()
+}
+
+/// The reviewer named by the `Authorization: Bearer` credential.
+async fn reviewer(approvals: &Approvals, headers: &HeaderMap) -> Result<Reviewer, Response> {
+    let presented = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let Some(token) = presented else {
+        return Err(error(StatusCode::UNAUTHORIZED, "unauthorized", "a reviewer's credential is required (Authorization: Bearer ...)"));
+    };
+    match reviewers::authenticate(&approvals.gate.db, token).await {
+        Ok(Some(r)) => Ok(r),
+        Ok(None) => Err(error(StatusCode::UNAUTHORIZED, "unauthorized", "unknown or wrong reviewer credential")),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot check a reviewer credential");
+            Err(error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error"))
+        }
+    }
+}
+
+/// What a reviewer sees of a call: redacted arguments, never credentials.
+fn reviewer_view(approvals: &Approvals, e: &Execution) -> Value {
+    let args: Value = serde_json::from_str(&e.args).unwrap_or_default();
+    let redacted = crate::gateway::gate::redact_args(&approvals.gate.current_redactor(), &args);
+    json!({
+        "execution_id": e.id,
+        "status": e.status.as_str(),
+        "thread_id": e.thread_id,
+        "session_id": e.session_id,
+        "agent": e.agent,
+        "tool": e.tool,
+        "args": redacted,
+        "because": e.because,
+        "rule_line": e.rule_line,
+        "summary": e.summary,
+        "diagnosis": e.diagnosis.as_deref().map(|d| approvals.gate.current_redactor().redact(d).into_owned()),
+        "expires_at": e.expires_at_ms.map(rfc3339),
+        "reviewer": e.reviewer,
+        "message": e.decision_message,
+    })
+}
+
+async fn list(State(a): State<Approvals>, headers: HeaderMap) -> Response {
+    if let Err(r) = reviewer(&a, &headers).await {
+        return r;
+    }
+    let held = a.gate.db.read(|c| store::with_status(c, Status::Held)).await;
+    match held {
+        Ok(rows) => {
+            let now = a.gate.now();
+            let items: Vec<Value> = rows
+                .iter()
+                .filter(|e| e.expires_at_ms.is_none_or(|at| at > now))
+                .map(|e| reviewer_view(&a, e))
+                .collect();
+            Json(json!({"approvals": items})).into_response()
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "cannot list approvals");
+            error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
+        }
+    }
+}
+
+async fn show(State(a): State<Approvals>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    if let Err(r) = reviewer(&a, &headers).await {
+        return r;
+    }
+    let found = a.gate.db.read(move |c| store::get(c, &id)).await;
+    match found {
+        Ok(Some(e)) => Json(reviewer_view(&a, &e)).into_response(),
+        Ok(None) => error(StatusCode::NOT_FOUND, "not_found", "no such call"),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read an approval");
+            error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DecideBody {
+    decision: Choice,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+async fn decide(
+    State(a): State<Approvals>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Result<Json<DecideBody>, JsonRejection>,
+) -> Response {
+    let who = match reviewer(&a, &headers).await {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    let body = match body {
+        Ok(Json(b)) => b,
+        Err(rejection) => {
+            return error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", format!("{} (expected {{\"decision\": \"approve\"|\"deny\", \"message\": \"...\"}})", rejection.body_text()));
+        }
+    };
+    match a.decide(&id, &who.name, body.decision, body.message).await {
+        Ok(e) => Json(reviewer_view(&a, &e)).into_response(),
+        Err(DecideError::NotFound(_)) => error(StatusCode::NOT_FOUND, "not_found", "no such call"),
+        Err(e @ DecideError::Expired { .. }) => error(StatusCode::GONE, "expired", e.to_string()),
+        Err(e @ DecideError::AlreadyDecided { .. }) => error(StatusCode::CONFLICT, "already_decided", e.to_string()),
+        Err(DecideError::Store(e)) => {
+            tracing::error!(error = %e, "cannot record a decision");
+            error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
+        }
+    }
+}

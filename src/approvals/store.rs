@@ -1,0 +1,374 @@
+//! The executions table, cumulative-limit charges and the note outbox: every query
+//! the gateway and the approvals service run.
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::Serialize;
+
+/// Where an execution stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Decided `run` (directly or after approval) and handed to the connector.
+    Running,
+    Succeeded,
+    /// The provider definitely refused; nothing happened.
+    Failed,
+    /// Sent to a provider without idempotency keys and its outcome is unknown: a person
+    /// must look before anything is sent again.
+    NeedsCheck,
+    Held,
+    Approved,
+    Denied,
+    Expired,
+    Blocked,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Running => "running",
+            Status::Succeeded => "succeeded",
+            Status::Failed => "failed",
+            Status::NeedsCheck => "needs_check",
+            Status::Held => "held",
+            Status::Approved => "approved",
+            Status::Denied => "denied",
+            Status::Expired => "expired",
+            Status::Blocked => "blocked",
+        }
+    }
+
+    fn parse(text: &str) -> Status {
+        match text {
+            "running" => Status::Running,
+            "succeeded" => Status::Succeeded,
+            "failed" => Status::Failed,
+            "held" => Status::Held,
+            "approved" => Status::Approved,
+            "denied" => Status::Denied,
+            "expired" => Status::Expired,
+            "blocked" => Status::Blocked,
+            _ => Status::NeedsCheck,
+        }
+    }
+
+    /// Whether nothing more will happen to the execution.
+    pub fn is_final(self) -> bool {
+        !matches!(self, Status::Running | Status::Held | Status::Approved)
+    }
+}
+
+/// One row of the executions table.
+#[derive(Debug, Clone, Serialize)]
+pub struct Execution {
+    pub id: String,
+    pub session_id: String,
+    pub thread_id: String,
+    pub agent: String,
+    pub tool: String,
+    /// Canonical JSON of the frozen arguments.
+    pub args: String,
+    pub account: String,
+    pub binding_hash: String,
+    pub diagnosis: Option<String>,
+    pub verdict: String,
+    pub because: String,
+    pub rule_line: Option<i64>,
+    pub policy_hash: String,
+    pub status: Status,
+    pub summary: Option<String>,
+    pub expires_at_ms: Option<i64>,
+    pub reviewer: Option<String>,
+    pub decision_message: Option<String>,
+    pub decided_at_ms: Option<i64>,
+    pub result: Option<String>,
+    pub error: Option<String>,
+    pub attempts: i64,
+    pub created_at_ms: i64,
+    pub finished_at_ms: Option<i64>,
+}
+
+const COLUMNS: &str = "id, session_id, thread_id, agent, tool, args, account, binding_hash, \
+    diagnosis, verdict, because, rule_line, policy_hash, status, summary, expires_at_ms, \
+    reviewer, decision_message, decided_at_ms, result, error, attempts, created_at_ms, \
+    finished_at_ms";
+
+fn row_to_execution(r: &rusqlite::Row<'_>) -> rusqlite::Result<Execution> {
+    Ok(Execution {
+        id: r.get(0)?,
+        session_id: r.get(1)?,
+        thread_id: r.get(2)?,
+        agent: r.get(3)?,
+        tool: r.get(4)?,
+        args: r.get(5)?,
+        account: r.get(6)?,
+        binding_hash: r.get(7)?,
+        diagnosis: r.get(8)?,
+        verdict: r.get(9)?,
+        because: r.get(10)?,
+        rule_line: r.get(11)?,
+        policy_hash: r.get(12)?,
+        status: Status::parse(&r.get::<_, String>(13)?),
+        summary: r.get(14)?,
+        expires_at_ms: r.get(15)?,
+        reviewer: r.get(16)?,
+        decision_message: r.get(17)?,
+        decided_at_ms: r.get(18)?,
+        result: r.get(19)?,
+        error: r.get(20)?,
+        attempts: r.get(21)?,
+        created_at_ms: r.get(22)?,
+        finished_at_ms: r.get(23)?,
+    })
+}
+
+/// Records a new execution.
+pub fn insert(conn: &Connection, e: &Execution) -> rusqlite::Result<()> {
+    conn.execute(
+        &format!(
+            "INSERT INTO executions ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
+             ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)"
+        ),
+        params![
+            e.id,
+            e.session_id,
+            e.thread_id,
+            e.agent,
+            e.tool,
+            e.args,
+            e.account,
+            e.binding_hash,
+            e.diagnosis,
+            e.verdict,
+            e.because,
+            e.rule_line,
+            e.policy_hash,
+            e.status.as_str(),
+            e.summary,
+            e.expires_at_ms,
+            e.reviewer,
+            e.decision_message,
+            e.decided_at_ms,
+            e.result,
+            e.error,
+            e.attempts,
+            e.created_at_ms,
+            e.finished_at_ms,
+        ],
+    )?;
+    Ok(())
+}
+
+/// The execution with `id`.
+pub fn get(conn: &Connection, id: &str) -> rusqlite::Result<Option<Execution>> {
+    conn.query_row(
+        &format!("SELECT {COLUMNS} FROM executions WHERE id = ?1"),
+        [id],
+        row_to_execution,
+    )
+    .optional()
+}
+
+/// Executions in `status`, oldest first.
+pub fn with_status(conn: &Connection, status: Status) -> rusqlite::Result<Vec<Execution>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS} FROM executions WHERE status = ?1 ORDER BY created_at_ms, id"
+    ))?;
+    let rows = stmt.query_map([status.as_str()], row_to_execution)?;
+    rows.collect()
+}
+
+/// A session's execution of the same binding that already succeeded, if any.
+pub fn succeeded_binding(conn: &Connection, session_id: &str, binding_hash: &str) -> rusqlite::Result<Option<Execution>> {
+    conn.query_row(
+        &format!(
+            "SELECT {COLUMNS} FROM executions WHERE session_id = ?1 AND binding_hash = ?2 \
+             AND status = 'succeeded' ORDER BY created_at_ms LIMIT 1"
+        ),
+        params![session_id, binding_hash],
+        row_to_execution,
+    )
+    .optional()
+}
+
+/// A session's execution of the same binding still waiting for a person, if any.
+pub fn pending_binding(conn: &Connection, session_id: &str, binding_hash: &str, now_ms: i64) -> rusqlite::Result<Option<Execution>> {
+    conn.query_row(
+        &format!(
+            "SELECT {COLUMNS} FROM executions WHERE session_id = ?1 AND binding_hash = ?2 \
+             AND status IN ('held', 'approved') AND (expires_at_ms IS NULL OR expires_at_ms > ?3) \
+             ORDER BY created_at_ms LIMIT 1"
+        ),
+        params![session_id, binding_hash, now_ms],
+        row_to_execution,
+    )
+    .optional()
+}
+
+/// The id of a held, unexpired call to `tool` in the session, if any.
+pub fn held_for_tool(conn: &Connection, session_id: &str, tool: &str, now_ms: i64) -> rusqlite::Result<Option<String>> {
+    conn.query_row(
+        "SELECT id FROM executions WHERE session_id = ?1 AND tool = ?2 AND status = 'held' \
+         AND expires_at_ms > ?3 ORDER BY created_at_ms LIMIT 1",
+        params![session_id, tool, now_ms],
+        |r| r.get(0),
+    )
+    .optional()
+}
+
+/// Moves an execution from `from` to `to`; false when it was not in `from` (someone
+/// else moved it first). This compare-and-set is what makes approvals run once.
+pub fn transition(conn: &Connection, id: &str, from: Status, to: Status) -> rusqlite::Result<bool> {
+    let changed = conn.execute(
+        "UPDATE executions SET status = ?3 WHERE id = ?1 AND status = ?2",
+        params![id, from.as_str(), to.as_str()],
+    )?;
+    Ok(changed == 1)
+}
+
+/// Records a person's decision on a held call.
+pub fn record_decision(
+    conn: &Connection,
+    id: &str,
+    to: Status,
+    reviewer: &str,
+    message: Option<&str>,
+    now_ms: i64,
+) -> rusqlite::Result<bool> {
+    let changed = conn.execute(
+        "UPDATE executions SET status = ?2, reviewer = ?3, decision_message = ?4, \
+         decided_at_ms = ?5 WHERE id = ?1 AND status = 'held'",
+        params![id, to.as_str(), reviewer, message, now_ms],
+    )?;
+    Ok(changed == 1)
+}
+
+/// Records how an execution ended.
+pub fn finish(
+    conn: &Connection,
+    id: &str,
+    status: Status,
+    result: Option<&str>,
+    error: Option<&str>,
+    now_ms: i64,
+) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE executions SET status = ?2, result = ?3, error = ?4, finished_at_ms = ?5, \
+         attempts = attempts + 1 WHERE id = ?1",
+        params![id, status.as_str(), result, error, now_ms],
+    )?;
+    Ok(())
+}
+
+/// Held calls whose ttl has passed.
+pub fn expired_holds(conn: &Connection, now_ms: i64) -> rusqlite::Result<Vec<Execution>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS} FROM executions WHERE status = 'held' AND expires_at_ms <= ?1"
+    ))?;
+    let rows = stmt.query_map([now_ms], row_to_execution)?;
+    rows.collect()
+}
+
+/// The total of unreleased charges on `key` since `since_ms`.
+pub fn charged_total(conn: &Connection, key: &str, since_ms: i64) -> rusqlite::Result<i64> {
+    conn.query_row(
+        "SELECT coalesce(sum(amount), 0) FROM limit_charges WHERE key = ?1 AND at_ms > ?2 \
+         AND released = 0",
+        params![key, since_ms],
+        |r| r.get(0),
+    )
+}
+
+/// Counts `amount` against `key` for an execution.
+pub fn charge(conn: &Connection, execution_id: &str, key: &str, amount: i64, now_ms: i64) -> rusqlite::Result<()> {
+    conn.execute(
+        "INSERT INTO limit_charges (execution_id, key, amount, at_ms) VALUES (?1, ?2, ?3, ?4)",
+        params![execution_id, key, amount, now_ms],
+    )?;
+    Ok(())
+}
+
+/// Gives back an execution's charges (the provider definitely refused the call).
+pub fn release_charges(conn: &Connection, execution_id: &str) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE limit_charges SET released = 1 WHERE execution_id = ?1",
+        [execution_id],
+    )?;
+    Ok(())
+}
+
+/// A note waiting to reach Plain.
+#[derive(Debug, Clone)]
+pub struct OutboxNote {
+    pub execution_id: String,
+    pub thread_id: String,
+    pub marker: String,
+    pub text: String,
+    pub markdown: String,
+    pub attempts: i64,
+}
+
+/// Queues a note (in the transaction that held the call).
+pub fn enqueue_note(conn: &Connection, note: &OutboxNote, now_ms: i64) -> rusqlite::Result<()> {
+    conn.execute(
+        "INSERT INTO note_outbox (execution_id, thread_id, marker, text, markdown, \
+         next_attempt_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            note.execution_id,
+            note.thread_id,
+            note.marker,
+            note.text,
+            note.markdown,
+            now_ms
+        ],
+    )?;
+    Ok(())
+}
+
+/// Notes due for an attempt.
+pub fn due_notes(conn: &Connection, now_ms: i64, limit: i64) -> rusqlite::Result<Vec<OutboxNote>> {
+    let mut stmt = conn.prepare(
+        "SELECT execution_id, thread_id, marker, text, markdown, attempts FROM note_outbox \
+         WHERE sent_at_ms IS NULL AND next_attempt_ms <= ?1 ORDER BY next_attempt_ms LIMIT ?2",
+    )?;
+    let rows = stmt.query_map(params![now_ms, limit], |r| {
+        Ok(OutboxNote {
+            execution_id: r.get(0)?,
+            thread_id: r.get(1)?,
+            marker: r.get(2)?,
+            text: r.get(3)?,
+            markdown: r.get(4)?,
+            attempts: r.get(5)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Records that Plain has the note.
+pub fn note_sent(conn: &Connection, execution_id: &str, now_ms: i64) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE note_outbox SET sent_at_ms = ?2 WHERE execution_id = ?1",
+        params![execution_id, now_ms],
+    )?;
+    Ok(())
+}
+
+/// Records a failed attempt and when to try again.
+pub fn note_failed(conn: &Connection, execution_id: &str, error: &str, next_attempt_ms: i64) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE note_outbox SET last_error = ?2, next_attempt_ms = ?3 \
+         WHERE execution_id = ?1",
+        params![execution_id, error, next_attempt_ms],
+    )?;
+    Ok(())
+}
+
+/// Marks the attempt as started before sending, so a crash mid-send is known on restart
+/// (the outbox then looks for the note on the thread before sending again).
+pub fn note_attempting(conn: &Connection, execution_id: &str) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE note_outbox SET attempts = attempts + 1 WHERE execution_id = ?1",
+        [execution_id],
+    )?;
+    Ok(())
+}

@@ -1,0 +1,353 @@
+//! Settings: one typed struct, read from an optional TOML file and then from
+//! `THREADGATE_*` environment variables, with defaults that run on a fresh machine.
+//!
+//! Secret values (the Plain signing secret, the master key) are held in
+//! [`crate::secrets::SecretString`] and never printed.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::secrets::SecretString;
+
+/// Errors while reading settings.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("environment variable {name}: {message}")]
+    Env { name: &'static str, message: String },
+}
+
+/// Everything threadgate reads at start.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// Holds the database, worktrees and session sockets.
+    pub data_dir: PathBuf,
+    /// Names this instance on the containers it starts; generated once and kept in the
+    /// database when empty.
+    pub instance_id: Option<String>,
+    /// The listener for webhooks and people (approvals, admin). Never reachable from a
+    /// sandbox, which has no network.
+    pub listen: SocketAddr,
+    /// The address people use to reach `listen`, used in approval links.
+    pub public_url: String,
+    /// The policy file every call is decided against.
+    pub policy_file: PathBuf,
+    /// Agent definitions (`NAME.yaml`).
+    pub agents_dir: PathBuf,
+    /// Playbooks the agent can load (`NAME.md`).
+    pub skills_dir: PathBuf,
+    /// The agent a new thread's session runs.
+    pub default_agent: String,
+    /// Where the master key of the secrets store is read from when
+    /// `THREADGATE_MASTER_KEY` is not set.
+    pub master_key_file: PathBuf,
+    pub plain: PlainSettings,
+    pub stripe: ProviderSettings,
+    pub github: ProviderSettings,
+    pub repo: RepoSettings,
+    pub sandbox: SandboxSettings,
+    pub sessions: SessionSettings,
+}
+
+/// Plain: the webhook intake and the helpdesk connector.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PlainSettings {
+    /// Set only through `THREADGATE_PLAIN_SIGNING_SECRET` or `signing_secret_file`.
+    #[serde(skip)]
+    pub signing_secret: Option<SecretString>,
+    /// A file holding the webhook signing secret.
+    pub signing_secret_file: Option<PathBuf>,
+    #[serde(with = "humantime_serde_compat")]
+    pub max_skew: Duration,
+    pub max_body_bytes: usize,
+    /// Plain's API base (the connector appends `/graphql/v1`).
+    pub api_url: String,
+    /// The name of the secret holding Plain's API key.
+    pub api_key_secret: String,
+    /// The label type the escalation connector applies, if any.
+    pub escalation_label_type_id: Option<String>,
+}
+
+/// A REST provider: where it is and which stored secret holds its credential.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProviderSettings {
+    pub api_url: String,
+    pub key_secret: String,
+}
+
+/// The repository whose branches sessions work on.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RepoSettings {
+    pub path: PathBuf,
+    pub default_branch: Option<String>,
+    pub remote: Option<String>,
+}
+
+/// The container every session runs in.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxSettings {
+    pub image: String,
+    pub memory_bytes: i64,
+    pub nano_cpus: i64,
+    pub pids: i64,
+    /// A directory on a tmpfs where secret files are written for bind-mounting.
+    pub secrets_root: PathBuf,
+}
+
+/// Limits on sessions.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SessionSettings {
+    /// Live containers at most; further sessions wait, durably, for a slot.
+    pub max_live: usize,
+    /// A session quiet this long gives up its container (and is resumed by its next
+    /// event or by a decision on its held call).
+    #[serde(with = "humantime_serde_compat")]
+    pub idle_timeout: Duration,
+    /// How often containers and sessions are reconciled.
+    #[serde(with = "humantime_serde_compat")]
+    pub reconcile_every: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            data_dir: PathBuf::from("data"),
+            instance_id: None,
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            public_url: "http://127.0.0.1:8080".into(),
+            policy_file: PathBuf::from("policies/support.yaml"),
+            agents_dir: PathBuf::from("agents"),
+            skills_dir: PathBuf::from("skills"),
+            default_agent: "support".into(),
+            master_key_file: PathBuf::from("data/master.key"),
+            plain: PlainSettings::default(),
+            stripe: ProviderSettings {
+                api_url: "https://api.stripe.com".into(),
+                key_secret: "stripe_api_key".into(),
+            },
+            github: ProviderSettings {
+                api_url: "https://api.github.com".into(),
+                key_secret: "github_token".into(),
+            },
+            repo: RepoSettings::default(),
+            sandbox: SandboxSettings::default(),
+            sessions: SessionSettings::default(),
+        }
+    }
+}
+
+impl Default for PlainSettings {
+    fn default() -> Self {
+        PlainSettings {
+            signing_secret: None,
+            signing_secret_file: None,
+            max_skew: Duration::from_secs(300),
+            max_body_bytes: 1024 * 1024,
+            api_url: "https://core-api.uk.plain.com".into(),
+            api_key_secret: "plain_api_key".into(),
+            escalation_label_type_id: None,
+        }
+    }
+}
+
+impl Default for RepoSettings {
+    fn default() -> Self {
+        RepoSettings {
+            path: PathBuf::from("."),
+            default_branch: None,
+            remote: None,
+        }
+    }
+}
+
+impl Default for SandboxSettings {
+    fn default() -> Self {
+        SandboxSettings {
+            image: "threadgate-sandbox:latest".into(),
+            memory_bytes: 1024 * 1024 * 1024,
+            nano_cpus: 1_000_000_000,
+            pids: 256,
+            secrets_root: PathBuf::from("/dev/shm/threadgate"),
+        }
+    }
+}
+
+impl Default for SessionSettings {
+    fn default() -> Self {
+        SessionSettings {
+            max_live: 16,
+            idle_timeout: Duration::from_secs(15 * 60),
+            reconcile_every: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Settings {
+    /// Reads `path` when given (or `threadgate.toml` when it exists), then applies the
+    /// environment.
+    pub fn load(path: Option<&Path>) -> Result<Settings, ConfigError> {
+        let default_path = Path::new("threadgate.toml");
+        let file = match path {
+            Some(p) => Some(p),
+            None if default_path.exists() => Some(default_path),
+            None => None,
+        };
+        let mut settings = match file {
+            Some(p) => Self::from_file(p)?,
+            None => Settings::default(),
+        };
+        settings.apply_env(|name| std::env::var(name).ok())?;
+        settings.read_signing_secret_file()?;
+        Ok(settings)
+    }
+
+    fn from_file(path: &Path) -> Result<Settings, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Applies `THREADGATE_*` variables; `get` is the environment (a closure so tests
+    /// need not touch the process's).
+    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        if let Some(v) = get("THREADGATE_DATA_DIR") {
+            self.master_key_file = PathBuf::from(&v).join("master.key");
+            self.data_dir = PathBuf::from(v);
+        }
+        if let Some(v) = get("THREADGATE_LISTEN") {
+            self.listen = v.parse().map_err(|e| ConfigError::Env {
+                name: "THREADGATE_LISTEN",
+                message: format!("{e}: {v:?}"),
+            })?;
+        }
+        if let Some(v) = get("THREADGATE_PUBLIC_URL") {
+            self.public_url = v;
+        }
+        if let Some(v) = get("THREADGATE_POLICY") {
+            self.policy_file = PathBuf::from(v);
+        }
+        if let Some(v) = get("THREADGATE_REPO") {
+            self.repo.path = PathBuf::from(v);
+        }
+        if let Some(v) = get("THREADGATE_IMAGE") {
+            self.sandbox.image = v;
+        }
+        if let Some(v) = get("THREADGATE_MASTER_KEY_FILE") {
+            self.master_key_file = PathBuf::from(v);
+        }
+        if let Some(v) = get("THREADGATE_PLAIN_SIGNING_SECRET") {
+            self.plain.signing_secret = Some(SecretString::new(v));
+        }
+        if let Some(v) = get("THREADGATE_MAX_LIVE_SESSIONS") {
+            self.sessions.max_live = v.parse().map_err(|e| ConfigError::Env {
+                name: "THREADGATE_MAX_LIVE_SESSIONS",
+                message: format!("{e}: {v:?}"),
+            })?;
+        }
+        Ok(())
+    }
+
+    fn read_signing_secret_file(&mut self) -> Result<(), ConfigError> {
+        if self.plain.signing_secret.is_some() {
+            return Ok(());
+        }
+        let Some(path) = &self.plain.signing_secret_file else {
+            return Ok(());
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        self.plain.signing_secret = Some(SecretString::new(text.trim().to_owned()));
+        Ok(())
+    }
+
+    /// The SQLite database file.
+    pub fn database_path(&self) -> PathBuf {
+        self.data_dir.join("threadgate.db")
+    }
+
+    /// Where session worktrees are checked out.
+    pub fn worktrees_dir(&self) -> PathBuf {
+        self.data_dir.join("worktrees")
+    }
+
+    /// Where each session's socket directory lives.
+    pub fn sockets_dir(&self) -> PathBuf {
+        self.data_dir.join("sockets")
+    }
+}
+
+/// Durations written as `30m`, `4h`, `300s` in the TOML file.
+mod humantime_serde_compat {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_and_the_environment_override_defaults() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.toml");
+        std::fs::write(
+            &path,
+            "listen = \"127.0.0.1:9000\"\n[sessions]\nmax_live = 3\nidle_timeout = \"2m\"\n",
+        )
+        .expect("write");
+        let mut s = Settings::from_file(&path).expect("parse");
+        assert_eq!(s.sessions.max_live, 3);
+        assert_eq!(s.sessions.idle_timeout, Duration::from_secs(120));
+        s.apply_env(|k| (k == "THREADGATE_MAX_LIVE_SESSIONS").then(|| "5".to_owned()))
+            .expect("env");
+        assert_eq!(s.sessions.max_live, 5);
+        assert_eq!(s.listen.port(), 9000);
+    }
+
+    #[test]
+    fn an_unknown_key_names_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.toml");
+        std::fs::write(&path, "lisen = \"x\"\n").expect("write");
+        let err = Settings::from_file(&path).expect_err("unknown key");
+        let text = err.to_string();
+        assert!(text.contains("t.toml") && text.contains("lisen"), "{text}");
+    }
+
+    #[test]
+    fn the_signing_secret_never_prints() {
+        let mut s = Settings::default();
+        s.apply_env(|k| (k == "THREADGATE_PLAIN_SIGNING_SECRET").then(|| "hunter2-xyz".into()))
+            .expect("env");
+        assert!(!format!("{s:?}").contains("hunter2-xyz"));
+    }
+}

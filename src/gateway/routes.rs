@@ -1,0 +1,245 @@
+//! The tool-call half of the sandbox API: `POST /v1/calls`, `GET /v1/tools`,
+//! `GET /v1/executions/{id}` and its long-poll `.../wait`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::gate::{CallReply, CallRequest, Gate};
+use super::socket::SandboxRouter;
+use crate::approvals::store::{self as exec_store, Execution, Status};
+use crate::policy::Verdict;
+use crate::session::SessionScope;
+
+/// The longest an execution wait lasts.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+#[derive(Clone)]
+struct Scoped {
+    gate: Arc<Gate>,
+    scope: SessionScope,
+}
+
+impl SandboxRouter for Arc<Gate> {
+    fn router(&self, scope: SessionScope) -> Router {
+        Router::new()
+            .route("/v1/calls", post(call))
+            .route("/v1/tools", get(tools))
+            .route("/v1/executions/{id}", get(execution))
+            .route("/v1/executions/{id}/wait", get(wait))
+            .with_state(Scoped {
+                gate: self.clone(),
+                scope,
+            })
+    }
+}
+
+fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    (
+        status,
+        Json(json!({"status": "error", "error": code, "message": message.into()})),
+    )
+        .into_response()
+}
+
+async fn call(State(s): State<Scoped>, body: Result<Json<CallRequest>, JsonRejection>) -> Response {
+    if let Some(h) = s.gate.supervisor.get() {
+        h.touch(&s.scope.thread_id);
+    }
+    let req = match body {
+        Ok(Json(req)) => req,
+        Err(rejection) => {
+            return error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_request",
+                rejection.body_text(),
+            );
+        }
+    };
+    match s.gate.call(&s.scope, req).await {
+        CallReply::Ran {
+            execution_id,
+            result,
+            replayed,
+        } => Json(json!({
+            "status": "ok",
+            "execution_id": execution_id,
+            "result": result,
+            "replayed": replayed,
+        }))
+        .into_response(),
+        CallReply::Failed {
+            execution_id,
+            error,
+            retry_after_ms,
+        } => (
+            StatusCode::BAD_GATEWAY,
+            Json(json!({
+                "status": "failed",
+                "execution_id": execution_id,
+                "error": error,
+                "retry_after_ms": retry_after_ms,
+            })),
+        )
+            .into_response(),
+        CallReply::Held {
+            execution,
+            approval_url,
+        } => (
+            StatusCode::ACCEPTED,
+            Json(json!({
+                "status": "pending_approval",
+                "execution_id": execution.id,
+                "approval_url": approval_url,
+                "approval_summary": execution.summary,
+                "expires_at": execution.expires_at_ms.map(rfc3339),
+            })),
+        )
+            .into_response(),
+        CallReply::Blocked { execution_id, rule } => (
+            StatusCode::FORBIDDEN,
+            Json(json!({"status": "blocked", "execution_id": execution_id, "rule": rule})),
+        )
+            .into_response(),
+        CallReply::Refused {
+            status,
+            error: code,
+            message,
+            details,
+        } => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+            let mut body = json!({"status": code, "error": code, "message": message});
+            if let Some(d) = details {
+                body["problems"] = d;
+            }
+            (status, Json(body)).into_response()
+        }
+    }
+}
+
+/// RFC 3339 for a unix-ms instant.
+pub fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_default()
+}
+
+/// `GET /v1/tools`: the tools the session's agent is granted, without those the policy
+/// blocks outright.
+async fn tools(State(s): State<Scoped>) -> Response {
+    let Some(agent) = s.gate.agents.get(&s.scope.agent) else {
+        return Json(json!({"tools": []})).into_response();
+    };
+    let loaded = s.gate.current_policy();
+    let tools: Vec<Value> = s
+        .gate
+        .catalog
+        .tools()
+        .iter()
+        .filter(|t| agent.grants(t.name))
+        .filter(|t| loaded.policy.always_blocks(t.name, &s.gate.catalog) != Some(true))
+        .map(|t| {
+            let args: Vec<Value> = t
+                .args
+                .iter()
+                .map(|a| json!({"name": a.name, "type": a.ty.as_str(), "required": a.required}))
+                .collect();
+            json!({"name": t.name, "risk": t.risk.as_str(), "args": args})
+        })
+        .collect();
+    let _ = Verdict::Block;
+    Json(json!({"tools": tools})).into_response()
+}
+
+async fn load(s: &Scoped, id: &str) -> Result<Execution, Response> {
+    let id = id.to_owned();
+    let found = s.gate.db.read(move |c| exec_store::get(c, &id)).await;
+    match found {
+        Ok(Some(e)) if e.session_id == s.scope.session_id => Ok(e),
+        Ok(_) => Err(error(StatusCode::NOT_FOUND, "not_found", "no such execution in this session")),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read execution");
+            Err(error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error"))
+        }
+    }
+}
+
+/// What the agent sees of an execution.
+pub fn agent_view(e: &Execution) -> Value {
+    let result: Value = e
+        .result
+        .as_deref()
+        .and_then(|r| serde_json::from_str(r).ok())
+        .unwrap_or(Value::Null);
+    let status = match e.status {
+        Status::Succeeded => "ok",
+        Status::Held | Status::Approved => "pending_approval",
+        Status::Running => "running",
+        Status::Failed => "failed",
+        Status::NeedsCheck => "needs_check",
+        Status::Denied => "denied",
+        Status::Expired => "expired",
+        Status::Blocked => "blocked",
+    };
+    json!({
+        "execution_id": e.id,
+        "status": status,
+        "tool": e.tool,
+        "result": result,
+        "error": e.error,
+        "message": e.decision_message,
+        "reviewer": e.reviewer,
+        "expires_at": e.expires_at_ms.map(rfc3339),
+    })
+}
+
+async fn execution(State(s): State<Scoped>, Path(id): Path<String>) -> Response {
+    match load(&s, &id).await {
+        Ok(e) => Json(agent_view(&e)).into_response(),
+        Err(r) => r,
+    }
+}
+
+#[derive(Deserialize)]
+struct WaitQuery {
+    #[serde(default = "default_wait")]
+    timeout: u64,
+}
+
+fn default_wait() -> u64 {
+    30
+}
+
+/// Waits until the execution is final (ran, failed, denied with the person's message,
+/// expired, blocked) or the timeout passes, then answers as `GET /v1/executions/{id}`.
+async fn wait(State(s): State<Scoped>, Path(id): Path<String>, Query(q): Query<WaitQuery>) -> Response {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(q.timeout).min(MAX_WAIT);
+    let mut changes = s.gate.changes.subscribe();
+    loop {
+        let e = match load(&s, &id).await {
+            Ok(e) => e,
+            Err(r) => return r,
+        };
+        if e.status.is_final() || tokio::time::Instant::now() >= deadline {
+            return Json(agent_view(&e)).into_response();
+        }
+        let _ = tokio::time::timeout_at(deadline, async {
+            loop {
+                match changes.recv().await {
+                    Ok(changed) if changed == id => break,
+                    Ok(_) => continue,
+                    Err(_) => break,
+                }
+            }
+        })
+        .await;
+    }
+}

@@ -1,0 +1,149 @@
+//! The sandbox API: what a session's agent can ask of threadgate over its socket.
+//!
+//! Every handler takes the session's [`SessionScope`] from the socket the request came
+//! in on; nothing in a request can name another session.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::socket::SandboxRouter;
+use crate::session::{AgentBook, SessionScope, SupervisorHandle, store};
+use crate::store::Db;
+
+/// The longest a long poll waits.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// Shared by every session's router.
+pub struct SandboxApi {
+    pub db: Db,
+    pub agents: Arc<AgentBook>,
+    pub supervisor: OnceLock<SupervisorHandle>,
+    /// The tool-call routes, merged into each session's router when present.
+    pub calls: OnceLock<Arc<dyn SandboxRouter>>,
+}
+
+#[derive(Clone)]
+struct SessionState {
+    api: Arc<SandboxApi>,
+    scope: SessionScope,
+}
+
+impl SandboxRouter for Arc<SandboxApi> {
+    fn router(&self, scope: SessionScope) -> Router {
+        let state = SessionState {
+            api: self.clone(),
+            scope: scope.clone(),
+        };
+        let base = Router::new()
+            .route("/v1/events", get(events))
+            .route("/v1/agent", get(agent))
+            .with_state(state);
+        match self.calls.get() {
+            Some(calls) => base.merge(calls.router(scope)),
+            None => base,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct EventsQuery {
+    #[serde(default)]
+    after: i64,
+    /// Seconds to wait for an event when none is there yet.
+    #[serde(default)]
+    wait: u64,
+    #[serde(default = "default_limit")]
+    limit: i64,
+}
+
+fn default_limit() -> i64 {
+    100
+}
+
+/// `GET /v1/events?after=N&wait=S`: the thread's events after position N, waiting up
+/// to S seconds for one when there is none.
+async fn events(State(s): State<SessionState>, Query(q): Query<EventsQuery>) -> Response {
+    let wait = Duration::from_secs(q.wait).min(MAX_WAIT);
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut feed = s.api.supervisor.get().map(|h| h.subscribe_feed());
+    if q.wait == 0
+        && let Some(h) = s.api.supervisor.get()
+    {
+        h.touch(&s.scope.thread_id);
+    }
+    loop {
+        let thread = s.scope.thread_id.clone();
+        let limit = q.limit.clamp(1, 1000);
+        let after = q.after;
+        let found = s
+            .api
+            .db
+            .read(move |c| store::feed(c, &thread, after, limit))
+            .await;
+        let events = match found {
+            Ok(events) => events,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the event feed");
+                return (StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response();
+            }
+        };
+        if !events.is_empty() || tokio::time::Instant::now() >= deadline {
+            let next = events.last().map_or(q.after, |e| e.position);
+            return Json(json!({ "events": events, "next": next })).into_response();
+        }
+        let Some(rx) = feed.as_mut() else {
+            tokio::time::sleep_until(deadline).await;
+            continue;
+        };
+        // Wake on any feed change for this thread, or at the deadline.
+        let woke = tokio::time::timeout_at(deadline, async {
+            loop {
+                match rx.recv().await {
+                    Ok(t) if t == s.scope.thread_id => break,
+                    Ok(_) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                }
+            }
+        })
+        .await;
+        if woke.is_err() {
+            continue;
+        }
+    }
+}
+
+/// `GET /v1/agent`: the session's agent definition and its playbooks.
+async fn agent(State(s): State<SessionState>) -> Response {
+    let Some(def) = s.api.agents.get(&s.scope.agent) else {
+        return (StatusCode::NOT_FOUND, Json(json!({"error": "no agent definition"}))).into_response();
+    };
+    let skills: Vec<_> = def
+        .skills
+        .iter()
+        .filter_map(|name| {
+            s.api
+                .agents
+                .skill(name)
+                .map(|text| json!({"name": name, "text": text}))
+        })
+        .collect();
+    Json(json!({
+        "name": def.name,
+        "description": def.description,
+        "instructions": def.instructions,
+        "tools": def.tools,
+        "skills": skills,
+        "thread_id": s.scope.thread_id,
+        "session_id": s.scope.session_id,
+    }))
+    .into_response()
+}

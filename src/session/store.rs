@@ -1,0 +1,343 @@
+//! The sessions table and the per-thread event feed: every query the supervisor and the
+//! sandbox API run about sessions.
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::Serialize;
+
+/// Where a session stands. Stored as lowercase text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionState {
+    /// Wants a container and is waiting for a slot (or for the pause to lift).
+    Queued,
+    /// A container is being started.
+    Starting,
+    /// Its container is running.
+    Running,
+    /// Quiet (or only waiting for a person): no container, resumed by its next event or
+    /// by a decision on its held call.
+    Idle,
+    /// The thread is done: container removed, work committed, worktree removed.
+    Ended,
+}
+
+impl SessionState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionState::Queued => "queued",
+            SessionState::Starting => "starting",
+            SessionState::Running => "running",
+            SessionState::Idle => "idle",
+            SessionState::Ended => "ended",
+        }
+    }
+
+    fn parse(text: &str) -> SessionState {
+        match text {
+            "starting" => SessionState::Starting,
+            "running" => SessionState::Running,
+            "idle" => SessionState::Idle,
+            "ended" => SessionState::Ended,
+            _ => SessionState::Queued,
+        }
+    }
+}
+
+/// One row of the sessions table.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionRow {
+    pub thread_id: String,
+    pub session_id: String,
+    pub agent: String,
+    pub state: SessionState,
+    pub container_id: Option<String>,
+    pub branch: String,
+    pub worktree: Option<String>,
+    pub customer_id: Option<String>,
+    pub customer_email: Option<String>,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    pub last_event_ms: i64,
+    pub attempts: i64,
+    pub last_error: Option<String>,
+    pub stop_requested: bool,
+}
+
+const COLUMNS: &str = "thread_id, session_id, agent, state, container_id, branch, worktree, \
+     customer_id, customer_email, created_at_ms, updated_at_ms, last_event_ms, attempts, \
+     last_error, stop_requested";
+
+fn row_to_session(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
+    Ok(SessionRow {
+        thread_id: row.get(0)?,
+        session_id: row.get(1)?,
+        agent: row.get(2)?,
+        state: SessionState::parse(&row.get::<_, String>(3)?),
+        container_id: row.get(4)?,
+        branch: row.get(5)?,
+        worktree: row.get(6)?,
+        customer_id: row.get(7)?,
+        customer_email: row.get(8)?,
+        created_at_ms: row.get(9)?,
+        updated_at_ms: row.get(10)?,
+        last_event_ms: row.get(11)?,
+        attempts: row.get(12)?,
+        last_error: row.get(13)?,
+        stop_requested: row.get::<_, i64>(14)? != 0,
+    })
+}
+
+/// The session of `thread_id`, if it ever had one.
+pub fn get(conn: &Connection, thread_id: &str) -> rusqlite::Result<Option<SessionRow>> {
+    conn.query_row(
+        &format!("SELECT {COLUMNS} FROM sessions WHERE thread_id = ?1"),
+        [thread_id],
+        row_to_session,
+    )
+    .optional()
+}
+
+/// The session whose id is `session_id`.
+pub fn by_session_id(conn: &Connection, session_id: &str) -> rusqlite::Result<Option<SessionRow>> {
+    conn.query_row(
+        &format!("SELECT {COLUMNS} FROM sessions WHERE session_id = ?1"),
+        [session_id],
+        row_to_session,
+    )
+    .optional()
+}
+
+/// Every session, newest first.
+pub fn list(conn: &Connection) -> rusqlite::Result<Vec<SessionRow>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS} FROM sessions ORDER BY created_at_ms DESC, thread_id"
+    ))?;
+    let rows = stmt.query_map([], row_to_session)?;
+    rows.collect()
+}
+
+/// Sessions in one of `states`, oldest update first (the order queued sessions start in).
+pub fn in_states(conn: &Connection, states: &[SessionState]) -> rusqlite::Result<Vec<SessionRow>> {
+    let names: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS} FROM sessions WHERE state IN ({}) ORDER BY updated_at_ms, thread_id",
+        names.join(",")
+    ))?;
+    let rows = stmt.query_map([], row_to_session)?;
+    rows.collect()
+}
+
+/// Creates the session of a thread in state `queued`.
+pub fn insert(conn: &Connection, row: &SessionRow) -> rusqlite::Result<()> {
+    conn.execute(
+        &format!(
+            "INSERT INTO sessions ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
+             ?11, ?12, ?13, ?14, ?15)"
+        ),
+        params![
+            row.thread_id,
+            row.session_id,
+            row.agent,
+            row.state.as_str(),
+            row.container_id,
+            row.branch,
+            row.worktree,
+            row.customer_id,
+            row.customer_email,
+            row.created_at_ms,
+            row.updated_at_ms,
+            row.last_event_ms,
+            row.attempts,
+            row.last_error,
+            row.stop_requested as i64,
+        ],
+    )?;
+    Ok(())
+}
+
+/// Moves a session to `state`, recording its container (or none).
+pub fn set_state(
+    conn: &Connection,
+    thread_id: &str,
+    state: SessionState,
+    container_id: Option<&str>,
+    now_ms: i64,
+) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE sessions SET state = ?2, container_id = ?3, updated_at_ms = ?4 \
+         WHERE thread_id = ?1",
+        params![thread_id, state.as_str(), container_id, now_ms],
+    )?;
+    if state == SessionState::Ended {
+        conn.execute(
+            "UPDATE sessions SET stop_requested = 0, worktree = NULL WHERE thread_id = ?1",
+            [thread_id],
+        )?;
+    }
+    if state == SessionState::Running {
+        conn.execute(
+            "UPDATE sessions SET attempts = 0, last_error = NULL WHERE thread_id = ?1",
+            [thread_id],
+        )?;
+    }
+    Ok(())
+}
+
+/// Records a failed start: the session goes back to `queued` and is retried later.
+pub fn record_failure(conn: &Connection, thread_id: &str, error: &str, now_ms: i64) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE sessions SET state = 'queued', container_id = NULL, attempts = attempts + 1, \
+         last_error = ?2, updated_at_ms = ?3 WHERE thread_id = ?1",
+        params![thread_id, error, now_ms],
+    )?;
+    Ok(())
+}
+
+/// Records where the session's worktree is.
+pub fn set_worktree(conn: &Connection, thread_id: &str, worktree: &str) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE sessions SET worktree = ?2 WHERE thread_id = ?1",
+        params![thread_id, worktree],
+    )?;
+    Ok(())
+}
+
+/// Asks the running server to stop a thread's session (`threadgate sessions stop`).
+/// Returns false when the thread has no session.
+pub fn request_stop(conn: &Connection, thread_id: &str) -> rusqlite::Result<bool> {
+    let changed = conn.execute(
+        "UPDATE sessions SET stop_requested = 1 WHERE thread_id = ?1 AND state != 'ended'",
+        [thread_id],
+    )?;
+    Ok(changed > 0)
+}
+
+/// Threads whose session an operator asked to stop.
+pub fn stop_requests(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn.prepare("SELECT thread_id FROM sessions WHERE stop_requested = 1")?;
+    let rows = stmt.query_map([], |r| r.get(0))?;
+    rows.collect()
+}
+
+/// Whether new sessions are paused (webhooks are still stored and acknowledged).
+pub fn paused(conn: &Connection) -> rusqlite::Result<bool> {
+    let value: Option<String> = conn
+        .query_row("SELECT value FROM meta WHERE key = 'paused'", [], |r| r.get(0))
+        .optional()?;
+    Ok(value.as_deref() == Some("1"))
+}
+
+/// Sets or lifts the global pause.
+pub fn set_paused(conn: &Connection, paused: bool) -> rusqlite::Result<()> {
+    conn.execute(
+        "INSERT INTO meta (key, value) VALUES ('paused', ?1) \
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        [if paused { "1" } else { "0" }],
+    )?;
+    Ok(())
+}
+
+/// A stored event the supervisor has not applied yet.
+#[derive(Debug, Clone)]
+pub struct PendingEvent {
+    pub seq: i64,
+    pub class: String,
+    pub occurred_at_ms: i64,
+    pub customer_id: Option<String>,
+    pub customer_email: Option<String>,
+}
+
+/// Threads with events not yet applied, oldest first.
+pub fn threads_with_pending_events(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn.prepare(
+        "SELECT thread_id FROM events WHERE applied_at_ms IS NULL AND thread_id IS NOT NULL \
+         AND class != 'ignored' GROUP BY thread_id ORDER BY min(seq)",
+    )?;
+    let rows = stmt.query_map([], |r| r.get(0))?;
+    rows.collect()
+}
+
+/// A thread's unapplied events in the order they happened.
+pub fn pending_events(conn: &Connection, thread_id: &str) -> rusqlite::Result<Vec<PendingEvent>> {
+    let mut stmt = conn.prepare(
+        "SELECT seq, class, occurred_at_ms, customer_id, customer_email FROM events \
+         WHERE thread_id = ?1 AND applied_at_ms IS NULL AND class != 'ignored' \
+         ORDER BY occurred_at_ms, seq",
+    )?;
+    let rows = stmt.query_map([thread_id], |r| {
+        Ok(PendingEvent {
+            seq: r.get(0)?,
+            class: r.get(1)?,
+            occurred_at_ms: r.get(2)?,
+            customer_id: r.get(3)?,
+            customer_email: r.get(4)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Marks an event applied; `feed` gives it the next position in its thread's feed
+/// (events a session's agent reads), or none when it is not for the agent.
+pub fn mark_applied(conn: &Connection, seq: i64, thread_id: &str, feed: bool, now_ms: i64) -> rusqlite::Result<()> {
+    if feed {
+        conn.execute(
+            "UPDATE events SET applied_at_ms = ?2, thread_pos = \
+             (SELECT coalesce(max(thread_pos), 0) + 1 FROM events WHERE thread_id = ?3) \
+             WHERE seq = ?1",
+            params![seq, now_ms, thread_id],
+        )?;
+    } else {
+        conn.execute(
+            "UPDATE events SET applied_at_ms = ?2 WHERE seq = ?1",
+            params![seq, now_ms],
+        )?;
+    }
+    Ok(())
+}
+
+/// Records the newest event time applied to a session and who the customer is.
+pub fn note_event(
+    conn: &Connection,
+    thread_id: &str,
+    occurred_at_ms: i64,
+    customer_id: Option<&str>,
+    customer_email: Option<&str>,
+) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE sessions SET last_event_ms = max(last_event_ms, ?2), \
+         customer_id = coalesce(customer_id, ?3), customer_email = coalesce(customer_email, ?4) \
+         WHERE thread_id = ?1",
+        params![thread_id, occurred_at_ms, customer_id, customer_email],
+    )?;
+    Ok(())
+}
+
+/// One event as a session's agent reads it.
+#[derive(Debug, Clone, Serialize)]
+pub struct FeedEvent {
+    pub position: i64,
+    pub event_id: String,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub occurred_at_ms: i64,
+    pub event: serde_json::Value,
+}
+
+/// The thread's feed after `after`, at most `limit` events.
+pub fn feed(conn: &Connection, thread_id: &str, after: i64, limit: i64) -> rusqlite::Result<Vec<FeedEvent>> {
+    let mut stmt = conn.prepare(
+        "SELECT thread_pos, event_id, event_type, occurred_at_ms, body FROM events \
+         WHERE thread_id = ?1 AND thread_pos > ?2 ORDER BY thread_pos LIMIT ?3",
+    )?;
+    let rows = stmt.query_map(params![thread_id, after, limit], |r| {
+        let body: String = r.get(4)?;
+        Ok(FeedEvent {
+            position: r.get(0)?,
+            event_id: r.get(1)?,
+            event_type: r.get(2)?,
+            occurred_at_ms: r.get(3)?,
+            event: serde_json::from_str(&body).unwrap_or(serde_json::Value::Null),
+        })
+    })?;
+    rows.collect()
+}

@@ -1,0 +1,772 @@
+//! The supervisor actor: the one place a session's state changes.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use super::store::{self, SessionRow, SessionState};
+use super::{AgentBook, SecretSource, SessionApi, SessionError, SessionScope, WorkspaceOps};
+use crate::config::SessionSettings;
+use crate::sandbox::{Limits, SandboxRuntime, SandboxSpec};
+use crate::store::Db;
+
+/// The clock the supervisor reads, in unix milliseconds (tests pass a fake one).
+pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+
+/// How often the supervisor looks for idle sessions, stop requests and free slots.
+const TICK: Duration = Duration::from_millis(500);
+/// The longest a failed start waits before it is tried again.
+const MAX_BACKOFF_MS: i64 = 5 * 60 * 1000;
+
+/// Everything the supervisor drives.
+pub struct SupervisorParts {
+    pub db: Db,
+    pub sandbox: Arc<dyn SandboxRuntime>,
+    pub workspaces: Arc<dyn WorkspaceOps>,
+    pub api: Arc<dyn SessionApi>,
+    pub agents: Arc<AgentBook>,
+    pub secrets: Arc<dyn SecretSource>,
+    pub image: String,
+    pub limits: Limits,
+    pub sockets_dir: PathBuf,
+    pub settings: SessionSettings,
+    pub default_agent: String,
+    pub clock: Clock,
+}
+
+enum Msg {
+    /// New events (or a decision on a held call) for a thread.
+    Thread(String),
+    /// A spawned operation finished.
+    Done { thread: String, outcome: Outcome },
+    /// A decision came for a session's held call.
+    Resume(String),
+    /// An operator stops a thread's session.
+    Stop {
+        thread: String,
+        reply: oneshot::Sender<Result<(), SessionError>>,
+    },
+    /// Answer once no operation is in flight and no message is waiting.
+    WhenQuiet(oneshot::Sender<()>),
+    Tick,
+    Reconcile,
+    /// Stop serving; containers stay and are adopted by the next start.
+    Shutdown,
+}
+
+enum Outcome {
+    Started { container_id: String, worktree: String },
+    StartFailed(String),
+    /// The container is gone and the work committed; `ended` says whether the session
+    /// ended or only went idle.
+    Stopped { ended: bool },
+    StopFailed(String),
+}
+
+/// A cheap handle for the rest of threadgate to talk to the supervisor.
+#[derive(Clone)]
+pub struct SupervisorHandle {
+    tx: mpsc::UnboundedSender<Msg>,
+    activity: Arc<Mutex<HashMap<String, i64>>>,
+    feed: broadcast::Sender<String>,
+    clock: Clock,
+}
+
+impl SupervisorHandle {
+    /// Tells the supervisor a thread has new events or a decision.
+    pub fn thread_changed(&self, thread_id: &str) {
+        // A send fails only once the supervisor has stopped, when nothing is to be done.
+        let _ = self.tx.send(Msg::Thread(thread_id.to_owned()));
+    }
+
+    /// Records that a session's agent did something (not merely waited).
+    pub fn touch(&self, thread_id: &str) {
+        let now = (self.clock)();
+        lock(&self.activity).insert(thread_id.to_owned(), now);
+    }
+
+    /// Thread ids whose feed gained events.
+    pub fn subscribe_feed(&self) -> broadcast::Receiver<String> {
+        self.feed.subscribe()
+    }
+
+    /// Stops a thread's session: container removed, work committed, worktree removed.
+    pub async fn stop(&self, thread_id: &str) -> Result<(), SessionError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Msg::Stop {
+                thread: thread_id.to_owned(),
+                reply,
+            })
+            .map_err(|_| SessionError::Stopped)?;
+        rx.await.map_err(|_| SessionError::Stopped)?
+    }
+
+    /// Resumes a session that gave up its container while it waited for a person, now
+    /// that the decision has come.
+    pub fn resume(&self, thread_id: &str) {
+        let _ = self.tx.send(Msg::Resume(thread_id.to_owned()));
+    }
+
+    /// Runs a reconciliation now.
+    pub fn reconcile(&self) {
+        let _ = self.tx.send(Msg::Reconcile);
+    }
+
+    /// Stops the supervisor (at shutdown). Running containers stay; the next start of
+    /// threadgate adopts them.
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(Msg::Shutdown);
+    }
+
+    /// Waits until the supervisor has no operation in flight.
+    pub async fn quiet(&self) {
+        let (reply, rx) = oneshot::channel();
+        if self.tx.send(Msg::WhenQuiet(reply)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The actor's state.
+pub struct Supervisor {
+    parts: Arc<SupervisorParts>,
+    tx: mpsc::UnboundedSender<Msg>,
+    rx: mpsc::UnboundedReceiver<Msg>,
+    activity: Arc<Mutex<HashMap<String, i64>>>,
+    feed: broadcast::Sender<String>,
+    /// Threads with an operation in flight, and whether events came meanwhile.
+    busy: HashMap<String, bool>,
+    /// Threads holding a container slot (starting or running).
+    slots: HashSet<String>,
+    quiet_waiters: Vec<oneshot::Sender<()>>,
+    last_reconcile_ms: i64,
+}
+
+impl Supervisor {
+    /// Starts the supervisor: it reconciles containers with the database, applies every
+    /// stored event not applied yet, then serves messages until every handle is dropped.
+    pub fn spawn(parts: SupervisorParts) -> (SupervisorHandle, JoinHandle<()>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (feed, _) = broadcast::channel(1024);
+        let activity = Arc::new(Mutex::new(HashMap::new()));
+        let handle = SupervisorHandle {
+            tx: tx.clone(),
+            activity: activity.clone(),
+            feed: feed.clone(),
+            clock: parts.clock.clone(),
+        };
+        let sup = Supervisor {
+            parts: Arc::new(parts),
+            tx,
+            rx,
+            activity,
+            feed,
+            busy: HashMap::new(),
+            slots: HashSet::new(),
+            quiet_waiters: Vec::new(),
+            last_reconcile_ms: 0,
+        };
+        let task = tokio::spawn(sup.run());
+        (handle, task)
+    }
+
+    async fn run(mut self) {
+        self.reconcile().await;
+        self.apply_all_pending().await;
+        let ticker_tx = self.tx.clone();
+        let ticker = tokio::spawn(async move {
+            let mut interval = tokio::time::interval(TICK);
+            loop {
+                interval.tick().await;
+                if ticker_tx.send(Msg::Tick).is_err() {
+                    break;
+                }
+            }
+        });
+        while let Some(msg) = self.rx.recv().await {
+            if matches!(msg, Msg::Shutdown) {
+                break;
+            }
+            self.handle(msg).await;
+            if self.busy.is_empty() && self.rx.is_empty() {
+                for waiter in self.quiet_waiters.drain(..) {
+                    let _ = waiter.send(());
+                }
+            }
+        }
+        ticker.abort();
+    }
+
+    fn now(&self) -> i64 {
+        (self.parts.clock)()
+    }
+
+    async fn handle(&mut self, msg: Msg) {
+        match msg {
+            Msg::Thread(thread) => self.apply_thread(&thread).await,
+            Msg::Resume(thread) => self.resume(&thread).await,
+            Msg::Done { thread, outcome } => self.finish(&thread, outcome).await,
+            Msg::Stop { thread, reply } => {
+                let result = self.stop_thread(&thread).await;
+                let _ = reply.send(result);
+            }
+            Msg::WhenQuiet(reply) => self.quiet_waiters.push(reply),
+            Msg::Tick => self.tick().await,
+            Msg::Reconcile => self.reconcile().await,
+            Msg::Shutdown => {}
+        }
+    }
+
+    async fn apply_all_pending(&mut self) {
+        let threads = self
+            .parts
+            .db
+            .read(store::threads_with_pending_events)
+            .await;
+        match threads {
+            Ok(threads) => {
+                for thread in threads {
+                    self.apply_thread(&thread).await;
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "cannot read pending events"),
+        }
+    }
+
+    /// Applies a thread's unapplied events in the order they happened, then does what
+    /// the result asks: start or resume its session, or end it.
+    async fn apply_thread(&mut self, thread: &str) {
+        if let Some(dirty) = self.busy.get_mut(thread) {
+            *dirty = true;
+            return;
+        }
+        let now = self.now();
+        let default_agent = self.parts.default_agent.clone();
+        let branch = match self.parts.workspaces.branch_name(thread) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(thread, error = %e, "thread id cannot name a branch; its events are ignored");
+                String::new()
+            }
+        };
+        let thread_owned = thread.to_owned();
+        let applied = self
+            .parts
+            .db
+            .write(move |conn| apply_events(conn, &thread_owned, &default_agent, &branch, now))
+            .await;
+        let want = match applied {
+            Ok(want) => want,
+            Err(e) => {
+                tracing::error!(thread, error = %e, "cannot apply events");
+                return;
+            }
+        };
+        match want {
+            Want::Nothing => {}
+            Want::Fed => {
+                self.touch(thread);
+                let _ = self.feed.send(thread.to_owned());
+            }
+            Want::Live => {
+                self.touch(thread);
+                let _ = self.feed.send(thread.to_owned());
+                self.ensure_live(thread).await;
+            }
+            Want::End => {
+                if let Err(e) = self.stop_thread(thread).await {
+                    tracing::error!(thread, error = %e, "cannot end session");
+                }
+            }
+        }
+    }
+
+    async fn resume(&mut self, thread: &str) {
+        if let Some(dirty) = self.busy.get_mut(thread) {
+            *dirty = true;
+            return;
+        }
+        if let Some(row) = self.session(thread).await
+            && row.state == SessionState::Idle
+        {
+            self.touch(thread);
+            self.try_start(row).await;
+        }
+    }
+
+    fn touch(&self, thread: &str) {
+        lock(&self.activity).insert(thread.to_owned(), self.now());
+    }
+
+    /// Starts or resumes the thread's container unless it has one.
+    async fn ensure_live(&mut self, thread: &str) {
+        let row = match self.session(thread).await {
+            Some(row) => row,
+            None => return,
+        };
+        match row.state {
+            SessionState::Running | SessionState::Starting if self.slots.contains(thread) => {}
+            _ => self.try_start(row).await,
+        }
+    }
+
+    async fn session(&self, thread: &str) -> Option<SessionRow> {
+        let thread = thread.to_owned();
+        match self.parts.db.read(move |c| store::get(c, &thread)).await {
+            Ok(row) => row,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read session");
+                None
+            }
+        }
+    }
+
+    async fn set_state(&self, thread: &str, state: SessionState, container: Option<String>) {
+        let now = self.now();
+        let thread = thread.to_owned();
+        let result = self
+            .parts
+            .db
+            .write(move |c| store::set_state(c, &thread, state, container.as_deref(), now))
+            .await;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "cannot record session state");
+        }
+    }
+
+    async fn paused(&self) -> bool {
+        self.parts.db.read(store::paused).await.unwrap_or(true)
+    }
+
+    /// Starts the session's container if a slot is free and sessions are not paused;
+    /// otherwise leaves it queued (durably) for a slot.
+    async fn try_start(&mut self, row: SessionRow) {
+        let thread = row.thread_id.clone();
+        if self.busy.contains_key(&thread) {
+            return;
+        }
+        if self.slots.len() >= self.parts.settings.max_live || self.paused().await {
+            if row.state != SessionState::Queued {
+                self.set_state(&thread, SessionState::Queued, None).await;
+            }
+            return;
+        }
+        self.slots.insert(thread.clone());
+        self.busy.insert(thread.clone(), false);
+        self.set_state(&thread, SessionState::Starting, None).await;
+        let parts = self.parts.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let outcome = match start_session(&parts, &row).await {
+                Ok((container_id, worktree)) => Outcome::Started {
+                    container_id,
+                    worktree,
+                },
+                Err(e) => Outcome::StartFailed(format!("{e:#}")),
+            };
+            let _ = tx.send(Msg::Done {
+                thread: row.thread_id,
+                outcome,
+            });
+        });
+    }
+
+    /// Stops the thread's container (if any), commits its worktree and ends the session.
+    async fn stop_thread(&mut self, thread: &str) -> Result<(), SessionError> {
+        let row = self
+            .session(thread)
+            .await
+            .ok_or_else(|| SessionError::UnknownThread(thread.to_owned()))?;
+        if row.state == SessionState::Ended {
+            return Ok(());
+        }
+        if let Some(dirty) = self.busy.get_mut(thread) {
+            // Ended once the current operation reports back: the pending DONE or stop
+            // request is applied then.
+            *dirty = true;
+            return Ok(());
+        }
+        self.spawn_stop(row, true);
+        Ok(())
+    }
+
+    fn spawn_stop(&mut self, row: SessionRow, end: bool) {
+        self.busy.insert(row.thread_id.clone(), false);
+        let parts = self.parts.clone();
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            let outcome = match stop_session(&parts, &row, end).await {
+                Ok(()) => Outcome::Stopped { ended: end },
+                Err(e) => Outcome::StopFailed(format!("{e:#}")),
+            };
+            let _ = tx.send(Msg::Done {
+                thread: row.thread_id,
+                outcome,
+            });
+        });
+    }
+
+    async fn finish(&mut self, thread: &str, outcome: Outcome) {
+        let dirty = self.busy.remove(thread).unwrap_or(false);
+        match outcome {
+            Outcome::Started {
+                container_id,
+                worktree,
+            } => {
+                let t = thread.to_owned();
+                let _ = self
+                    .parts
+                    .db
+                    .write(move |c| store::set_worktree(c, &t, &worktree))
+                    .await;
+                self.set_state(thread, SessionState::Running, Some(container_id))
+                    .await;
+                self.touch(thread);
+                tracing::info!(thread, "session running");
+            }
+            Outcome::StartFailed(error) => {
+                self.slots.remove(thread);
+                tracing::error!(thread, error = %error, "session failed to start; will retry");
+                let (t, now) = (thread.to_owned(), self.now());
+                let _ = self
+                    .parts
+                    .db
+                    .write(move |c| store::record_failure(c, &t, &error, now))
+                    .await;
+            }
+            Outcome::Stopped { ended } => {
+                self.slots.remove(thread);
+                let state = if ended {
+                    SessionState::Ended
+                } else {
+                    SessionState::Idle
+                };
+                self.set_state(thread, state, None).await;
+                tracing::info!(thread, state = state.as_str(), "session stopped");
+                self.start_queued().await;
+            }
+            Outcome::StopFailed(error) => {
+                tracing::error!(thread, error = %error, "stopping session failed; will retry");
+            }
+        }
+        if dirty {
+            self.apply_thread(thread).await;
+        }
+    }
+
+    /// Starts queued sessions while slots are free (oldest first), skipping those
+    /// still backing off after a failed start.
+    async fn start_queued(&mut self) {
+        if self.slots.len() >= self.parts.settings.max_live || self.paused().await {
+            return;
+        }
+        let queued = self
+            .parts
+            .db
+            .read(|c| store::in_states(c, &[SessionState::Queued]))
+            .await
+            .unwrap_or_default();
+        let now = self.now();
+        for row in queued {
+            if self.slots.len() >= self.parts.settings.max_live {
+                break;
+            }
+            let backoff = (1000 * 2i64.saturating_pow(row.attempts.clamp(0, 20) as u32))
+                .min(MAX_BACKOFF_MS);
+            if row.attempts > 0 && row.updated_at_ms + backoff > now {
+                continue;
+            }
+            self.try_start(row).await;
+        }
+    }
+
+    async fn tick(&mut self) {
+        let now = self.now();
+        // Operators' stop requests.
+        let stops = self
+            .parts
+            .db
+            .read(store::stop_requests)
+            .await
+            .unwrap_or_default();
+        for thread in stops {
+            if !self.busy.contains_key(&thread)
+                && let Err(e) = self.stop_thread(&thread).await
+            {
+                tracing::warn!(thread, error = %e, "cannot stop session");
+            }
+        }
+        // Quiet sessions give up their container.
+        let idle_ms = self.parts.settings.idle_timeout.as_millis() as i64;
+        let quiet: Vec<String> = {
+            let activity = lock(&self.activity);
+            self.slots
+                .iter()
+                .filter(|t| !self.busy.contains_key(*t))
+                .filter(|t| activity.get(*t).is_some_and(|at| now - at >= idle_ms))
+                .cloned()
+                .collect()
+        };
+        for thread in quiet {
+            if let Some(row) = self.session(&thread).await
+                && row.state == SessionState::Running
+            {
+                tracing::info!(thread, "session idle; stopping its container");
+                self.spawn_stop(row, false);
+            }
+        }
+        self.start_queued().await;
+        let every = self.parts.settings.reconcile_every.as_millis() as i64;
+        if now - self.last_reconcile_ms >= every {
+            self.reconcile().await;
+        }
+    }
+
+    /// Makes containers match the database: adopts the containers of live sessions,
+    /// removes every other container labelled with this instance, and resumes live
+    /// sessions whose container vanished.
+    async fn reconcile(&mut self) {
+        self.last_reconcile_ms = self.now();
+        let containers = match self.parts.sandbox.list().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot list containers");
+                return;
+            }
+        };
+        let live = self
+            .parts
+            .db
+            .read(|c| store::in_states(c, &[SessionState::Starting, SessionState::Running]))
+            .await
+            .unwrap_or_default();
+        let by_session: HashMap<&str, &SessionRow> =
+            live.iter().map(|r| (r.session_id.as_str(), r)).collect();
+        let mut adopted = HashSet::new();
+        for c in &containers {
+            if self.busy.contains_key(&c.thread_id) {
+                continue;
+            }
+            let owner = by_session.get(c.session_id.as_str());
+            let ours = owner.is_some_and(|r| {
+                r.state == SessionState::Running
+                    && r.container_id.as_deref() == Some(c.container_id.as_str())
+            });
+            if ours && c.running {
+                adopted.insert(c.thread_id.clone());
+                if self.slots.insert(c.thread_id.clone())
+                    && let Some(row) = owner
+                {
+                    self.reopen_api(row).await;
+                    self.touch(&c.thread_id);
+                }
+                continue;
+            }
+            tracing::warn!(container = %c.container_id, thread = %c.thread_id, "removing a container without a live session");
+            if let Err(e) = self.parts.sandbox.stop(&c.container_id).await {
+                tracing::error!(container = %c.container_id, error = %e, "cannot remove container");
+            }
+        }
+        for row in live {
+            if adopted.contains(&row.thread_id) || self.busy.contains_key(&row.thread_id) {
+                continue;
+            }
+            tracing::warn!(thread = %row.thread_id, "session lost its container; resuming");
+            self.slots.remove(&row.thread_id);
+            self.parts.api.close(&row.session_id).await;
+            self.try_start(row).await;
+        }
+    }
+
+    async fn reopen_api(&self, row: &SessionRow) {
+        let dir = self.parts.sockets_dir.join(&row.session_id);
+        if let Err(e) = self.parts.api.open(scope_of(row), dir).await {
+            tracing::error!(thread = %row.thread_id, error = %e, "cannot reopen the session's socket");
+        }
+    }
+}
+
+/// What applying a thread's events asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Want {
+    Nothing,
+    /// The running session has new events to read.
+    Fed,
+    /// A customer wrote: the session must be running.
+    Live,
+    /// The thread is done.
+    End,
+}
+
+/// In one transaction: creates the session on the first customer event, marks every
+/// pending event applied (in timestamp order, giving feed positions to those the agent
+/// reads), and says what the supervisor must do.
+fn apply_events(
+    conn: &rusqlite::Connection,
+    thread: &str,
+    default_agent: &str,
+    branch: &str,
+    now: i64,
+) -> rusqlite::Result<Want> {
+    let events = store::pending_events(conn, thread)?;
+    let mut row = store::get(conn, thread)?;
+    let mut want = Want::Nothing;
+    for ev in &events {
+        let valid_thread = !branch.is_empty();
+        match ev.class.as_str() {
+            "customer" if valid_thread => {
+                // An event older than the thread's DONE does not reopen it.
+                let stale = row.as_ref().is_some_and(|r| {
+                    r.state == SessionState::Ended && ev.occurred_at_ms < r.last_event_ms
+                });
+                if row.is_none() {
+                    let fresh = new_session(thread, default_agent, branch, now);
+                    store::insert(conn, &fresh)?;
+                    row = Some(fresh);
+                }
+                store::mark_applied(conn, ev.seq, thread, true, now)?;
+                if !stale {
+                    want = Want::Live;
+                }
+            }
+            "done" if row.is_some() => {
+                store::mark_applied(conn, ev.seq, thread, true, now)?;
+                want = Want::End;
+            }
+            "info" if row.is_some() => {
+                store::mark_applied(conn, ev.seq, thread, true, now)?;
+                if want == Want::Nothing {
+                    want = Want::Fed;
+                }
+            }
+            _ => store::mark_applied(conn, ev.seq, thread, false, now)?,
+        }
+        if row.is_some() {
+            store::note_event(
+                conn,
+                thread,
+                ev.occurred_at_ms,
+                ev.customer_id.as_deref(),
+                ev.customer_email.as_deref(),
+            )?;
+            if let Some(r) = row.as_mut() {
+                r.last_event_ms = r.last_event_ms.max(ev.occurred_at_ms);
+            }
+        }
+    }
+    Ok(want)
+}
+
+fn new_session(thread: &str, agent: &str, branch: &str, now: i64) -> SessionRow {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    SessionRow {
+        thread_id: thread.to_owned(),
+        session_id: format!("s{}", &id[..15]),
+        agent: agent.to_owned(),
+        state: SessionState::Queued,
+        container_id: None,
+        branch: branch.to_owned(),
+        worktree: None,
+        customer_id: None,
+        customer_email: None,
+        created_at_ms: now,
+        updated_at_ms: now,
+        last_event_ms: 0,
+        attempts: 0,
+        last_error: None,
+        stop_requested: false,
+    }
+}
+
+fn scope_of(row: &SessionRow) -> SessionScope {
+    SessionScope {
+        session_id: row.session_id.clone(),
+        thread_id: row.thread_id.clone(),
+        agent: row.agent.clone(),
+        customer_id: row.customer_id.clone(),
+        customer_email: row.customer_email.clone(),
+    }
+}
+
+/// Prepares the branch, opens the session's socket and starts its container.
+async fn start_session(parts: &SupervisorParts, row: &SessionRow) -> anyhow::Result<(String, String)> {
+    let agent = parts
+        .agents
+        .get(&row.agent)
+        .ok_or_else(|| anyhow::anyhow!("no agent definition named {}", row.agent))?
+        .clone();
+    let secrets = parts.secrets.for_agent(&agent.name, &agent.secrets).await?;
+    let workspaces = parts.workspaces.clone();
+    let thread = row.thread_id.clone();
+    let prepared = tokio::task::spawn_blocking(move || workspaces.prepare(&thread)).await??;
+    let socket_dir = parts.sockets_dir.join(&row.session_id);
+    std::fs::create_dir_all(&socket_dir)?;
+    parts.api.open(scope_of(row), socket_dir.clone()).await?;
+    let spec = SandboxSpec {
+        session_id: row.session_id.clone(),
+        thread_id: row.thread_id.clone(),
+        image: parts.image.clone(),
+        workspace_dir: prepared.path.clone(),
+        socket_dir,
+        secrets: secrets
+            .into_iter()
+            .map(|(name, value)| (name, value.into()))
+            .collect(),
+        limits: parts.limits.clone(),
+        command: agent.command.clone(),
+        env: vec![
+            ("THREADGATE_THREAD_ID".into(), row.thread_id.clone()),
+            ("THREADGATE_AGENT".into(), agent.name.clone()),
+        ],
+    };
+    match parts.sandbox.start(&spec).await {
+        Ok(handle) => Ok((handle.container_id, prepared.path.display().to_string())),
+        Err(e) => {
+            parts.api.close(&row.session_id).await;
+            Err(e.into())
+        }
+    }
+}
+
+/// Removes the container, commits the worktree onto the thread's branch, and when the
+/// session ends also pushes the branch and removes the worktree.
+async fn stop_session(parts: &SupervisorParts, row: &SessionRow, end: bool) -> anyhow::Result<()> {
+    if let Some(container) = &row.container_id {
+        parts.sandbox.stop(container).await?;
+    }
+    parts.api.close(&row.session_id).await;
+    let Some(worktree) = row.worktree.clone() else {
+        return Ok(());
+    };
+    let secrets = parts.secrets.all().await?;
+    let workspaces = parts.workspaces.clone();
+    let thread = row.thread_id.clone();
+    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let path = PathBuf::from(&worktree);
+        if path.exists() {
+            let report = workspaces.commit(&thread, &path, &secrets)?;
+            for skipped in &report.skipped {
+                tracing::warn!(thread, file = %skipped, "left a file out of the commit");
+            }
+            if let Some(commit) = &report.commit {
+                tracing::info!(thread, commit, "committed the session's work");
+            }
+        }
+        if end {
+            workspaces.push(&thread)?;
+            workspaces.remove_worktree(&thread)?;
+        }
+        Ok(())
+    })
+    .await??;
+    Ok(())
+}

@@ -1,0 +1,370 @@
+//! Orchestration tests with in-memory fakes for Docker, git and the socket; the real
+//! backends have their own integration tests under `tests/`.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::*;
+use crate::config::SessionSettings;
+use crate::sandbox::{FakeRuntime, Limits, SandboxRuntime};
+use crate::secrets::SecretString;
+use crate::store::Db;
+
+#[derive(Default)]
+struct FakeWorkspaces {
+    root: PathBuf,
+    log: Mutex<Vec<String>>,
+}
+
+impl FakeWorkspaces {
+    fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl WorkspaceOps for FakeWorkspaces {
+    fn branch_name(&self, thread_id: &str) -> anyhow::Result<String> {
+        anyhow::ensure!(!thread_id.contains(".."), "bad thread id");
+        Ok(format!("threadgate/{thread_id}"))
+    }
+    fn prepare(&self, thread_id: &str) -> anyhow::Result<PreparedWorktree> {
+        let path = self.root.join(thread_id);
+        std::fs::create_dir_all(&path)?;
+        self.log.lock().unwrap().push(format!("prepare {thread_id}"));
+        Ok(PreparedWorktree {
+            path,
+            branch: format!("threadgate/{thread_id}"),
+        })
+    }
+    fn commit(
+        &self,
+        thread_id: &str,
+        _worktree: &Path,
+        _secrets: &[(String, SecretString)],
+    ) -> anyhow::Result<CommitReport> {
+        self.log.lock().unwrap().push(format!("commit {thread_id}"));
+        Ok(CommitReport::default())
+    }
+    fn remove_worktree(&self, thread_id: &str) -> anyhow::Result<()> {
+        self.log.lock().unwrap().push(format!("remove {thread_id}"));
+        Ok(())
+    }
+    fn push(&self, _thread_id: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct FakeApi {
+    open: Mutex<Vec<String>>,
+}
+
+#[async_trait::async_trait]
+impl SessionApi for FakeApi {
+    async fn open(&self, scope: SessionScope, _dir: PathBuf) -> anyhow::Result<()> {
+        self.open.lock().unwrap().push(scope.session_id);
+        Ok(())
+    }
+    async fn close(&self, session_id: &str) {
+        self.open.lock().unwrap().retain(|s| s != session_id);
+    }
+}
+
+struct NoSecrets;
+
+#[async_trait::async_trait]
+impl SecretSource for NoSecrets {
+    async fn for_agent(&self, _: &str, asked: &[String]) -> anyhow::Result<Vec<(String, SecretString)>> {
+        anyhow::ensure!(asked.is_empty(), "not granted: {}", asked.join(", "));
+        Ok(Vec::new())
+    }
+    async fn all(&self) -> anyhow::Result<Vec<(String, SecretString)>> {
+        Ok(Vec::new())
+    }
+}
+
+struct Harness {
+    _dir: tempfile::TempDir,
+    db: Db,
+    sandbox: Arc<FakeRuntime>,
+    workspaces: Arc<FakeWorkspaces>,
+    handle: SupervisorHandle,
+    now: Arc<AtomicI64>,
+    next_event: AtomicI64,
+}
+
+fn settings(max_live: usize) -> SessionSettings {
+    SessionSettings {
+        max_live,
+        idle_timeout: Duration::from_secs(60),
+        reconcile_every: Duration::from_secs(3600),
+    }
+}
+
+fn harness_with(max_live: usize, sandbox: Arc<FakeRuntime>, db_dir: Option<tempfile::TempDir>) -> Harness {
+    let dir = db_dir.unwrap_or_else(|| tempfile::tempdir().expect("tempdir"));
+    let db = Db::open(&dir.path().join("t.db")).expect("db");
+    let workspaces = Arc::new(FakeWorkspaces {
+        root: dir.path().join("worktrees"),
+        ..Default::default()
+    });
+    let now = Arc::new(AtomicI64::new(1_700_000_000_000));
+    let clock_now = now.clone();
+    let mut agents = AgentBook::default();
+    agents.insert(AgentDefinition {
+        name: "support".into(),
+        description: String::new(),
+        command: None,
+        tools: vec!["*".into()],
+        secrets: vec![],
+        skills: vec![],
+        instructions: String::new(),
+    });
+    let (handle, _task) = Supervisor::spawn(SupervisorParts {
+        db: db.clone(),
+        sandbox: sandbox.clone(),
+        workspaces: workspaces.clone(),
+        api: Arc::new(FakeApi::default()),
+        agents: Arc::new(agents),
+        secrets: Arc::new(NoSecrets),
+        image: "img".into(),
+        limits: Limits::default(),
+        sockets_dir: dir.path().join("sockets"),
+        settings: settings(max_live),
+        default_agent: "support".into(),
+        clock: Arc::new(move || clock_now.load(Ordering::SeqCst)),
+    });
+    Harness {
+        _dir: dir,
+        db,
+        sandbox,
+        workspaces,
+        handle,
+        now,
+        next_event: AtomicI64::new(1),
+    }
+}
+
+fn harness(max_live: usize) -> Harness {
+    harness_with(max_live, Arc::new(FakeRuntime::new()), None)
+}
+
+impl Harness {
+    /// Stores an event as intake would and tells the supervisor.
+    async fn event(&self, thread: &str, class: &str, occurred_at_ms: i64) {
+        let n = self.next_event.fetch_add(1, Ordering::SeqCst);
+        let thread_owned = thread.to_owned();
+        let class = class.to_owned();
+        self.db
+            .write(move |c| {
+                c.execute(
+                    "INSERT INTO events (event_id, event_type, class, thread_id, customer_id, \
+                     customer_email, actor, occurred_at_ms, received_at_ms, body) \
+                     VALUES (?1, 'thread.email_received', ?2, ?3, 'c_1', 'a@example.com', \
+                     'customer', ?4, ?4, '{}')",
+                    rusqlite::params![format!("pEv_{n}"), class, thread_owned, occurred_at_ms],
+                )
+            })
+            .await
+            .expect("insert event");
+        self.handle.thread_changed(thread);
+        self.settle().await;
+    }
+
+    async fn settle(&self) {
+        // Each operation reports back through the supervisor's queue; two rounds cover
+        // an operation that triggers another (a stop that frees a slot for a start).
+        for _ in 0..4 {
+            self.handle.quiet().await;
+            tokio::task::yield_now().await;
+        }
+    }
+
+    async fn state(&self, thread: &str) -> Option<SessionState> {
+        let thread = thread.to_owned();
+        self.db
+            .read(move |c| store::get(c, &thread))
+            .await
+            .expect("read")
+            .map(|r| r.state)
+    }
+
+    async fn running_containers(&self) -> usize {
+        self.sandbox.list().await.expect("list").iter().filter(|c| c.running).count()
+    }
+}
+
+#[tokio::test]
+async fn the_first_customer_event_starts_one_container_and_later_ones_reuse_it() {
+    let h = harness(4);
+    h.event("th_1", "customer", 1_000).await;
+    assert_eq!(h.state("th_1").await, Some(SessionState::Running));
+    h.event("th_1", "customer", 2_000).await;
+    h.event("th_1", "info", 3_000).await;
+    assert_eq!(h.sandbox.start_count(), 1);
+    assert_eq!(h.running_containers().await, 1);
+}
+
+#[tokio::test]
+async fn a_second_thread_gets_a_second_container() {
+    let h = harness(4);
+    h.event("th_1", "customer", 1_000).await;
+    h.event("th_2", "customer", 1_000).await;
+    assert_eq!(h.running_containers().await, 2);
+}
+
+#[tokio::test]
+async fn done_removes_the_container_commits_and_removes_the_worktree() {
+    let h = harness(4);
+    h.event("th_1", "customer", 1_000).await;
+    h.event("th_1", "done", 2_000).await;
+    assert_eq!(h.state("th_1").await, Some(SessionState::Ended));
+    assert_eq!(h.running_containers().await, 0);
+    assert_eq!(
+        h.workspaces.log(),
+        vec!["prepare th_1", "commit th_1", "remove th_1"]
+    );
+}
+
+#[tokio::test]
+async fn an_event_older_than_done_does_not_reopen_the_thread() {
+    let h = harness(4);
+    h.event("th_1", "customer", 1_000).await;
+    h.event("th_1", "done", 5_000).await;
+    h.event("th_1", "customer", 3_000).await;
+    assert_eq!(h.state("th_1").await, Some(SessionState::Ended));
+    assert_eq!(h.sandbox.start_count(), 1);
+    // A newer message reopens it on the same branch.
+    h.event("th_1", "customer", 9_000).await;
+    assert_eq!(h.state("th_1").await, Some(SessionState::Running));
+    assert_eq!(h.sandbox.start_count(), 2);
+}
+
+#[tokio::test]
+async fn sessions_beyond_the_cap_wait_and_start_when_a_slot_frees() {
+    let h = harness(2);
+    for t in ["th_1", "th_2", "th_3"] {
+        h.event(t, "customer", 1_000).await;
+    }
+    assert_eq!(h.running_containers().await, 2);
+    assert_eq!(h.state("th_3").await, Some(SessionState::Queued));
+    h.event("th_1", "done", 2_000).await;
+    assert_eq!(h.state("th_3").await, Some(SessionState::Running));
+    assert_eq!(h.running_containers().await, 2);
+}
+
+#[tokio::test]
+async fn a_quiet_session_gives_up_its_container_and_resumes_on_its_next_event() {
+    let h = harness(4);
+    h.event("th_1", "customer", 1_000).await;
+    h.now.fetch_add(61_000, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    h.settle().await;
+    assert_eq!(h.state("th_1").await, Some(SessionState::Idle));
+    assert_eq!(h.running_containers().await, 0);
+    assert!(h.workspaces.log().contains(&"commit th_1".to_owned()));
+    h.event("th_1", "customer", 2_000).await;
+    assert_eq!(h.state("th_1").await, Some(SessionState::Running));
+}
+
+#[tokio::test]
+async fn a_decision_resumes_an_idle_session() {
+    let h = harness(4);
+    h.event("th_1", "customer", 1_000).await;
+    h.now.fetch_add(61_000, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    h.settle().await;
+    assert_eq!(h.state("th_1").await, Some(SessionState::Idle));
+    h.handle.resume("th_1");
+    h.settle().await;
+    assert_eq!(h.state("th_1").await, Some(SessionState::Running));
+}
+
+#[tokio::test]
+async fn while_paused_events_are_kept_and_sessions_start_after() {
+    let h = harness(4);
+    h.db.write(|c| store::set_paused(c, true)).await.expect("pause");
+    h.event("th_1", "customer", 1_000).await;
+    assert_eq!(h.state("th_1").await, Some(SessionState::Queued));
+    assert_eq!(h.sandbox.start_count(), 0);
+    h.db.write(|c| store::set_paused(c, false)).await.expect("unpause");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    h.settle().await;
+    assert_eq!(h.state("th_1").await, Some(SessionState::Running));
+}
+
+#[tokio::test]
+async fn an_operator_stop_request_ends_the_session() {
+    let h = harness(4);
+    h.event("th_1", "customer", 1_000).await;
+    let asked = h.db.write(|c| store::request_stop(c, "th_1")).await.expect("stop");
+    assert!(asked);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    h.settle().await;
+    assert_eq!(h.state("th_1").await, Some(SessionState::Ended));
+    assert_eq!(h.running_containers().await, 0);
+}
+
+#[tokio::test]
+async fn machine_and_unknown_events_start_nothing() {
+    let h = harness(4);
+    h.event("th_1", "ignored", 1_000).await;
+    h.event("th_1", "info", 1_000).await;
+    assert_eq!(h.state("th_1").await, None);
+    assert_eq!(h.sandbox.start_count(), 0);
+}
+
+#[tokio::test]
+async fn a_failed_start_keeps_the_session_queued_for_a_retry() {
+    let h = harness(4);
+    h.sandbox
+        .fail_next_start(crate::sandbox::SandboxError::Docker("engine down".into()));
+    h.event("th_1", "customer", 1_000).await;
+    assert_eq!(h.state("th_1").await, Some(SessionState::Queued));
+    h.now.fetch_add(10_000, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    h.settle().await;
+    assert_eq!(h.state("th_1").await, Some(SessionState::Running));
+}
+
+#[tokio::test]
+async fn restart_adopts_live_containers_reaps_strays_and_resumes_vanished_ones() {
+    let sandbox = Arc::new(FakeRuntime::new());
+    let first = harness_with(4, sandbox.clone(), None);
+    first.event("th_1", "customer", 1_000).await;
+    first.event("th_2", "customer", 1_000).await;
+    let containers = sandbox.list().await.expect("list");
+    assert_eq!(containers.len(), 2);
+    // threadgate dies; meanwhile th_2's container vanishes.
+    first.handle.shutdown();
+    let Harness { _dir: dir, db, .. } = first;
+    drop(db);
+    // A container labelled with this instance but belonging to no session.
+    let stray = sandbox
+        .start(&crate::sandbox::SandboxSpec {
+            session_id: "s_stray".into(),
+            thread_id: "th_stray".into(),
+            image: "img".into(),
+            workspace_dir: dir.path().to_owned(),
+            socket_dir: dir.path().to_owned(),
+            secrets: vec![],
+            limits: Limits::default(),
+            command: None,
+            env: vec![],
+        })
+        .await
+        .expect("stray");
+    let th2 = containers.iter().find(|c| c.thread_id == "th_2").expect("th_2");
+    assert!(sandbox.vanish(&th2.container_id));
+    let second = harness_with(4, sandbox.clone(), Some(dir));
+    second.settle().await;
+    assert_eq!(second.state("th_1").await, Some(SessionState::Running));
+    assert_eq!(second.state("th_2").await, Some(SessionState::Running));
+    let after = sandbox.list().await.expect("list");
+    assert_eq!(after.len(), 2, "one container per live session: {after:?}");
+    assert!(after.iter().all(|c| c.container_id != stray.container_id));
+    assert!(after.iter().any(|c| c.container_id == containers[0].container_id
+        || c.container_id == containers[1].container_id));
+}

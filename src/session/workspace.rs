@@ -1,0 +1,44 @@
+//! The git side of a session, as the supervisor sees it: a trait so the orchestration
+//! logic is tested with an in-memory fake, implemented for real by
+//! [`crate::workspace::Workspaces`].
+
+use std::path::{Path, PathBuf};
+
+use crate::secrets::SecretString;
+
+/// A thread's branch checked out for its container.
+#[derive(Debug, Clone)]
+pub struct PreparedWorktree {
+    pub path: PathBuf,
+    pub branch: String,
+}
+
+/// What committing a worktree did.
+#[derive(Debug, Clone, Default)]
+pub struct CommitReport {
+    /// The new commit on the thread's branch, if anything changed.
+    pub commit: Option<String>,
+    /// Files left out, with why (a secret's name, never its value).
+    pub skipped: Vec<String>,
+}
+
+/// Branch and worktree operations for one thread at a time (the supervisor never runs
+/// two for the same thread at once). Blocking: call from `spawn_blocking`.
+pub trait WorkspaceOps: Send + Sync {
+    /// The branch a thread's session works on.
+    fn branch_name(&self, thread_id: &str) -> anyhow::Result<String>;
+    /// Creates the thread's branch from the default branch if needed and checks it out.
+    fn prepare(&self, thread_id: &str) -> anyhow::Result<PreparedWorktree>;
+    /// Commits what the agent left in `worktree` onto the thread's branch, leaving out
+    /// any file that contains one of `secrets`.
+    fn commit(
+        &self,
+        thread_id: &str,
+        worktree: &Path,
+        secrets: &[(String, SecretString)],
+    ) -> anyhow::Result<CommitReport>;
+    /// Removes the worktree; the branch stays.
+    fn remove_worktree(&self, thread_id: &str) -> anyhow::Result<()>;
+    /// Pushes the thread's branch (only it) when a remote is configured.
+    fn push(&self, thread_id: &str) -> anyhow::Result<()>;
+}
