@@ -7,6 +7,7 @@
 
 pub mod approvals;
 pub mod audit;
+pub mod cli;
 pub mod connectors;
 pub mod gateway;
 pub mod policy;

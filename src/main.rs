@@ -1,3 +1,5 @@
-fn main() {
-    println!("threadgate");
+//! The `threadgate` binary: everything lives in the library's `cli` module.
+
+fn main() -> std::process::ExitCode {
+    threadgate::cli::run()
 }

@@ -1,1 +1,348 @@
-//! TODO: policy
+//! The policy gate: a pure engine that parses the policy file once and decides, for every
+//! tool call, whether it runs, waits for a person, or is blocked.
+//!
+//! No IO, no async, no logging: the caller reads the file, calls [`Policy::parse`], and
+//! asks [`Policy::decide`] for each call. `DESIGN.md` §2 defines the semantics; the module
+//! docs of `rule` and `pattern` restate the parts they implement.
+
+pub mod calls;
+mod catalog;
+mod decimal;
+mod index;
+mod limits;
+mod lint;
+mod parse;
+mod pattern;
+mod rule;
+mod yaml;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+pub use catalog::{
+    ArgProblem, ArgSpec, ArgType, BUILTIN_RULES, BUILTIN_TOOLS, Catalog, ConnectorRule, Risk,
+    ToolSpec,
+};
+pub use limits::{LimitCharge, LimitHistory, MemoryHistory};
+pub use lint::{Diagnostic, Severity, lint};
+pub use yaml::{Pos, Problem};
+
+use index::{LoweredName, ToolIndex};
+use rule::{Rule, RuleOutcome};
+
+/// How long a held call can be approved when the file has no `approvals.ttl`.
+pub const DEFAULT_APPROVAL_TTL: Duration = Duration::from_secs(4 * 60 * 60);
+
+/// What happens to a call that no rule matches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum DefaultMode {
+    /// Reads run; writes, destructive calls and unknown tools wait for a person.
+    #[default]
+    Risk,
+    /// Every unmatched call runs.
+    AllowAll,
+}
+
+impl DefaultMode {
+    /// The name as written in the file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DefaultMode::Risk => "risk",
+            DefaultMode::AllowAll => "allow_all",
+        }
+    }
+}
+
+/// A rule's action, as written in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// `always_run`: the call runs without a person.
+    AlwaysRun,
+    /// `require_approval`: the call waits for a person.
+    RequireApproval,
+    /// `block`: the call never runs.
+    Block,
+}
+
+impl Action {
+    /// The verdict a matching rule with this action gives.
+    pub fn verdict(self) -> Verdict {
+        match self {
+            Action::AlwaysRun => Verdict::Run,
+            Action::RequireApproval => Verdict::Hold,
+            Action::Block => Verdict::Block,
+        }
+    }
+
+    /// The name as written in the file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::AlwaysRun => "always_run",
+            Action::RequireApproval => "require_approval",
+            Action::Block => "block",
+        }
+    }
+}
+
+/// The outcome of a decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// Run the call now.
+    Run,
+    /// Hold the call until a person approves or denies it.
+    Hold,
+    /// Refuse the call.
+    Block,
+}
+
+impl Verdict {
+    /// The word `threadgate check` prints: `run`, `hold` or `block`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Run => "run",
+            Verdict::Hold => "hold",
+            Verdict::Block => "block",
+        }
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a decision came out the way it did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Because {
+    /// A rule of the policy file matched.
+    Rule {
+        /// The rule's `match` pattern as written.
+        pattern: Arc<str>,
+        /// How many conditions the rule has (all held, unless `fail_closed`).
+        conditions: usize,
+        /// How many cumulative limits the rule has (all had room).
+        limits: usize,
+        /// A condition could not be evaluated and this restrictive rule matched for it.
+        fail_closed: bool,
+    },
+    /// A connector's built-in rule matched.
+    ConnectorRule {
+        /// The rule's tool pattern.
+        pattern: &'static str,
+    },
+    /// No rule matched.
+    DefaultMode {
+        /// The file's default mode.
+        mode: DefaultMode,
+        /// The tool's risk class; `None` for a tool missing from the catalog.
+        risk: Option<Risk>,
+    },
+}
+
+impl fmt::Display for Because {
+    /// `rule github.*`, `rule stripe.create_refund + condition`,
+    /// `rule x + 2 conditions + limit`, `rule x + condition not evaluable (fail closed)`,
+    /// `connector rule stripe.delete_customer`, `default_mode: risk (write)`,
+    /// `default_mode: risk (unknown tool, write)`, `default_mode: allow_all`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Because::Rule {
+                pattern,
+                fail_closed: true,
+                ..
+            } => write!(f, "rule {pattern} + condition not evaluable (fail closed)"),
+            Because::Rule {
+                pattern,
+                conditions,
+                limits,
+                ..
+            } => {
+                write!(f, "rule {pattern}")?;
+                plural(f, *conditions, "condition")?;
+                plural(f, *limits, "limit")
+            }
+            Because::ConnectorRule { pattern } => write!(f, "connector rule {pattern}"),
+            Because::DefaultMode {
+                mode: DefaultMode::AllowAll,
+                ..
+            } => f.write_str("default_mode: allow_all"),
+            Because::DefaultMode {
+                mode: DefaultMode::Risk,
+                risk: Some(risk),
+            } => write!(f, "default_mode: risk ({risk})"),
+            Because::DefaultMode {
+                mode: DefaultMode::Risk,
+                risk: None,
+            } => f.write_str("default_mode: risk (unknown tool, write)"),
+        }
+    }
+}
+
+fn plural(f: &mut fmt::Formatter<'_>, n: usize, noun: &str) -> fmt::Result {
+    match n {
+        0 => Ok(()),
+        1 => write!(f, " + {noun}"),
+        n => write!(f, " + {n} {noun}s"),
+    }
+}
+
+/// The gate's answer for one call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// Run, hold or block.
+    pub verdict: Verdict,
+    /// Why.
+    pub because: Because,
+    /// The line of the deciding rule in the policy file, if a file rule decided.
+    pub rule_line: Option<u32>,
+    /// What the caller must record against the deciding rule's limits if the call runs
+    /// (when it is executed, or when it is reserved before running). Empty, without
+    /// allocating, for rules without limits.
+    pub charges: Vec<LimitCharge>,
+}
+
+/// Every problem found in a policy or calls file, each with file:line:column.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct PolicyError {
+    /// The file name as given to the parser.
+    pub file: String,
+    /// The problems, in file order.
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for PolicyError {
+    /// One problem per line: `support.yaml:12:7: unknown action `always`; …`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, problem) in self.problems.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            let Pos { line, column } = problem.pos;
+            write!(f, "{}:{line}:{column}: {}", self.file, problem.message)?;
+        }
+        Ok(())
+    }
+}
+
+/// A compiled policy file.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    hash: [u8; 32],
+    default_mode: DefaultMode,
+    approval_ttl: Duration,
+    rules: Vec<Rule>,
+    index: ToolIndex,
+}
+
+impl Policy {
+    /// Parses and compiles a policy file; `file_name` is only used in error messages.
+    pub fn parse(source: &str, file_name: &str) -> Result<Self, PolicyError> {
+        let parsed = parse::parse(source).map_err(|mut problems| {
+            problems.sort_by_key(|p| p.pos);
+            PolicyError {
+                file: file_name.to_string(),
+                problems,
+            }
+        })?;
+        let index = ToolIndex::build(parsed.rules.iter().map(|rule| &rule.pattern));
+        Ok(Self {
+            hash: Sha256::digest(source.as_bytes()).into(),
+            default_mode: parsed.default_mode,
+            approval_ttl: parsed.approval_ttl,
+            rules: parsed.rules,
+            index,
+        })
+    }
+
+    /// The SHA-256 of the source bytes, to record which policy made a decision.
+    pub fn hash(&self) -> [u8; 32] {
+        self.hash
+    }
+
+    /// How long a held call can be approved: `approvals.ttl`, or
+    /// [`DEFAULT_APPROVAL_TTL`] (4 hours) when absent.
+    pub fn approval_ttl(&self) -> Duration {
+        self.approval_ttl
+    }
+
+    /// `policy.default_mode`, or `risk` when absent.
+    pub fn default_mode(&self) -> DefaultMode {
+        self.default_mode
+    }
+
+    /// How many rules the file has.
+    pub fn rule_count(&self) -> usize {
+        self.rules.len()
+    }
+
+    /// Decides one call: the file's rules in order (first match wins), then the
+    /// connectors' rules, then `default_mode`.
+    ///
+    /// `history` answers how much each limit has already used; `now_unix_ms` is the end
+    /// of every limit's rolling window.
+    pub fn decide(
+        &self,
+        tool: &str,
+        args: &Value,
+        catalog: &Catalog,
+        history: &dyn LimitHistory,
+        now_unix_ms: i64,
+    ) -> Decision {
+        let name = LoweredName::new(tool);
+        let candidates = self.index.candidates(tool, name.as_str(), self.rules.len());
+        for i in candidates.iter() {
+            let rule = &self.rules[i];
+            if !rule.pattern.matches_lowered(tool, name.as_str()) {
+                continue;
+            }
+            match rule.evaluate(args, history, now_unix_ms) {
+                RuleOutcome::NoMatch => continue,
+                RuleOutcome::Match {
+                    fail_closed,
+                    charges,
+                } => {
+                    return Decision {
+                        verdict: rule.action.verdict(),
+                        because: Because::Rule {
+                            pattern: Arc::clone(&rule.text),
+                            conditions: rule.conditions.len(),
+                            limits: rule.limits.len(),
+                            fail_closed,
+                        },
+                        rule_line: Some(rule.pos.line),
+                        charges,
+                    };
+                }
+            }
+        }
+        if let Some(rule) = catalog.rule_for(tool) {
+            return Decision {
+                verdict: rule.action.verdict(),
+                because: Because::ConnectorRule {
+                    pattern: rule.pattern,
+                },
+                rule_line: None,
+                charges: Vec::new(),
+            };
+        }
+        let risk = catalog.get(tool).map(|spec| spec.risk);
+        let verdict = match (self.default_mode, risk) {
+            (DefaultMode::AllowAll, _) | (DefaultMode::Risk, Some(Risk::Read)) => Verdict::Run,
+            (DefaultMode::Risk, _) => Verdict::Hold,
+        };
+        Decision {
+            verdict,
+            because: Because::DefaultMode {
+                mode: self.default_mode,
+                risk,
+            },
+            rule_line: None,
+            charges: Vec::new(),
+        }
+    }
+}

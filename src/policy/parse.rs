@@ -1,0 +1,453 @@
+//! From the YAML tree to compiled rules, collecting every problem with its position.
+//!
+//! The parser never widens an allow rule: unknown and duplicate keys, malformed
+//! conditions and limits, and Kortix keys threadgate does not implement are errors, never
+//! dropped. A rule with any problem makes the whole file invalid.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::limits::Limit;
+use super::pattern::Pattern;
+use super::rule::{ArgPath, Comparison, Condition, Rule, Test};
+use super::yaml::{self, Kind, Node, Pos, Problem};
+use super::{Action, DEFAULT_APPROVAL_TTL, DefaultMode, decimal};
+
+/// At most this many conditions per rule.
+pub(crate) const MAX_CONDITIONS: usize = 10;
+
+/// The parts of a valid policy file.
+#[derive(Debug)]
+pub(crate) struct Parsed {
+    pub default_mode: DefaultMode,
+    pub approval_ttl: Duration,
+    pub rules: Vec<Rule>,
+}
+
+/// Parses a policy file's text, or returns every problem found.
+pub(crate) fn parse(source: &str) -> Result<Parsed, Vec<Problem>> {
+    let root = yaml::parse(source)?;
+    let mut parser = PolicyParser::default();
+    let mut parsed = Parsed {
+        default_mode: DefaultMode::Risk,
+        approval_ttl: DEFAULT_APPROVAL_TTL,
+        rules: Vec::new(),
+    };
+    if let Some(root) = root.filter(|node| !node.is_null()) {
+        parser.file(&root, &mut parsed);
+    }
+    if parser.problems.is_empty() {
+        Ok(parsed)
+    } else {
+        Err(parser.problems)
+    }
+}
+
+/// The keys of a mapping that are allowed in `context`, with unknown ones reported.
+pub(crate) fn known_fields<'n, 'a>(
+    node: &'n Node<'a>,
+    context: &str,
+    allowed: &[&str],
+    problems: &mut Vec<Problem>,
+) -> Option<Vec<(&'n str, &'n Node<'a>, Pos)>> {
+    let Kind::Map(pairs) = &node.kind else {
+        problems.push(Problem::new(
+            node.pos,
+            format!("{context} must be a mapping, not {}", node.shape()),
+        ));
+        return None;
+    };
+    let mut fields = Vec::with_capacity(pairs.len());
+    for (key, value) in pairs {
+        let name = key.scalar().unwrap_or_default();
+        if allowed.contains(&name) {
+            fields.push((name, value, key.pos));
+        } else {
+            problems.push(Problem::new(key.pos, unknown_key(name, context, allowed)));
+        }
+    }
+    Some(fields)
+}
+
+fn unknown_key(name: &str, context: &str, allowed: &[&str]) -> String {
+    match name {
+        "connectors" => "`connectors` is a kortix key threadgate does not implement: \
+            connector rules are built into threadgate's catalog; remove it"
+            .to_string(),
+        "sensitive" => {
+            "`sensitive` is a kortix key threadgate does not implement; remove it".to_string()
+        }
+        _ => format!(
+            "unknown key `{name}` in {context}; expected {}",
+            one_of(allowed)
+        ),
+    }
+}
+
+fn one_of(names: &[&str]) -> String {
+    match names {
+        [] => String::new(),
+        [only] => (*only).to_string(),
+        [init @ .., last] => format!("{} or {last}", init.join(", ")),
+    }
+}
+
+/// Parses `4h`, `30m`, `1h30m`, `90s`, `7d`: one or more number-unit pairs, not zero.
+pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
+    let mut total: u64 = 0;
+    let mut rest = text;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let number: u64 = rest[..digits].parse().ok()?;
+        let unit = match rest.as_bytes().get(digits)? {
+            b's' => 1,
+            b'm' => 60,
+            b'h' => 3_600,
+            b'd' => 86_400,
+            _ => return None,
+        };
+        total = total.checked_add(number.checked_mul(unit)?)?;
+        rest = &rest[digits + 1..];
+    }
+    (total > 0).then(|| Duration::from_secs(total))
+}
+
+#[derive(Default)]
+struct PolicyParser {
+    problems: Vec<Problem>,
+}
+
+impl PolicyParser {
+    fn error(&mut self, pos: Pos, message: impl Into<String>) {
+        self.problems.push(Problem::new(pos, message));
+    }
+
+    fn file(&mut self, root: &Node<'_>, parsed: &mut Parsed) {
+        let allowed = ["policy", "approvals", "policies"];
+        let Some(fields) = known_fields(root, "the policy file", &allowed, &mut self.problems)
+        else {
+            return;
+        };
+        for (name, value, _) in fields {
+            match name {
+                "policy" => self.policy_section(value, parsed),
+                "approvals" => self.approvals_section(value, parsed),
+                _ => self.rules(value, parsed),
+            }
+        }
+    }
+
+    fn policy_section(&mut self, node: &Node<'_>, parsed: &mut Parsed) {
+        if node.is_null() {
+            return;
+        }
+        let fields = known_fields(node, "`policy`", &["default_mode"], &mut self.problems);
+        for (_, value, _) in fields.into_iter().flatten() {
+            match value.scalar() {
+                Some("risk") => parsed.default_mode = DefaultMode::Risk,
+                Some("allow_all") => parsed.default_mode = DefaultMode::AllowAll,
+                text => self.error(
+                    value.pos,
+                    format!(
+                        "unknown default_mode `{}`; expected risk or allow_all",
+                        text.unwrap_or(value.shape())
+                    ),
+                ),
+            }
+        }
+    }
+
+    fn approvals_section(&mut self, node: &Node<'_>, parsed: &mut Parsed) {
+        if node.is_null() {
+            return;
+        }
+        let fields = known_fields(node, "`approvals`", &["ttl"], &mut self.problems);
+        for (_, value, _) in fields.into_iter().flatten() {
+            match value.scalar().and_then(parse_duration) {
+                Some(ttl) => parsed.approval_ttl = ttl,
+                None => self.error(value.pos, bad_duration("ttl", value)),
+            }
+        }
+    }
+
+    fn rules(&mut self, node: &Node<'_>, parsed: &mut Parsed) {
+        if node.is_null() {
+            return;
+        }
+        let Kind::Seq(items) = &node.kind else {
+            self.error(
+                node.pos,
+                format!("`policies` must be a list of rules, not {}", node.shape()),
+            );
+            return;
+        };
+        for item in items {
+            if let Some(rule) = self.rule(item) {
+                parsed.rules.push(rule);
+            }
+        }
+    }
+
+    fn rule(&mut self, node: &Node<'_>) -> Option<Rule> {
+        let allowed = ["match", "action", "conditions", "limits"];
+        let fields = known_fields(node, "a rule", &allowed, &mut self.problems)?;
+        let errors_before = self.problems.len();
+        let (mut pattern, mut action, mut conditions, mut limits) = (None, None, None, None);
+        let mut limits_pos = node.pos;
+        for (name, value, key_pos) in fields {
+            match name {
+                "match" => pattern = self.pattern(value),
+                "action" => action = self.action(value),
+                "conditions" => conditions = Some(self.conditions(value, key_pos)),
+                _ => {
+                    limits_pos = key_pos;
+                    limits = Some(self.limits(value, key_pos));
+                }
+            }
+        }
+        let action = match action {
+            Some(action) => action,
+            None => {
+                self.error(node.pos, "rule has no `action`");
+                Action::Block
+            }
+        };
+        if pattern.is_none() && !has_key(node, "match") {
+            self.error(node.pos, "rule has no `match`");
+        }
+        if limits.is_some() && action != Action::AlwaysRun {
+            self.error(
+                limits_pos,
+                format!(
+                    "`limits` apply only to always_run rules; this rule is {}",
+                    action.as_str()
+                ),
+            );
+        }
+        let (text, pattern) = pattern?;
+        if self.problems.len() > errors_before {
+            return None;
+        }
+        Some(Rule {
+            pattern,
+            text,
+            action,
+            conditions: conditions.unwrap_or_default(),
+            limits: limits.unwrap_or_default(),
+            pos: node.pos,
+        })
+    }
+
+    fn pattern(&mut self, node: &Node<'_>) -> Option<(Arc<str>, Pattern)> {
+        let text = match node.scalar() {
+            Some(text) if !node.is_null() && !text.is_empty() => text,
+            _ => {
+                self.error(node.pos, "`match` needs a pattern");
+                return None;
+            }
+        };
+        match Pattern::compile(text) {
+            Ok(pattern) => Some((Arc::from(text), pattern)),
+            Err(message) => {
+                self.error(node.pos, message);
+                None
+            }
+        }
+    }
+
+    fn action(&mut self, node: &Node<'_>) -> Option<Action> {
+        match node.scalar() {
+            Some("always_run") => Some(Action::AlwaysRun),
+            Some("require_approval") => Some(Action::RequireApproval),
+            Some("block") => Some(Action::Block),
+            text => {
+                self.error(
+                    node.pos,
+                    format!(
+                        "unknown action `{}`; expected always_run, require_approval or block",
+                        text.unwrap_or(node.shape())
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    fn list<'n, 'a>(&mut self, node: &'n Node<'a>, key: &str, key_pos: Pos) -> &'n [Node<'a>] {
+        match &node.kind {
+            Kind::Seq(items) if !items.is_empty() => items,
+            _ if node.is_null() || matches!(node.kind, Kind::Seq(_)) => {
+                self.error(
+                    key_pos,
+                    format!("`{key}` is empty; remove it or list at least one"),
+                );
+                &[]
+            }
+            _ => {
+                self.error(
+                    node.pos,
+                    format!("`{key}` must be a list, not {}", node.shape()),
+                );
+                &[]
+            }
+        }
+    }
+
+    fn conditions(&mut self, node: &Node<'_>, key_pos: Pos) -> Vec<Condition> {
+        let items = self.list(node, "conditions", key_pos);
+        if items.len() > MAX_CONDITIONS {
+            self.error(
+                key_pos,
+                format!(
+                    "a rule has at most {MAX_CONDITIONS} conditions; this one has {}",
+                    items.len()
+                ),
+            );
+        }
+        items
+            .iter()
+            .filter_map(|item| self.condition(item))
+            .collect()
+    }
+
+    fn condition(&mut self, node: &Node<'_>) -> Option<Condition> {
+        let allowed = ["arg", "match", "negate", "gt", "gte", "lt", "lte"];
+        let fields = known_fields(node, "a condition", &allowed, &mut self.problems)?;
+        let errors_before = self.problems.len();
+        let (mut path, mut tests, mut negate) = (None, Vec::new(), false);
+        for (name, value, key_pos) in fields {
+            match name {
+                "arg" => path = self.path(value, "arg"),
+                "negate" => match value.as_bool() {
+                    Some(flag) => negate = flag,
+                    None => self.error(value.pos, "`negate` must be true or false"),
+                },
+                "match" => {
+                    tests.push((name, key_pos, self.pattern(value).map(|p| Test::Match(p.1))))
+                }
+                _ => tests.push((name, key_pos, self.threshold(name, value))),
+            }
+        }
+        if path.is_none() && !has_key(node, "arg") {
+            self.error(node.pos, "condition has no `arg`");
+        }
+        match tests.as_slice() {
+            [] => self.error(node.pos, "condition needs one of match, gt, gte, lt or lte"),
+            [_] => {}
+            [(first, _, _), (second, pos, _), ..] => self.error(
+                *pos,
+                format!(
+                    "condition has both `{first}` and `{second}`; write one test per condition"
+                ),
+            ),
+        }
+        let test = tests.pop().and_then(|(_, _, test)| test)?;
+        if self.problems.len() > errors_before {
+            return None;
+        }
+        Some(Condition {
+            path: path?,
+            test,
+            negate,
+            pos: node.pos,
+        })
+    }
+
+    fn path(&mut self, node: &Node<'_>, key: &str) -> Option<ArgPath> {
+        let path = node
+            .scalar()
+            .filter(|_| !node.is_null())
+            .and_then(ArgPath::parse);
+        if path.is_none() {
+            self.error(
+                node.pos,
+                format!(
+                    "`{key}` must be a dot path into the arguments, like `amount` or `customer.id`"
+                ),
+            );
+        }
+        path
+    }
+
+    fn threshold(&mut self, key: &str, node: &Node<'_>) -> Option<Test> {
+        let comparison = Comparison::KEYS.iter().find(|(k, _)| *k == key)?.1;
+        match &node.kind {
+            Kind::Scalar { text, plain: true } if decimal::is_decimal(text) => {
+                Some(Test::Compare(comparison, text.as_ref().into()))
+            }
+            _ => {
+                let shown = node.scalar().unwrap_or(node.shape());
+                self.error(
+                    node.pos,
+                    format!("`{key}` needs a number, like 10000, not `{shown}`"),
+                );
+                None
+            }
+        }
+    }
+
+    fn limits(&mut self, node: &Node<'_>, key_pos: Pos) -> Vec<Limit> {
+        let items = self.list(node, "limits", key_pos);
+        items.iter().filter_map(|item| self.limit(item)).collect()
+    }
+
+    fn limit(&mut self, node: &Node<'_>) -> Option<Limit> {
+        let allowed = ["sum", "per", "window", "max"];
+        let fields = known_fields(node, "a limit", &allowed, &mut self.problems)?;
+        let errors_before = self.problems.len();
+        let (mut sum, mut per, mut window, mut max) = (None, None, None, None);
+        for (name, value, _) in fields {
+            match name {
+                "sum" => sum = self.path(value, "sum"),
+                "per" => per = self.path(value, "per"),
+                "window" => match value.scalar().and_then(parse_duration) {
+                    Some(duration) => {
+                        window = Some(i64::try_from(duration.as_millis()).unwrap_or(i64::MAX));
+                    }
+                    None => self.error(value.pos, bad_duration("window", value)),
+                },
+                _ => match &value.kind {
+                    Kind::Scalar { text, plain: true }
+                        if text.bytes().all(|b| b.is_ascii_digit()) =>
+                    {
+                        max = text.parse::<u128>().ok();
+                        if max.is_none() {
+                            self.error(value.pos, format!("`max` {text} is too large"));
+                        }
+                    }
+                    _ => self.error(
+                        value.pos,
+                        "`max` needs a whole number of the smallest currency unit, like 5000",
+                    ),
+                },
+            }
+        }
+        for key in allowed {
+            if !has_key(node, key) {
+                self.error(node.pos, format!("limit has no `{key}`"));
+            }
+        }
+        if self.problems.len() > errors_before {
+            return None;
+        }
+        Some(Limit {
+            sum: sum?,
+            per: per?,
+            window_ms: window?,
+            max: max?,
+            pos: node.pos,
+        })
+    }
+}
+
+fn has_key(node: &Node<'_>, key: &str) -> bool {
+    matches!(&node.kind, Kind::Map(pairs) if pairs.iter().any(|(k, _)| k.scalar() == Some(key)))
+}
+
+fn bad_duration(key: &str, node: &Node<'_>) -> String {
+    let shown = node.scalar().unwrap_or(node.shape());
+    format!("`{key}` must be a duration like 4h, 30m or 1h30m, not `{shown}`")
+}

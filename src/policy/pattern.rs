@@ -1,0 +1,156 @@
+//! Patterns, as written in `match:` for rules and conditions.
+//!
+//! - `/…/` is a regular expression: unanchored and case-insensitive.
+//! - anything with a `*` is a glob anchored at both ends; `*` matches any run of
+//!   characters, dots included, and is the only wildcard.
+//! - anything else is compared whole.
+//!
+//! Globs and names are case-insensitive: both sides are lowercased (Unicode's
+//! `to_lowercase`) before comparing. ASCII text, the common case, is compared without
+//! allocating.
+
+use regex::{Regex, RegexBuilder};
+
+/// A compiled pattern.
+#[derive(Clone, Debug)]
+pub(crate) enum Pattern {
+    /// A name without `*`, lowercased.
+    Exact(Box<str>),
+    /// A glob with at least one `*`, lowercased.
+    Glob(Box<str>),
+    /// A `/…/` regular expression, case-insensitive.
+    Regex(Regex),
+}
+
+/// Compiled regexes are capped at this size so a policy cannot exhaust memory.
+pub(crate) const REGEX_SIZE_LIMIT: usize = 1 << 20;
+
+impl Pattern {
+    /// Compiles a pattern; the error says why a regular expression is invalid.
+    pub fn compile(text: &str) -> Result<Self, String> {
+        if let Some(inner) = regex_body(text) {
+            return RegexBuilder::new(inner)
+                .case_insensitive(true)
+                .size_limit(REGEX_SIZE_LIMIT)
+                .build()
+                .map(Pattern::Regex)
+                .map_err(|error| format!("invalid regular expression `{text}`: {error}"));
+        }
+        let lowered = text.to_lowercase().into_boxed_str();
+        if lowered.contains('*') {
+            Ok(Pattern::Glob(lowered))
+        } else {
+            Ok(Pattern::Exact(lowered))
+        }
+    }
+
+    /// Whether the pattern matches `text`.
+    pub fn matches(&self, text: &str) -> bool {
+        match self {
+            Pattern::Regex(regex) => regex.is_match(text),
+            Pattern::Exact(name) => {
+                if text.is_ascii() {
+                    text.eq_ignore_ascii_case(name)
+                } else {
+                    text.to_lowercase() == name.as_ref()
+                }
+            }
+            Pattern::Glob(glob) => {
+                if text.is_ascii() {
+                    glob_match(glob.as_bytes(), text.as_bytes(), true)
+                } else {
+                    glob_match(glob.as_bytes(), text.to_lowercase().as_bytes(), false)
+                }
+            }
+        }
+    }
+
+    /// Whether the pattern matches a name given both as written and lowercased.
+    pub fn matches_lowered(&self, original: &str, lowered: &str) -> bool {
+        match self {
+            Pattern::Regex(regex) => regex.is_match(original),
+            Pattern::Exact(name) => name.as_ref() == lowered,
+            Pattern::Glob(glob) => glob_match(glob.as_bytes(), lowered.as_bytes(), false),
+        }
+    }
+
+    /// For a glob, the literal text before its first `*` and after its last.
+    pub fn glob_affixes(&self) -> Option<(&str, &str)> {
+        let Pattern::Glob(glob) = self else {
+            return None;
+        };
+        let first = glob.find('*')?;
+        let last = glob.rfind('*')?;
+        Some((&glob[..first], &glob[last + 1..]))
+    }
+
+    /// Whether every text this pattern matches is also matched by `wider`.
+    ///
+    /// Sound but not complete: `false` may mean "cannot tell" (regular expressions).
+    pub fn is_covered_by(&self, wider: &Pattern) -> bool {
+        let wider = match wider {
+            Pattern::Regex(_) => return false,
+            Pattern::Exact(name) | Pattern::Glob(name) => name,
+        };
+        match self {
+            Pattern::Regex(_) => !wider.is_empty() && wider.bytes().all(|b| b == b'*'),
+            Pattern::Exact(name) | Pattern::Glob(name) => {
+                glob_covers(wider.as_bytes(), name.as_bytes())
+            }
+        }
+    }
+}
+
+/// The body of a `/…/` pattern.
+pub(crate) fn regex_body(text: &str) -> Option<&str> {
+    if text.len() >= 2 && text.starts_with('/') && text.ends_with('/') {
+        Some(&text[1..text.len() - 1])
+    } else {
+        None
+    }
+}
+
+/// Matches a lowercased glob against text, lowercasing ASCII text bytes when `fold`.
+///
+/// The classic linear-backtracking wildcard match: on a mismatch after a `*`, the star
+/// takes one more byte. Literal runs are whole UTF-8 sequences, so byte matching is exact.
+pub(crate) fn glob_match(glob: &[u8], text: &[u8], fold: bool) -> bool {
+    let byte = |i: usize| {
+        if fold {
+            text[i].to_ascii_lowercase()
+        } else {
+            text[i]
+        }
+    };
+    let (mut g, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if g < glob.len() && glob[g] == b'*' {
+            star = Some((g, t));
+            g += 1;
+        } else if g < glob.len() && glob[g] == byte(t) {
+            g += 1;
+            t += 1;
+        } else if let Some((star_g, star_t)) = star {
+            g = star_g + 1;
+            t = star_t + 1;
+            star = Some((star_g, star_t + 1));
+        } else {
+            return false;
+        }
+    }
+    glob[g..].iter().all(|&b| b == b'*')
+}
+
+/// Whether glob `wide` matches every text glob `narrow` matches: `wide` must match
+/// `narrow` as text, where a `*` in `narrow` can only be absorbed by a `*` in `wide`.
+fn glob_covers(wide: &[u8], narrow: &[u8]) -> bool {
+    match wide.split_first() {
+        None => narrow.is_empty(),
+        Some((b'*', rest)) => (0..=narrow.len()).any(|skip| glob_covers(rest, &narrow[skip..])),
+        Some((&c, rest)) => match narrow.split_first() {
+            Some((&n, narrow_rest)) if n == c && n != b'*' => glob_covers(rest, narrow_rest),
+            _ => false,
+        },
+    }
+}

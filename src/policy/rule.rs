@@ -1,0 +1,259 @@
+//! A compiled rule and how its conditions and limits decide whether it matches a call.
+//!
+//! A condition holds, fails, or cannot be evaluated:
+//! - `match`: strings compare as written, numbers and booleans as their JSON text; an
+//!   array holds only if every element matches; an empty array, a missing value, null or
+//!   an object fails.
+//! - `gt`/`gte`/`lt`/`lte`: the value must be a JSON number (or a non-empty array of
+//!   them, every element compared) and is compared exactly; anything else cannot be
+//!   evaluated.
+//! - `negate` flips holds and fails. A negated condition that meets a missing, null,
+//!   object or empty-array value (also inside an array) cannot be evaluated.
+//! - Arguments that are not a JSON object make every condition unevaluable.
+//!
+//! Failing closed: if any condition cannot be evaluated, a `block` or `require_approval`
+//! rule matches and an `always_run` rule does not. Otherwise a rule matches when all its
+//! conditions hold and, for `always_run`, every limit has room for the call.
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::decimal::{self, NumberText};
+use super::limits::{Limit, LimitCharge, LimitHistory};
+use super::pattern::Pattern;
+use super::{Action, Pos};
+
+/// A rule of the policy file.
+#[derive(Clone, Debug)]
+pub(crate) struct Rule {
+    pub pattern: Pattern,
+    /// The pattern as written, shown in explanations.
+    pub text: Arc<str>,
+    pub action: Action,
+    pub conditions: Vec<Condition>,
+    pub limits: Vec<Limit>,
+    /// Where the rule starts in the file.
+    pub pos: Pos,
+}
+
+/// One `{arg, match|gt|gte|lt|lte, negate}` condition.
+#[derive(Clone, Debug)]
+pub(crate) struct Condition {
+    pub path: ArgPath,
+    pub test: Test,
+    pub negate: bool,
+    pub pos: Pos,
+}
+
+/// What a condition tests its value with.
+#[derive(Clone, Debug)]
+pub(crate) enum Test {
+    Match(Pattern),
+    /// Compare the value with a decimal threshold, e.g. `gt: 10000`.
+    Compare(Comparison, Box<str>),
+}
+
+/// A numeric comparison operator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Comparison {
+    Gt,
+    Gte,
+    Lt,
+    Lte,
+}
+
+impl Comparison {
+    pub const KEYS: [(&'static str, Comparison); 4] = [
+        ("gt", Comparison::Gt),
+        ("gte", Comparison::Gte),
+        ("lt", Comparison::Lt),
+        ("lte", Comparison::Lte),
+    ];
+
+    fn holds(self, order: Ordering) -> bool {
+        match self {
+            Comparison::Gt => order == Ordering::Greater,
+            Comparison::Gte => order != Ordering::Less,
+            Comparison::Lt => order == Ordering::Less,
+            Comparison::Lte => order != Ordering::Greater,
+        }
+    }
+}
+
+/// A dot path into a call's arguments: `customer.address.city`, `items.0.amount`.
+///
+/// A segment names a key of an object, or the index of an array element.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ArgPath {
+    pub text: Box<str>,
+    segments: Box<[Box<str>]>,
+}
+
+impl ArgPath {
+    /// Parses a dot path; `None` if a segment is empty.
+    pub fn parse(text: &str) -> Option<Self> {
+        let segments: Box<[Box<str>]> = text.split('.').map(Box::from).collect();
+        if segments.iter().any(|s| s.is_empty()) {
+            return None;
+        }
+        Some(Self {
+            text: text.into(),
+            segments,
+        })
+    }
+
+    /// The first segment: the top-level argument the path reads.
+    pub fn root(&self) -> &str {
+        &self.segments[0]
+    }
+
+    /// The value at this path, if there is one.
+    pub fn lookup<'v>(&self, args: &'v Value) -> Option<&'v Value> {
+        let mut value = args;
+        for segment in &self.segments {
+            value = match value {
+                Value::Object(map) => map.get(segment.as_ref())?,
+                Value::Array(items) => items.get(segment.parse::<usize>().ok()?)?,
+                _ => return None,
+            };
+        }
+        Some(value)
+    }
+}
+
+/// Whether a rule whose tool pattern matched also matches the call.
+pub(crate) enum RuleOutcome {
+    NoMatch,
+    Match {
+        fail_closed: bool,
+        charges: Vec<LimitCharge>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Holds,
+    Fails,
+    Unevaluable,
+}
+
+impl Rule {
+    /// Evaluates the conditions and limits against a call whose tool matched.
+    pub fn evaluate(&self, args: &Value, history: &dyn LimitHistory, now_ms: i64) -> RuleOutcome {
+        let restrictive = self.action != Action::AlwaysRun;
+        let mut failed = false;
+        for condition in &self.conditions {
+            match condition.evaluate(args) {
+                Outcome::Holds => {}
+                Outcome::Unevaluable if restrictive => {
+                    return RuleOutcome::Match {
+                        fail_closed: true,
+                        charges: Vec::new(),
+                    };
+                }
+                Outcome::Fails if restrictive => failed = true,
+                Outcome::Fails | Outcome::Unevaluable => return RuleOutcome::NoMatch,
+            }
+        }
+        if failed {
+            return RuleOutcome::NoMatch;
+        }
+        if self.limits.is_empty() {
+            return RuleOutcome::Match {
+                fail_closed: false,
+                charges: Vec::new(),
+            };
+        }
+        match super::limits::charges(&self.text, &self.limits, args, history, now_ms) {
+            Some(charges) => RuleOutcome::Match {
+                fail_closed: false,
+                charges,
+            },
+            None => RuleOutcome::NoMatch,
+        }
+    }
+}
+
+impl Condition {
+    /// Whether the condition holds for these arguments.
+    pub fn evaluate(&self, args: &Value) -> Outcome {
+        if !args.is_object() {
+            return Outcome::Unevaluable;
+        }
+        let value = self.path.lookup(args);
+        let result = match &self.test {
+            Test::Compare(comparison, threshold) => {
+                match value.and_then(|v| compare_all(v, *comparison, threshold)) {
+                    Some(result) => result,
+                    None => return Outcome::Unevaluable,
+                }
+            }
+            Test::Match(pattern) => {
+                let Some(value) = value else {
+                    return self.unmatchable();
+                };
+                if self.negate && has_unmatchable(value) {
+                    return Outcome::Unevaluable;
+                }
+                matches_value(pattern, value)
+            }
+        };
+        if result != self.negate {
+            Outcome::Holds
+        } else {
+            Outcome::Fails
+        }
+    }
+
+    fn unmatchable(&self) -> Outcome {
+        if self.negate {
+            Outcome::Unevaluable
+        } else {
+            Outcome::Fails
+        }
+    }
+}
+
+/// Whether a pattern matches a value by the `match` rules above.
+pub(crate) fn matches_value(pattern: &Pattern, value: &Value) -> bool {
+    match value {
+        Value::String(text) => pattern.matches(text),
+        Value::Number(number) => pattern.matches(NumberText::new(number).as_str()),
+        Value::Bool(true) => pattern.matches("true"),
+        Value::Bool(false) => pattern.matches("false"),
+        Value::Array(items) => {
+            !items.is_empty() && items.iter().all(|item| matches_value(pattern, item))
+        }
+        Value::Null | Value::Object(_) => false,
+    }
+}
+
+/// Whether a value is, or holds in an array, something a negated match cannot judge.
+fn has_unmatchable(value: &Value) -> bool {
+    match value {
+        Value::Null | Value::Object(_) => true,
+        Value::Array(items) => items.is_empty() || items.iter().any(has_unmatchable),
+        Value::String(_) | Value::Number(_) | Value::Bool(_) => false,
+    }
+}
+
+/// Compares a number, or every number of a non-empty array, with a threshold; `None`
+/// if a value is not a number.
+fn compare_all(value: &Value, comparison: Comparison, threshold: &str) -> Option<bool> {
+    match value {
+        Value::Number(number) => {
+            let order = decimal::compare(NumberText::new(number).as_str(), threshold)?;
+            Some(comparison.holds(order))
+        }
+        Value::Array(items) if !items.is_empty() => {
+            let mut all = true;
+            for item in items {
+                all &= compare_all(item, comparison, threshold)?;
+            }
+            Some(all)
+        }
+        _ => None,
+    }
+}
