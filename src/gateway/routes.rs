@@ -16,7 +16,6 @@ use serde_json::{Value, json};
 use super::gate::{CallReply, CallRequest, Gate};
 use super::socket::SandboxRouter;
 use crate::approvals::store::{self as exec_store, Execution, Status};
-use crate::policy::Verdict;
 use crate::session::SessionScope;
 
 /// The longest an execution wait lasts.
@@ -145,7 +144,7 @@ async fn tools(State(s): State<Scoped>) -> Response {
         .tools()
         .iter()
         .filter(|t| agent.grants(t.name))
-        .filter(|t| loaded.policy.always_blocks(t.name, &s.gate.catalog) != Some(true))
+        .filter(|t| !loaded.policy.always_blocks(t.name, &s.gate.catalog))
         .map(|t| {
             let args: Vec<Value> = t
                 .args
@@ -155,7 +154,6 @@ async fn tools(State(s): State<Scoped>) -> Response {
             json!({"name": t.name, "risk": t.risk.as_str(), "args": args})
         })
         .collect();
-    let _ = Verdict::Block;
     Json(json!({"tools": tools})).into_response()
 }
 

@@ -346,3 +346,31 @@ impl Policy {
         }
     }
 }
+
+/// Whether `tool` matches a tool pattern written in the policy grammar (anchored
+/// case-insensitive `*` glob, `/regex/`, or an exact name). An invalid pattern matches
+/// nothing.
+pub fn tool_pattern_matches(pattern: &str, tool: &str) -> bool {
+    pattern::Pattern::compile(pattern).is_ok_and(|p| p.matches(tool))
+}
+
+impl Policy {
+    /// Whether every call to `tool` is blocked whatever its arguments: the decision for
+    /// a call without arguments is a block by an unconditional rule. The sandbox API
+    /// leaves such tools out of a session's catalog.
+    pub fn always_blocks(&self, tool: &str, catalog: &Catalog) -> bool {
+        let empty = Value::Object(serde_json::Map::new());
+        let decision = self.decide(tool, &empty, catalog, &MemoryHistory::new(), 0);
+        decision.verdict == Verdict::Block
+            && match decision.because {
+                Because::Rule {
+                    conditions,
+                    limits,
+                    fail_closed,
+                    ..
+                } => conditions == 0 && limits == 0 && !fail_closed,
+                Because::ConnectorRule { .. } => true,
+                Because::DefaultMode { .. } => false,
+            }
+    }
+}

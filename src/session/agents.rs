@@ -37,7 +37,7 @@ impl AgentDefinition {
     pub fn grants(&self, tool: &str) -> bool {
         self.tools
             .iter()
-            .any(|pattern| crate::policy::glob_matches(pattern, tool))
+            .any(|pattern| crate::policy::tool_pattern_matches(pattern, tool))
     }
 }
 
