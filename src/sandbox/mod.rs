@@ -1,1 +1,263 @@
-//! TODO: sandbox
+//! Sandboxes: one locked-down Docker container per session.
+//!
+//! The orchestrator talks to containers only through [`SandboxRuntime`]. The real
+//! implementation, [`DockerRuntime`], drives the Docker engine with bollard; the
+//! in-memory [`FakeRuntime`] lets orchestrator tests run without an engine.
+//!
+//! Every container [`DockerRuntime`] starts has no network (`network_mode: none`), a
+//! read-only root filesystem, a writable `/workspace` bind, a tmpfs `/tmp`, no
+//! capabilities, `no-new-privileges`, a non-root user, resource limits, and labels that
+//! name the threadgate instance, the session and the thread. Its only way out is the
+//! session's unix socket, bind-mounted at `/run/threadgate`. Secrets arrive as read-only
+//! files under `/run/secrets`, written to a per-session directory on a host tmpfs: never
+//! in the environment, labels, command or logs.
+//!
+//! The sandbox image itself is built by `scripts/build-sandbox-image.sh` from
+//! `sandbox/Dockerfile`.
+
+mod docker;
+mod fake;
+mod host;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+
+pub use docker::DockerRuntime;
+pub use fake::FakeRuntime;
+
+/// Label naming the threadgate instance that owns a container.
+pub const LABEL_INSTANCE: &str = "threadgate.instance";
+/// Label naming the session a container belongs to.
+pub const LABEL_SESSION: &str = "threadgate.session";
+/// Label naming the support thread a container's session works on.
+pub const LABEL_THREAD: &str = "threadgate.thread";
+
+/// Where the workspace is mounted inside the container.
+pub const CONTAINER_WORKSPACE: &str = "/workspace";
+/// Where the session's socket directory is mounted inside the container.
+pub const CONTAINER_SOCKET_DIR: &str = "/run/threadgate";
+/// Where the session's secret files appear inside the container.
+pub const CONTAINER_SECRETS_DIR: &str = "/run/secrets";
+
+/// The uid and gid a container runs as when threadgate itself runs as root (the `agent`
+/// user of `sandbox/Dockerfile`).
+pub const SANDBOX_UID: u32 = 10001;
+
+/// Manages the containers of one threadgate instance.
+///
+/// Implementations touch only containers labelled with their own instance id, so
+/// several instances (and parallel tests) can share one Docker engine.
+#[async_trait]
+pub trait SandboxRuntime: Send + Sync {
+    /// Creates and starts a container for `spec`; returns once it is running.
+    ///
+    /// On failure nothing is left behind: no container, no secrets directory.
+    async fn start(&self, spec: &SandboxSpec) -> Result<SandboxHandle, SandboxError>;
+
+    /// Stops and removes a container (by id or name) and its secrets directory.
+    ///
+    /// Idempotent: a container that is already gone is `Ok`. A container that belongs
+    /// to another instance is refused with [`SandboxError::NotOwned`].
+    async fn stop(&self, container_id: &str) -> Result<(), SandboxError>;
+
+    /// Lists this instance's containers, running or not, and no one else's.
+    async fn list(&self) -> Result<Vec<SandboxInfo>, SandboxError>;
+
+    /// Removes this instance's secrets directories whose session has no container
+    /// (left by a crash, or by a container removed behind threadgate's back). Returns
+    /// how many were removed. Meant for start-up and periodic reconciliation.
+    async fn reap_orphan_secrets(&self) -> Result<usize, SandboxError>;
+}
+
+/// Everything needed to start one session's container.
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    /// The session this container serves (a label, and part of the container name).
+    pub session_id: String,
+    /// The support thread the session works on (a label).
+    pub thread_id: String,
+    /// The image to run, e.g. `threadgate-sandbox:latest`.
+    pub image: String,
+    /// Host directory mounted read-write at `/workspace` (the session's git worktree).
+    pub workspace_dir: PathBuf,
+    /// Host directory holding the session's unix socket, mounted at `/run/threadgate`.
+    pub socket_dir: PathBuf,
+    /// Secrets granted to the session, as `(NAME, value)`: each becomes the read-only
+    /// file `/run/secrets/NAME`. NAME is `[A-Za-z0-9_.-]+` and does not start with `.`.
+    pub secrets: Vec<(String, SecretBytes)>,
+    /// Memory, CPU and process limits.
+    pub limits: Limits,
+    /// Overrides the image's command when set.
+    pub command: Option<Vec<String>>,
+    /// Environment variables; never secret values (start refuses a value that contains
+    /// one of the spec's secrets).
+    pub env: Vec<(String, String)>,
+}
+
+/// Resource limits for one container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Memory limit in bytes (swap is not allowed beyond it).
+    pub memory_bytes: u64,
+    /// CPU limit in units of 10^-9 CPUs (1.5 CPUs is 1_500_000_000).
+    pub nano_cpus: u64,
+    /// Maximum number of processes and threads.
+    pub pids: u64,
+}
+
+impl Default for Limits {
+    /// 1 GiB of memory, one CPU, 256 processes.
+    fn default() -> Self {
+        Limits {
+            memory_bytes: 1 << 30,
+            nano_cpus: 1_000_000_000,
+            pids: 256,
+        }
+    }
+}
+
+/// A started container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxHandle {
+    /// Docker's container id.
+    pub container_id: String,
+    /// The container's name, `threadgate-<instance>-<session>` (sanitised).
+    pub name: String,
+}
+
+/// One of this instance's containers, as [`SandboxRuntime::list`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxInfo {
+    /// Docker's container id.
+    pub container_id: String,
+    /// The session label.
+    pub session_id: String,
+    /// The thread label.
+    pub thread_id: String,
+    /// Whether the container is running right now.
+    pub running: bool,
+}
+
+/// A secret value. Its `Debug` output is `[redacted]`, so it can sit in structs that
+/// are logged or printed without leaking.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretBytes(Vec<u8>);
+
+impl SecretBytes {
+    /// Wraps a secret value.
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
+        SecretBytes(bytes.into())
+    }
+
+    /// The secret value itself. Call only where the value must be used.
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SecretBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+/// Why a sandbox operation failed. Messages never contain secret values.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The Docker engine could not be reached or its API version negotiated.
+    #[error("cannot connect to the docker engine: {0}")]
+    Connect(#[source] bollard::errors::Error),
+    /// The instance id cannot label containers or name directories.
+    #[error("invalid instance id {instance:?}: use 1 or more of [A-Za-z0-9_-]")]
+    InvalidInstance {
+        /// The instance id given.
+        instance: String,
+    },
+    /// The spec cannot be started as given.
+    #[error("invalid sandbox spec for session {session:?}: {reason}")]
+    InvalidSpec {
+        /// The session id from the spec.
+        session: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The image to run does not exist in the engine (images are never pulled).
+    #[error(
+        "image {image:?} not found in the docker engine; build it with scripts/build-sandbox-image.sh"
+    )]
+    ImageMissing {
+        /// The image reference from the spec.
+        image: String,
+    },
+    /// A container (or secrets directory) for this session already exists.
+    #[error("a sandbox named {name:?} already exists; stop it first")]
+    AlreadyExists {
+        /// The container name.
+        name: String,
+    },
+    /// The container is not labelled with this instance's id.
+    #[error("container {container:?} does not belong to this threadgate instance")]
+    NotOwned {
+        /// The container id or name that was asked for.
+        container: String,
+    },
+    /// The secrets root is not on a memory filesystem, so secrets would reach a disk.
+    #[error("secrets root {path:?} is not on a tmpfs (found {fs_type:?})")]
+    SecretsRootNotTmpfs {
+        /// The configured secrets root.
+        path: PathBuf,
+        /// The filesystem type found there.
+        fs_type: String,
+    },
+    /// A Docker API call failed.
+    #[error("docker {action} failed for {target:?}: {source}")]
+    Docker {
+        /// What was being done, e.g. `create container`.
+        action: &'static str,
+        /// The container or image it was done to.
+        target: String,
+        /// The engine's error.
+        #[source]
+        source: bollard::errors::Error,
+    },
+    /// A host filesystem operation failed.
+    #[error("cannot {action} {path:?}: {source}")]
+    Io {
+        /// What was being done, e.g. `write secret file`.
+        action: &'static str,
+        /// The host path involved.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Turns an id into a string safe for container names and path components:
+/// ASCII letters, digits, `_` and `-` are kept, anything else becomes `-`.
+pub fn sanitise_id(id: &str) -> String {
+    id.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
+/// The container name for a session of an instance: `threadgate-<instance>-<session>`,
+/// both parts sanitised with [`sanitise_id`].
+pub fn container_name(instance_id: &str, session_id: &str) -> String {
+    format!(
+        "threadgate-{}-{}",
+        sanitise_id(instance_id),
+        sanitise_id(session_id)
+    )
+}

@@ -1,0 +1,185 @@
+//! [`FakeRuntime`]: an in-memory [`SandboxRuntime`] for fast orchestrator tests.
+//!
+//! It keeps the real runtime's contract (one container per session name, idempotent
+//! stop, secrets directories that outlive a vanished container until reaped) and lets a
+//! test make the next start fail, a container exit, or a container vanish behind the
+//! orchestrator's back.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Mutex, MutexGuard};
+
+use async_trait::async_trait;
+
+use super::{SandboxError, SandboxHandle, SandboxInfo, SandboxRuntime, SandboxSpec};
+
+/// The instance id the fake puts in container names.
+const FAKE_INSTANCE: &str = "fake";
+
+/// One container the fake holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeContainer {
+    /// Id and name, as `start` returned them.
+    pub handle: SandboxHandle,
+    /// The spec's session id.
+    pub session_id: String,
+    /// The spec's thread id.
+    pub thread_id: String,
+    /// The spec's image.
+    pub image: String,
+    /// Names of the secrets granted (never their values).
+    pub secret_names: Vec<String>,
+    /// Whether it is running.
+    pub running: bool,
+}
+
+#[derive(Debug, Default)]
+struct FakeState {
+    next_id: u64,
+    containers: BTreeMap<String, FakeContainer>,
+    /// Sessions whose secrets directory exists.
+    secrets_dirs: BTreeSet<String>,
+    fail_next_start: Option<SandboxError>,
+    starts: usize,
+    stops: usize,
+}
+
+/// An in-memory sandbox runtime. Cheap to create; share it behind an `Arc`.
+#[derive(Debug, Default)]
+pub struct FakeRuntime {
+    state: Mutex<FakeState>,
+}
+
+impl FakeRuntime {
+    /// An empty runtime.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Makes the next `start` fail with `err` (leaving nothing behind, as the real
+    /// runtime does).
+    pub fn fail_next_start(&self, err: SandboxError) {
+        self.lock().fail_next_start = Some(err);
+    }
+
+    /// Marks a container as exited (still listed, not running). Returns whether it
+    /// existed.
+    pub fn exit(&self, container_id: &str) -> bool {
+        match self.lock().containers.get_mut(container_id) {
+            Some(container) => {
+                container.running = false;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes a container without stopping it through the runtime, as `docker rm -f`
+    /// from outside would: its secrets directory stays until reaped. Returns whether it
+    /// existed.
+    pub fn vanish(&self, container_id: &str) -> bool {
+        self.lock().containers.remove(container_id).is_some()
+    }
+
+    /// The containers held now, ordered by id.
+    pub fn containers(&self) -> Vec<FakeContainer> {
+        self.lock().containers.values().cloned().collect()
+    }
+
+    /// Sessions whose secrets directory exists now.
+    pub fn secrets_dirs(&self) -> Vec<String> {
+        self.lock().secrets_dirs.iter().cloned().collect()
+    }
+
+    /// How many `start` calls succeeded so far.
+    pub fn start_count(&self) -> usize {
+        self.lock().starts
+    }
+
+    /// How many `stop` calls removed a container so far.
+    pub fn stop_count(&self) -> usize {
+        self.lock().stops
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FakeState> {
+        // A panic while holding the lock leaves plain data behind; keep going.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[async_trait]
+impl SandboxRuntime for FakeRuntime {
+    async fn start(&self, spec: &SandboxSpec) -> Result<SandboxHandle, SandboxError> {
+        let mut state = self.lock();
+        if let Some(err) = state.fail_next_start.take() {
+            return Err(err);
+        }
+        let name = super::container_name(FAKE_INSTANCE, &spec.session_id);
+        if state.containers.values().any(|c| c.handle.name == name) {
+            return Err(SandboxError::AlreadyExists { name });
+        }
+        state.next_id += 1;
+        let handle = SandboxHandle {
+            container_id: format!("fake{:060}", state.next_id),
+            name,
+        };
+        state.containers.insert(
+            handle.container_id.clone(),
+            FakeContainer {
+                handle: handle.clone(),
+                session_id: spec.session_id.clone(),
+                thread_id: spec.thread_id.clone(),
+                image: spec.image.clone(),
+                secret_names: spec.secrets.iter().map(|(name, _)| name.clone()).collect(),
+                running: true,
+            },
+        );
+        state.secrets_dirs.insert(spec.session_id.clone());
+        state.starts += 1;
+        Ok(handle)
+    }
+
+    async fn stop(&self, container_id: &str) -> Result<(), SandboxError> {
+        let mut state = self.lock();
+        let key = state
+            .containers
+            .values()
+            .find(|c| c.handle.container_id == container_id || c.handle.name == container_id)
+            .map(|c| c.handle.container_id.clone());
+        let Some(key) = key else {
+            return Ok(());
+        };
+        if let Some(container) = state.containers.remove(&key) {
+            state.secrets_dirs.remove(&container.session_id);
+            state.stops += 1;
+        }
+        Ok(())
+    }
+
+    async fn list(&self) -> Result<Vec<SandboxInfo>, SandboxError> {
+        Ok(self
+            .lock()
+            .containers
+            .values()
+            .map(|c| SandboxInfo {
+                container_id: c.handle.container_id.clone(),
+                session_id: c.session_id.clone(),
+                thread_id: c.thread_id.clone(),
+                running: c.running,
+            })
+            .collect())
+    }
+
+    async fn reap_orphan_secrets(&self) -> Result<usize, SandboxError> {
+        let mut state = self.lock();
+        let live: BTreeSet<String> = state
+            .containers
+            .values()
+            .map(|c| c.session_id.clone())
+            .collect();
+        let before = state.secrets_dirs.len();
+        state.secrets_dirs.retain(|session| live.contains(session));
+        Ok(before - state.secrets_dirs.len())
+    }
+}
