@@ -193,9 +193,7 @@ impl Application {
         let sup = handle.clone();
         background.push(tokio::spawn(async move {
             while let Some(ev) = notify_rx.recv().await {
-                if let Some(thread) = ev.thread_id.as_deref() {
-                    sup.thread_changed(thread);
-                }
+                sup.thread_changed(&ev.thread_id);
             }
         }));
         background.push(tokio::spawn(approvals::outbox::run(gate.clone())));

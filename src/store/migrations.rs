@@ -23,6 +23,14 @@ const MIGRATIONS: &[Migration] = &[
         name: "0002_events",
         sql: include_str!("migrations/0002_events.sql"),
     },
+    Migration {
+        name: "0006_sessions",
+        sql: include_str!("migrations/0006_sessions.sql"),
+    },
+    Migration {
+        name: "0007_executions",
+        sql: include_str!("migrations/0007_executions.sql"),
+    },
 ];
 
 /// Applies every migration newer than the database's `user_version`, each in its own
