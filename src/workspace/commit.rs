@@ -1,0 +1,190 @@
+//! Committing a worktree onto its thread's branch, and pushing that branch.
+
+use std::fmt::Write as _;
+
+use git2::{ErrorCode, PushOptions, Remote, RemoteCallbacks, Repository, Signature};
+use rustix::fs::{CWD, Mode, OFlags};
+
+use crate::workspace::names;
+use crate::workspace::prepare::branch_tip;
+use crate::workspace::snapshot::{SecretScanner, Snapshot};
+use crate::workspace::{CommitOutcome, Settings, SkippedFile, WorkspaceError};
+
+pub(crate) fn commit(
+    settings: &Settings,
+    thread_id: &str,
+    secrets: &[(&str, &[u8])],
+) -> Result<CommitOutcome, WorkspaceError> {
+    let thread_ref = settings.thread_ref(thread_id)?;
+    let scanner = SecretScanner::new(secrets).map_err(|reason| WorkspaceError::SecretScanner {
+        thread_id: thread_id.to_owned(),
+        reason,
+    })?;
+    let repo = settings.open_repository()?;
+    let old_tip = branch_tip(&repo, thread_id, &thread_ref)?.ok_or_else(|| {
+        WorkspaceError::BranchMissing {
+            thread_id: thread_id.to_owned(),
+            branch: thread_ref.clone(),
+        }
+    })?;
+    let parent = repo
+        .find_commit(old_tip)
+        .map_err(WorkspaceError::git(thread_id, "reading the branch tip"))?;
+    let base = parent
+        .tree()
+        .map_err(WorkspaceError::git(thread_id, "reading the branch tip"))?;
+
+    let root = open_worktree_root(settings, thread_id)?;
+    let mut snapshot = Snapshot::new(&repo, thread_id, scanner);
+    let tree_id = snapshot.root_tree(&root, &base)?;
+    let skipped = snapshot.skipped;
+    if tree_id == base.id() {
+        return Ok(CommitOutcome {
+            commit: None,
+            skipped,
+        });
+    }
+
+    let tree = repo
+        .find_tree(tree_id)
+        .map_err(WorkspaceError::git(thread_id, "reading the new tree"))?;
+    let signature = thread_signature(thread_id)?;
+    let message = commit_message(thread_id, &skipped);
+    // No ref moves here: the commit object is written and nothing points at it yet.
+    let new_tip = repo
+        .commit(None, &signature, &signature, &message, &tree, &[&parent])
+        .map_err(WorkspaceError::git(thread_id, "writing the commit"))?;
+    move_branch(&repo, thread_id, &thread_ref, old_tip, new_tip)?;
+    tracing::info!(thread_id, commit = %new_tip, skipped = skipped.len(), "committed worktree");
+    Ok(CommitOutcome {
+        commit: Some(new_tip.to_string()),
+        skipped,
+    })
+}
+
+/// Moves exactly `thread_ref` from `old` to `new`, failing if it no longer points at
+/// `old` (libgit2 checks under the ref's lock file).
+pub(crate) fn move_branch(
+    repo: &Repository,
+    thread_id: &str,
+    thread_ref: &str,
+    old: git2::Oid,
+    new: git2::Oid,
+) -> Result<(), WorkspaceError> {
+    let log = format!("threadgate: commit work of thread {thread_id}");
+    match repo.reference_matching(thread_ref, new, true, old, &log) {
+        Ok(_) => Ok(()),
+        Err(e) if matches!(e.code(), ErrorCode::Modified | ErrorCode::Locked) => {
+            Err(WorkspaceError::BranchMoved {
+                thread_id: thread_id.to_owned(),
+                branch: thread_ref.to_owned(),
+            })
+        }
+        Err(e) => Err(WorkspaceError::git(thread_id, "moving the branch")(e)),
+    }
+}
+
+/// Opens the worktree root without following a symlink in its place.
+fn open_worktree_root(
+    settings: &Settings,
+    thread_id: &str,
+) -> Result<std::os::fd::OwnedFd, WorkspaceError> {
+    let path = settings.worktrees_dir.join(thread_id);
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    rustix::fs::openat(CWD, &path, flags, Mode::empty()).map_err(|e| match e {
+        rustix::io::Errno::NOENT => WorkspaceError::WorktreeMissing {
+            thread_id: thread_id.to_owned(),
+            path,
+        },
+        rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP => WorkspaceError::NotADirectory {
+            thread_id: thread_id.to_owned(),
+            path,
+        },
+        other => WorkspaceError::io(thread_id, path)(other.into()),
+    })
+}
+
+/// Author and committer of a thread's commits: derived from the thread id alone.
+fn thread_signature(thread_id: &str) -> Result<Signature<'static>, WorkspaceError> {
+    Signature::now(
+        &format!("threadgate thread {thread_id}"),
+        &format!("{thread_id}@threadgate.invalid"),
+    )
+    .map_err(WorkspaceError::git(thread_id, "making the signature"))
+}
+
+fn commit_message(thread_id: &str, skipped: &[SkippedFile]) -> String {
+    let mut message = format!(
+        "threadgate: work on thread {thread_id}\n\n\
+         What the support session for thread {thread_id} left in its worktree.\n"
+    );
+    if !skipped.is_empty() {
+        message.push_str("\nLeft out:\n");
+        for file in skipped {
+            // Paths and reasons never carry a secret value (see SkippedFile); the path is
+            // quoted so that an agent-chosen name cannot forge lines of the message.
+            let _ = writeln!(message, "- {:?}: {}", file.path, file.reason);
+        }
+    }
+    let _ = write!(message, "\nThreadgate-Thread: {thread_id}\n");
+    message
+}
+
+pub(crate) fn push(settings: &Settings, thread_id: &str) -> Result<(), WorkspaceError> {
+    let thread_ref = settings.thread_ref(thread_id)?;
+    let Some(remote_spec) = settings.remote.as_deref() else {
+        return Ok(());
+    };
+    let repo = settings.open_repository()?;
+    if branch_tip(&repo, thread_id, &thread_ref)?.is_none() {
+        return Err(WorkspaceError::BranchMissing {
+            thread_id: thread_id.to_owned(),
+            branch: thread_ref,
+        });
+    }
+    let mut remote = find_remote(&repo, thread_id, remote_spec)?;
+
+    let mut rejection: Option<String> = None;
+    let mut callbacks = RemoteCallbacks::new();
+    callbacks.push_update_reference(|refname, status| {
+        if let Some(message) = status {
+            rejection = Some(format!("{refname}: {message}"));
+        }
+        Ok(())
+    });
+    let mut options = PushOptions::new();
+    options.remote_callbacks(callbacks);
+    // Not forced: the branch only ever grows, so the remote must fast-forward.
+    let refspec = format!("{thread_ref}:{thread_ref}");
+    let pushed = remote.push(&[refspec.as_str()], Some(&mut options));
+    drop(options);
+    let rejected = |message: String| WorkspaceError::PushRejected {
+        thread_id: thread_id.to_owned(),
+        branch: thread_ref.clone(),
+        remote: names::redact_remote(remote_spec),
+        message,
+    };
+    pushed.map_err(|e| rejected(e.message().to_owned()))?;
+    match rejection {
+        Some(message) => Err(rejected(message)),
+        None => Ok(()),
+    }
+}
+
+/// A remote configured by name in threadgate's repository, else an anonymous remote
+/// for the URL or path given.
+fn find_remote<'r>(
+    repo: &'r Repository,
+    thread_id: &str,
+    spec: &str,
+) -> Result<Remote<'r>, WorkspaceError> {
+    if Remote::is_valid_name(spec) {
+        match repo.find_remote(spec) {
+            Ok(remote) => return Ok(remote),
+            Err(e) if e.code() == ErrorCode::NotFound => {}
+            Err(e) => return Err(WorkspaceError::git(thread_id, "reading the remote")(e)),
+        }
+    }
+    repo.remote_anonymous(spec)
+        .map_err(WorkspaceError::git(thread_id, "reading the remote"))
+}

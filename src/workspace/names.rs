@@ -1,0 +1,131 @@
+//! Name rules: which thread ids may become a branch and a directory, and which file
+//! names may enter a tree that engineers will later check out.
+
+use crate::workspace::WorkspaceError;
+
+/// The namespace every thread branch lives in, below `refs/heads/`.
+pub(crate) const BRANCH_PREFIX: &str = "threadgate/";
+
+/// The longest thread id accepted. Plain's ids are about 30 characters.
+const MAX_THREAD_ID_LEN: usize = 128;
+
+/// Checks that `thread_id` is safe both as one ref component and as one directory name.
+///
+/// Only ASCII letters, digits, `_` and `-` are allowed, the first character must be a
+/// letter or a digit, and the length is 1 to 128. This rules out every ref-format trap
+/// (`..`, `.lock`, `@{`, control characters, `/`) and every path trap (`.`, `..`, a
+/// leading `-` or `.`) by construction rather than by listing them.
+pub(crate) fn validate_thread_id(thread_id: &str) -> Result<(), WorkspaceError> {
+    let invalid = |reason: &'static str| WorkspaceError::InvalidThreadId {
+        thread_id: thread_id.chars().take(MAX_THREAD_ID_LEN + 8).collect(),
+        reason,
+    };
+    let Some(first) = thread_id.chars().next() else {
+        return Err(invalid("it is empty"));
+    };
+    if thread_id.len() > MAX_THREAD_ID_LEN {
+        return Err(invalid("it is longer than 128 characters"));
+    }
+    if !first.is_ascii_alphanumeric() {
+        return Err(invalid("it must start with an ascii letter or digit"));
+    }
+    let allowed = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    if !thread_id.chars().all(allowed) {
+        return Err(invalid(
+            "only ascii letters, digits, '_' and '-' are allowed",
+        ));
+    }
+    // Belt and braces: libgit2 must agree that the full ref name is well formed.
+    let full = format!("refs/heads/{BRANCH_PREFIX}{thread_id}");
+    if !git2::Reference::is_valid_name(&full) {
+        return Err(invalid("git does not accept it as a branch name"));
+    }
+    Ok(())
+}
+
+/// Why a file name cannot be stored in a tree or written into a worktree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NameProblem {
+    /// Empty, `.`, `..`, or containing `/` or NUL: not one path component.
+    NotAComponent,
+    /// A name that git (on some platform) treats as its own `.git` directory.
+    ReservedGitName,
+}
+
+/// Checks one path component (as raw bytes) for use as a tree entry name.
+///
+/// Besides the structural rules, names that git would refuse on checkout on any
+/// platform are reserved: `.git` in any letter case, with trailing dots or spaces
+/// (NTFS), with HFS+ ignorable code points inside, and the NTFS short name `git~1`.
+pub(crate) fn check_entry_name(name: &[u8]) -> Result<(), NameProblem> {
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
+    {
+        return Err(NameProblem::NotAComponent);
+    }
+    if is_reserved_git_name(name) {
+        return Err(NameProblem::ReservedGitName);
+    }
+    Ok(())
+}
+
+/// True for `.git` and the names other filesystems fold into it.
+fn is_reserved_git_name(name: &[u8]) -> bool {
+    let folded = strip_hfs_ignorables(name);
+    let trimmed = trim_end_dots_spaces(&folded);
+    trimmed.eq_ignore_ascii_case(b".git") || trimmed.eq_ignore_ascii_case(b"git~1")
+}
+
+/// True for the dotfiles that git refuses to follow as symlinks on checkout
+/// (`.gitmodules`) or warns about (`.gitattributes`, `.gitignore`, `.mailmap`).
+pub(crate) fn is_git_control_file(name: &[u8]) -> bool {
+    let folded = strip_hfs_ignorables(name);
+    let trimmed = trim_end_dots_spaces(&folded);
+    [
+        &b".gitmodules"[..],
+        b".gitattributes",
+        b".gitignore",
+        b".mailmap",
+    ]
+    .iter()
+    .any(|control| trimmed.eq_ignore_ascii_case(control))
+}
+
+fn trim_end_dots_spaces(name: &[u8]) -> &[u8] {
+    let end = name
+        .iter()
+        .rposition(|b| *b != b'.' && *b != b' ')
+        .map_or(0, |i| i + 1);
+    &name[..end]
+}
+
+/// Removes the code points HFS+ ignores when comparing names (the list git uses in
+/// `utf8.c`), so that `.g\u{200c}it` compares equal to `.git`.
+fn strip_hfs_ignorables(name: &[u8]) -> Vec<u8> {
+    let Ok(text) = std::str::from_utf8(name) else {
+        return name.to_vec();
+    };
+    let ignorable = |c: char| {
+        matches!(
+            c,
+            '\u{200c}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{206a}'..='\u{206f}' | '\u{feff}'
+        )
+    };
+    text.chars()
+        .filter(|c| !ignorable(*c))
+        .collect::<String>()
+        .into_bytes()
+}
+
+/// A remote name or URL fit for errors and logs: any `user:password@` part of a URL is
+/// replaced, since such a part is a credential.
+pub(crate) fn redact_remote(remote: &str) -> String {
+    let Some(scheme_end) = remote.find("://") else {
+        return remote.to_owned();
+    };
+    let rest = &remote[scheme_end + 3..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{}***@{}", &remote[..scheme_end + 3], &rest[at + 1..]),
+        None => remote.to_owned(),
+    }
+}

@@ -1,0 +1,149 @@
+//! Unit tests for the name rules and the compare-and-swap branch update.
+
+use super::names::{
+    NameProblem, check_entry_name, is_git_control_file, redact_remote, validate_thread_id,
+};
+
+#[test]
+fn thread_ids_are_strict() {
+    for ok in ["th_01HXYZ", "a", "A-b_c-9", &"x".repeat(128)] {
+        assert!(validate_thread_id(ok).is_ok(), "{ok} should be accepted");
+    }
+    let long = "x".repeat(129);
+    for bad in [
+        "",
+        ".",
+        "..",
+        "-x",
+        "_x",
+        ".hidden",
+        "a/b",
+        "a..b",
+        "a.lock",
+        "a b",
+        "a\0b",
+        "a@{1}",
+        "a~1",
+        "a^",
+        "a:b",
+        "a\\b",
+        "é",
+        "a\n",
+        "*",
+        long.as_str(),
+    ] {
+        assert!(
+            validate_thread_id(bad).is_err(),
+            "{bad:?} should be rejected"
+        );
+    }
+}
+
+#[test]
+fn reserved_git_names_are_recognised() {
+    for name in [
+        ".git",
+        ".GIT",
+        ".Git",
+        ".git.",
+        ".git ",
+        "git~1",
+        "GIT~1",
+        ".g\u{200c}it",
+    ] {
+        assert_eq!(
+            check_entry_name(name.as_bytes()),
+            Err(NameProblem::ReservedGitName),
+            "{name:?}"
+        );
+    }
+    for name in ["", ".", "..", "a/b", "a\0"] {
+        assert_eq!(
+            check_entry_name(name.as_bytes()),
+            Err(NameProblem::NotAComponent),
+            "{name:?}"
+        );
+    }
+    for name in [".gitx", "git", "x.git", ".github", "..git", "gitmodules"] {
+        assert_eq!(check_entry_name(name.as_bytes()), Ok(()), "{name:?}");
+    }
+    assert!(is_git_control_file(b".gitmodules"));
+    assert!(is_git_control_file(b".GITATTRIBUTES"));
+    assert!(!is_git_control_file(b".github"));
+}
+
+#[test]
+fn branch_update_is_a_compare_and_swap() {
+    use git2::{Repository, Signature};
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Repository::init(dir.path()).unwrap();
+    let sig = Signature::now("t", "t@example.invalid").unwrap();
+    let tree_id = repo.treebuilder(None).unwrap().write().unwrap();
+    let tree = repo.find_tree(tree_id).unwrap();
+    let name = "refs/heads/threadgate/th";
+    let a = repo
+        .commit(Some(name), &sig, &sig, "a", &tree, &[])
+        .unwrap();
+    let parent = repo.find_commit(a).unwrap();
+    let b = repo
+        .commit(None, &sig, &sig, "b", &tree, &[&parent])
+        .unwrap();
+    let c = repo
+        .commit(None, &sig, &sig, "c", &tree, &[&parent])
+        .unwrap();
+
+    let err = super::commit::move_branch(&repo, "th", name, b, c).unwrap_err();
+    assert!(
+        matches!(err, super::WorkspaceError::BranchMoved { .. }),
+        "{err}"
+    );
+    assert_eq!(
+        repo.refname_to_id(name).unwrap(),
+        a,
+        "a stale expectation moves nothing"
+    );
+    super::commit::move_branch(&repo, "th", name, a, c).unwrap();
+    assert_eq!(repo.refname_to_id(name).unwrap(), c);
+}
+
+#[test]
+fn unlocking_permissions_never_follows_symlinks() {
+    use std::fs;
+    use std::os::unix::fs::{PermissionsExt, symlink};
+    let dir = tempfile::tempdir().unwrap();
+    let outside = dir.path().join("outside");
+    let worktree = dir.path().join("wt");
+    fs::create_dir_all(outside.join("sub")).unwrap();
+    fs::create_dir_all(worktree.join("locked/inner")).unwrap();
+    symlink(&outside, worktree.join("escape")).unwrap();
+    symlink(&outside, worktree.join("locked/escape")).unwrap();
+    let set = |path: &std::path::Path, mode| {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap()
+    };
+    set(&outside.join("sub"), 0o751);
+    set(&outside, 0o751);
+    set(&worktree.join("locked/inner"), 0o000);
+    set(&worktree.join("locked"), 0o000);
+
+    super::remove::make_owner_writable(&worktree);
+    let mode =
+        |path: &std::path::Path| fs::symlink_metadata(path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&worktree.join("locked")), 0o700);
+    assert_eq!(mode(&worktree.join("locked/inner")), 0o700);
+    assert_eq!(mode(&outside), 0o751, "a symlink's target keeps its mode");
+    assert_eq!(mode(&outside.join("sub")), 0o751);
+}
+
+#[test]
+fn remote_credentials_are_redacted() {
+    assert_eq!(
+        redact_remote("https://bot:tok3n@example.invalid/r.git"),
+        "https://***@example.invalid/r.git"
+    );
+    assert_eq!(
+        redact_remote("ssh://git@example.invalid/r@x.git"),
+        "ssh://***@example.invalid/r@x.git"
+    );
+    assert_eq!(redact_remote("/srv/remote.git"), "/srv/remote.git");
+    assert_eq!(redact_remote("origin"), "origin");
+}
