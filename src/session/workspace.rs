@@ -42,3 +42,46 @@ pub trait WorkspaceOps: Send + Sync {
     /// Pushes the thread's branch (only it) when a remote is configured.
     fn push(&self, thread_id: &str) -> anyhow::Result<()>;
 }
+
+impl WorkspaceOps for crate::workspace::Workspaces {
+    fn branch_name(&self, thread_id: &str) -> anyhow::Result<String> {
+        Ok(crate::workspace::Workspaces::branch_name(thread_id)?)
+    }
+
+    fn prepare(&self, thread_id: &str) -> anyhow::Result<PreparedWorktree> {
+        let w = crate::workspace::Workspaces::prepare(self, thread_id)?;
+        Ok(PreparedWorktree {
+            path: w.path,
+            branch: w.branch,
+        })
+    }
+
+    fn commit(
+        &self,
+        thread_id: &str,
+        _worktree: &Path,
+        secrets: &[(String, SecretString)],
+    ) -> anyhow::Result<CommitReport> {
+        let pairs: Vec<(&str, &[u8])> = secrets
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.expose().as_bytes()))
+            .collect();
+        let outcome = crate::workspace::Workspaces::commit(self, thread_id, &pairs)?;
+        Ok(CommitReport {
+            commit: outcome.commit,
+            skipped: outcome
+                .skipped
+                .iter()
+                .map(|s| format!("{}: {}", s.path.display(), s.reason))
+                .collect(),
+        })
+    }
+
+    fn remove_worktree(&self, thread_id: &str) -> anyhow::Result<()> {
+        Ok(crate::workspace::Workspaces::remove_worktree(self, thread_id)?)
+    }
+
+    fn push(&self, thread_id: &str) -> anyhow::Result<()> {
+        Ok(crate::workspace::Workspaces::push(self, thread_id)?)
+    }
+}
