@@ -12,6 +12,7 @@ use tokio::sync::{Notify, broadcast};
 
 use crate::approvals::{self, Approvals};
 use crate::config::Settings;
+use crate::connectors::helpdesk::EscalationRouting;
 use crate::connectors::{Credential, GithubConnector, HelpdeskConnector, StripeConnector};
 use crate::gateway::{Connectors, Gate, LoadedPolicy, SandboxApi, SandboxRouter, SocketHost};
 use crate::policy::{Catalog, Policy};
@@ -90,7 +91,11 @@ async fn connectors(settings: &Settings, secrets: &SecretStore) -> anyhow::Resul
     if let Some(key) = get(settings.plain.api_key_secret.clone()).await {
         let mut h = HelpdeskConnector::new(&settings.plain.api_url, Credential::new(key.expose()))?;
         if let Some(label) = &settings.plain.escalation_label_type_id {
-            h = h.with_escalation_label(label.clone());
+            h = h.with_escalation(EscalationRouting {
+                label_type_ids: vec![label.clone()],
+                assign_to_user_id: None,
+                use_escalation_path: false,
+            });
         }
         c.helpdesk = Some(Arc::new(h));
     }

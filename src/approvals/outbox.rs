@@ -6,10 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::json;
-
 use super::store::{self, OutboxNote};
-use crate::connectors::CallContext;
 use crate::gateway::Gate;
 
 /// The longest the outbox waits between retries of one note.
@@ -61,11 +58,8 @@ async fn send(gate: &Gate, helpdesk: &crate::connectors::HelpdeskConnector, note
         .write(move |c| store::note_attempting(c, &id))
         .await
         .map_err(|e| e.to_string())?;
-    let args = json!({"thread_id": note.thread_id, "text": note.text, "markdown": note.markdown});
-    let note_id = format!("note-{}", note.execution_id);
-    use crate::connectors::Connector;
     helpdesk
-        .call("helpdesk.add_note", &args, &CallContext { execution_id: &note_id })
+        .create_note(&note.thread_id, &note.text, Some(&note.markdown))
         .await
         .map(|_| ())
         .map_err(|e| e.to_string())
