@@ -14,10 +14,16 @@ struct Migration {
 }
 
 /// Every migration in order. A domain module that needs tables adds a file here.
-const MIGRATIONS: &[Migration] = &[Migration {
-    name: "0001_meta",
-    sql: include_str!("migrations/0001_meta.sql"),
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        name: "0001_meta",
+        sql: include_str!("migrations/0001_meta.sql"),
+    },
+    Migration {
+        name: "0003_secrets",
+        sql: include_str!("migrations/0003_secrets.sql"),
+    },
+];
 
 /// Applies every migration newer than the database's `user_version`, each in its own
 /// transaction together with the version bump.
