@@ -23,6 +23,10 @@ const MIGRATIONS: &[Migration] = &[
         name: "0003_secrets",
         sql: include_str!("migrations/0003_secrets.sql"),
     },
+    Migration {
+        name: "0004_audit",
+        sql: include_str!("migrations/0004_audit.sql"),
+    },
 ];
 
 /// Applies every migration newer than the database's `user_version`, each in its own
