@@ -27,6 +27,10 @@ const MIGRATIONS: &[Migration] = &[
         name: "0004_audit",
         sql: include_str!("migrations/0004_audit.sql"),
     },
+    Migration {
+        name: "0005_reviewers",
+        sql: include_str!("migrations/0005_reviewers.sql"),
+    },
 ];
 
 /// Applies every migration newer than the database's `user_version`, each in its own
