@@ -1,1 +1,395 @@
-//! TODO: audit
+//! The audit log: an append-only, hash-chained record of every step of every execution.
+//!
+//! A caller appends its audit row inside the same [`crate::store::Db::write`] closure as
+//! the state change it records, so the two commit together or not at all. Each row
+//! stores `hash = SHA-256(prev_hash || canonical encoding of its fields)`, where
+//! `prev_hash` is the previous row's hash (32 zero bytes for the first row), and ids run
+//! 1, 2, 3, ... without gaps. SQLite triggers refuse `UPDATE` and `DELETE`; [`verify`]
+//! detects a row changed or removed behind their back (truncating the newest rows leaves
+//! a valid shorter chain: anchor the last hash elsewhere to catch that).
+//!
+//! Every text field is passed through the [`Redactor`] before it is stored, whatever the
+//! caller already did: no secret value reaches this table.
+
+mod chain;
+mod table;
+
+use rusqlite::{Connection, OptionalExtension as _, Row, params};
+use serde_json::Value;
+
+pub use table::format_table;
+
+use crate::secrets::Redactor;
+
+/// What happened to an execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AuditEvent {
+    /// A tool call arrived.
+    Requested,
+    /// The policy gate decided it.
+    Decided,
+    /// It waits for a person.
+    Held,
+    /// The policy blocked it.
+    Blocked,
+    /// Refused before the policy (out of scope, a secret in the arguments, ...).
+    Refused,
+    /// A reviewer approved it.
+    Approved,
+    /// A reviewer denied it.
+    Denied,
+    /// Its approval ran out.
+    Expired,
+    /// It was decided again just before running an approved call.
+    Rechecked,
+    /// It ran and the provider answered.
+    Ran,
+    /// It ran and failed.
+    Failed,
+    /// Its outcome is unknown (a crash mid-call without an idempotency key); a person
+    /// must check.
+    OutcomeUnknown,
+    /// An identical write had already run in this session; its result was returned.
+    Replayed,
+}
+
+impl AuditEvent {
+    /// Every event, in the order above.
+    pub const ALL: [AuditEvent; 13] = [
+        AuditEvent::Requested,
+        AuditEvent::Decided,
+        AuditEvent::Held,
+        AuditEvent::Blocked,
+        AuditEvent::Refused,
+        AuditEvent::Approved,
+        AuditEvent::Denied,
+        AuditEvent::Expired,
+        AuditEvent::Rechecked,
+        AuditEvent::Ran,
+        AuditEvent::Failed,
+        AuditEvent::OutcomeUnknown,
+        AuditEvent::Replayed,
+    ];
+
+    /// The name stored in the `event` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuditEvent::Requested => "requested",
+            AuditEvent::Decided => "decided",
+            AuditEvent::Held => "held",
+            AuditEvent::Blocked => "blocked",
+            AuditEvent::Refused => "refused",
+            AuditEvent::Approved => "approved",
+            AuditEvent::Denied => "denied",
+            AuditEvent::Expired => "expired",
+            AuditEvent::Rechecked => "rechecked",
+            AuditEvent::Ran => "ran",
+            AuditEvent::Failed => "failed",
+            AuditEvent::OutcomeUnknown => "outcome_unknown",
+            AuditEvent::Replayed => "replayed",
+        }
+    }
+
+    /// The event stored as `name`, if it is one of these.
+    pub fn parse(name: &str) -> Option<AuditEvent> {
+        AuditEvent::ALL.into_iter().find(|e| e.as_str() == name)
+    }
+}
+
+impl std::fmt::Display for AuditEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One event to append. Build it with [`AuditRecord::new`] and struct update syntax.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditRecord {
+    /// When, in ms since the Unix epoch ([`AuditRecord::new`] sets now).
+    pub at_ms: i64,
+    /// What happened.
+    pub event: AuditEvent,
+    /// The execution (tool call) it belongs to.
+    pub execution_id: Option<String>,
+    /// The session.
+    pub session_id: Option<String>,
+    /// The Plain thread.
+    pub thread_id: Option<String>,
+    /// The agent that made the call.
+    pub agent: Option<String>,
+    /// `connector.action`.
+    pub tool: Option<String>,
+    /// The call's arguments; redacted before storing.
+    pub args: Option<Value>,
+    /// `run`, `hold` or `block`.
+    pub decision: Option<String>,
+    /// The rule behind the decision.
+    pub rule: Option<String>,
+    /// The hash of the policy file that decided.
+    pub policy_hash: Option<String>,
+    /// The reviewer who approved or denied.
+    pub reviewer: Option<String>,
+    /// The result in a few words, or the error.
+    pub outcome: Option<String>,
+    /// How long the step took.
+    pub duration_ms: Option<i64>,
+}
+
+impl AuditRecord {
+    /// An event at the current time with every other field empty.
+    pub fn new(event: AuditEvent) -> AuditRecord {
+        AuditRecord {
+            at_ms: chrono::Utc::now().timestamp_millis(),
+            event,
+            execution_id: None,
+            session_id: None,
+            thread_id: None,
+            agent: None,
+            tool: None,
+            args: None,
+            decision: None,
+            rule: None,
+            policy_hash: None,
+            reviewer: None,
+            outcome: None,
+            duration_ms: None,
+        }
+    }
+}
+
+/// One stored row, as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditRecordRow {
+    /// Position in the chain, from 1.
+    pub id: i64,
+    /// When, in ms since the Unix epoch.
+    pub at_ms: i64,
+    /// The execution.
+    pub execution_id: Option<String>,
+    /// The event's name (see [`AuditEvent::as_str`]).
+    pub event: String,
+    /// The session.
+    pub session_id: Option<String>,
+    /// The thread.
+    pub thread_id: Option<String>,
+    /// The agent.
+    pub agent: Option<String>,
+    /// The tool.
+    pub tool: Option<String>,
+    /// The redacted arguments, as JSON text.
+    pub args_redacted: Option<String>,
+    /// The decision.
+    pub decision: Option<String>,
+    /// The rule.
+    pub rule: Option<String>,
+    /// The policy file's hash.
+    pub policy_hash: Option<String>,
+    /// The reviewer.
+    pub reviewer: Option<String>,
+    /// The outcome.
+    pub outcome: Option<String>,
+    /// The duration.
+    pub duration_ms: Option<i64>,
+    /// The previous row's hash.
+    pub prev_hash: Vec<u8>,
+    /// This row's hash.
+    pub hash: Vec<u8>,
+}
+
+/// Errors from [`verify`].
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    /// The chain does not hold at row `id`.
+    #[error("the audit chain is broken at row {id}: {reason}")]
+    Broken {
+        /// The first row that fails.
+        id: i64,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The database failed.
+    #[error("cannot read the audit log: {0}")]
+    Sql(#[from] rusqlite::Error),
+}
+
+/// Which rows [`query`] returns; empty fields do not filter.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditFilter {
+    /// Only this thread.
+    pub thread_id: Option<String>,
+    /// Only this execution.
+    pub execution_id: Option<String>,
+    /// Only this session.
+    pub session_id: Option<String>,
+    /// Only this decision (`run`, `hold`, `block`).
+    pub decision: Option<String>,
+    /// Only this event.
+    pub event: Option<AuditEvent>,
+    /// Only the newest `limit` matching rows.
+    pub limit: Option<usize>,
+}
+
+/// Appends `record` to the chain on `conn`, which must be inside the caller's write
+/// transaction (a [`crate::store::Db::write`] closure). Redacts every text field and the
+/// arguments with `redactor`. Returns the new row's id.
+pub fn append(
+    conn: &Connection,
+    record: &AuditRecord,
+    redactor: &Redactor,
+) -> rusqlite::Result<i64> {
+    let text = |field: &Option<String>| field.as_deref().map(|t| redactor.redact(t).into_owned());
+    let args_redacted = match &record.args {
+        Some(args) => {
+            let mut args = args.clone();
+            redactor.redact_json(&mut args);
+            let json = serde_json::to_string(&args)
+                .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+            Some(redactor.redact(&json).into_owned())
+        }
+        None => None,
+    };
+    let last: Option<(i64, Vec<u8>)> = conn
+        .query_row(
+            "SELECT id, hash FROM audit ORDER BY id DESC LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    let (id, prev_hash) = match last {
+        Some((id, hash)) => (id + 1, hash),
+        None => (1, chain::GENESIS.to_vec()),
+    };
+    let mut row = AuditRecordRow {
+        id,
+        at_ms: record.at_ms,
+        execution_id: text(&record.execution_id),
+        event: record.event.as_str().to_owned(),
+        session_id: text(&record.session_id),
+        thread_id: text(&record.thread_id),
+        agent: text(&record.agent),
+        tool: text(&record.tool),
+        args_redacted,
+        decision: text(&record.decision),
+        rule: text(&record.rule),
+        policy_hash: text(&record.policy_hash),
+        reviewer: text(&record.reviewer),
+        outcome: text(&record.outcome),
+        duration_ms: record.duration_ms,
+        prev_hash,
+        hash: Vec::new(),
+    };
+    row.hash = chain::row_hash(&row).to_vec();
+    conn.execute(
+        "INSERT INTO audit (id, at_ms, execution_id, event, session_id, thread_id, agent,
+             tool, args_redacted, decision, rule, policy_hash, reviewer, outcome,
+             duration_ms, prev_hash, hash)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+        params![
+            row.id,
+            row.at_ms,
+            row.execution_id,
+            row.event,
+            row.session_id,
+            row.thread_id,
+            row.agent,
+            row.tool,
+            row.args_redacted,
+            row.decision,
+            row.rule,
+            row.policy_hash,
+            row.reviewer,
+            row.outcome,
+            row.duration_ms,
+            row.prev_hash,
+            row.hash,
+        ],
+    )?;
+    Ok(id)
+}
+
+/// Checks the whole chain: ids without gaps from 1, each `prev_hash` equal to the
+/// previous row's hash, each hash equal to the recomputed one. Returns the number of
+/// rows.
+pub fn verify(conn: &Connection) -> Result<usize, AuditError> {
+    let mut stmt = conn.prepare(&format!("SELECT {COLUMNS} FROM audit ORDER BY id"))?;
+    let mut rows = stmt.query([])?;
+    let mut expected_prev = chain::GENESIS.to_vec();
+    let mut expected_id = 1;
+    let mut count = 0;
+    while let Some(r) = rows.next()? {
+        let row = read_row(r)?;
+        let broken = |reason: String| AuditError::Broken { id: row.id, reason };
+        if row.id != expected_id {
+            return Err(broken(format!("expected row {expected_id} before it")));
+        }
+        if row.prev_hash != expected_prev {
+            return Err(broken(
+                "its prev_hash does not match the previous row's hash".into(),
+            ));
+        }
+        if row.hash != chain::row_hash(&row) {
+            return Err(broken("its contents do not match its hash".into()));
+        }
+        expected_prev = row.hash;
+        expected_id += 1;
+        count += 1;
+    }
+    Ok(count)
+}
+
+/// The rows matching `filter`, oldest first.
+pub fn query(conn: &Connection, filter: &AuditFilter) -> rusqlite::Result<Vec<AuditRecordRow>> {
+    let mut clauses = Vec::new();
+    let mut values: Vec<String> = Vec::new();
+    let conditions = [
+        ("thread_id", filter.thread_id.clone()),
+        ("execution_id", filter.execution_id.clone()),
+        ("session_id", filter.session_id.clone()),
+        ("decision", filter.decision.clone()),
+        ("event", filter.event.map(|e| e.as_str().to_owned())),
+    ];
+    for (column, value) in conditions {
+        if let Some(value) = value {
+            values.push(value);
+            clauses.push(format!("{column} = ?{}", values.len()));
+        }
+    }
+    let mut sql = format!("SELECT {COLUMNS} FROM audit");
+    if !clauses.is_empty() {
+        sql.push_str(" WHERE ");
+        sql.push_str(&clauses.join(" AND "));
+    }
+    sql.push_str(" ORDER BY id DESC");
+    if let Some(limit) = filter.limit {
+        sql.push_str(&format!(" LIMIT {limit}"));
+    }
+    let mut stmt = conn.prepare(&format!("SELECT * FROM ({sql}) ORDER BY id"))?;
+    let rows = stmt.query_map(rusqlite::params_from_iter(values), read_row)?;
+    rows.collect()
+}
+
+/// The columns in the order [`read_row`] reads them.
+const COLUMNS: &str = "id, at_ms, execution_id, event, session_id, thread_id, agent, tool, \
+     args_redacted, decision, rule, policy_hash, reviewer, outcome, duration_ms, prev_hash, hash";
+
+fn read_row(r: &Row<'_>) -> rusqlite::Result<AuditRecordRow> {
+    Ok(AuditRecordRow {
+        id: r.get(0)?,
+        at_ms: r.get(1)?,
+        execution_id: r.get(2)?,
+        event: r.get(3)?,
+        session_id: r.get(4)?,
+        thread_id: r.get(5)?,
+        agent: r.get(6)?,
+        tool: r.get(7)?,
+        args_redacted: r.get(8)?,
+        decision: r.get(9)?,
+        rule: r.get(10)?,
+        policy_hash: r.get(11)?,
+        reviewer: r.get(12)?,
+        outcome: r.get(13)?,
+        duration_ms: r.get(14)?,
+        prev_hash: r.get(15)?,
+        hash: r.get(16)?,
+    })
+}

@@ -24,6 +24,18 @@ const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/0002_events.sql"),
     },
     Migration {
+        name: "0003_secrets",
+        sql: include_str!("migrations/0003_secrets.sql"),
+    },
+    Migration {
+        name: "0004_audit",
+        sql: include_str!("migrations/0004_audit.sql"),
+    },
+    Migration {
+        name: "0005_reviewers",
+        sql: include_str!("migrations/0005_reviewers.sql"),
+    },
+    Migration {
         name: "0006_sessions",
         sql: include_str!("migrations/0006_sessions.sql"),
     },

@@ -1,0 +1,170 @@
+use super::*;
+
+fn open_temp() -> (tempfile::TempDir, Db) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = Db::open(&dir.path().join("state.db")).expect("open");
+    (dir, db)
+}
+
+/// The token with its secret part replaced by `secret`.
+fn with_secret(token: &str, secret: &str) -> String {
+    let (id, _) = parse_token(token).expect("well-formed token");
+    format!("{TOKEN_PREFIX}{id}_{secret}")
+}
+
+#[tokio::test]
+async fn the_returned_token_authenticates_its_reviewer() {
+    let (_dir, db) = open_temp();
+    let added = add(&db, "alice").await.expect("add");
+    assert!(added.token.expose().starts_with("tgr_"));
+    let who = authenticate(&db, added.token.expose())
+        .await
+        .expect("authenticate");
+    assert_eq!(who, Some(added.reviewer.clone()));
+    assert_eq!(who.map(|r| r.name), Some("alice".to_owned()));
+}
+
+#[tokio::test]
+async fn the_token_is_stored_only_as_an_argon2id_hash() {
+    let (_dir, db) = open_temp();
+    let added = add(&db, "alice").await.expect("add");
+    let (_, secret) = parse_token(added.token.expose()).expect("parse");
+    let stored: String = db
+        .read(|c| c.query_row("SELECT token_hash FROM reviewers", [], |r| r.get(0)))
+        .await
+        .expect("read");
+    assert!(stored.starts_with("$argon2id$"), "{stored}");
+    assert!(!stored.contains(secret));
+    let raw = std::fs::read(db.path()).expect("db file");
+    let wal = std::fs::read(db.path().with_extension("db-wal")).unwrap_or_default();
+    for bytes in [raw, wal] {
+        assert!(!bytes.windows(secret.len()).any(|w| w == secret.as_bytes()));
+    }
+}
+
+#[tokio::test]
+async fn a_wrong_secret_is_refused() {
+    let (_dir, db) = open_temp();
+    let added = add(&db, "alice").await.expect("add");
+    let wrong = with_secret(added.token.expose(), &URL_SAFE_NO_PAD.encode([7u8; 32]));
+    assert_eq!(authenticate(&db, &wrong).await.expect("auth"), None);
+}
+
+#[tokio::test]
+async fn a_tampered_secret_is_refused() {
+    let (_dir, db) = open_temp();
+    let added = add(&db, "alice").await.expect("add");
+    let token = added.token.expose();
+    let mut chars: Vec<char> = token.chars().collect();
+    let last = chars.len() - 1;
+    chars[last] = if chars[last] == 'A' { 'B' } else { 'A' };
+    let tampered: String = chars.into_iter().collect();
+    assert_eq!(authenticate(&db, &tampered).await.expect("auth"), None);
+    let truncated = &token[..token.len() - 1];
+    assert_eq!(authenticate(&db, truncated).await.expect("auth"), None);
+    let extended = format!("{token}A");
+    assert_eq!(authenticate(&db, &extended).await.expect("auth"), None);
+}
+
+#[tokio::test]
+async fn one_reviewers_secret_does_not_work_under_anothers_id() {
+    let (_dir, db) = open_temp();
+    let alice = add(&db, "alice").await.expect("add alice");
+    let bob = add(&db, "bob").await.expect("add bob");
+    let (_, alice_secret) = parse_token(alice.token.expose()).expect("parse");
+    let as_bob = with_secret(bob.token.expose(), alice_secret);
+    assert_eq!(authenticate(&db, &as_bob).await.expect("auth"), None);
+    // Each still works on its own.
+    assert_eq!(
+        authenticate(&db, bob.token.expose()).await.expect("auth"),
+        Some(bob.reviewer)
+    );
+}
+
+#[tokio::test]
+async fn unknown_ids_and_malformed_tokens_are_refused() {
+    let (_dir, db) = open_temp();
+    let alice = add(&db, "alice").await.expect("add");
+    let (_, secret) = parse_token(alice.token.expose()).expect("parse");
+    let unknown = format!("{TOKEN_PREFIX}999_{secret}");
+    for presented in [
+        unknown.as_str(),
+        "",
+        "tgr_",
+        "tgr__abc",
+        "tgr_1_",
+        "tgr_x_abc",
+        "tgr_-1_abc",
+        "tgr_99999999999999999999_abc",
+        secret,
+    ] {
+        assert_eq!(
+            authenticate(&db, presented).await.expect("auth"),
+            None,
+            "{presented:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_removed_reviewers_token_stops_working_and_its_id_is_not_reused() {
+    let (_dir, db) = open_temp();
+    let alice = add(&db, "alice").await.expect("add");
+    remove(&db, "alice").await.expect("remove");
+    assert_eq!(
+        authenticate(&db, alice.token.expose()).await.expect("auth"),
+        None
+    );
+    let again = add(&db, "alice").await.expect("add again");
+    assert_ne!(again.reviewer.id, alice.reviewer.id);
+    assert_eq!(
+        authenticate(&db, alice.token.expose()).await.expect("auth"),
+        None
+    );
+}
+
+#[tokio::test]
+async fn duplicate_and_invalid_names_are_clear_errors() {
+    let (_dir, db) = open_temp();
+    add(&db, "alice@example.com").await.expect("add");
+    let err = add(&db, "alice@example.com").await.expect_err("duplicate");
+    assert_eq!(
+        err.to_string(),
+        "a reviewer named alice@example.com already exists"
+    );
+    let err = add(&db, "alice smith").await.expect_err("space");
+    assert!(matches!(err, ReviewerError::InvalidName(ref n) if n == "alice smith"));
+    let err = remove(&db, "nobody").await.expect_err("missing");
+    assert_eq!(err.to_string(), "no reviewer named nobody");
+}
+
+#[test]
+fn blocking_variants_add_list_and_remove() {
+    let (_dir, db) = open_temp();
+    let bob = add_blocking(&db, "bob").expect("add bob");
+    add_blocking(&db, "alice").expect("add alice");
+    assert!(matches!(
+        add_blocking(&db, "bob"),
+        Err(ReviewerError::DuplicateName(_))
+    ));
+    let names: Vec<String> = list_blocking(&db)
+        .expect("list")
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(names, ["alice", "bob"]);
+    remove_blocking(&db, "bob").expect("remove");
+    let listed = list_blocking(&db).expect("list");
+    assert_eq!(listed.len(), 1);
+    assert!(listed.iter().all(|r| r.id != bob.reviewer.id));
+}
+
+#[test]
+fn the_token_never_prints() {
+    let (_dir, db) = open_temp();
+    let added = add_blocking(&db, "carol").expect("add");
+    let (_, secret) = parse_token(added.token.expose()).expect("parse");
+    let shown = format!("{added:?} {}", added.token);
+    assert!(!shown.contains(secret), "{shown}");
+    assert!(shown.contains("[redacted]"));
+}

@@ -1,0 +1,462 @@
+//! The encrypted secret store and its grants, in the `secrets` and `secret_grants`
+//! tables (migration 0003).
+//!
+//! Values are sealed before they reach the writer thread and opened on the read pool,
+//! so the database only ever sees ciphertext. Each operation exists as an async method
+//! for the server and a `_blocking` twin for the CLI.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use rusqlite::{Connection, OptionalExtension as _, params};
+
+use super::cipher::{self, SCHEME_XCHACHA_V1};
+use super::{MasterKey, Redactor, SecretString, SecretsError, validate_name};
+use crate::store::Db;
+
+/// The largest secret value accepted, in bytes.
+pub const MAX_SECRET_LEN: usize = 64 * 1024;
+
+/// What [`SecretStore::set`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// The name was new.
+    Created,
+    /// The name existed; its value was replaced (grants are kept).
+    Updated,
+}
+
+/// A stored secret as listed: everything but its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretMeta {
+    /// The secret's name.
+    pub name: String,
+    /// When it was first set.
+    pub created_at: DateTime<Utc>,
+    /// When its value was last set.
+    pub updated_at: DateTime<Utc>,
+    /// The agents it is granted to, sorted.
+    pub grants: Vec<String>,
+}
+
+/// Secrets encrypted at rest under the master key, granted by name to agents.
+#[derive(Clone)]
+pub struct SecretStore {
+    db: Db,
+    key: Arc<MasterKey>,
+}
+
+/// A domain result inside a database job: SQL errors roll the job back, domain errors
+/// are answered after the (empty) job commits.
+type Job<T> = rusqlite::Result<Result<T, SecretsError>>;
+
+/// Secrets with their values, by name.
+type Values = Vec<(String, SecretString)>;
+
+impl SecretStore {
+    /// A store over `db`, sealing and opening values with `key`.
+    pub fn new(db: Db, key: Arc<MasterKey>) -> SecretStore {
+        SecretStore { db, key }
+    }
+
+    /// Stores `value` under `name`, replacing any earlier value with a fresh nonce.
+    pub async fn set(&self, name: &str, value: SecretString) -> Result<Written, SecretsError> {
+        let job = self.set_job(name, &value)?;
+        self.db.write(job).await?
+    }
+
+    /// [`SecretStore::set`] outside a runtime.
+    pub fn set_blocking(&self, name: &str, value: SecretString) -> Result<Written, SecretsError> {
+        let job = self.set_job(name, &value)?;
+        self.db.write_blocking(job)?
+    }
+
+    /// Every secret's name, times and grants, sorted by name; never values.
+    pub async fn list(&self) -> Result<Vec<SecretMeta>, SecretsError> {
+        Ok(self.db.read(list_meta).await?)
+    }
+
+    /// [`SecretStore::list`] outside a runtime.
+    pub fn list_blocking(&self) -> Result<Vec<SecretMeta>, SecretsError> {
+        Ok(self.db.read_blocking(list_meta)?)
+    }
+
+    /// The value of `name`.
+    pub async fn get(&self, name: &str) -> Result<SecretString, SecretsError> {
+        let job = self.get_job(name)?;
+        self.db.read(job).await?
+    }
+
+    /// [`SecretStore::get`] outside a runtime.
+    pub fn get_blocking(&self, name: &str) -> Result<SecretString, SecretsError> {
+        let job = self.get_job(name)?;
+        self.db.read_blocking(job)?
+    }
+
+    /// Deletes `name` and its grants.
+    pub async fn delete(&self, name: &str) -> Result<(), SecretsError> {
+        let job = delete_job(name)?;
+        self.db.write(job).await?
+    }
+
+    /// [`SecretStore::delete`] outside a runtime.
+    pub fn delete_blocking(&self, name: &str) -> Result<(), SecretsError> {
+        let job = delete_job(name)?;
+        self.db.write_blocking(job)?
+    }
+
+    /// Grants `name` to `agent` (granting twice is not an error).
+    pub async fn grant(&self, name: &str, agent: &str) -> Result<(), SecretsError> {
+        let job = grant_job(name, agent)?;
+        self.db.write(job).await?
+    }
+
+    /// [`SecretStore::grant`] outside a runtime.
+    pub fn grant_blocking(&self, name: &str, agent: &str) -> Result<(), SecretsError> {
+        let job = grant_job(name, agent)?;
+        self.db.write_blocking(job)?
+    }
+
+    /// Withdraws the grant of `name` to `agent`.
+    pub async fn revoke(&self, name: &str, agent: &str) -> Result<(), SecretsError> {
+        let job = revoke_job(name, agent)?;
+        self.db.write(job).await?
+    }
+
+    /// [`SecretStore::revoke`] outside a runtime.
+    pub fn revoke_blocking(&self, name: &str, agent: &str) -> Result<(), SecretsError> {
+        let job = revoke_job(name, agent)?;
+        self.db.write_blocking(job)?
+    }
+
+    /// The names granted to `agent`, sorted.
+    pub async fn granted(&self, agent: &str) -> Result<Vec<String>, SecretsError> {
+        validate_name("agent", agent)?;
+        let agent = agent.to_owned();
+        Ok(self.db.read(move |c| granted_names(c, &agent)).await?)
+    }
+
+    /// [`SecretStore::granted`] outside a runtime.
+    pub fn granted_blocking(&self, agent: &str) -> Result<Vec<String>, SecretsError> {
+        validate_name("agent", agent)?;
+        Ok(self.db.read_blocking(|c| granted_names(c, agent))?)
+    }
+
+    /// The values of the secrets `asked` for by `agent`, in the order asked (duplicates
+    /// dropped). Fails with [`SecretsError::NotGranted`] naming every asked secret that
+    /// is not granted to the agent; nothing is decrypted then.
+    pub async fn resolve_for_agent(
+        &self,
+        agent: &str,
+        asked: &[String],
+    ) -> Result<Vec<(String, SecretString)>, SecretsError> {
+        let job = self.resolve_job(agent, asked)?;
+        self.db.read(job).await?
+    }
+
+    /// [`SecretStore::resolve_for_agent`] outside a runtime.
+    pub fn resolve_for_agent_blocking(
+        &self,
+        agent: &str,
+        asked: &[String],
+    ) -> Result<Vec<(String, SecretString)>, SecretsError> {
+        let job = self.resolve_job(agent, asked)?;
+        self.db.read_blocking(job)?
+    }
+
+    /// Every stored secret with its value, sorted by name: the input of the
+    /// [`Redactor`].
+    pub async fn all_values(&self) -> Result<Vec<(String, SecretString)>, SecretsError> {
+        let key = Arc::clone(&self.key);
+        self.db.read(move |c| all_values(c, &key)).await?
+    }
+
+    /// [`SecretStore::all_values`] outside a runtime.
+    pub fn all_values_blocking(&self) -> Result<Vec<(String, SecretString)>, SecretsError> {
+        self.db.read_blocking(|c| all_values(c, &self.key))?
+    }
+
+    /// A [`Redactor`] over every stored value.
+    pub async fn redactor(&self) -> Result<Redactor, SecretsError> {
+        Redactor::new(self.all_values().await?)
+    }
+
+    fn set_job(
+        &self,
+        name: &str,
+        value: &SecretString,
+    ) -> Result<impl FnOnce(&Connection) -> Job<Written> + Send + 'static, SecretsError> {
+        validate_name("secret", name)?;
+        if value.is_empty() {
+            return Err(SecretsError::Empty {
+                name: name.to_owned(),
+            });
+        }
+        if value.len() > MAX_SECRET_LEN {
+            return Err(SecretsError::TooLarge {
+                name: name.to_owned(),
+                len: value.len(),
+            });
+        }
+        let sealed = cipher::seal(&self.key, name, value)?;
+        let name = name.to_owned();
+        Ok(move |c: &Connection| {
+            let now = now_ms();
+            let existed = c
+                .query_row("SELECT 1 FROM secrets WHERE name = ?1", [&name], |_| Ok(()))
+                .optional()?
+                .is_some();
+            c.execute(
+                "INSERT INTO secrets (name, scheme, nonce, ciphertext, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?5)
+                 ON CONFLICT (name) DO UPDATE SET scheme = excluded.scheme,
+                     nonce = excluded.nonce, ciphertext = excluded.ciphertext,
+                     updated_at = excluded.updated_at",
+                params![
+                    name,
+                    SCHEME_XCHACHA_V1,
+                    &sealed.nonce[..],
+                    sealed.ciphertext,
+                    now
+                ],
+            )?;
+            Ok(Ok(if existed {
+                Written::Updated
+            } else {
+                Written::Created
+            }))
+        })
+    }
+
+    fn get_job(
+        &self,
+        name: &str,
+    ) -> Result<impl FnOnce(&Connection) -> Job<SecretString> + Send + 'static, SecretsError> {
+        validate_name("secret", name)?;
+        let key = Arc::clone(&self.key);
+        let name = name.to_owned();
+        Ok(move |c: &Connection| {
+            let Some(row) = sealed_row(c, &name)? else {
+                return Ok(Err(SecretsError::NotFound { name }));
+            };
+            Ok(row.open(&key, &name))
+        })
+    }
+
+    fn resolve_job(
+        &self,
+        agent: &str,
+        asked: &[String],
+    ) -> Result<impl FnOnce(&Connection) -> Job<Values> + Send + 'static, SecretsError> {
+        validate_name("agent", agent)?;
+        let key = Arc::clone(&self.key);
+        let agent = agent.to_owned();
+        let mut seen = BTreeSet::new();
+        let asked: Vec<String> = asked
+            .iter()
+            .filter(|name| seen.insert(name.as_str()))
+            .cloned()
+            .collect();
+        Ok(move |c: &Connection| {
+            let granted: BTreeSet<String> = granted_names(c, &agent)?.into_iter().collect();
+            let mut missing: Vec<String> = asked
+                .iter()
+                .filter(|name| !granted.contains(*name))
+                .cloned()
+                .collect();
+            if !missing.is_empty() {
+                missing.sort();
+                return Ok(Err(SecretsError::NotGranted {
+                    agent,
+                    names: missing,
+                }));
+            }
+            let mut values = Vec::with_capacity(asked.len());
+            for name in asked {
+                // INVARIANT: a grant's foreign key cascades on delete, so a granted name
+                // has a row; a missing one means a concurrent delete.
+                let Some(row) = sealed_row(c, &name)? else {
+                    return Ok(Err(SecretsError::NotFound { name }));
+                };
+                match row.open(&key, &name) {
+                    Ok(value) => values.push((name, value)),
+                    Err(err) => return Ok(Err(err)),
+                }
+            }
+            Ok(Ok(values))
+        })
+    }
+}
+
+impl fmt::Debug for SecretStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SecretStore")
+            .field("db", &self.db.path())
+            .field("key", &*self.key)
+            .finish()
+    }
+}
+
+/// One `secrets` row, still sealed.
+struct SealedRow {
+    scheme: i64,
+    nonce: Vec<u8>,
+    ciphertext: Vec<u8>,
+}
+
+impl SealedRow {
+    fn open(&self, key: &MasterKey, name: &str) -> Result<SecretString, SecretsError> {
+        cipher::open(key, name, self.scheme, &self.nonce, &self.ciphertext)
+    }
+}
+
+fn sealed_row(c: &Connection, name: &str) -> rusqlite::Result<Option<SealedRow>> {
+    c.query_row(
+        "SELECT scheme, nonce, ciphertext FROM secrets WHERE name = ?1",
+        [name],
+        |r| {
+            Ok(SealedRow {
+                scheme: r.get(0)?,
+                nonce: r.get(1)?,
+                ciphertext: r.get(2)?,
+            })
+        },
+    )
+    .optional()
+}
+
+fn list_meta(c: &Connection) -> rusqlite::Result<Vec<SecretMeta>> {
+    let mut grants: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut stmt = c.prepare("SELECT secret, agent FROM secret_grants ORDER BY secret, agent")?;
+    let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+    for row in rows {
+        let (secret, agent) = row?;
+        grants.entry(secret).or_default().push(agent);
+    }
+    let mut stmt = c.prepare("SELECT name, created_at, updated_at FROM secrets ORDER BY name")?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, i64>(2)?,
+        ))
+    })?;
+    let mut metas = Vec::new();
+    for row in rows {
+        let (name, created, updated) = row?;
+        metas.push(SecretMeta {
+            grants: grants.remove(&name).unwrap_or_default(),
+            name,
+            created_at: from_ms(created),
+            updated_at: from_ms(updated),
+        });
+    }
+    Ok(metas)
+}
+
+fn delete_job(
+    name: &str,
+) -> Result<impl FnOnce(&Connection) -> Job<()> + Send + 'static, SecretsError> {
+    validate_name("secret", name)?;
+    let name = name.to_owned();
+    Ok(move |c: &Connection| {
+        // Grants go by the foreign key's cascade; deleting them here as well keeps this
+        // correct on a connection without `foreign_keys`.
+        c.execute("DELETE FROM secret_grants WHERE secret = ?1", [&name])?;
+        let deleted = c.execute("DELETE FROM secrets WHERE name = ?1", [&name])?;
+        Ok(if deleted == 0 {
+            Err(SecretsError::NotFound { name })
+        } else {
+            Ok(())
+        })
+    })
+}
+
+fn grant_job(
+    name: &str,
+    agent: &str,
+) -> Result<impl FnOnce(&Connection) -> Job<()> + Send + 'static, SecretsError> {
+    validate_name("secret", name)?;
+    validate_name("agent", agent)?;
+    let (name, agent) = (name.to_owned(), agent.to_owned());
+    Ok(move |c: &Connection| {
+        if !secret_exists(c, &name)? {
+            return Ok(Err(SecretsError::NotFound { name }));
+        }
+        c.execute(
+            "INSERT OR IGNORE INTO secret_grants (secret, agent, granted_at) VALUES (?1, ?2, ?3)",
+            params![name, agent, now_ms()],
+        )?;
+        Ok(Ok(()))
+    })
+}
+
+fn revoke_job(
+    name: &str,
+    agent: &str,
+) -> Result<impl FnOnce(&Connection) -> Job<()> + Send + 'static, SecretsError> {
+    validate_name("secret", name)?;
+    validate_name("agent", agent)?;
+    let (name, agent) = (name.to_owned(), agent.to_owned());
+    Ok(move |c: &Connection| {
+        let removed = c.execute(
+            "DELETE FROM secret_grants WHERE secret = ?1 AND agent = ?2",
+            params![name, agent],
+        )?;
+        if removed > 0 {
+            return Ok(Ok(()));
+        }
+        Ok(Err(if secret_exists(c, &name)? {
+            SecretsError::GrantNotFound { name, agent }
+        } else {
+            SecretsError::NotFound { name }
+        }))
+    })
+}
+
+fn granted_names(c: &Connection, agent: &str) -> rusqlite::Result<Vec<String>> {
+    let mut stmt =
+        c.prepare("SELECT secret FROM secret_grants WHERE agent = ?1 ORDER BY secret")?;
+    let names = stmt.query_map([agent], |r| r.get(0))?;
+    names.collect()
+}
+
+fn all_values(c: &Connection, key: &MasterKey) -> Job<Values> {
+    let mut stmt =
+        c.prepare("SELECT name, scheme, nonce, ciphertext FROM secrets ORDER BY name")?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            SealedRow {
+                scheme: r.get(1)?,
+                nonce: r.get(2)?,
+                ciphertext: r.get(3)?,
+            },
+        ))
+    })?;
+    let mut values = Vec::new();
+    for row in rows {
+        let (name, sealed) = row?;
+        match sealed.open(key, &name) {
+            Ok(value) => values.push((name, value)),
+            Err(err) => return Ok(Err(err)),
+        }
+    }
+    Ok(Ok(values))
+}
+
+fn secret_exists(c: &Connection, name: &str) -> rusqlite::Result<bool> {
+    c.query_row("SELECT 1 FROM secrets WHERE name = ?1", [name], |_| Ok(()))
+        .optional()
+        .map(|found| found.is_some())
+}
+
+fn now_ms() -> i64 {
+    Utc::now().timestamp_millis()
+}
+
+fn from_ms(ms: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(ms).unwrap_or_default()
+}
