@@ -53,14 +53,19 @@ fn instance_id(db: &Db, configured: Option<&str>) -> anyhow::Result<String> {
             "INSERT INTO meta (key, value) VALUES ('instance_id', ?1) ON CONFLICT (key) DO NOTHING",
             [&fresh],
         )?;
-        c.query_row("SELECT value FROM meta WHERE key = 'instance_id'", [], |r| r.get(0))
+        c.query_row(
+            "SELECT value FROM meta WHERE key = 'instance_id'",
+            [],
+            |r| r.get(0),
+        )
     })?;
     Ok(id)
 }
 
 /// Loads and compiles the policy file; errors carry file:line:column.
 pub fn load_policy(path: &Path) -> anyhow::Result<LoadedPolicy> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read policy file {}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read policy file {}", path.display()))?;
     let name = path.display().to_string();
     let policy = Policy::parse(&text, &name).map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(LoadedPolicy::new(policy, name))
@@ -86,7 +91,10 @@ async fn connectors(settings: &Settings, secrets: &SecretStore) -> anyhow::Resul
     let get = |name: String| async move { secrets.get(&name).await.ok() };
     let mut c = Connectors::default();
     if let Some(key) = get(settings.stripe.key_secret.clone()).await {
-        c.stripe = Some(Arc::new(StripeConnector::new(&settings.stripe.api_url, Credential::new(key.expose()))?));
+        c.stripe = Some(Arc::new(StripeConnector::new(
+            &settings.stripe.api_url,
+            Credential::new(key.expose()),
+        )?));
     }
     if let Some(key) = get(settings.plain.api_key_secret.clone()).await {
         let mut h = HelpdeskConnector::new(&settings.plain.api_url, Credential::new(key.expose()))?;
@@ -100,7 +108,10 @@ async fn connectors(settings: &Settings, secrets: &SecretStore) -> anyhow::Resul
         c.helpdesk = Some(Arc::new(h));
     }
     if let Some(key) = get(settings.github.key_secret.clone()).await {
-        c.github = Some(Arc::new(GithubConnector::new(&settings.github.api_url, Credential::new(key.expose()))?));
+        c.github = Some(Arc::new(GithubConnector::new(
+            &settings.github.api_url,
+            Credential::new(key.expose()),
+        )?));
     }
     Ok(c)
 }
@@ -112,20 +123,26 @@ impl Application {
             "refusing to start without a Plain signing secret: set THREADGATE_PLAIN_SIGNING_SECRET \
              (or plain.signing_secret_file); an unsigned webhook endpoint would let anyone open sessions",
         )?;
-        std::fs::create_dir_all(&settings.data_dir)
-            .with_context(|| format!("cannot create data directory {}", settings.data_dir.display()))?;
+        std::fs::create_dir_all(&settings.data_dir).with_context(|| {
+            format!(
+                "cannot create data directory {}",
+                settings.data_dir.display()
+            )
+        })?;
         let db = Db::open(&settings.database_path())?;
         let instance_id = instance_id(&db, settings.instance_id.as_deref())?;
         let loaded = load_policy(&settings.policy_file)?;
         let secrets = open_secrets(&db, &settings)?;
-        let redactor = Redactor::new(&secrets.all_values().await?);
+        let redactor = Redactor::new(secrets.all_values().await?)?;
         let agents = Arc::new(AgentBook::load(&settings.agents_dir, &settings.skills_dir)?);
         let clock: Clock = overrides
             .clock
             .unwrap_or_else(|| Arc::new(|| chrono::Utc::now().timestamp_millis()));
         let sandbox: Arc<dyn SandboxRuntime> = match overrides.sandbox {
             Some(s) => s,
-            None => Arc::new(DockerRuntime::connect(&instance_id, settings.sandbox.secrets_root.clone()).await?),
+            None => Arc::new(
+                DockerRuntime::connect(&instance_id, settings.sandbox.secrets_root.clone()).await?,
+            ),
         };
         let workspaces = crate::workspace::Workspaces::open(crate::workspace::RepoConfig {
             repo_path: settings.repo.path.clone(),
@@ -154,7 +171,9 @@ impl Application {
             supervisor: OnceLock::new(),
             calls: OnceLock::new(),
         });
-        let _ = sandbox_api.calls.set(Arc::new(gate.clone()) as Arc<dyn SandboxRouter>);
+        let _ = sandbox_api
+            .calls
+            .set(Arc::new(gate.clone()) as Arc<dyn SandboxRouter>);
         sockets.set_router(Arc::new(sandbox_api.clone()));
         let (handle, _task) = Supervisor::spawn(SupervisorParts {
             db: db.clone(),
@@ -177,9 +196,12 @@ impl Application {
         let _ = sandbox_api.supervisor.set(handle.clone());
         let _ = gate.supervisor.set(handle.clone());
 
-        let (notify_tx, mut notify_rx) = tokio::sync::mpsc::unbounded_channel::<webhook::StoredEvent>();
+        let (notify_tx, mut notify_rx) =
+            tokio::sync::mpsc::unbounded_channel::<webhook::StoredEvent>();
         let intake_clock = clock.clone();
-        let mut intake = webhook::IntakeConfig::new(webhook::SigningSecret::new(signing_secret.expose().as_bytes().to_vec())?);
+        let mut intake = webhook::IntakeConfig::new(webhook::SigningSecret::new(
+            signing_secret.expose().as_bytes().to_vec(),
+        )?);
         intake.max_body_bytes = settings.plain.max_body_bytes;
         intake.max_skew = settings.plain.max_skew;
         let intake_router = webhook::router(webhook::IntakeState {
@@ -215,8 +237,10 @@ impl Application {
         background.push(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(10)).await;
-                if let Ok(values) = refresh_store.all_values().await {
-                    *g.redactor.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(Redactor::new(&values));
+                if let Ok(values) = refresh_store.all_values().await
+                    && let Ok(redactor) = Redactor::new(values)
+                {
+                    *g.redactor.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(redactor);
                 }
             }
         }));
@@ -240,7 +264,10 @@ impl Application {
 
     /// Serves until `shutdown` resolves, then stops the background work. Containers keep
     /// running; the next start adopts them.
-    pub async fn run_until(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    pub async fn run_until(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
         tracing::info!(addr = %self.addr, instance = %self.instance_id, "threadgate serving");
         axum::serve(self.listener, self.router)
             .with_graceful_shutdown(shutdown)

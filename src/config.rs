@@ -53,7 +53,9 @@ pub struct Settings {
     /// `THREADGATE_MASTER_KEY` is not set.
     pub master_key_file: PathBuf,
     pub plain: PlainSettings,
+    #[serde(default = "default_stripe")]
     pub stripe: ProviderSettings,
+    #[serde(default = "default_github")]
     pub github: ProviderSettings,
     pub repo: RepoSettings,
     pub sandbox: SandboxSettings,
@@ -81,7 +83,7 @@ pub struct PlainSettings {
 }
 
 /// A REST provider: where it is and which stored secret holds its credential.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ProviderSettings {
     pub api_url: String,
@@ -137,18 +139,26 @@ impl Default for Settings {
             default_agent: "support".into(),
             master_key_file: PathBuf::from("data/master.key"),
             plain: PlainSettings::default(),
-            stripe: ProviderSettings {
-                api_url: "https://api.stripe.com".into(),
-                key_secret: "stripe_api_key".into(),
-            },
-            github: ProviderSettings {
-                api_url: "https://api.github.com".into(),
-                key_secret: "github_token".into(),
-            },
+            stripe: default_stripe(),
+            github: default_github(),
             repo: RepoSettings::default(),
             sandbox: SandboxSettings::default(),
             sessions: SessionSettings::default(),
         }
+    }
+}
+
+fn default_stripe() -> ProviderSettings {
+    ProviderSettings {
+        api_url: "https://api.stripe.com".into(),
+        key_secret: "stripe_api_key".into(),
+    }
+}
+
+fn default_github() -> ProviderSettings {
+    ProviderSettings {
+        api_url: "https://api.github.com".into(),
+        key_secret: "github_token".into(),
     }
 }
 

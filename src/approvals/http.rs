@@ -26,7 +26,11 @@ pub fn router(approvals: Approvals) -> Router {
 }
 
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    (status, Json(json!({"error": code, "message": message.into()}))).into_response()
+    (
+        status,
+        Json(json!({"error": code, "message": message.into()})),
+    )
+        .into_response()
 }
 
 /// The reviewer named by the `Authorization: Bearer` credential.
@@ -37,14 +41,26 @@ async fn reviewer(approvals: &Approvals, headers: &HeaderMap) -> Result<Reviewer
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     let Some(token) = presented else {
-        return Err(error(StatusCode::UNAUTHORIZED, "unauthorized", "a reviewer's credential is required (Authorization: Bearer ...)"));
+        return Err(error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a reviewer's credential is required (Authorization: Bearer ...)",
+        ));
     };
     match reviewers::authenticate(&approvals.gate.db, token).await {
         Ok(Some(r)) => Ok(r),
-        Ok(None) => Err(error(StatusCode::UNAUTHORIZED, "unauthorized", "unknown or wrong reviewer credential")),
+        Ok(None) => Err(error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "unknown or wrong reviewer credential",
+        )),
         Err(e) => {
             tracing::error!(error = %e, "cannot check a reviewer credential");
-            Err(error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error"))
+            Err(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "internal error",
+            ))
         }
     }
 }
@@ -75,7 +91,11 @@ async fn list(State(a): State<Approvals>, headers: HeaderMap) -> Response {
     if let Err(r) = reviewer(&a, &headers).await {
         return r;
     }
-    let held = a.gate.db.read(|c| store::with_status(c, Status::Held)).await;
+    let held = a
+        .gate
+        .db
+        .read(|c| store::with_status(c, Status::Held))
+        .await;
     match held {
         Ok(rows) => {
             let now = a.gate.now();
@@ -88,7 +108,11 @@ async fn list(State(a): State<Approvals>, headers: HeaderMap) -> Response {
         }
         Err(e) => {
             tracing::error!(error = %e, "cannot list approvals");
-            error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "internal error",
+            )
         }
     }
 }
@@ -103,7 +127,11 @@ async fn show(State(a): State<Approvals>, headers: HeaderMap, Path(id): Path<Str
         Ok(None) => error(StatusCode::NOT_FOUND, "not_found", "no such call"),
         Err(e) => {
             tracing::error!(error = %e, "cannot read an approval");
-            error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "internal error",
+            )
         }
     }
 }
@@ -129,17 +157,30 @@ async fn decide(
     let body = match body {
         Ok(Json(b)) => b,
         Err(rejection) => {
-            return error(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", format!("{} (expected {{\"decision\": \"approve\"|\"deny\", \"message\": \"...\"}})", rejection.body_text()));
+            return error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_request",
+                format!(
+                    "{} (expected {{\"decision\": \"approve\"|\"deny\", \"message\": \"...\"}})",
+                    rejection.body_text()
+                ),
+            );
         }
     };
     match a.decide(&id, &who.name, body.decision, body.message).await {
         Ok(e) => Json(reviewer_view(&a, &e)).into_response(),
         Err(DecideError::NotFound(_)) => error(StatusCode::NOT_FOUND, "not_found", "no such call"),
         Err(e @ DecideError::Expired { .. }) => error(StatusCode::GONE, "expired", e.to_string()),
-        Err(e @ DecideError::AlreadyDecided { .. }) => error(StatusCode::CONFLICT, "already_decided", e.to_string()),
+        Err(e @ DecideError::AlreadyDecided { .. }) => {
+            error(StatusCode::CONFLICT, "already_decided", e.to_string())
+        }
         Err(DecideError::Store(e)) => {
             tracing::error!(error = %e, "cannot record a decision");
-            error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "internal error",
+            )
         }
     }
 }

@@ -18,6 +18,7 @@ use std::time::Instant;
 
 use serde::Deserialize;
 
+use crate::audit::AuditEvent;
 use crate::gateway::{CallReply, Gate, audit_execution};
 use crate::policy::Verdict;
 use store::{Execution, Status};
@@ -80,20 +81,47 @@ impl Approvals {
                 }
                 if exec.expires_at_ms.is_some_and(|at| at <= now) {
                     store::transition(conn, &id_owned, Status::Held, Status::Expired)?;
-                    audit_execution(conn, &redactor, &exec, "expired", None, None, None, &exec.policy_hash)?;
+                    audit_execution(
+                        conn,
+                        &redactor,
+                        &exec,
+                        AuditEvent::Expired,
+                        None,
+                        None,
+                        None,
+                        &exec.policy_hash,
+                    )?;
                     return Ok(Recorded::Expired(exec));
                 }
                 let to = match choice {
                     Choice::Approve => Status::Approved,
                     Choice::Deny => Status::Denied,
                 };
-                store::record_decision(conn, &id_owned, to, &reviewer_owned, message.as_deref(), now)?;
+                store::record_decision(
+                    conn,
+                    &id_owned,
+                    to,
+                    &reviewer_owned,
+                    message.as_deref(),
+                    now,
+                )?;
                 let event = match choice {
-                    Choice::Approve => "approved",
-                    Choice::Deny => "denied",
+                    Choice::Approve => AuditEvent::Approved,
+                    Choice::Deny => AuditEvent::Denied,
                 };
-                audit_execution(conn, &redactor, &exec, event, message.as_deref(), Some(&reviewer_owned), None, &exec.policy_hash)?;
-                Ok(Recorded::Decided(store::get(conn, &id_owned)?.unwrap_or(exec)))
+                audit_execution(
+                    conn,
+                    &redactor,
+                    &exec,
+                    event,
+                    message.as_deref(),
+                    Some(&reviewer_owned),
+                    None,
+                    &exec.policy_hash,
+                )?;
+                Ok(Recorded::Decided(
+                    store::get(conn, &id_owned)?.unwrap_or(exec),
+                ))
             })
             .await?;
         match recorded {
@@ -147,15 +175,35 @@ impl Approvals {
                 }
                 let args: serde_json::Value = serde_json::from_str(&exec.args).unwrap_or_default();
                 let history = crate::policy::MemoryHistory::new();
-                let now_decision = loaded.policy.decide(&exec.tool, &args, &catalog, &history, now);
+                let now_decision = loaded
+                    .policy
+                    .decide(&exec.tool, &args, &catalog, &history, now);
                 if now_decision.verdict == Verdict::Block {
                     let reason = format!("blocked by the current policy: {}", now_decision.because);
                     store::finish(conn, &id_owned, Status::Blocked, None, Some(&reason), now)?;
-                    audit_execution(conn, &redactor, &exec, "rechecked", Some(&reason), None, None, &loaded.hash_hex)?;
+                    audit_execution(
+                        conn,
+                        &redactor,
+                        &exec,
+                        AuditEvent::Rechecked,
+                        Some(&reason),
+                        None,
+                        None,
+                        &loaded.hash_hex,
+                    )?;
                     return Ok(Some((exec, false)));
                 }
                 store::transition(conn, &id_owned, Status::Approved, Status::Running)?;
-                audit_execution(conn, &redactor, &exec, "rechecked", Some("run"), None, None, &loaded.hash_hex)?;
+                audit_execution(
+                    conn,
+                    &redactor,
+                    &exec,
+                    AuditEvent::Rechecked,
+                    Some("run"),
+                    None,
+                    None,
+                    &loaded.hash_hex,
+                )?;
                 Ok(Some((exec, true)))
             })
             .await;
@@ -188,7 +236,16 @@ impl Approvals {
                 let mut done = Vec::new();
                 for exec in due {
                     if store::transition(conn, &exec.id, Status::Held, Status::Expired)? {
-                        audit_execution(conn, &redactor, &exec, "expired", None, None, None, &exec.policy_hash)?;
+                        audit_execution(
+                            conn,
+                            &redactor,
+                            &exec,
+                            AuditEvent::Expired,
+                            None,
+                            None,
+                            None,
+                            &exec.policy_hash,
+                        )?;
                         done.push(exec);
                     }
                 }
@@ -247,7 +304,16 @@ impl Approvals {
             .db
             .write(move |conn| {
                 store::finish(conn, &e.id, Status::NeedsCheck, None, Some(reason), now)?;
-                audit_execution(conn, &redactor, &e, "needs_check", Some(reason), None, None, &e.policy_hash)
+                audit_execution(
+                    conn,
+                    &redactor,
+                    &e,
+                    AuditEvent::OutcomeUnknown,
+                    Some(reason),
+                    None,
+                    None,
+                    &e.policy_hash,
+                )
             })
             .await;
         if let Err(e) = written {

@@ -28,7 +28,12 @@ pub async fn drain(gate: &Gate) -> usize {
         match send(gate, &helpdesk, &note).await {
             Ok(()) => {
                 let (id, now) = (note.execution_id.clone(), gate.now());
-                if gate.db.write(move |c| store::note_sent(c, &id, now)).await.is_ok() {
+                if gate
+                    .db
+                    .write(move |c| store::note_sent(c, &id, now))
+                    .await
+                    .is_ok()
+                {
                     sent += 1;
                 }
             }
@@ -37,17 +42,27 @@ pub async fn drain(gate: &Gate) -> usize {
                 let (id, next) = (note.execution_id.clone(), gate.now() + backoff);
                 let error = gate.current_redactor().redact(&error).into_owned();
                 tracing::warn!(execution = %note.execution_id, error = %error, "cannot post the note yet; will retry");
-                let _ = gate.db.write(move |c| store::note_failed(c, &id, &error, next)).await;
+                let _ = gate
+                    .db
+                    .write(move |c| store::note_failed(c, &id, &error, next))
+                    .await;
             }
         }
     }
     sent
 }
 
-async fn send(gate: &Gate, helpdesk: &crate::connectors::HelpdeskConnector, note: &OutboxNote) -> Result<(), String> {
+async fn send(
+    gate: &Gate,
+    helpdesk: &crate::connectors::HelpdeskConnector,
+    note: &OutboxNote,
+) -> Result<(), String> {
     if note.attempts > 0 {
         // An earlier attempt may have reached Plain before threadgate lost the answer.
-        match helpdesk.find_note_containing(&note.thread_id, &note.marker).await {
+        match helpdesk
+            .find_note_containing(&note.thread_id, &note.marker)
+            .await
+        {
             Ok(Some(_)) => return Ok(()),
             Ok(None) => {}
             Err(e) => return Err(e.to_string()),

@@ -179,7 +179,11 @@ pub fn with_status(conn: &Connection, status: Status) -> rusqlite::Result<Vec<Ex
 }
 
 /// A session's execution of the same binding that already succeeded, if any.
-pub fn succeeded_binding(conn: &Connection, session_id: &str, binding_hash: &str) -> rusqlite::Result<Option<Execution>> {
+pub fn succeeded_binding(
+    conn: &Connection,
+    session_id: &str,
+    binding_hash: &str,
+) -> rusqlite::Result<Option<Execution>> {
     conn.query_row(
         &format!(
             "SELECT {COLUMNS} FROM executions WHERE session_id = ?1 AND binding_hash = ?2 \
@@ -192,7 +196,12 @@ pub fn succeeded_binding(conn: &Connection, session_id: &str, binding_hash: &str
 }
 
 /// A session's execution of the same binding still waiting for a person, if any.
-pub fn pending_binding(conn: &Connection, session_id: &str, binding_hash: &str, now_ms: i64) -> rusqlite::Result<Option<Execution>> {
+pub fn pending_binding(
+    conn: &Connection,
+    session_id: &str,
+    binding_hash: &str,
+    now_ms: i64,
+) -> rusqlite::Result<Option<Execution>> {
     conn.query_row(
         &format!(
             "SELECT {COLUMNS} FROM executions WHERE session_id = ?1 AND binding_hash = ?2 \
@@ -206,7 +215,12 @@ pub fn pending_binding(conn: &Connection, session_id: &str, binding_hash: &str, 
 }
 
 /// The id of a held, unexpired call to `tool` in the session, if any.
-pub fn held_for_tool(conn: &Connection, session_id: &str, tool: &str, now_ms: i64) -> rusqlite::Result<Option<String>> {
+pub fn held_for_tool(
+    conn: &Connection,
+    session_id: &str,
+    tool: &str,
+    now_ms: i64,
+) -> rusqlite::Result<Option<String>> {
     conn.query_row(
         "SELECT id FROM executions WHERE session_id = ?1 AND tool = ?2 AND status = 'held' \
          AND expires_at_ms > ?3 ORDER BY created_at_ms LIMIT 1",
@@ -280,7 +294,13 @@ pub fn charged_total(conn: &Connection, key: &str, since_ms: i64) -> rusqlite::R
 }
 
 /// Counts `amount` against `key` for an execution.
-pub fn charge(conn: &Connection, execution_id: &str, key: &str, amount: i64, now_ms: i64) -> rusqlite::Result<()> {
+pub fn charge(
+    conn: &Connection,
+    execution_id: &str,
+    key: &str,
+    amount: i64,
+    now_ms: i64,
+) -> rusqlite::Result<()> {
     conn.execute(
         "INSERT INTO limit_charges (execution_id, key, amount, at_ms) VALUES (?1, ?2, ?3, ?4)",
         params![execution_id, key, amount, now_ms],
@@ -354,7 +374,12 @@ pub fn note_sent(conn: &Connection, execution_id: &str, now_ms: i64) -> rusqlite
 }
 
 /// Records a failed attempt and when to try again.
-pub fn note_failed(conn: &Connection, execution_id: &str, error: &str, next_attempt_ms: i64) -> rusqlite::Result<()> {
+pub fn note_failed(
+    conn: &Connection,
+    execution_id: &str,
+    error: &str,
+    next_attempt_ms: i64,
+) -> rusqlite::Result<()> {
     conn.execute(
         "UPDATE note_outbox SET last_error = ?2, next_attempt_ms = ?3 \
          WHERE execution_id = ?1",

@@ -4,7 +4,7 @@
 use rusqlite::Connection;
 
 use crate::approvals::store::Execution;
-use crate::audit::{self, AuditRecord};
+use crate::audit::{self, AuditEvent, AuditRecord};
 use crate::secrets::Redactor;
 use crate::session::SessionScope;
 
@@ -13,12 +13,21 @@ pub fn record(
     conn: &Connection,
     redactor: &Redactor,
     exec: &Execution,
-    event: &str,
+    event: AuditEvent,
     outcome: Option<&str>,
     reviewer: Option<&str>,
     duration_ms: Option<i64>,
 ) -> rusqlite::Result<()> {
-    record_with_policy(conn, redactor, exec, event, outcome, reviewer, duration_ms, &exec.policy_hash)
+    record_with_policy(
+        conn,
+        redactor,
+        exec,
+        event,
+        outcome,
+        reviewer,
+        duration_ms,
+        &exec.policy_hash,
+    )
 }
 
 /// [`record`] naming the policy hash in force at this step (a re-check after approval
@@ -28,7 +37,7 @@ pub fn record_with_policy(
     conn: &Connection,
     redactor: &Redactor,
     exec: &Execution,
-    event: &str,
+    event: AuditEvent,
     outcome: Option<&str>,
     reviewer: Option<&str>,
     duration_ms: Option<i64>,
@@ -43,12 +52,12 @@ pub fn record_with_policy(
     let rec = AuditRecord {
         at_ms: exec_now(conn),
         execution_id: Some(exec.id.clone()),
-        event: event.to_owned(),
+        event,
         session_id: Some(exec.session_id.clone()),
         thread_id: Some(exec.thread_id.clone()),
         agent: Some(exec.agent.clone()),
         tool: Some(exec.tool.clone()),
-        args_redacted: Some(redacted.to_string()),
+        args: Some(redacted),
         decision: Some(exec.verdict.clone()),
         rule: Some(rule),
         policy_hash: Some(policy_hash.to_owned()),
@@ -74,12 +83,12 @@ pub fn refusal(
     let rec = AuditRecord {
         at_ms: now_ms,
         execution_id: None,
-        event: "refused".into(),
+        event: AuditEvent::Refused,
         session_id: Some(scope.session_id.clone()),
         thread_id: Some(scope.thread_id.clone()),
         agent: Some(scope.agent.clone()),
         tool: Some(tool.to_owned()),
-        args_redacted: None,
+        args: None,
         decision: Some("refused".into()),
         rule: Some(reason.to_owned()),
         policy_hash: Some(policy_hash.to_owned()),

@@ -62,7 +62,9 @@ pub async fn complete(
     }
     let Some(stripe) = stripe else {
         return Ok(Completion {
-            forced_hold: Some("the stripe connector is not configured, so ownership cannot be checked".into()),
+            forced_hold: Some(
+                "the stripe connector is not configured, so ownership cannot be checked".into(),
+            ),
         });
     };
     let owner = match action {
@@ -79,7 +81,10 @@ pub async fn complete(
             (format!("subscription {sub}"), customer)
         }
         _ => {
-            let customer = args.get("customer").and_then(Value::as_str).map(str::to_owned);
+            let customer = args
+                .get("customer")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
             (
                 format!("customer {}", customer.as_deref().unwrap_or("?")),
                 customer,
@@ -117,7 +122,10 @@ async fn complete_refund(
     } else {
         args.remove("customer");
     }
-    args.insert("currency".into(), Value::String(facts.currency.to_lowercase()));
+    args.insert(
+        "currency".into(),
+        Value::String(facts.currency.to_lowercase()),
+    );
     if !args.contains_key("amount") {
         let remaining = facts.amount.saturating_sub(facts.amount_refunded);
         args.insert("amount".into(), Value::from(remaining));
@@ -133,10 +141,14 @@ async fn check_owner(
     stripe: &StripeConnector,
 ) -> Result<Option<String>, CompleteError> {
     let Some(customer) = customer else {
-        return Ok(Some(format!("{object} has no customer, so it cannot be shown to belong to this thread's customer")));
+        return Ok(Some(format!(
+            "{object} has no customer, so it cannot be shown to belong to this thread's customer"
+        )));
     };
     let Some(expected) = scope.customer_email.as_deref() else {
-        return Ok(Some("this thread has no known customer email to check ownership against".into()));
+        return Ok(Some(
+            "this thread has no known customer email to check ownership against".into(),
+        ));
     };
     let email = stripe
         .customer_email(customer)
@@ -144,7 +156,11 @@ async fn check_owner(
         .map_err(|source| lookup(format!("customer {customer}"), source))?;
     match email {
         Some(email) if email.eq_ignore_ascii_case(expected) => Ok(None),
-        Some(_) => Ok(Some(format!("{object} belongs to customer {customer}, not to this thread's customer"))),
-        None => Ok(Some(format!("customer {customer} of {object} has no email to match this thread's customer"))),
+        Some(_) => Ok(Some(format!(
+            "{object} belongs to customer {customer}, not to this thread's customer"
+        ))),
+        None => Ok(Some(format!(
+            "customer {customer} of {object} has no email to match this thread's customer"
+        ))),
     }
 }

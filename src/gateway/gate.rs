@@ -11,7 +11,10 @@ use tokio::sync::{Notify, broadcast};
 
 use super::complete::{self, CompleteError};
 use crate::approvals::store::{self as exec_store, Execution, Status};
-use crate::connectors::{CallContext, Connector, ConnectorError, GithubConnector, HelpdeskConnector, StripeConnector};
+use crate::audit::AuditEvent;
+use crate::connectors::{
+    CallContext, Connector, ConnectorError, GithubConnector, HelpdeskConnector, StripeConnector,
+};
 use crate::policy::{Catalog, LimitHistory, Policy, Risk, Verdict};
 use crate::secrets::Redactor;
 use crate::session::{AgentBook, SessionScope, SupervisorHandle};
@@ -75,12 +78,31 @@ fn empty_object() -> Value {
 /// The gate's answer to a call, before it becomes HTTP.
 #[derive(Debug)]
 pub enum CallReply {
-    Ran { execution_id: String, result: Value, replayed: bool },
-    Failed { execution_id: String, error: String, retry_after_ms: Option<u64> },
-    Held { execution: Box<Execution>, approval_url: String },
-    Blocked { execution_id: String, rule: String },
+    Ran {
+        execution_id: String,
+        result: Value,
+        replayed: bool,
+    },
+    Failed {
+        execution_id: String,
+        error: String,
+        retry_after_ms: Option<u64>,
+    },
+    Held {
+        execution: Box<Execution>,
+        approval_url: String,
+    },
+    Blocked {
+        execution_id: String,
+        rule: String,
+    },
     /// Refused before any decision: (status, error code, message).
-    Refused { status: u16, error: &'static str, message: String, details: Option<Value> },
+    Refused {
+        status: u16,
+        error: &'static str,
+        message: String,
+        details: Option<Value>,
+    },
 }
 
 /// Everything the gate needs; shared by the sandbox API and the approvals service.
@@ -129,17 +151,26 @@ impl Gate {
     }
 
     pub fn current_policy(&self) -> Arc<LoadedPolicy> {
-        self.policy.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub fn current_redactor(&self) -> Arc<Redactor> {
-        self.redactor.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.redactor
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The link a person follows to a held call (a pointer: using it needs a reviewer's
     /// credential).
     pub fn approval_url(&self, execution_id: &str) -> String {
-        format!("{}/approvals/{execution_id}", self.public_url.trim_end_matches('/'))
+        format!(
+            "{}/approvals/{execution_id}",
+            self.public_url.trim_end_matches('/')
+        )
     }
 
     fn notify(&self, execution_id: &str) {
@@ -150,24 +181,44 @@ impl Gate {
     pub async fn call(&self, scope: &SessionScope, req: CallRequest) -> CallReply {
         let started = Instant::now();
         let Some(agent) = self.agents.get(&scope.agent) else {
-            return refused(403, "not_granted", format!("agent {} has no definition", scope.agent));
+            return refused(
+                403,
+                "not_granted",
+                format!("agent {} has no definition", scope.agent),
+            );
         };
         let Some(spec) = self.catalog.get(&req.tool) else {
             return refused(404, "unknown_tool", format!("no tool named {}", req.tool));
         };
         if !agent.grants(&req.tool) {
-            return refused(403, "not_granted", format!("agent {} is not granted {}", agent.name, req.tool));
+            return refused(
+                403,
+                "not_granted",
+                format!("agent {} is not granted {}", agent.name, req.tool),
+            );
         }
         let Value::Object(mut args) = req.args else {
-            return refused(422, "invalid_arguments", "args must be a JSON object".into());
+            return refused(
+                422,
+                "invalid_arguments",
+                "args must be a JSON object".into(),
+            );
         };
         let redactor = self.current_redactor();
         if let Some(name) = secret_in(&redactor, &args, req.diagnosis.as_deref()) {
-            self.audit_refusal(scope, &req.tool, &format!("secret {name} in arguments")).await;
-            return refused(403, "secret_in_arguments", format!("the call contains the value of stored secret {name}; it was not sent"));
+            self.audit_refusal(scope, &req.tool, &format!("secret {name} in arguments"))
+                .await;
+            return refused(
+                403,
+                "secret_in_arguments",
+                format!("the call contains the value of stored secret {name}; it was not sent"),
+            );
         }
         let takes_thread = spec.arg("thread_id").is_some();
-        if let Err(problems) = self.catalog.validate_args(&req.tool, &Value::Object(args.clone())) {
+        if let Err(problems) = self
+            .catalog
+            .validate_args(&req.tool, &Value::Object(args.clone()))
+        {
             let list: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
             return CallReply::Refused {
                 status: 422,
@@ -194,7 +245,14 @@ impl Gate {
             }
             Err(CompleteError::Lookup { what, source }) => {
                 let status = if source.is_definite() { 422 } else { 502 };
-                return refused(status, "lookup_failed", format!("cannot look up {what}: {}", redactor.redact(&source.to_string())));
+                return refused(
+                    status,
+                    "lookup_failed",
+                    format!(
+                        "cannot look up {what}: {}",
+                        redactor.redact(&source.to_string())
+                    ),
+                );
             }
         };
         let args = Value::Object(args);
@@ -202,7 +260,17 @@ impl Gate {
         let account = format!("{}:default", spec.connector());
         let binding_hash = binding_hash(&req.tool, &canonical, &account, &scope.session_id);
         let decided = self
-            .decide(scope, &req.tool, args, canonical, account, binding_hash, req.diagnosis, completion.forced_hold, is_write)
+            .decide(
+                scope,
+                &req.tool,
+                args,
+                canonical,
+                account,
+                binding_hash,
+                req.diagnosis,
+                completion.forced_hold,
+                is_write,
+            )
             .await;
         let decided = match decided {
             Ok(d) => d,
@@ -215,15 +283,25 @@ impl Gate {
             Decided::Run(exec) => self.execute(exec, started).await,
             Decided::Replay(exec) => CallReply::Ran {
                 execution_id: exec.id,
-                result: exec.result.as_deref().and_then(|r| serde_json::from_str(r).ok()).unwrap_or(Value::Null),
+                result: exec
+                    .result
+                    .as_deref()
+                    .and_then(|r| serde_json::from_str(r).ok())
+                    .unwrap_or(Value::Null),
                 replayed: true,
             },
             Decided::Held(exec) | Decided::Pending(exec) => {
                 self.outbox.notify_one();
                 let approval_url = self.approval_url(&exec.id);
-                CallReply::Held { execution: Box::new(exec), approval_url }
+                CallReply::Held {
+                    execution: Box::new(exec),
+                    approval_url,
+                }
             }
-            Decided::Blocked(exec) => CallReply::Blocked { execution_id: exec.id, rule: exec.because },
+            Decided::Blocked(exec) => CallReply::Blocked {
+                execution_id: exec.id,
+                rule: exec.because,
+            },
         }
     }
 
@@ -250,21 +328,27 @@ impl Gate {
         self.db
             .write(move |conn| {
                 if is_write
-                    && let Some(done) = exec_store::succeeded_binding(conn, &scope.session_id, &binding_hash)?
+                    && let Some(done) =
+                        exec_store::succeeded_binding(conn, &scope.session_id, &binding_hash)?
                 {
                     return Ok(Decided::Replay(done));
                 }
-                if let Some(pending) = exec_store::pending_binding(conn, &scope.session_id, &binding_hash, now)? {
+                if let Some(pending) =
+                    exec_store::pending_binding(conn, &scope.session_id, &binding_hash, now)?
+                {
                     return Ok(Decided::Pending(pending));
                 }
-                let decision = loaded.policy.decide(&tool, &args, &catalog, &SqlHistory(conn), now);
+                let decision = loaded
+                    .policy
+                    .decide(&tool, &args, &catalog, &SqlHistory(conn), now);
                 let mut verdict = decision.verdict;
                 let mut because = decision.because.to_string();
                 let mut rule_line = decision.rule_line.map(i64::from);
                 if verdict == Verdict::Run {
                     let earlier = exec_store::held_for_tool(conn, &scope.session_id, &tool, now)?;
                     let reason = forced_hold.or_else(|| {
-                        earlier.map(|id| format!("another {tool} call ({id}) is waiting for a person"))
+                        earlier
+                            .map(|id| format!("another {tool} call ({id}) is waiting for a person"))
                     });
                     if let Some(reason) = reason {
                         verdict = Verdict::Hold;
@@ -273,7 +357,8 @@ impl Gate {
                     }
                 }
                 let id = new_execution_id();
-                let ttl_ms = i64::try_from(loaded.policy.approval_ttl().as_millis()).unwrap_or(i64::MAX);
+                let ttl_ms =
+                    i64::try_from(loaded.policy.approval_ttl().as_millis()).unwrap_or(i64::MAX);
                 let (status, expires) = match verdict {
                     Verdict::Run => (Status::Running, None),
                     Verdict::Hold => (Status::Held, Some(now.saturating_add(ttl_ms))),
@@ -312,24 +397,62 @@ impl Gate {
                     finished_at_ms: None,
                 };
                 exec_store::insert(conn, &exec)?;
-                super::audit_log::record(conn, &redactor, &exec, "requested", None, None, None)?;
+                super::audit_log::record(
+                    conn,
+                    &redactor,
+                    &exec,
+                    AuditEvent::Requested,
+                    None,
+                    None,
+                    None,
+                )?;
                 match verdict {
                     Verdict::Run => {
                         for charge in &decision.charges {
                             let amount = i64::try_from(charge.amount).unwrap_or(i64::MAX);
                             exec_store::charge(conn, &id, &charge.key, amount, now)?;
                         }
-                        super::audit_log::record(conn, &redactor, &exec, "decided", None, None, None)?;
+                        super::audit_log::record(
+                            conn,
+                            &redactor,
+                            &exec,
+                            AuditEvent::Decided,
+                            None,
+                            None,
+                            None,
+                        )?;
                         Ok(Decided::Run(exec))
                     }
                     Verdict::Hold => {
-                        super::audit_log::record(conn, &redactor, &exec, "held", None, None, None)?;
-                        let note = super::note::held_note(&exec, &redacted, &rule_text, &format!("{public_url}{id}"), &redactor);
+                        super::audit_log::record(
+                            conn,
+                            &redactor,
+                            &exec,
+                            AuditEvent::Held,
+                            None,
+                            None,
+                            None,
+                        )?;
+                        let note = super::note::held_note(
+                            &exec,
+                            &redacted,
+                            &rule_text,
+                            &format!("{public_url}{id}"),
+                            &redactor,
+                        );
                         exec_store::enqueue_note(conn, &note, now)?;
                         Ok(Decided::Held(exec))
                     }
                     Verdict::Block => {
-                        super::audit_log::record(conn, &redactor, &exec, "blocked", None, None, None)?;
+                        super::audit_log::record(
+                            conn,
+                            &redactor,
+                            &exec,
+                            AuditEvent::Blocked,
+                            None,
+                            None,
+                            None,
+                        )?;
                         Ok(Decided::Blocked(exec))
                     }
                 }
@@ -343,15 +466,25 @@ impl Gate {
         let id = exec.id.clone();
         let Some(connector) = self.connectors.for_tool(&exec.tool) else {
             let error = format!("no connector is configured for {}", exec.tool);
-            self.record_outcome(&exec, Err((error.clone(), true)), started).await;
-            return CallReply::Failed { execution_id: id, error, retry_after_ms: None };
+            self.record_outcome(&exec, Err((error.clone(), true)), started)
+                .await;
+            return CallReply::Failed {
+                execution_id: id,
+                error,
+                retry_after_ms: None,
+            };
         };
         let args: Value = serde_json::from_str(&exec.args).unwrap_or(Value::Null);
-        let ctx = CallContext { execution_id: &exec.id };
+        let ctx = CallContext {
+            execution_id: &exec.id,
+        };
         let mut outcome = connector.call(&exec.tool, &args, &ctx).await;
         // Retrying is safe only where the provider deduplicates by execution id.
         let mut retries = 0;
-        while matches!(outcome, Err(ConnectorError::Unknown { .. })) && connector.supports_idempotency() && retries < 2 {
+        while matches!(outcome, Err(ConnectorError::Unknown { .. }))
+            && connector.supports_idempotency()
+            && retries < 2
+        {
             retries += 1;
             tokio::time::sleep(std::time::Duration::from_millis(200 * retries)).await;
             outcome = connector.call(&exec.tool, &args, &ctx).await;
@@ -360,30 +493,49 @@ impl Gate {
         let reply = match outcome {
             Ok(mut result) => {
                 redactor.redact_json(&mut result);
-                self.record_outcome(&exec, Ok(result.clone()), started).await;
-                CallReply::Ran { execution_id: id, result, replayed: false }
+                self.record_outcome(&exec, Ok(result.clone()), started)
+                    .await;
+                CallReply::Ran {
+                    execution_id: id,
+                    result,
+                    replayed: false,
+                }
             }
             Err(e) => {
                 let definite = e.is_definite();
                 let retry_after_ms = match &e {
-                    ConnectorError::RateLimited { retry_after } => Some(retry_after.as_millis() as u64),
+                    ConnectorError::RateLimited { retry_after } => {
+                        Some(retry_after.as_millis() as u64)
+                    }
                     _ => None,
                 };
                 let error = redactor.redact(&e.to_string()).into_owned();
                 let final_error = if definite || connector.supports_idempotency() {
                     error.clone()
                 } else {
-                    format!("{error}; the outcome is unknown and the call will not be re-sent: a person must check the provider")
+                    format!(
+                        "{error}; the outcome is unknown and the call will not be re-sent: a person must check the provider"
+                    )
                 };
-                self.record_outcome(&exec, Err((final_error.clone(), definite)), started).await;
-                CallReply::Failed { execution_id: id, error: final_error, retry_after_ms }
+                self.record_outcome(&exec, Err((final_error.clone(), definite)), started)
+                    .await;
+                CallReply::Failed {
+                    execution_id: id,
+                    error: final_error,
+                    retry_after_ms,
+                }
             }
         };
         self.notify(&exec.id);
         reply
     }
 
-    async fn record_outcome(&self, exec: &Execution, outcome: Result<Value, (String, bool)>, started: Instant) {
+    async fn record_outcome(
+        &self,
+        exec: &Execution,
+        outcome: Result<Value, (String, bool)>,
+        started: Instant,
+    ) {
         let redactor = self.current_redactor();
         let now = self.now();
         let exec = exec.clone();
@@ -393,17 +545,55 @@ impl Gate {
             .write(move |conn| {
                 match &outcome {
                     Ok(result) => {
-                        exec_store::finish(conn, &exec.id, Status::Succeeded, Some(&result.to_string()), None, now)?;
-                        super::audit_log::record(conn, &redactor, &exec, "ran", Some("ok"), None, Some(duration))?;
+                        exec_store::finish(
+                            conn,
+                            &exec.id,
+                            Status::Succeeded,
+                            Some(&result.to_string()),
+                            None,
+                            now,
+                        )?;
+                        super::audit_log::record(
+                            conn,
+                            &redactor,
+                            &exec,
+                            AuditEvent::Ran,
+                            Some("ok"),
+                            None,
+                            Some(duration),
+                        )?;
                     }
                     Err((error, true)) => {
                         exec_store::finish(conn, &exec.id, Status::Failed, None, Some(error), now)?;
                         exec_store::release_charges(conn, &exec.id)?;
-                        super::audit_log::record(conn, &redactor, &exec, "failed", Some(error), None, Some(duration))?;
+                        super::audit_log::record(
+                            conn,
+                            &redactor,
+                            &exec,
+                            AuditEvent::Failed,
+                            Some(error),
+                            None,
+                            Some(duration),
+                        )?;
                     }
                     Err((error, false)) => {
-                        exec_store::finish(conn, &exec.id, Status::NeedsCheck, None, Some(error), now)?;
-                        super::audit_log::record(conn, &redactor, &exec, "failed", Some(error), None, Some(duration))?;
+                        exec_store::finish(
+                            conn,
+                            &exec.id,
+                            Status::NeedsCheck,
+                            None,
+                            Some(error),
+                            now,
+                        )?;
+                        super::audit_log::record(
+                            conn,
+                            &redactor,
+                            &exec,
+                            AuditEvent::Failed,
+                            Some(error),
+                            None,
+                            Some(duration),
+                        )?;
                     }
                 }
                 Ok(())
@@ -421,7 +611,17 @@ impl Gate {
         let now = self.now();
         let written = self
             .db
-            .write(move |conn| super::audit_log::refusal(conn, &redactor, &scope, &tool, &reason, &policy_hash, now))
+            .write(move |conn| {
+                super::audit_log::refusal(
+                    conn,
+                    &redactor,
+                    &scope,
+                    &tool,
+                    &reason,
+                    &policy_hash,
+                    now,
+                )
+            })
             .await;
         if let Err(e) = written {
             tracing::error!(error = %e, "cannot audit a refusal");
@@ -430,11 +630,20 @@ impl Gate {
 }
 
 fn refused(status: u16, error: &'static str, message: String) -> CallReply {
-    CallReply::Refused { status, error, message, details: None }
+    CallReply::Refused {
+        status,
+        error,
+        message,
+        details: None,
+    }
 }
 
 /// The name of a stored secret whose value appears in the arguments or diagnosis.
-fn secret_in(redactor: &Redactor, args: &Map<String, Value>, diagnosis: Option<&str>) -> Option<String> {
+fn secret_in(
+    redactor: &Redactor,
+    args: &Map<String, Value>,
+    diagnosis: Option<&str>,
+) -> Option<String> {
     let bytes = serde_json::to_vec(args).unwrap_or_default();
     if let Some(name) = redactor.find(&bytes) {
         return Some(name.to_owned());
@@ -475,9 +684,18 @@ fn mask_credential_keys(v: &mut Value) {
         Value::Object(map) => {
             for (k, item) in map.iter_mut() {
                 let key = k.to_ascii_lowercase();
-                let sensitive = ["secret", "token", "password", "api_key", "apikey", "authorization", "cvc", "card_number"]
-                    .iter()
-                    .any(|needle| key.contains(needle));
+                let sensitive = [
+                    "secret",
+                    "token",
+                    "password",
+                    "api_key",
+                    "apikey",
+                    "authorization",
+                    "cvc",
+                    "card_number",
+                ]
+                .iter()
+                .any(|needle| key.contains(needle));
                 if sensitive {
                     *item = Value::String("[redacted]".into());
                 } else {

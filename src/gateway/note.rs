@@ -28,10 +28,7 @@ pub fn held_note(
         .unwrap_or_else(|| "(the agent gave no diagnosis)".into());
     let args = serde_json::to_string_pretty(redacted_args).unwrap_or_default();
     let marker = marker(&exec.id);
-    let quoted: String = diagnosis
-        .lines()
-        .map(|l| format!("> {l}\n"))
-        .collect();
+    let quoted: String = diagnosis.lines().map(|l| format!("> {l}\n")).collect();
     let markdown = format!(
         "**A call is waiting for a person's approval**\n\n\
          **The agent's diagnosis** (written by the agent, not verified):\n\n{quoted}\n\

@@ -162,10 +162,18 @@ async fn load(s: &Scoped, id: &str) -> Result<Execution, Response> {
     let found = s.gate.db.read(move |c| exec_store::get(c, &id)).await;
     match found {
         Ok(Some(e)) if e.session_id == s.scope.session_id => Ok(e),
-        Ok(_) => Err(error(StatusCode::NOT_FOUND, "not_found", "no such execution in this session")),
+        Ok(_) => Err(error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such execution in this session",
+        )),
         Err(e) => {
             tracing::error!(error = %e, "cannot read execution");
-            Err(error(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error"))
+            Err(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "internal error",
+            ))
         }
     }
 }
@@ -218,7 +226,11 @@ fn default_wait() -> u64 {
 
 /// Waits until the execution is final (ran, failed, denied with the person's message,
 /// expired, blocked) or the timeout passes, then answers as `GET /v1/executions/{id}`.
-async fn wait(State(s): State<Scoped>, Path(id): Path<String>, Query(q): Query<WaitQuery>) -> Response {
+async fn wait(
+    State(s): State<Scoped>,
+    Path(id): Path<String>,
+    Query(q): Query<WaitQuery>,
+) -> Response {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(q.timeout).min(MAX_WAIT);
     let mut changes = s.gate.changes.subscribe();
     loop {

@@ -124,7 +124,11 @@ async fn events(State(s): State<SessionState>, Query(q): Query<EventsQuery>) -> 
 /// `GET /v1/agent`: the session's agent definition and its playbooks.
 async fn agent(State(s): State<SessionState>) -> Response {
     let Some(def) = s.api.agents.get(&s.scope.agent) else {
-        return (StatusCode::NOT_FOUND, Json(json!({"error": "no agent definition"}))).into_response();
+        return (
+            StatusCode::NOT_FOUND,
+            Json(json!({"error": "no agent definition"})),
+        )
+            .into_response();
     };
     let skills: Vec<_> = def
         .skills

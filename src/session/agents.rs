@@ -94,13 +94,12 @@ impl AgentBook {
                 })?;
             for skill in &agent.skills {
                 let skill_path = skills_dir.join(format!("{skill}.md"));
-                let body = std::fs::read_to_string(&skill_path).map_err(|_| {
-                    AgentError::MissingSkill {
+                let body =
+                    std::fs::read_to_string(&skill_path).map_err(|_| AgentError::MissingSkill {
                         name: agent.name.clone(),
                         skill: skill.clone(),
                         path: skill_path.clone(),
-                    }
-                })?;
+                    })?;
                 book.skills.insert(skill.clone(), body);
             }
             book.agents.insert(agent.name.clone(), agent);

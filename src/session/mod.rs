@@ -70,3 +70,18 @@ pub enum SessionError {
     #[error("the supervisor has stopped")]
     Stopped,
 }
+
+#[async_trait::async_trait]
+impl SecretSource for crate::secrets::SecretStore {
+    async fn for_agent(
+        &self,
+        agent: &str,
+        asked: &[String],
+    ) -> anyhow::Result<Vec<(String, crate::secrets::SecretString)>> {
+        Ok(self.resolve_for_agent(agent, asked).await?)
+    }
+
+    async fn all(&self) -> anyhow::Result<Vec<(String, crate::secrets::SecretString)>> {
+        Ok(self.all_values().await?)
+    }
+}

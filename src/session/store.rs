@@ -184,7 +184,12 @@ pub fn set_state(
 }
 
 /// Records a failed start: the session goes back to `queued` and is retried later.
-pub fn record_failure(conn: &Connection, thread_id: &str, error: &str, now_ms: i64) -> rusqlite::Result<()> {
+pub fn record_failure(
+    conn: &Connection,
+    thread_id: &str,
+    error: &str,
+    now_ms: i64,
+) -> rusqlite::Result<()> {
     conn.execute(
         "UPDATE sessions SET state = 'queued', container_id = NULL, attempts = attempts + 1, \
          last_error = ?2, updated_at_ms = ?3 WHERE thread_id = ?1",
@@ -222,7 +227,9 @@ pub fn stop_requests(conn: &Connection) -> rusqlite::Result<Vec<String>> {
 /// Whether new sessions are paused (webhooks are still stored and acknowledged).
 pub fn paused(conn: &Connection) -> rusqlite::Result<bool> {
     let value: Option<String> = conn
-        .query_row("SELECT value FROM meta WHERE key = 'paused'", [], |r| r.get(0))
+        .query_row("SELECT value FROM meta WHERE key = 'paused'", [], |r| {
+            r.get(0)
+        })
         .optional()?;
     Ok(value.as_deref() == Some("1"))
 }
@@ -278,7 +285,13 @@ pub fn pending_events(conn: &Connection, thread_id: &str) -> rusqlite::Result<Ve
 
 /// Marks an event applied; `feed` gives it the next position in its thread's feed
 /// (events a session's agent reads), or none when it is not for the agent.
-pub fn mark_applied(conn: &Connection, seq: i64, thread_id: &str, feed: bool, now_ms: i64) -> rusqlite::Result<()> {
+pub fn mark_applied(
+    conn: &Connection,
+    seq: i64,
+    thread_id: &str,
+    feed: bool,
+    now_ms: i64,
+) -> rusqlite::Result<()> {
     if feed {
         conn.execute(
             "UPDATE events SET applied_at_ms = ?2, thread_pos = \
@@ -324,7 +337,12 @@ pub struct FeedEvent {
 }
 
 /// The thread's feed after `after`, at most `limit` events.
-pub fn feed(conn: &Connection, thread_id: &str, after: i64, limit: i64) -> rusqlite::Result<Vec<FeedEvent>> {
+pub fn feed(
+    conn: &Connection,
+    thread_id: &str,
+    after: i64,
+    limit: i64,
+) -> rusqlite::Result<Vec<FeedEvent>> {
     let mut stmt = conn.prepare(
         "SELECT thread_pos, event_id, event_type, occurred_at_ms, body FROM events \
          WHERE thread_id = ?1 AND thread_pos > ?2 ORDER BY thread_pos LIMIT ?3",

@@ -42,7 +42,10 @@ enum Msg {
     /// New events (or a decision on a held call) for a thread.
     Thread(String),
     /// A spawned operation finished.
-    Done { thread: String, outcome: Outcome },
+    Done {
+        thread: String,
+        outcome: Outcome,
+    },
     /// A decision came for a session's held call.
     Resume(String),
     /// An operator stops a thread's session.
@@ -59,11 +62,16 @@ enum Msg {
 }
 
 enum Outcome {
-    Started { container_id: String, worktree: String },
+    Started {
+        container_id: String,
+        worktree: String,
+    },
     StartFailed(String),
     /// The container is gone and the work committed; `ended` says whether the session
     /// ended or only went idle.
-    Stopped { ended: bool },
+    Stopped {
+        ended: bool,
+    },
     StopFailed(String),
 }
 
@@ -227,11 +235,7 @@ impl Supervisor {
     }
 
     async fn apply_all_pending(&mut self) {
-        let threads = self
-            .parts
-            .db
-            .read(store::threads_with_pending_events)
-            .await;
+        let threads = self.parts.db.read(store::threads_with_pending_events).await;
         match threads {
             Ok(threads) => {
                 for thread in threads {
@@ -480,8 +484,8 @@ impl Supervisor {
             if self.slots.len() >= self.parts.settings.max_live {
                 break;
             }
-            let backoff = (1000 * 2i64.saturating_pow(row.attempts.clamp(0, 20) as u32))
-                .min(MAX_BACKOFF_MS);
+            let backoff =
+                (1000 * 2i64.saturating_pow(row.attempts.clamp(0, 20) as u32)).min(MAX_BACKOFF_MS);
             if row.attempts > 0 && row.updated_at_ms + backoff > now {
                 continue;
             }
@@ -698,7 +702,10 @@ fn scope_of(row: &SessionRow) -> SessionScope {
 }
 
 /// Prepares the branch, opens the session's socket and starts its container.
-async fn start_session(parts: &SupervisorParts, row: &SessionRow) -> anyhow::Result<(String, String)> {
+async fn start_session(
+    parts: &SupervisorParts,
+    row: &SessionRow,
+) -> anyhow::Result<(String, String)> {
     let agent = parts
         .agents
         .get(&row.agent)
@@ -719,7 +726,12 @@ async fn start_session(parts: &SupervisorParts, row: &SessionRow) -> anyhow::Res
         socket_dir,
         secrets: secrets
             .into_iter()
-            .map(|(name, value)| (name, value.into()))
+            .map(|(name, value)| {
+                (
+                    name,
+                    crate::sandbox::SecretBytes::new(value.expose().as_bytes().to_vec()),
+                )
+            })
             .collect(),
         limits: parts.limits.clone(),
         command: agent.command.clone(),

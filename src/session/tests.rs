@@ -32,7 +32,10 @@ impl WorkspaceOps for FakeWorkspaces {
     fn prepare(&self, thread_id: &str) -> anyhow::Result<PreparedWorktree> {
         let path = self.root.join(thread_id);
         std::fs::create_dir_all(&path)?;
-        self.log.lock().unwrap().push(format!("prepare {thread_id}"));
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("prepare {thread_id}"));
         Ok(PreparedWorktree {
             path,
             branch: format!("threadgate/{thread_id}"),
@@ -76,7 +79,11 @@ struct NoSecrets;
 
 #[async_trait::async_trait]
 impl SecretSource for NoSecrets {
-    async fn for_agent(&self, _: &str, asked: &[String]) -> anyhow::Result<Vec<(String, SecretString)>> {
+    async fn for_agent(
+        &self,
+        _: &str,
+        asked: &[String],
+    ) -> anyhow::Result<Vec<(String, SecretString)>> {
         anyhow::ensure!(asked.is_empty(), "not granted: {}", asked.join(", "));
         Ok(Vec::new())
     }
@@ -103,7 +110,11 @@ fn settings(max_live: usize) -> SessionSettings {
     }
 }
 
-fn harness_with(max_live: usize, sandbox: Arc<FakeRuntime>, db_dir: Option<tempfile::TempDir>) -> Harness {
+fn harness_with(
+    max_live: usize,
+    sandbox: Arc<FakeRuntime>,
+    db_dir: Option<tempfile::TempDir>,
+) -> Harness {
     let dir = db_dir.unwrap_or_else(|| tempfile::tempdir().expect("tempdir"));
     let db = Db::open(&dir.path().join("t.db")).expect("db");
     let workspaces = Arc::new(FakeWorkspaces {
@@ -192,7 +203,13 @@ impl Harness {
     }
 
     async fn running_containers(&self) -> usize {
-        self.sandbox.list().await.expect("list").iter().filter(|c| c.running).count()
+        self.sandbox
+            .list()
+            .await
+            .expect("list")
+            .iter()
+            .filter(|c| c.running)
+            .count()
     }
 }
 
@@ -285,11 +302,15 @@ async fn a_decision_resumes_an_idle_session() {
 #[tokio::test]
 async fn while_paused_events_are_kept_and_sessions_start_after() {
     let h = harness(4);
-    h.db.write(|c| store::set_paused(c, true)).await.expect("pause");
+    h.db.write(|c| store::set_paused(c, true))
+        .await
+        .expect("pause");
     h.event("th_1", "customer", 1_000).await;
     assert_eq!(h.state("th_1").await, Some(SessionState::Queued));
     assert_eq!(h.sandbox.start_count(), 0);
-    h.db.write(|c| store::set_paused(c, false)).await.expect("unpause");
+    h.db.write(|c| store::set_paused(c, false))
+        .await
+        .expect("unpause");
     tokio::time::sleep(Duration::from_millis(600)).await;
     h.settle().await;
     assert_eq!(h.state("th_1").await, Some(SessionState::Running));
@@ -299,7 +320,10 @@ async fn while_paused_events_are_kept_and_sessions_start_after() {
 async fn an_operator_stop_request_ends_the_session() {
     let h = harness(4);
     h.event("th_1", "customer", 1_000).await;
-    let asked = h.db.write(|c| store::request_stop(c, "th_1")).await.expect("stop");
+    let asked =
+        h.db.write(|c| store::request_stop(c, "th_1"))
+            .await
+            .expect("stop");
     assert!(asked);
     tokio::time::sleep(Duration::from_millis(600)).await;
     h.settle().await;
@@ -320,7 +344,9 @@ async fn machine_and_unknown_events_start_nothing() {
 async fn a_failed_start_keeps_the_session_queued_for_a_retry() {
     let h = harness(4);
     h.sandbox
-        .fail_next_start(crate::sandbox::SandboxError::Docker("engine down".into()));
+        .fail_next_start(crate::sandbox::SandboxError::ImageMissing {
+            image: "img".into(),
+        });
     h.event("th_1", "customer", 1_000).await;
     assert_eq!(h.state("th_1").await, Some(SessionState::Queued));
     h.now.fetch_add(10_000, Ordering::SeqCst);
@@ -356,7 +382,10 @@ async fn restart_adopts_live_containers_reaps_strays_and_resumes_vanished_ones()
         })
         .await
         .expect("stray");
-    let th2 = containers.iter().find(|c| c.thread_id == "th_2").expect("th_2");
+    let th2 = containers
+        .iter()
+        .find(|c| c.thread_id == "th_2")
+        .expect("th_2");
     assert!(sandbox.vanish(&th2.container_id));
     let second = harness_with(4, sandbox.clone(), Some(dir));
     second.settle().await;
@@ -365,6 +394,10 @@ async fn restart_adopts_live_containers_reaps_strays_and_resumes_vanished_ones()
     let after = sandbox.list().await.expect("list");
     assert_eq!(after.len(), 2, "one container per live session: {after:?}");
     assert!(after.iter().all(|c| c.container_id != stray.container_id));
-    assert!(after.iter().any(|c| c.container_id == containers[0].container_id
-        || c.container_id == containers[1].container_id));
+    assert!(
+        after
+            .iter()
+            .any(|c| c.container_id == containers[0].container_id
+                || c.container_id == containers[1].container_id)
+    );
 }

@@ -78,7 +78,9 @@ impl WorkspaceOps for crate::workspace::Workspaces {
     }
 
     fn remove_worktree(&self, thread_id: &str) -> anyhow::Result<()> {
-        Ok(crate::workspace::Workspaces::remove_worktree(self, thread_id)?)
+        Ok(crate::workspace::Workspaces::remove_worktree(
+            self, thread_id,
+        )?)
     }
 
     fn push(&self, thread_id: &str) -> anyhow::Result<()> {
