@@ -43,22 +43,24 @@ pub struct Application {
 }
 
 /// Reads the current instance id, creating one on first start.
-fn instance_id(db: &Db, configured: Option<&str>) -> anyhow::Result<String> {
+async fn instance_id(db: &Db, configured: Option<&str>) -> anyhow::Result<String> {
     if let Some(id) = configured {
         return Ok(id.to_owned());
     }
     let fresh = format!("tg{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
-    let id = db.write_blocking(move |c| {
-        c.execute(
+    let id = db
+        .write(move |c| {
+            c.execute(
             "INSERT INTO meta (key, value) VALUES ('instance_id', ?1) ON CONFLICT (key) DO NOTHING",
             [&fresh],
         )?;
-        c.query_row(
-            "SELECT value FROM meta WHERE key = 'instance_id'",
-            [],
-            |r| r.get(0),
-        )
-    })?;
+            c.query_row(
+                "SELECT value FROM meta WHERE key = 'instance_id'",
+                [],
+                |r| r.get(0),
+            )
+        })
+        .await?;
     Ok(id)
 }
 
@@ -130,7 +132,7 @@ impl Application {
             )
         })?;
         let db = Db::open(&settings.database_path())?;
-        let instance_id = instance_id(&db, settings.instance_id.as_deref())?;
+        let instance_id = instance_id(&db, settings.instance_id.as_deref()).await?;
         let loaded = load_policy(&settings.policy_file)?;
         let secrets = open_secrets(&db, &settings)?;
         let redactor = Redactor::new(secrets.all_values().await?)?;

@@ -17,5 +17,6 @@ pub mod sandbox;
 pub mod secrets;
 pub mod session;
 pub mod store;
+pub mod telemetry;
 pub mod webhook;
 pub mod workspace;

@@ -4,6 +4,7 @@
 //! To add a subcommand, add a variant holding its clap `Args` struct and a module with a
 //! `run(args) -> ExitCode` function, and dispatch it in [`run`].
 
+mod ops;
 mod policy;
 
 use std::process::ExitCode;
@@ -15,6 +16,9 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "threadgate", version, about)]
 pub struct Cli {
+    /// Where the settings come from.
+    #[command(flatten)]
+    pub config: ops::ConfigArgs,
     /// The subcommand to run.
     #[command(subcommand)]
     pub command: Command,
@@ -27,6 +31,19 @@ pub enum Command {
     Check(policy::CheckArgs),
     /// Report errors and suspicious rules in a policy file.
     Lint(policy::LintArgs),
+    /// Run the orchestrator: webhooks, sessions, the gateway and approvals.
+    Serve,
+    /// List, stop or pause sessions.
+    #[command(subcommand)]
+    Sessions(ops::SessionsCommand),
+    /// Manage the encrypted secrets store.
+    #[command(subcommand)]
+    Secrets(ops::SecretsCommand),
+    /// Manage the people who approve held calls.
+    #[command(subcommand)]
+    Reviewers(ops::ReviewersCommand),
+    /// Print or verify the audit log.
+    Audit(ops::AuditArgs),
 }
 
 /// Parses the command line and runs the subcommand; the process exit code.
@@ -35,5 +52,10 @@ pub fn run() -> ExitCode {
     match cli.command {
         Command::Check(args) => policy::check(&args),
         Command::Lint(args) => policy::lint(&args),
+        Command::Serve => ops::serve(&cli.config),
+        Command::Sessions(cmd) => ops::sessions(&cli.config, &cmd),
+        Command::Secrets(cmd) => ops::secrets(&cli.config, &cmd),
+        Command::Reviewers(cmd) => ops::reviewers(&cli.config, &cmd),
+        Command::Audit(args) => ops::audit(&cli.config, &args),
     }
 }

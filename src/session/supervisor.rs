@@ -733,7 +733,7 @@ async fn start_session(
                 )
             })
             .collect(),
-        limits: parts.limits.clone(),
+        limits: parts.limits,
         command: agent.command.clone(),
         env: vec![
             ("THREADGATE_THREAD_ID".into(), row.thread_id.clone()),

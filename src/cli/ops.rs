@@ -1,0 +1,302 @@
+//! Operator subcommands: `serve`, `sessions`, `secrets`, `reviewers`, `audit`. Each
+//! reads the same settings as the server (`threadgate.toml` and `THREADGATE_*`) and works
+//! on the same database; `sessions stop` and `sessions pause` are picked up by a
+//! running server within a second.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+
+use crate::app::{self, Application, Overrides};
+use crate::approvals::reviewers;
+use crate::audit::{self, AuditEvent, AuditFilter};
+use crate::config::Settings;
+use crate::secrets::SecretString;
+use crate::session::store as sessions;
+use crate::store::Db;
+
+/// Where the settings come from.
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    /// A TOML settings file (default: ./threadgate.toml when it exists).
+    #[arg(long, global = true)]
+    pub config: Option<PathBuf>,
+}
+
+/// `threadgate sessions ...`
+#[derive(Debug, Subcommand)]
+pub enum SessionsCommand {
+    /// List sessions: thread, state, container, branch, age.
+    List,
+    /// Stop a thread's session: container removed, work committed, worktree removed.
+    Stop { thread: String },
+    /// Stop starting new sessions (webhooks are still stored and acknowledged).
+    Pause,
+    /// Start sessions again, beginning with those that waited.
+    Resume,
+}
+
+/// `threadgate secrets ...`
+#[derive(Debug, Subcommand)]
+pub enum SecretsCommand {
+    /// Store a secret; the value is read from standard input.
+    Set { name: String },
+    /// List secret names and their grants (never values).
+    List,
+    /// Let an agent's sessions have a secret.
+    Grant { name: String, agent: String },
+    /// Take a grant back.
+    Revoke { name: String, agent: String },
+    /// Delete a secret.
+    Delete { name: String },
+}
+
+/// `threadgate reviewers ...`
+#[derive(Debug, Subcommand)]
+pub enum ReviewersCommand {
+    /// Create a reviewer and print their credential (shown once).
+    Add { name: String },
+    /// List reviewers.
+    List,
+    /// Remove a reviewer.
+    Remove { name: String },
+}
+
+/// `threadgate audit`
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// Only this thread.
+    #[arg(long)]
+    pub thread: Option<String>,
+    /// Only this decision: run, hold or block.
+    #[arg(long)]
+    pub decision: Option<String>,
+    /// Only this event (requested, decided, held, approved, ran, ...).
+    #[arg(long)]
+    pub event: Option<String>,
+    /// Only this execution.
+    #[arg(long)]
+    pub execution: Option<String>,
+    /// The newest N rows.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Check the hash chain instead of printing.
+    #[arg(long)]
+    pub verify: bool,
+}
+
+fn finish(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn open(config: &ConfigArgs) -> anyhow::Result<(Settings, Db)> {
+    let settings = Settings::load(config.config.as_deref())?;
+    std::fs::create_dir_all(&settings.data_dir).with_context(|| {
+        format!(
+            "cannot create data directory {}",
+            settings.data_dir.display()
+        )
+    })?;
+    let db = Db::open(&settings.database_path())?;
+    Ok((settings, db))
+}
+
+/// `threadgate serve`: runs until SIGINT or SIGTERM.
+pub fn serve(config: &ConfigArgs) -> ExitCode {
+    crate::telemetry::init();
+    finish((|| {
+        let settings = Settings::load(config.config.as_deref())?;
+        let runtime = tokio::runtime::Runtime::new()?;
+        runtime.block_on(async move {
+            let app = Application::build(settings, Overrides::default()).await?;
+            app.run_until(shutdown_signal()).await
+        })
+    })())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+/// `threadgate sessions ...`
+pub fn sessions(config: &ConfigArgs, cmd: &SessionsCommand) -> ExitCode {
+    finish((|| {
+        let (_, db) = open(config)?;
+        match cmd {
+            SessionsCommand::List => {
+                let rows = db.read_blocking(sessions::list)?;
+                let now = chrono::Utc::now().timestamp_millis();
+                println!(
+                    "{:<32} {:<9} {:<14} {:<44} age",
+                    "thread", "state", "container", "branch"
+                );
+                for r in rows {
+                    let container = r
+                        .container_id
+                        .as_deref()
+                        .map_or("-", |c| &c[..c.len().min(12)]);
+                    let age = humantime::format_duration(std::time::Duration::from_secs(
+                        ((now - r.created_at_ms).max(0) / 1000) as u64,
+                    ));
+                    println!(
+                        "{:<32} {:<9} {:<14} {:<44} {age}",
+                        r.thread_id,
+                        r.state.as_str(),
+                        container,
+                        r.branch
+                    );
+                }
+                Ok(())
+            }
+            SessionsCommand::Stop { thread } => {
+                let t = thread.clone();
+                let asked = db.write_blocking(move |c| sessions::request_stop(c, &t))?;
+                anyhow::ensure!(asked, "no live session for thread {thread}");
+                println!("asked the server to stop the session of thread {thread}");
+                Ok(())
+            }
+            SessionsCommand::Pause => {
+                db.write_blocking(|c| sessions::set_paused(c, true))?;
+                println!(
+                    "paused: no new sessions start; webhooks are still stored and acknowledged"
+                );
+                Ok(())
+            }
+            SessionsCommand::Resume => {
+                db.write_blocking(|c| sessions::set_paused(c, false))?;
+                println!("resumed: waiting sessions start as slots free");
+                Ok(())
+            }
+        }
+    })())
+}
+
+/// `threadgate secrets ...`
+pub fn secrets(config: &ConfigArgs, cmd: &SecretsCommand) -> ExitCode {
+    finish((|| {
+        let (settings, db) = open(config)?;
+        let store = app::open_secrets(&db, &settings)?;
+        match cmd {
+            SecretsCommand::Set { name } => {
+                let mut value = String::new();
+                std::io::stdin()
+                    .read_to_string(&mut value)
+                    .context("cannot read the secret from standard input")?;
+                let value = value.trim_end_matches(['\n', '\r']).to_owned();
+                anyhow::ensure!(!value.is_empty(), "the value on standard input is empty");
+                store.set_blocking(name, SecretString::new(value))?;
+                println!("stored secret {name}");
+            }
+            SecretsCommand::List => {
+                for meta in store.list_blocking()? {
+                    let grants = if meta.grants.is_empty() {
+                        "-".to_owned()
+                    } else {
+                        meta.grants.join(",")
+                    };
+                    println!(
+                        "{:<32} updated {}  granted to {grants}",
+                        meta.name,
+                        meta.updated_at.format("%Y-%m-%d %H:%M:%S")
+                    );
+                }
+            }
+            SecretsCommand::Grant { name, agent } => {
+                store.grant_blocking(name, agent)?;
+                println!("granted {name} to agent {agent}");
+            }
+            SecretsCommand::Revoke { name, agent } => {
+                store.revoke_blocking(name, agent)?;
+                println!("revoked {name} from agent {agent}");
+            }
+            SecretsCommand::Delete { name } => {
+                store.delete_blocking(name)?;
+                println!("deleted secret {name}");
+            }
+        }
+        Ok(())
+    })())
+}
+
+/// `threadgate reviewers ...`
+pub fn reviewers(config: &ConfigArgs, cmd: &ReviewersCommand) -> ExitCode {
+    finish((|| {
+        let (_, db) = open(config)?;
+        match cmd {
+            ReviewersCommand::Add { name } => {
+                let created = reviewers::add_blocking(&db, name)?;
+                println!(
+                    "reviewer {name} added. Their credential (shown once; send it as `Authorization: Bearer ...`):"
+                );
+                println!("{}", created.token.expose());
+            }
+            ReviewersCommand::List => {
+                for r in reviewers::list_blocking(&db)? {
+                    println!(
+                        "{:<32} added {}",
+                        r.name,
+                        r.created_at.format("%Y-%m-%d %H:%M:%S")
+                    );
+                }
+            }
+            ReviewersCommand::Remove { name } => {
+                reviewers::remove_blocking(&db, name)?;
+                println!("removed reviewer {name}");
+            }
+        }
+        Ok(())
+    })())
+}
+
+/// `threadgate audit ...`
+pub fn audit(config: &ConfigArgs, args: &AuditArgs) -> ExitCode {
+    finish((|| {
+        let (_, db) = open(config)?;
+        if args.verify {
+            let checked = db.read_blocking(|c| Ok(audit::verify(c)))?;
+            let rows = checked?;
+            println!("audit chain intact: {rows} rows");
+            return Ok(());
+        }
+        let event = match &args.event {
+            Some(name) => Some(
+                AuditEvent::parse(name).with_context(|| format!("unknown audit event {name:?}"))?,
+            ),
+            None => None,
+        };
+        let filter = AuditFilter {
+            thread_id: args.thread.clone(),
+            execution_id: args.execution.clone(),
+            session_id: None,
+            decision: args.decision.clone(),
+            event,
+            limit: args.limit,
+        };
+        let rows = db.read_blocking(move |c| audit::query(c, &filter))?;
+        print!("{}", audit::format_table(&rows));
+        Ok(())
+    })())
+}
