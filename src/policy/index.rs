@@ -127,7 +127,7 @@ impl ToolIndex {
             match set {
                 Ok(set) => index.regex_set = Some(set),
                 // A set too large to compile: every regex rule stays a candidate.
-                Err(_) => index.always.extend(index.regex_rules.drain(..)),
+                Err(_) => index.always.append(&mut index.regex_rules),
             }
         }
         index.always.sort_unstable();
