@@ -32,8 +32,7 @@ pub fn parse_calls(source: &str, file_name: &str) -> Result<Vec<Call>, PolicyErr
         file: file_name.to_string(),
         problems,
     };
-    let root = yaml::parse(source).map_err(error)?;
-    let mut problems = Vec::new();
+    let (root, mut problems) = yaml::parse(source).map_err(error)?;
     let mut calls = Vec::new();
     let Some(root) = root else {
         return Err(error(vec![Problem::new(

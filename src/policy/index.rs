@@ -5,12 +5,14 @@
 //! the engine still checks each candidate's pattern, in rule order, so first-match-wins is
 //! untouched. Exact names are looked up in a hash map; globs are filed under the literal
 //! text before their first `*` (or after their last), looked up for each length present;
-//! globs with neither are always candidates; regular expressions go through one
-//! `RegexSet`.
+//! globs with neither (`*.delete_*`) are found by their longest literal piece with one
+//! Aho-Corasick automaton; globs with no literal at all are always candidates; regular
+//! expressions go through one `RegexSet`.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use aho_corasick::AhoCorasick;
 use regex::{RegexSet, RegexSetBuilder};
 
 use super::pattern::{Pattern, REGEX_SIZE_LIMIT};
@@ -96,6 +98,8 @@ pub(crate) struct ToolIndex {
     exact: FastMap<Vec<usize>>,
     prefixes: AffixMap,
     suffixes: AffixMap,
+    /// Automaton over the distinct infix literals, and the rules of each.
+    infixes: Option<(AhoCorasick, Vec<Vec<usize>>)>,
     always: Vec<usize>,
     regex_set: Option<RegexSet>,
     regex_rules: Vec<usize>,
@@ -105,13 +109,25 @@ impl ToolIndex {
     pub fn build<'a>(patterns: impl Iterator<Item = &'a Pattern>) -> Self {
         let mut index = Self::default();
         let mut regexes = Vec::new();
+        let mut infixes: FastMap<usize> = FastMap::default();
+        let mut infix_rules: Vec<Vec<usize>> = Vec::new();
         for (rule, pattern) in patterns.enumerate() {
             match pattern {
                 Pattern::Exact(name) => index.exact.entry(name.clone()).or_default().push(rule),
                 Pattern::Glob(_) => match pattern.glob_affixes() {
                     Some((prefix, _)) if !prefix.is_empty() => index.prefixes.insert(prefix, rule),
                     Some((_, suffix)) if !suffix.is_empty() => index.suffixes.insert(suffix, rule),
-                    _ => index.always.push(rule),
+                    _ => match longest_literal(pattern) {
+                        Some(literal) => {
+                            let next = infix_rules.len();
+                            let slot = *infixes.entry(literal.into()).or_insert(next);
+                            if slot == next {
+                                infix_rules.push(Vec::new());
+                            }
+                            infix_rules[slot].push(rule);
+                        }
+                        None => index.always.push(rule),
+                    },
                 },
                 Pattern::Regex(regex) => {
                     regexes.push(regex.as_str().to_string());
@@ -128,6 +144,15 @@ impl ToolIndex {
                 Ok(set) => index.regex_set = Some(set),
                 // A set too large to compile: every regex rule stays a candidate.
                 Err(_) => index.always.append(&mut index.regex_rules),
+            }
+        }
+        if !infix_rules.is_empty() {
+            let mut literals: Vec<(Box<str>, usize)> = infixes.into_iter().collect();
+            literals.sort_by_key(|(_, slot)| *slot);
+            match AhoCorasick::new(literals.iter().map(|(literal, _)| literal.as_bytes())) {
+                Ok(automaton) => index.infixes = Some((automaton, infix_rules)),
+                // Too many literals for an automaton: those globs stay candidates.
+                Err(_) => index.always.extend(infix_rules.into_iter().flatten()),
             }
         }
         index.always.sort_unstable();
@@ -157,6 +182,11 @@ impl ToolIndex {
                 set.insert_all(rules);
             }
         }
+        if let Some((automaton, rules)) = &self.infixes {
+            for found in automaton.find_overlapping_iter(lowered) {
+                set.insert_all(&rules[found.pattern().as_usize()]);
+            }
+        }
         set.insert_all(&self.always);
         if let Some(regex_set) = &self.regex_set
             && regex_set.is_match(name)
@@ -167,6 +197,16 @@ impl ToolIndex {
         }
         set
     }
+}
+
+/// The longest run of literal text in a glob, if it has any.
+fn longest_literal(pattern: &Pattern) -> Option<&str> {
+    let Pattern::Glob(glob) = pattern else {
+        return None;
+    };
+    glob.split('*')
+        .max_by_key(|piece| piece.len())
+        .filter(|piece| !piece.is_empty())
 }
 
 /// A set of rule indices, on the stack for policies up to 1,024 rules.

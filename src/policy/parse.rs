@@ -26,8 +26,8 @@ pub(crate) struct Parsed {
 
 /// Parses a policy file's text, or returns every problem found.
 pub(crate) fn parse(source: &str) -> Result<Parsed, Vec<Problem>> {
-    let root = yaml::parse(source)?;
-    let mut parser = PolicyParser::default();
+    let (root, problems) = yaml::parse(source)?;
+    let mut parser = PolicyParser { problems };
     let mut parsed = Parsed {
         default_mode: DefaultMode::Risk,
         approval_ttl: DEFAULT_APPROVAL_TTL,
@@ -211,7 +211,9 @@ impl PolicyParser {
         let action = match action {
             Some(action) => action,
             None => {
-                self.error(node.pos, "rule has no `action`");
+                if !has_key(node, "action") {
+                    self.error(node.pos, "rule has no `action`");
+                }
                 Action::Block
             }
         };

@@ -34,7 +34,13 @@ impl Pattern {
                 .size_limit(REGEX_SIZE_LIMIT)
                 .build()
                 .map(Pattern::Regex)
-                .map_err(|error| format!("invalid regular expression `{text}`: {error}"));
+                .map_err(|error| {
+                    // The regex crate's message spans lines; its last line says what is wrong.
+                    let shown = error.to_string();
+                    let detail = shown.lines().last().unwrap_or_default();
+                    let detail = detail.strip_prefix("error: ").unwrap_or(detail);
+                    format!("invalid regular expression `{text}`: {detail}")
+                });
         }
         let lowered = text.to_lowercase().into_boxed_str();
         if lowered.contains('*') {

@@ -30,10 +30,12 @@ pub struct Problem {
 }
 
 impl Problem {
+    /// A problem at `pos`; line breaks in the message (from quoted input) are escaped so
+    /// that every problem prints on one line.
     pub(crate) fn new(pos: Pos, message: impl Into<String>) -> Self {
         Self {
             pos,
-            message: message.into(),
+            message: message.into().replace('\n', "\\n"),
         }
     }
 }
@@ -99,8 +101,12 @@ fn is_null_text(text: &str) -> bool {
     matches!(text, "" | "~" | "null" | "Null" | "NULL")
 }
 
-/// Parses one YAML document. `Ok(None)` is an empty document.
-pub(crate) fn parse(source: &str) -> Result<Option<Node<'_>>, Vec<Problem>> {
+/// A parsed document (`None` when empty) and the problems that did not stop parsing
+/// (duplicate keys; both values are kept so the caller can report their problems too).
+pub(crate) type Parsed<'a> = (Option<Node<'a>>, Vec<Problem>);
+
+/// Parses one YAML document; `Err` holds a problem that stopped parsing.
+pub(crate) fn parse(source: &str) -> Result<Parsed<'_>, Vec<Problem>> {
     let mut builder = Builder::default();
     let mut parser = Parser::new_from_str(source);
     while let Some(event) = parser.next_event() {
@@ -119,15 +125,10 @@ pub(crate) fn parse(source: &str) -> Result<Option<Node<'_>>, Vec<Problem>> {
             }
         };
         if let Err(problem) = builder.event(event, span) {
-            builder.problems.push(problem);
-            return Err(builder.problems);
+            return Err(vec![problem]);
         }
     }
-    if builder.problems.is_empty() {
-        Ok(builder.root)
-    } else {
-        Err(builder.problems)
-    }
+    Ok((builder.root, builder.problems))
 }
 
 fn to_u32(n: usize) -> u32 {
