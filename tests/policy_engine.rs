@@ -616,3 +616,24 @@ policies:
         ],
     );
 }
+
+#[test]
+fn a_policy_can_be_shared_across_threads() {
+    fn shareable<T: Send + Sync + 'static>(_: &T) -> bool {
+        true
+    }
+    let policy = Policy::parse("policies: []\n", "p.yaml").unwrap_or_else(|e| panic!("{e}"));
+    assert!(shareable(&policy));
+    let handle = std::thread::spawn(move || {
+        policy
+            .decide(
+                "stripe.get_charge",
+                &json!({}),
+                &Catalog::builtin(),
+                &MemoryHistory::new(),
+                NOW,
+            )
+            .verdict
+    });
+    assert_eq!(handle.join().ok(), Some(Verdict::Run));
+}
