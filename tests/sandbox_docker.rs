@@ -87,10 +87,17 @@ async fn container_is_locked_down_and_the_secret_is_only_a_file() {
 
     // Read-only root (the kernel says so, not mere permissions: /home/agent belongs to
     // the agent); writable /workspace (visible on the host) and /tmp.
-    for target in ["/etc/threadgate-probe", "/home/agent/probe", "/usr/local/bin/probe"] {
+    for target in [
+        "/etc/threadgate-probe",
+        "/home/agent/probe",
+        "/usr/local/bin/probe",
+    ] {
         let tried = sh(&env.docker, id, &format!("echo x > {target}")).await;
         assert_ne!(tried.code, 0, "{target}");
-        assert!(tried.stderr.contains("Read-only file system"), "{target}: {tried:?}");
+        assert!(
+            tried.stderr.contains("Read-only file system"),
+            "{target}: {tried:?}"
+        );
     }
     let wrote = sh(
         &env.docker,
