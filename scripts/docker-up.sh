@@ -38,7 +38,9 @@ fi
 
 # A dockerd may already be starting (another run of this script, or a service manager);
 # start one only if none is running.
-if ! pgrep -x dockerd >/dev/null 2>&1; then
+if pgrep -x dockerd >/dev/null 2>&1; then
+    say "a dockerd is already running; waiting for it to answer"
+else
     say "starting dockerd (log: $log)"
     mkdir -p "$(dirname "$log")"
     # setsid detaches dockerd from this shell's process group so it outlives the script.

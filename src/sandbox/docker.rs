@@ -281,6 +281,13 @@ impl DockerRuntime {
                 )));
             }
         }
+        for (key, _) in &spec.env {
+            if key.is_empty() || key.contains(['=', '\0']) {
+                return Err(invalid(format!(
+                    "environment variable name {key:?} is invalid"
+                )));
+            }
+        }
         validate_secrets(spec).map_err(invalid)
     }
 }
