@@ -82,13 +82,13 @@ fn large(c: &mut Criterion) {
     let catalog = Catalog::builtin();
     let history = MemoryHistory::new();
     let args = json!({"amount": 4900, "customer": "cus_1"});
-    // Rule 999 is `svc999.*` (999 / 2 % 3 == 0).
-    let last = policy.decide("svc999.op_refund", &args, &catalog, &history, NOW);
+    // Rule 999 is `*.op_999` (999 / 2 % 3 == 1) and no earlier rule matches.
+    let last = policy.decide("svc999.op_999", &args, &catalog, &history, NOW);
     assert_eq!(
         (last.verdict, last.rule_line),
         (Verdict::Run, Some(2 * 999 + 4))
     );
-    let none = policy.decide("stripe.create_refund", &args, &catalog, &history, NOW);
+    let none = policy.decide("svc5000.op_1", &args, &catalog, &history, NOW);
     assert_eq!(none.rule_line, None);
     for (name, tool) in [
         ("last_rule", "svc999.op_refund"),

@@ -15,6 +15,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use aho_corasick::AhoCorasick;
 use regex::{RegexSet, RegexSetBuilder};
 
+use super::catalog::BUILTIN_TOOLS;
 use super::pattern::{Pattern, REGEX_SIZE_LIMIT};
 
 /// A tool name lowercased once per decision, on the stack when it is short ASCII.
@@ -95,6 +96,8 @@ impl AffixMap {
 /// The compiled index of a policy's rule patterns.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct ToolIndex {
+    /// For each built-in catalog tool, spelled exactly, the rules that match it.
+    known: FastMap<Box<[usize]>>,
     exact: FastMap<Vec<usize>>,
     prefixes: AffixMap,
     suffixes: AffixMap,
@@ -106,8 +109,16 @@ pub(crate) struct ToolIndex {
 }
 
 impl ToolIndex {
-    pub fn build<'a>(patterns: impl Iterator<Item = &'a Pattern>) -> Self {
+    pub fn build<'a>(patterns: impl Iterator<Item = &'a Pattern> + Clone) -> Self {
         let mut index = Self::default();
+        for tool in BUILTIN_TOOLS {
+            let rules = patterns
+                .clone()
+                .enumerate()
+                .filter(|(_, p)| p.matches(tool.name));
+            let rules: Box<[usize]> = rules.map(|(rule, _)| rule).collect();
+            index.known.insert(tool.name.into(), rules);
+        }
         let mut regexes = Vec::new();
         let mut infixes: FastMap<usize> = FastMap::default();
         let mut infix_rules: Vec<Vec<usize>> = Vec::new();
@@ -157,6 +168,12 @@ impl ToolIndex {
         }
         index.always.sort_unstable();
         index
+    }
+
+    /// The rules that match a built-in catalog tool spelled exactly, in order; `None` for
+    /// any other name.
+    pub fn known(&self, name: &str) -> Option<&[usize]> {
+        self.known.get(name).map(|rules| &rules[..])
     }
 
     /// The rules whose pattern may match the tool (`name` as written, `lowered`).
@@ -211,7 +228,7 @@ fn longest_literal(pattern: &Pattern) -> Option<&str> {
 
 /// A set of rule indices, on the stack for policies up to 1,024 rules.
 pub(crate) enum Candidates {
-    Inline([u64; 16]),
+    Inline([u64; 16], usize),
     Heap(Vec<u64>),
 }
 
@@ -219,7 +236,7 @@ impl Candidates {
     fn new(rule_count: usize) -> Self {
         let words = rule_count.div_ceil(64);
         if words <= 16 {
-            Candidates::Inline([0; 16])
+            Candidates::Inline([0; 16], words)
         } else {
             Candidates::Heap(vec![0; words])
         }
@@ -227,14 +244,14 @@ impl Candidates {
 
     fn words(&self) -> &[u64] {
         match self {
-            Candidates::Inline(words) => words,
+            Candidates::Inline(words, used) => &words[..*used],
             Candidates::Heap(words) => words,
         }
     }
 
     fn insert(&mut self, rule: usize) {
         let words = match self {
-            Candidates::Inline(words) => &mut words[..],
+            Candidates::Inline(words, _) => &mut words[..],
             Candidates::Heap(words) => &mut words[..],
         };
         words[rule / 64] |= 1 << (rule % 64);

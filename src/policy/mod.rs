@@ -240,6 +240,34 @@ pub struct Policy {
 }
 
 impl Policy {
+    /// The decision of rule `i`, whose pattern matches the tool, if the rule matches.
+    fn try_rule(
+        &self,
+        i: usize,
+        args: &Value,
+        history: &dyn LimitHistory,
+        now_unix_ms: i64,
+    ) -> Option<Decision> {
+        let rule = &self.rules[i];
+        match rule.evaluate(args, history, now_unix_ms) {
+            RuleOutcome::NoMatch => None,
+            RuleOutcome::Match {
+                fail_closed,
+                charges,
+            } => Some(Decision {
+                verdict: rule.action.verdict(),
+                because: Because::Rule {
+                    pattern: Arc::clone(&rule.text),
+                    conditions: rule.conditions.len(),
+                    limits: rule.limits.len(),
+                    fail_closed,
+                },
+                rule_line: Some(rule.pos.line),
+                charges,
+            }),
+        }
+    }
+
     /// Parses and compiles a policy file; `file_name` is only used in error messages.
     pub fn parse(source: &str, file_name: &str) -> Result<Self, PolicyError> {
         let parsed = parse::parse(source).map_err(|mut problems| {
@@ -293,32 +321,21 @@ impl Policy {
         history: &dyn LimitHistory,
         now_unix_ms: i64,
     ) -> Decision {
-        let name = LoweredName::new(tool);
-        let candidates = self.index.candidates(tool, name.as_str(), self.rules.len());
-        for i in candidates.iter() {
-            let rule = &self.rules[i];
-            if !rule.pattern.matches_lowered(tool, name.as_str()) {
-                continue;
+        let decided = match self.index.known(tool) {
+            Some(rules) => rules
+                .iter()
+                .find_map(|&i| self.try_rule(i, args, history, now_unix_ms)),
+            None => {
+                let name = LoweredName::new(tool);
+                let candidates = self.index.candidates(tool, name.as_str(), self.rules.len());
+                candidates.iter().find_map(|i| {
+                    let matches = self.rules[i].pattern.matches_lowered(tool, name.as_str());
+                    matches.then(|| self.try_rule(i, args, history, now_unix_ms))?
+                })
             }
-            match rule.evaluate(args, history, now_unix_ms) {
-                RuleOutcome::NoMatch => continue,
-                RuleOutcome::Match {
-                    fail_closed,
-                    charges,
-                } => {
-                    return Decision {
-                        verdict: rule.action.verdict(),
-                        because: Because::Rule {
-                            pattern: Arc::clone(&rule.text),
-                            conditions: rule.conditions.len(),
-                            limits: rule.limits.len(),
-                            fail_closed,
-                        },
-                        rule_line: Some(rule.pos.line),
-                        charges,
-                    };
-                }
-            }
+        };
+        if let Some(decision) = decided {
+            return decision;
         }
         if let Some(rule) = catalog.rule_for(tool) {
             return Decision {
