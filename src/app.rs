@@ -64,6 +64,17 @@ async fn instance_id(db: &Db, configured: Option<&str>) -> anyhow::Result<String
     Ok(id)
 }
 
+/// Creates the data directory if needed and opens the database in it.
+pub fn open_db(settings: &Settings) -> anyhow::Result<Db> {
+    std::fs::create_dir_all(&settings.data_dir).with_context(|| {
+        format!(
+            "cannot create data directory {}",
+            settings.data_dir.display()
+        )
+    })?;
+    Ok(Db::open(&settings.database_path())?)
+}
+
 /// Loads and compiles the policy file; errors carry file:line:column.
 pub fn load_policy(path: &Path) -> anyhow::Result<LoadedPolicy> {
     let text = std::fs::read_to_string(path)
@@ -125,13 +136,7 @@ impl Application {
             "refusing to start without a Plain signing secret: set THREADGATE_PLAIN_SIGNING_SECRET \
              (or plain.signing_secret_file); an unsigned webhook endpoint would let anyone open sessions",
         )?;
-        std::fs::create_dir_all(&settings.data_dir).with_context(|| {
-            format!(
-                "cannot create data directory {}",
-                settings.data_dir.display()
-            )
-        })?;
-        let db = Db::open(&settings.database_path())?;
+        let db = open_db(&settings)?;
         let instance_id = instance_id(&db, settings.instance_id.as_deref()).await?;
         let loaded = load_policy(&settings.policy_file)?;
         let secrets = open_secrets(&db, &settings)?;

@@ -100,13 +100,7 @@ fn finish(result: anyhow::Result<()>) -> ExitCode {
 
 fn open(config: &ConfigArgs) -> anyhow::Result<(Settings, Db)> {
     let settings = Settings::load(config.config.as_deref())?;
-    std::fs::create_dir_all(&settings.data_dir).with_context(|| {
-        format!(
-            "cannot create data directory {}",
-            settings.data_dir.display()
-        )
-    })?;
-    let db = Db::open(&settings.database_path())?;
+    let db = app::open_db(&settings)?;
     Ok((settings, db))
 }
 

@@ -22,7 +22,6 @@ mod host;
 #[cfg(test)]
 mod tests;
 
-use std::fmt;
 use std::path::PathBuf;
 
 use async_trait::async_trait;
@@ -143,28 +142,7 @@ pub struct SandboxInfo {
     pub running: bool,
 }
 
-/// A secret value. Its `Debug` output is `[redacted]`, so it can sit in structs that
-/// are logged or printed without leaking.
-#[derive(Clone, PartialEq, Eq)]
-pub struct SecretBytes(Vec<u8>);
-
-impl SecretBytes {
-    /// Wraps a secret value.
-    pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
-        SecretBytes(bytes.into())
-    }
-
-    /// The secret value itself. Call only where the value must be used.
-    pub fn expose(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl fmt::Debug for SecretBytes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[redacted]")
-    }
-}
+pub use crate::secrets::SecretBytes;
 
 /// Why a sandbox operation failed. Messages never contain secret values.
 #[derive(Debug, thiserror::Error)]

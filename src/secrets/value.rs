@@ -90,8 +90,8 @@ pub struct SecretBytes(Vec<u8>);
 
 impl SecretBytes {
     /// Wraps bytes; the buffer is taken over, not copied.
-    pub fn new(value: Vec<u8>) -> SecretBytes {
-        SecretBytes(value)
+    pub fn new(value: impl Into<Vec<u8>>) -> SecretBytes {
+        SecretBytes(value.into())
     }
 
     /// The secret itself.

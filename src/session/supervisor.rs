@@ -729,7 +729,7 @@ async fn start_session(
             .map(|(name, value)| {
                 (
                     name,
-                    crate::sandbox::SecretBytes::new(value.expose().as_bytes().to_vec()),
+                    crate::sandbox::SecretBytes::new(value.expose().as_bytes()),
                 )
             })
             .collect(),
