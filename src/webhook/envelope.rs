@@ -191,7 +191,9 @@ impl Envelope {
         )?;
         let workspace_id = optional_str(root.get("workspaceId"));
         let payload = root.get("payload").and_then(Value::as_object);
-        let thread = payload.and_then(|p| p.get("thread")).and_then(Value::as_object);
+        let thread = payload
+            .and_then(|p| p.get("thread"))
+            .and_then(Value::as_object);
         let thread_id = thread.and_then(|t| optional_str(t.get("id")));
         let thread_status = thread.and_then(|t| optional_str(t.get("status")));
         let customer = thread

@@ -176,7 +176,8 @@ async fn receive(
 fn read_body(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, Refusal> {
     match body {
         Ok(body) if body.len() <= limit => Ok(body),
-        Ok(_) | Err(BytesRejection::FailedToBufferBody(FailedToBufferBody::LengthLimitError(_))) => {
+        Ok(_)
+        | Err(BytesRejection::FailedToBufferBody(FailedToBufferBody::LengthLimitError(_))) => {
             Err(Refusal::TooLarge { limit })
         }
         Err(_) => Err(Refusal::Unreadable),
@@ -214,11 +215,18 @@ async fn accept(
         Ok(InsertOutcome::Inserted { seq }) => seq,
         Ok(InsertOutcome::Duplicate) => {
             tracing::debug!(event_id, "duplicate webhook delivery ignored");
-            return Ok((StatusCode::OK, axum::Json(json!({ "status": "duplicate" }))).into_response());
+            return Ok(
+                (StatusCode::OK, axum::Json(json!({ "status": "duplicate" }))).into_response(),
+            );
         }
         Err(e) => return Err((Refusal::Store(e), event_id)),
     };
-    tracing::debug!(event_id, seq, class = class.as_str(), "webhook event stored");
+    tracing::debug!(
+        event_id,
+        seq,
+        class = class.as_str(),
+        "webhook event stored"
+    );
     if let (Some(thread_id), false) = (thread_id, class == EventClass::Ignored) {
         let event = StoredEvent {
             seq,

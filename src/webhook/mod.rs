@@ -14,7 +14,7 @@ pub mod intake;
 pub mod signature;
 pub mod store;
 
-pub use envelope::{ActorKind, Customer, EnvelopeError, Envelope, EventClass};
+pub use envelope::{ActorKind, Customer, Envelope, EnvelopeError, EventClass};
 pub use intake::{Clock, IntakeConfig, IntakeState, StoredEvent, router, system_clock};
 pub use signature::{
     SIGNATURE_HEADER, SignatureError, SigningSecret, SigningSecretError, sign, verify_signature,

@@ -51,9 +51,21 @@ fn message_events_take_the_actor_from_the_message() {
     let cases = [
         ("thread.email_received", "email", EventClass::Customer),
         ("thread.chat_received", "chat", EventClass::Customer),
-        ("thread.slack_message_received", "slackMessage", EventClass::Customer),
-        ("thread.ms_teams_message_received", "msTeamsMessage", EventClass::Customer),
-        ("thread.discord_message_received", "discordMessage", EventClass::Customer),
+        (
+            "thread.slack_message_received",
+            "slackMessage",
+            EventClass::Customer,
+        ),
+        (
+            "thread.ms_teams_message_received",
+            "msTeamsMessage",
+            EventClass::Customer,
+        ),
+        (
+            "thread.discord_message_received",
+            "discordMessage",
+            EventClass::Customer,
+        ),
         ("thread.email_sent", "email", EventClass::Info),
         ("thread.chat_sent", "chat", EventClass::Info),
         ("thread.note_created", "note", EventClass::Info),
@@ -97,7 +109,10 @@ fn a_machine_user_message_or_new_thread_is_ignored() {
 #[test]
 fn a_system_created_thread_starts_a_session() {
     check(
-        delivery("thread.thread_created", json!({ "thread": thread("TODO", "system") })),
+        delivery(
+            "thread.thread_created",
+            json!({ "thread": thread("TODO", "system") }),
+        ),
         ActorKind::System,
         EventClass::Customer,
     );
@@ -111,11 +126,31 @@ fn status_transitions_use_status_changed_by_and_done_ends_whoever_made_it() {
             json!({ "previousThread": thread("TODO", "user"), "thread": thread(status, by) }),
         )
     };
-    check(transition("DONE", "user"), ActorKind::User, EventClass::Done);
-    check(transition("DONE", "machineUser"), ActorKind::MachineUser, EventClass::Done);
-    check(transition("SNOOZED", "user"), ActorKind::User, EventClass::Info);
-    check(transition("TODO", "system"), ActorKind::System, EventClass::Info);
-    check(transition("TODO", "machineUser"), ActorKind::MachineUser, EventClass::Ignored);
+    check(
+        transition("DONE", "user"),
+        ActorKind::User,
+        EventClass::Done,
+    );
+    check(
+        transition("DONE", "machineUser"),
+        ActorKind::MachineUser,
+        EventClass::Done,
+    );
+    check(
+        transition("SNOOZED", "user"),
+        ActorKind::User,
+        EventClass::Info,
+    );
+    check(
+        transition("TODO", "system"),
+        ActorKind::System,
+        EventClass::Info,
+    );
+    check(
+        transition("TODO", "machineUser"),
+        ActorKind::MachineUser,
+        EventClass::Ignored,
+    );
 }
 
 #[test]
@@ -132,7 +167,10 @@ fn a_null_status_changed_by_falls_back_to_updated_by() {
 #[test]
 fn unknown_types_and_threadless_events_are_ignored_but_parsed() {
     check(
-        delivery("thread.something_new", json!({ "thread": thread("TODO", "user") })),
+        delivery(
+            "thread.something_new",
+            json!({ "thread": thread("TODO", "user") }),
+        ),
         ActorKind::User,
         EventClass::Ignored,
     );
@@ -142,15 +180,21 @@ fn unknown_types_and_threadless_events_are_ignored_but_parsed() {
         EventClass::Ignored,
     );
     let mut no_payload = delivery("thread.email_received", Value::Null);
-    no_payload.as_object_mut().expect("object").remove("payload");
+    no_payload
+        .as_object_mut()
+        .expect("object")
+        .remove("payload");
     check(no_payload, ActorKind::Unknown, EventClass::Ignored);
 }
 
 #[test]
 fn unknown_actor_types_are_unknown_not_errors() {
     check(
-        delivery("thread.thread_created", json!({ "thread": {
-            "id": "th_1", "createdBy": { "actorType": "UNKNOWN" } } })),
+        delivery(
+            "thread.thread_created",
+            json!({ "thread": {
+            "id": "th_1", "createdBy": { "actorType": "UNKNOWN" } } }),
+        ),
         ActorKind::Unknown,
         EventClass::Customer,
     );
@@ -173,7 +217,10 @@ fn thread_fields_are_read_when_present() {
     );
     assert_eq!(envelope.occurred_at_ms, 1_709_728_630_228);
     assert_eq!(envelope.attempt_at_ms, 1_709_728_631_577);
-    assert_eq!(envelope.workspace_id.as_deref(), Some("w_01FXQ6A83FXNN9XA00415VR1XP"));
+    assert_eq!(
+        envelope.workspace_id.as_deref(),
+        Some("w_01FXQ6A83FXNN9XA00415VR1XP")
+    );
 }
 
 #[test]
@@ -181,7 +228,11 @@ fn errors_name_the_missing_or_invalid_field() {
     let base = delivery("thread.thread_created", json!({}));
     let cases: [(&str, Option<Value>, &str); 6] = [
         ("id", None, "missing field id"),
-        ("type", Some(json!(7)), "invalid field type: expected a non-empty string"),
+        (
+            "type",
+            Some(json!(7)),
+            "invalid field type: expected a non-empty string",
+        ),
         ("timestamp", Some(Value::Null), "missing field timestamp"),
         (
             "timestamp",
@@ -226,7 +277,10 @@ fn non_json_and_non_objects_are_refused() {
 
 #[test]
 fn target_version_and_unknown_fields_do_not_matter() {
-    let mut value = delivery("thread.thread_created", json!({ "thread": thread("TODO", "system") }));
+    let mut value = delivery(
+        "thread.thread_created",
+        json!({ "thread": thread("TODO", "system") }),
+    );
     value["webhookMetadata"]["webhookTargetVersion"] = json!("2099-01-01");
     value["somethingNew"] = json!({ "nested": [1, 2, 3] });
     value["payload"]["thread"]["priority"] = json!("not a number any more");
