@@ -5,7 +5,8 @@
 //!
 //! `cargo bench --bench webhook_intake`. Environment: `WEBHOOK_BENCH_N` (deliveries,
 //! default 20000), `WEBHOOK_BENCH_CLIENTS` (concurrent keep-alive HTTP/1.1 clients,
-//! default 64), `WEBHOOK_BENCH_SKIP_PARSE` (skip the CPU microbenchmark),
+//! default 64), `WEBHOOK_BENCH_RATE` (offered deliveries/s in the open-loop run,
+//! default 2000), `WEBHOOK_BENCH_SKIP_PARSE` (skip the CPU microbenchmark),
 //! `THREADGATE_SHARED` (the shared directory with Plain's examples).
 
 use std::path::{Path, PathBuf};
@@ -43,13 +44,14 @@ fn example_body() -> Vec<u8> {
     })
 }
 
-/// `n` distinct signed `thread.email_received` deliveries over 1,000 threads, stamped now.
-fn deliveries(template: &Value, n: usize) -> Vec<(Vec<u8>, String)> {
+/// `n` distinct signed `thread.email_received` deliveries over 1,000 threads, stamped
+/// now, with ids starting `pEv_<prefix>`.
+fn deliveries(template: &Value, prefix: &str, n: usize) -> Vec<(Vec<u8>, String)> {
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     (0..n)
         .map(|i| {
             let mut value = template.clone();
-            value["id"] = json!(format!("pEv_bench{i:08}"));
+            value["id"] = json!(format!("pEv_{prefix}{i:08}"));
             value["payload"]["thread"]["id"] = json!(format!("th_bench{:05}", i % 1000));
             value["webhookMetadata"]["webhookDeliveryAttemptTimestamp"] = json!(now);
             let body = serde_json::to_vec(&value).expect("serialize");
@@ -99,14 +101,21 @@ fn start_server(db: Db) -> (String, std::thread::JoinHandle<()>) {
     (url, handle)
 }
 
-/// Sends every delivery from `clients` keep-alive clients; returns each latency.
+/// Sends every delivery from `clients` keep-alive connections and returns each
+/// latency. Closed loop (`rate` `None`): each connection sends its next delivery as
+/// soon as the last is answered; latency is send to 200. Open loop: delivery `i` is due
+/// at `i / rate` seconds, and its latency runs from when it was due (so time spent
+/// waiting for a free connection counts), which is what Plain's senders would see.
 async fn send_all(
     client: &reqwest::Client,
     url: &str,
     work: Vec<(Vec<u8>, String)>,
     clients: usize,
+    rate: Option<f64>,
 ) -> Vec<Duration> {
-    let work = Arc::new(std::sync::Mutex::new(work));
+    let total = work.len();
+    let work = Arc::new(std::sync::Mutex::new(work.into_iter().enumerate()));
+    let start = tokio::time::Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..clients {
         let work = Arc::clone(&work);
@@ -116,11 +125,15 @@ async fn send_all(
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             loop {
-                let next = work.lock().expect("work queue").pop();
-                let Some((body, signature)) = next else {
+                let next = work.lock().expect("work queue").next();
+                let Some((i, (body, signature))) = next else {
                     return latencies;
                 };
-                let start = Instant::now();
+                let due = match rate {
+                    Some(rate) => start + Duration::from_secs_f64(i as f64 / rate),
+                    None => tokio::time::Instant::now(),
+                };
+                tokio::time::sleep_until(due).await;
                 let response = client
                     .post(&url)
                     .header("Plain-Request-Signature", signature)
@@ -131,21 +144,49 @@ async fn send_all(
                     .expect("send");
                 let status = response.status();
                 let _ = response.bytes().await.expect("answer body");
-                latencies.push(start.elapsed());
+                latencies.push(due.elapsed());
                 assert_eq!(status, 200, "delivery refused");
             }
         }));
     }
-    let mut all = Vec::new();
+    let mut all = Vec::with_capacity(total);
     for task in tasks {
         all.extend(task.await.expect("client task"));
     }
+    all.sort_unstable();
     all
+}
+
+fn stored(db: &Db, prefix: &str) -> usize {
+    let pattern = format!("pEv_{prefix}%");
+    let count: i64 = db
+        .read_blocking(|c| {
+            c.query_row(
+                "SELECT count(*) FROM events WHERE event_id LIKE ?1",
+                [pattern],
+                |r| r.get(0),
+            )
+        })
+        .expect("count");
+    usize::try_from(count).expect("count fits")
+}
+
+fn report(label: &str, n: usize, elapsed: Duration, latencies: &[Duration]) {
+    println!("  {label}");
+    println!(
+        "    {:.0} deliveries/s ({n} in {:.2} s); time to 200: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        n as f64 / elapsed.as_secs_f64(),
+        elapsed.as_secs_f64(),
+        ms(percentile(latencies, 0.50)),
+        ms(percentile(latencies, 0.99)),
+        ms(percentile(latencies, 1.0))
+    );
 }
 
 fn intake_benchmark(template: &Value) {
     let n = env_usize("WEBHOOK_BENCH_N", 20_000);
     let clients = env_usize("WEBHOOK_BENCH_CLIENTS", 64);
+    let rate = env_usize("WEBHOOK_BENCH_RATE", 2_000) as f64;
     let dir = tempfile::tempdir().expect("tempdir");
     let db = Db::open(&dir.path().join("state.db")).expect("open db");
     let (url, _server) = start_server(db.clone());
@@ -159,54 +200,39 @@ fn intake_benchmark(template: &Value) {
         .pool_max_idle_per_host(clients)
         .build()
         .expect("client");
+    let run = |prefix: &str, count: usize, rate: Option<f64>| {
+        let work = deliveries(template, prefix, count);
+        let start = Instant::now();
+        let latencies = client_runtime.block_on(send_all(&client, &url, work, clients, rate));
+        let elapsed = start.elapsed();
+        assert_eq!(
+            stored(&db, prefix),
+            count,
+            "every delivery stored exactly once"
+        );
+        (elapsed, latencies)
+    };
 
-    let warmup = deliveries(template, 1_000)
-        .into_iter()
-        .map(|(body, _)| {
-            let body = String::from_utf8(body)
-                .expect("utf-8")
-                .replace("pEv_bench", "pEv_warmup");
-            let signature = sign(SECRET, body.as_bytes());
-            (body.into_bytes(), signature)
-        })
-        .collect();
-    client_runtime.block_on(send_all(&client, &url, warmup, clients));
-
-    let work = deliveries(template, n);
-    let start = Instant::now();
-    let mut latencies = client_runtime.block_on(send_all(&client, &url, work, clients));
-    let elapsed = start.elapsed();
-    latencies.sort_unstable();
-
-    let stored: i64 = db
-        .read_blocking(|c| {
-            c.query_row(
-                "SELECT count(*) FROM events WHERE event_id LIKE 'pEv_bench%'",
-                [],
-                |r| r.get(0),
-            )
-        })
-        .expect("count");
-    assert_eq!(stored as usize, n, "every delivery stored exactly once");
     println!(
-        "webhook intake: {n} signed deliveries, {clients} keep-alive HTTP/1.1 clients, \
+        "webhook intake: signed deliveries from {clients} keep-alive HTTP/1.1 connections, \
          SQLite synchronous=FULL with group commit"
     );
-    println!(
-        "  throughput {:.0} deliveries/s ({:.2} s)",
-        n as f64 / elapsed.as_secs_f64(),
-        elapsed.as_secs_f64()
+    run("warmup", 1_000, None);
+    let (elapsed, latencies) = run("closed", n, None);
+    report(
+        "closed loop (each connection sends as soon as answered): capacity",
+        n,
+        elapsed,
+        &latencies,
     );
-    println!(
-        "  time to 200: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
-        ms(percentile(&latencies, 0.50)),
-        ms(percentile(&latencies, 0.99)),
-        ms(percentile(&latencies, 1.0))
-    );
+    let (elapsed, latencies) = run("open", n, Some(rate));
+    let label =
+        format!("open loop at {rate:.0}/s offered (latency from when each delivery was due)");
+    report(&label, n, elapsed, &latencies);
 }
 
 fn parse_benchmark(template: &Value) {
-    let (body, signature) = deliveries(template, 1).remove(0);
+    let (body, signature) = deliveries(template, "parse", 1).remove(0);
     let iterations = 50_000;
     for _ in 0..1_000 {
         verify_signature(SECRET, &body, Some(&signature)).expect("valid");
