@@ -9,11 +9,14 @@
 //! default 2000), `WEBHOOK_BENCH_SKIP_PARSE` (skip the CPU microbenchmark),
 //! `THREADGATE_SHARED` (the shared directory with Plain's examples).
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use threadgate::store::Db;
@@ -70,8 +73,8 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// Starts the intake on its own runtime (as `serve` would), returning its URL.
-fn start_server(db: Db) -> (String, std::thread::JoinHandle<()>) {
+/// Starts the intake on its own runtime (as `serve` would), returning its address.
+fn start_server(db: Db) -> (SocketAddr, std::thread::JoinHandle<()>) {
     let (notify, mut events) = mpsc::unbounded_channel();
     let state = IntakeState {
         db,
@@ -87,10 +90,7 @@ fn start_server(db: Db) -> (String, std::thread::JoinHandle<()>) {
     let listener = runtime
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .expect("bind");
-    let url = format!(
-        "http://{}/webhooks/plain",
-        listener.local_addr().expect("addr")
-    );
+    let addr = listener.local_addr().expect("addr");
     let handle = std::thread::spawn(move || {
         runtime.block_on(async move {
             // The orchestrator's side of the channel: drain it.
@@ -98,35 +98,95 @@ fn start_server(db: Db) -> (String, std::thread::JoinHandle<()>) {
             axum::serve(listener, router(state)).await.expect("serve");
         });
     });
-    (url, handle)
+    (addr, handle)
+}
+
+/// A keep-alive HTTP/1.1 connection that writes a prepared request and reads the
+/// answer: the lightest client possible, so that on this small machine the CPU goes to
+/// the server being measured rather than to the load generator.
+struct Connection {
+    stream: TcpStream,
+    buffer: Vec<u8>,
+}
+
+impl Connection {
+    async fn open(addr: SocketAddr) -> Connection {
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        stream.set_nodelay(true).expect("nodelay");
+        Connection {
+            stream,
+            buffer: Vec::with_capacity(4096),
+        }
+    }
+
+    /// Sends `request` and returns the answer's status code once its body is read.
+    async fn send(&mut self, request: &[u8]) -> u16 {
+        self.stream.write_all(request).await.expect("write");
+        self.buffer.clear();
+        loop {
+            let mut chunk = [0u8; 1024];
+            let read = self.stream.read(&mut chunk).await.expect("read");
+            assert!(read > 0, "server closed the connection");
+            self.buffer.extend_from_slice(&chunk[..read]);
+            let Some(end) = find(&self.buffer, b"\r\n\r\n") else {
+                continue;
+            };
+            let head = std::str::from_utf8(&self.buffer[..end]).expect("ascii head");
+            let length: usize = head
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse().ok())?
+                })
+                .expect("content-length");
+            if self.buffer.len() >= end + 4 + length {
+                return head[9..12].parse().expect("status code");
+            }
+        }
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The full HTTP/1.1 request for one delivery.
+fn request(addr: SocketAddr, (body, signature): (Vec<u8>, String)) -> Vec<u8> {
+    let mut request = format!(
+        "POST /webhooks/plain HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Plain-Request-Signature: {signature}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(&body);
+    request
 }
 
 /// Sends every delivery from `clients` keep-alive connections and returns each
-/// latency. Closed loop (`rate` `None`): each connection sends its next delivery as
-/// soon as the last is answered; latency is send to 200. Open loop: delivery `i` is due
-/// at `i / rate` seconds, and its latency runs from when it was due (so time spent
-/// waiting for a free connection counts), which is what Plain's senders would see.
+/// latency, sorted. Closed loop (`rate` `None`): each connection sends its next
+/// delivery as soon as the last is answered; latency is send to 200. Open loop:
+/// delivery `i` is due at `i / rate` seconds, and its latency runs from when it was due
+/// (so time spent waiting for a free connection counts), which is what Plain would see.
 async fn send_all(
-    client: &reqwest::Client,
-    url: &str,
+    addr: SocketAddr,
     work: Vec<(Vec<u8>, String)>,
     clients: usize,
     rate: Option<f64>,
 ) -> Vec<Duration> {
     let total = work.len();
-    let work = Arc::new(std::sync::Mutex::new(work.into_iter().enumerate()));
+    let requests: Vec<Vec<u8>> = work.into_iter().map(|w| request(addr, w)).collect();
+    let queue = Arc::new(std::sync::Mutex::new(requests.into_iter().enumerate()));
     let start = tokio::time::Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..clients {
-        let work = Arc::clone(&work);
-        let url = url.to_owned();
-        // One pool: each task holds one keep-alive connection while it sends.
-        let client = client.clone();
+        let queue = Arc::clone(&queue);
         tasks.push(tokio::spawn(async move {
+            let mut connection = Connection::open(addr).await;
             let mut latencies = Vec::new();
             loop {
-                let next = work.lock().expect("work queue").next();
-                let Some((i, (body, signature))) = next else {
+                let next = queue.lock().expect("work queue").next();
+                let Some((i, request)) = next else {
                     return latencies;
                 };
                 let due = match rate {
@@ -134,16 +194,7 @@ async fn send_all(
                     None => tokio::time::Instant::now(),
                 };
                 tokio::time::sleep_until(due).await;
-                let response = client
-                    .post(&url)
-                    .header("Plain-Request-Signature", signature)
-                    .header("Content-Type", "application/json")
-                    .body(body)
-                    .send()
-                    .await
-                    .expect("send");
-                let status = response.status();
-                let _ = response.bytes().await.expect("answer body");
+                let status = connection.send(&request).await;
                 latencies.push(due.elapsed());
                 assert_eq!(status, 200, "delivery refused");
             }
@@ -188,22 +239,18 @@ fn intake_benchmark(template: &Value) {
     let clients = env_usize("WEBHOOK_BENCH_CLIENTS", 64);
     let rate = env_usize("WEBHOOK_BENCH_RATE", 2_000) as f64;
     let dir = tempfile::tempdir().expect("tempdir");
+    fsync_probe(dir.path());
     let db = Db::open(&dir.path().join("state.db")).expect("open db");
-    let (url, _server) = start_server(db.clone());
+    let (addr, _server) = start_server(db.clone());
     let client_runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("bench-client")
         .build()
         .expect("client runtime");
-    let client = reqwest::Client::builder()
-        .http1_only()
-        .pool_max_idle_per_host(clients)
-        .build()
-        .expect("client");
     let run = |prefix: &str, count: usize, rate: Option<f64>| {
         let work = deliveries(template, prefix, count);
         let start = Instant::now();
-        let latencies = client_runtime.block_on(send_all(&client, &url, work, clients, rate));
+        let latencies = client_runtime.block_on(send_all(addr, work, clients, rate));
         let elapsed = start.elapsed();
         assert_eq!(
             stored(&db, prefix),
@@ -249,6 +296,27 @@ fn parse_benchmark(template: &Value) {
         body.len(),
         per_op.as_secs_f64() * 1e6,
         1.0 / per_op.as_secs_f64()
+    );
+}
+
+/// The floor under any durable answer: how long this disk takes to fsync a 4 KiB
+/// append (each group commit needs at least one).
+fn fsync_probe(dir: &Path) {
+    use std::io::Write;
+    let mut file = std::fs::File::create(dir.join("fsync-probe")).expect("probe file");
+    let mut times: Vec<Duration> = (0..200)
+        .map(|_| {
+            file.write_all(&[0u8; 4096]).expect("write");
+            let start = Instant::now();
+            file.sync_all().expect("fsync");
+            start.elapsed()
+        })
+        .collect();
+    times.sort_unstable();
+    println!(
+        "fsync of a 4 KiB append on the database's disk: p50 {:.2} ms, p99 {:.2} ms",
+        ms(percentile(&times, 0.50)),
+        ms(percentile(&times, 0.99))
     );
 }
 
