@@ -1,0 +1,102 @@
+//! Refused deliveries are logged with their reason (and the event id once known), and
+//! the logs never carry the signing secret or the delivery's body. A binary of its own
+//! because it installs the process-wide tracing subscriber.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use threadgate::store::Db;
+use threadgate::webhook::{IntakeConfig, IntakeState, SigningSecret, router, sign};
+
+const SECRET: &str = "whsec-logging-secret-4f1c";
+const NOW_MS: i64 = 1_709_728_631_577;
+const BODY_MARKER: &str = "customer-private-text-9d2e";
+
+/// Collects everything the subscriber writes.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log buffer").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn delivery(id: &str, attempt: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "id": id,
+        "type": "thread.email_received",
+        "timestamp": "2024-03-06T12:37:10.228Z",
+        "webhookMetadata": { "webhookDeliveryAttemptTimestamp": attempt },
+        "payload": { "thread": { "id": "th_log" }, "email": { "textContent": BODY_MARKER } },
+    }))
+    .expect("json")
+}
+
+#[tokio::test]
+async fn refusals_are_logged_with_their_reason_and_without_secrets_or_bodies() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::DEBUG)
+        .init();
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = Db::open(&dir.path().join("state.db")).expect("db");
+    let (notify, _events) = mpsc::unbounded_channel();
+    let state = IntakeState {
+        db,
+        config: IntakeConfig::new(SigningSecret::new(SECRET).expect("secret")),
+        clock: Arc::new(|| NOW_MS),
+        notify,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!(
+        "http://{}/webhooks/plain",
+        listener.local_addr().expect("addr")
+    );
+    tokio::spawn(async move { axum::serve(listener, router(state)).await });
+    let client = reqwest::Client::new();
+    let post = |body: Vec<u8>, signature: String| {
+        client
+            .post(&url)
+            .header("Plain-Request-Signature", signature)
+            .body(body)
+            .send()
+    };
+
+    let fresh = delivery("pEv_fresh", "2024-03-06T12:37:11.577Z");
+    let wrong = sign(b"not the secret", &fresh);
+    assert_eq!(
+        post(fresh.clone(), wrong).await.expect("send").status(),
+        401
+    );
+    let stale = delivery("pEv_stale", "2024-03-06T12:00:00.000Z");
+    let signature = sign(SECRET.as_bytes(), &stale);
+    assert_eq!(post(stale, signature).await.expect("send").status(), 401);
+    let signature = sign(SECRET.as_bytes(), &fresh);
+    assert_eq!(post(fresh, signature).await.expect("send").status(), 200);
+
+    let logs = String::from_utf8(captured.0.lock().expect("logs").clone()).expect("utf-8");
+    let refusals: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("webhook delivery refused"))
+        .collect();
+    assert_eq!(refusals.len(), 2, "{logs}");
+    assert!(refusals[0].contains("does not match the body"), "{logs}");
+    assert!(refusals[1].contains("pEv_stale"), "{logs}");
+    assert!(refusals[1].contains("beyond the 300 s window"), "{logs}");
+    assert!(!logs.contains(SECRET), "{logs}");
+    assert!(!logs.contains(BODY_MARKER), "{logs}");
+}
