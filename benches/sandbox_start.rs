@@ -5,7 +5,9 @@
 //! - `threadgate_start`: `SandboxRuntime::start` with a secret and the full lockdown
 //!   (returns once the container runs); the stop that follows is not timed.
 //! - `bare_create_start`: bollard create + start of the image with default settings
-//!   (what `docker run -d IMAGE` does), removal not timed.
+//!   (what `docker run -d IMAGE` does), removal not timed; and the same with
+//!   `--network none` only (`bare_create_start_network_none`), which isolates the cost
+//!   of threadgate's own settings from the bridge network a bare run sets up.
 //! - `docker_run_rm_true`: the CLI's `docker run --rm IMAGE true`, end to end.
 //!
 //! Needs a Docker engine and the image (`scripts/docker-up.sh`,
@@ -20,7 +22,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use bollard::Docker;
-use bollard::models::ContainerCreateBody;
+use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::RemoveContainerOptionsBuilder;
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use threadgate::sandbox::{DockerRuntime, Limits, SandboxRuntime, SandboxSpec, SecretBytes};
@@ -105,33 +107,43 @@ fn sandbox_start(c: &mut Criterion) {
     });
 
     let bare: Recorded = Rc::default();
-    group.bench_function("bare_create_start", |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let body = ContainerCreateBody {
-                    image: Some(image()),
-                    ..Default::default()
-                };
-                let started = Instant::now();
-                let id = rt.block_on(async {
-                    let created = docker.create_container(None, body).await.expect("create");
-                    docker
-                        .start_container(&created.id, None)
-                        .await
-                        .expect("start");
-                    created.id
-                });
-                let took = started.elapsed();
-                let force = RemoveContainerOptionsBuilder::new().force(true).build();
-                rt.block_on(docker.remove_container(&id, Some(force)))
-                    .expect("remove");
-                bare.borrow_mut().push(took);
-                total += took;
-            }
-            total
-        })
-    });
+    let bare_none: Recorded = Rc::default();
+    for (name, network, recorded) in [
+        ("bare_create_start", None, &bare),
+        ("bare_create_start_network_none", Some("none"), &bare_none),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let body = ContainerCreateBody {
+                        image: Some(image()),
+                        host_config: Some(HostConfig {
+                            network_mode: network.map(str::to_string),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    };
+                    let started = Instant::now();
+                    let id = rt.block_on(async {
+                        let created = docker.create_container(None, body).await.expect("create");
+                        docker
+                            .start_container(&created.id, None)
+                            .await
+                            .expect("start");
+                        created.id
+                    });
+                    let took = started.elapsed();
+                    let force = RemoveContainerOptionsBuilder::new().force(true).build();
+                    rt.block_on(docker.remove_container(&id, Some(force)))
+                        .expect("remove");
+                    recorded.borrow_mut().push(took);
+                    total += took;
+                }
+                total
+            })
+        });
+    }
 
     let cli: Recorded = Rc::default();
     group.bench_function("docker_run_rm_true", |b| {
@@ -156,14 +168,20 @@ fn sandbox_start(c: &mut Criterion) {
     let ms = |d: Duration| format!("{:8.1} ms", d.as_secs_f64() * 1000.0);
     let ours = median(&ours);
     let bare = median(&bare);
+    let bare_none = median(&bare_none);
     let cli = median(&cli);
     println!("\nmedian over {SAMPLES} starts, same run:");
     println!("  threadgate start() to running : {}", ms(ours));
     println!("  bare create+start to running  : {}", ms(bare));
+    println!("  same, --network none          : {}", ms(bare_none));
     println!("  docker run --rm IMAGE true    : {}", ms(cli));
     println!(
         "  start() vs bare create+start  : {:+.1}%",
         (ours.as_secs_f64() / bare.as_secs_f64() - 1.0) * 100.0
+    );
+    println!(
+        "  start() vs bare, network none : {:+.1}%",
+        (ours.as_secs_f64() / bare_none.as_secs_f64() - 1.0) * 100.0
     );
     println!(
         "  start() vs docker run --rm    : {:+.1}%",
