@@ -89,6 +89,9 @@ impl Redactor {
                 // Standard semantics allow overlapping iteration, so that no match
                 // hides another.
                 .match_kind(MatchKind::Standard)
+                // Needles start with letters and digits, which are everywhere in real
+                // text: a prefilter keeps stopping and costs 3-4x the plain automaton.
+                .prefilter(false)
                 .build(&needles)
                 .map_err(|e| SecretsError::Scanner(e.to_string()))?;
             redactor.automaton = Some(automaton);
