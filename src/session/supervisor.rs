@@ -556,6 +556,7 @@ impl Supervisor {
         let by_session: HashMap<&str, &SessionRow> =
             live.iter().map(|r| (r.session_id.as_str(), r)).collect();
         let mut adopted = HashSet::new();
+        let mut strays = Vec::new();
         for c in &containers {
             if self.busy.contains_key(&c.thread_id) {
                 continue;
@@ -576,8 +577,17 @@ impl Supervisor {
                 continue;
             }
             tracing::warn!(container = %c.container_id, thread = %c.thread_id, "removing a container without a live session");
-            if let Err(e) = self.parts.sandbox.stop(&c.container_id).await {
-                tracing::error!(container = %c.container_id, error = %e, "cannot remove container");
+            strays.push(c.container_id.as_str());
+        }
+        // Each stop waits out the container's grace period: stop them all at once, so
+        // that N strays hold the actor for one grace period rather than N.
+        let sandbox = &self.parts.sandbox;
+        let stops = strays
+            .iter()
+            .map(|id| async move { (id, sandbox.stop(id).await) });
+        for (container, result) in futures::future::join_all(stops).await {
+            if let Err(e) = result {
+                tracing::error!(container = %container, error = %e, "cannot remove container");
             }
         }
         for row in live {
