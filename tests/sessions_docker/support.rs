@@ -100,6 +100,8 @@ impl World {
         all_refs(&self.repo())
     }
 
+    // Field by field reads better than one literal for a struct this large.
+    #[allow(clippy::field_reassign_with_default)]
     pub fn settings(&self, opts: &AppOptions) -> Settings {
         let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
         let data_dir = self.data_dir();
