@@ -235,7 +235,9 @@ fn report(label: &str, n: usize, elapsed: Duration, latencies: &[Duration]) {
 }
 
 fn intake_benchmark(template: &Value) {
-    let n = env_usize("WEBHOOK_BENCH_N", 20_000);
+    // `cargo test --all-targets` runs this without `--bench`: a small smoke run then.
+    let full = std::env::args().any(|a| a == "--bench");
+    let n = env_usize("WEBHOOK_BENCH_N", if full { 20_000 } else { 200 });
     let clients = env_usize("WEBHOOK_BENCH_CLIENTS", 64);
     let rate = env_usize("WEBHOOK_BENCH_RATE", 2_000) as f64;
     let dir = tempfile::tempdir().expect("tempdir");
@@ -280,7 +282,11 @@ fn intake_benchmark(template: &Value) {
 
 fn parse_benchmark(template: &Value) {
     let (body, signature) = deliveries(template, "parse", 1).remove(0);
-    let iterations = 50_000;
+    let iterations = if std::env::args().any(|a| a == "--bench") {
+        50_000
+    } else {
+        500
+    };
     for _ in 0..1_000 {
         verify_signature(SECRET, &body, Some(&signature)).expect("valid");
         Envelope::parse(&body).expect("parses");
