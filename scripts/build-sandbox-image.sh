@@ -72,7 +72,16 @@ build_sandbox() {
     # The classic builder is used on purpose: Debian 12's docker.io has no buildx, and
     # the build needs no BuildKit feature.
     DOCKER_BUILDKIT=0 docker build --build-arg "BASE=$base_image" \
+        --label "threadgate.context=$context_hash" \
         -t "$sandbox_image" "$repo_root/sandbox"
+}
+
+# A hash of what goes into the sandbox image, so a changed Dockerfile or runner
+# rebuilds it instead of reusing a stale image.
+context_hash=$(cd "$repo_root/sandbox" && find . -type f ! -name README.md ! -name .gitignore -print0 \
+    | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+built_hash() {
+    docker image inspect --format '{{ index .Config.Labels "threadgate.context" }}' "$1" 2>/dev/null
 }
 
 # Runs "$@" and prints how long it took.
@@ -93,8 +102,8 @@ else
     timed "base image $base_image" build_base
 fi
 
-if [ "$force" -eq 0 ] && image_exists "$sandbox_image"; then
-    say "sandbox image $sandbox_image exists; skipping (use --force to rebuild)"
+if [ "$force" -eq 0 ] && [ "$(built_hash "$sandbox_image")" = "$context_hash" ]; then
+    say "sandbox image $sandbox_image is up to date; skipping (use --force to rebuild)"
 else
     timed "sandbox image $sandbox_image" build_sandbox
 fi
