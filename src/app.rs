@@ -48,12 +48,13 @@ async fn instance_id(db: &Db, configured: Option<&str>) -> anyhow::Result<String
         return Ok(id.to_owned());
     }
     let fresh = format!("tg{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+    // `build` runs inside the runtime: a blocking write would panic there.
     let id = db
         .write(move |c| {
             c.execute(
-            "INSERT INTO meta (key, value) VALUES ('instance_id', ?1) ON CONFLICT (key) DO NOTHING",
-            [&fresh],
-        )?;
+                "INSERT INTO meta (key, value) VALUES ('instance_id', ?1) ON CONFLICT (key) DO NOTHING",
+                [&fresh],
+            )?;
             c.query_row(
                 "SELECT value FROM meta WHERE key = 'instance_id'",
                 [],
@@ -171,6 +172,10 @@ impl Application {
             outbox: Notify::new(),
             supervisor: OnceLock::new(),
         });
+        let approvals = Approvals { gate: gate.clone() };
+        // Before the supervisor can open a session socket: only calls a previous run
+        // left behind are recovered, never one a session makes now.
+        let leftovers = approvals.leftovers().await;
         let sockets = Arc::new(SocketHost::new());
         let sandbox_api = Arc::new(SandboxApi {
             db: db.clone(),
@@ -217,7 +222,6 @@ impl Application {
             clock: intake_clock,
             notify: notify_tx,
         });
-        let approvals = Approvals { gate: gate.clone() };
         let router = axum::Router::new()
             .route("/healthz", axum::routing::get(|| async { "ok" }))
             .merge(intake_router)
@@ -233,7 +237,7 @@ impl Application {
         background.push(tokio::spawn(approvals::outbox::run(gate.clone())));
         let a = approvals.clone();
         background.push(tokio::spawn(async move {
-            a.recover().await;
+            a.recover(leftovers).await;
             loop {
                 a.expire_due().await;
                 tokio::time::sleep(Duration::from_secs(1)).await;

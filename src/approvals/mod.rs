@@ -50,6 +50,13 @@ pub struct Approvals {
     pub gate: Arc<Gate>,
 }
 
+/// What an earlier run of threadgate left to recover ([`Approvals::leftovers`]).
+#[derive(Debug, Default)]
+pub struct Leftovers {
+    approved: Vec<Execution>,
+    running: Vec<Execution>,
+}
+
 enum Recorded {
     Decided(Execution),
     Expired(Execution),
@@ -259,27 +266,32 @@ impl Approvals {
         expired.len()
     }
 
+    /// The calls an earlier run of threadgate left approved or in flight. Read at start,
+    /// before any session socket opens: a call a session makes after that is never a
+    /// leftover, so recovery cannot re-send or mark one that is running now.
+    pub async fn leftovers(&self) -> Leftovers {
+        let read = |status| async move {
+            self.gate
+                .db
+                .read(move |c| store::with_status(c, status))
+                .await
+                .unwrap_or_default()
+        };
+        Leftovers {
+            approved: read(Status::Approved).await,
+            running: read(Status::Running).await,
+        }
+    }
+
     /// After a restart: runs approved calls that had not run, re-sends calls whose
     /// outcome is unknown where the provider deduplicates by idempotency key, and marks
     /// the others for a person to check.
-    pub async fn recover(&self) {
-        let approved = self
-            .gate
-            .db
-            .read(|c| store::with_status(c, Status::Approved))
-            .await
-            .unwrap_or_default();
-        for exec in approved {
+    pub async fn recover(&self, left: Leftovers) {
+        for exec in left.approved {
             tracing::info!(execution = %exec.id, "running an approved call left by a restart");
             self.run_approved(&exec.id).await;
         }
-        let running = self
-            .gate
-            .db
-            .read(|c| store::with_status(c, Status::Running))
-            .await
-            .unwrap_or_default();
-        for exec in running {
+        for exec in left.running {
             let idempotent = self
                 .gate
                 .connectors

@@ -1,0 +1,31 @@
+//! The gateway end to end: a real threadgate (webhook intake, supervisor with a fake
+//! sandbox, session sockets, policy gate, approvals, note outbox, audit) against
+//! localstripe, the Plain fake and the GitHub stub, driven over the session's unix
+//! socket as an agent drives it and over the people's listener as reviewers do.
+//!
+//! Needs `.venv-peers`: run `scripts/localstripe.sh setup` once.
+
+#[path = "support/github_stub.rs"]
+mod github_stub;
+#[path = "support/localstripe.rs"]
+mod localstripe;
+#[path = "support/plain_fake.rs"]
+mod plain_fake;
+
+#[path = "gateway_e2e/harness.rs"]
+mod harness;
+#[path = "gateway_e2e/unix_http.rs"]
+mod unix_http;
+
+#[path = "gateway_e2e/approvals.rs"]
+mod approvals;
+#[path = "gateway_e2e/leaks.rs"]
+mod leaks;
+#[path = "gateway_e2e/limits.rs"]
+mod limits;
+#[path = "gateway_e2e/queue.rs"]
+mod queue;
+#[path = "gateway_e2e/restart.rs"]
+mod restart;
+#[path = "gateway_e2e/scope.rs"]
+mod scope;

@@ -1,0 +1,165 @@
+//! Approvals: twenty reviewers' requests racing on one held refund make one refund;
+//! the approval binds one exact request; a denial's message reaches the agent; an
+//! expired hold answers 410 and never runs.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::harness::{World, refunds, repo_root, unix_request};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_concurrent_approvals_make_exactly_one_refund() {
+    let world = World::new().await;
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[5000])
+        .await;
+    let charge = ada.charges[0].clone();
+    let args = json!({"charge": charge, "amount": 1000, "reason": "requested_by_customer"});
+    let (status, held) = ada
+        .session
+        .call(
+            "stripe.create_refund",
+            args.clone(),
+            Some("the customer cancelled within the trial"),
+        )
+        .await;
+    assert_eq!(status, 202, "{held}");
+    let id = held["execution_id"].as_str().expect("id").to_owned();
+
+    // The agent's socket has no route to decide anything.
+    let (status, _) = unix_request(
+        &ada.session.socket,
+        "POST",
+        &format!("/api/approvals/{id}"),
+        Some(&json!({"decision": "approve"})),
+    )
+    .await;
+    assert_eq!(status, 404);
+    // The approval link is a pointer: without a reviewer's credential it shows nothing.
+    let anonymous = app
+        .http
+        .get(format!("http://{}/approvals/{id}", app.addr))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(anonymous.status().as_u16(), 401);
+    assert_eq!(app.execution(&id).await.status, "held");
+
+    let alice = app.add_reviewer("alice").await;
+    let bob = app.add_reviewer("bob").await;
+    let mut racing = Vec::new();
+    for i in 0..20 {
+        let token = if i % 2 == 0 {
+            alice.clone()
+        } else {
+            bob.clone()
+        };
+        let (addr, http, id) = (app.addr, app.http.clone(), id.clone());
+        racing.push(tokio::spawn(async move {
+            let response = http
+                .post(format!("http://{addr}/api/approvals/{id}"))
+                .bearer_auth(token)
+                .json(&json!({"decision": "approve", "message": "ok, refund it"}))
+                .send()
+                .await
+                .expect("approve");
+            response.status().as_u16()
+        }));
+    }
+    let mut statuses = Vec::new();
+    for task in racing {
+        statuses.push(task.await.expect("task"));
+    }
+    statuses.sort();
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    let conflict = statuses.iter().filter(|s| **s == 409).count();
+    assert_eq!((ok, conflict), (1, 19), "{statuses:?}");
+
+    // The agent's wait returns the real refund.
+    let done = ada.session.wait(&id, 30).await;
+    assert_eq!(done["status"], "ok", "{done}");
+    let made = refunds(&world.stripe).await;
+    assert_eq!(made.len(), 1, "{made:#?}");
+    assert_eq!(done["result"]["id"], made[0]["id"]);
+    assert_eq!(made[0]["amount"], 1000);
+    assert_eq!(made[0]["metadata"]["threadgate_execution_id"], id.as_str());
+    let row = app.execution(&id).await;
+    assert_eq!(row.status, "succeeded");
+    assert!(
+        ["alice", "bob"].contains(&done["reviewer"].as_str().unwrap_or_default()),
+        "{done}"
+    );
+
+    // The same request again is answered with the earlier result; nothing runs again.
+    let (status, replay) = ada
+        .session
+        .call("stripe.create_refund", args.clone(), None)
+        .await;
+    assert_eq!(status, 200, "{replay}");
+    assert_eq!(replay["execution_id"], id.as_str());
+    assert_eq!(replay["replayed"], true);
+
+    // Changed arguments need their own approval.
+    let changed = json!({"charge": charge, "amount": 500, "reason": "requested_by_customer"});
+    let (status, again) = ada
+        .session
+        .call("stripe.create_refund", changed, Some("a partial refund"))
+        .await;
+    assert_eq!(status, 202, "{again}");
+    let second = again["execution_id"].as_str().expect("id").to_owned();
+    assert_ne!(second, id);
+    assert_eq!(app.execution(&second).await.status, "held");
+
+    // A denial's message reaches the agent through the execution; nothing runs.
+    let message = "Offer a coupon instead of a second refund.";
+    let (status, denied) = app.decide(&second, &alice, "deny", message).await;
+    assert_eq!(status, 200, "{denied}");
+    let seen = ada.session.wait(&second, 30).await;
+    assert_eq!(seen["status"], "denied", "{seen}");
+    assert_eq!(seen["message"], message);
+    assert_eq!(seen["reviewer"], "alice");
+    let (status, _) = app.decide(&second, &bob, "approve", "").await;
+    assert_eq!(status, 409, "a denied call cannot be approved afterwards");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(refunds(&world.stripe).await.len(), 1);
+    let charge_now = world.stripe.get(&format!("charges/{charge}")).await;
+    assert_eq!(charge_now["amount_refunded"], 1000);
+
+    assert!(app.verify_audit().await > 0);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_approval_answers_410_and_never_runs() {
+    let policy = std::fs::read_to_string(repo_root().join("policies/support.yaml"))
+        .expect("policy")
+        .replace("ttl: 4h", "ttl: 1s");
+    assert!(policy.contains("ttl: 1s"));
+    let world = World::with_policy_text(&policy).await;
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[5000])
+        .await;
+    let args = json!({"charge": ada.charges[0], "amount": 1000, "reason": "requested_by_customer"});
+    let (status, held) = ada.session.call("stripe.create_refund", args, None).await;
+    assert_eq!(status, 202, "{held}");
+    let id = held["execution_id"].as_str().expect("id").to_owned();
+    let alice = app.add_reviewer("alice").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let (status, body) = app.decide(&id, &alice, "approve", "too late").await;
+    assert_eq!(status, 410, "{body}");
+    let seen = ada.session.wait(&id, 5).await;
+    assert_eq!(seen["status"], "expired", "{seen}");
+    let (status, _) = app.decide(&id, &alice, "approve", "again").await;
+    assert_eq!(status, 410);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(refunds(&world.stripe).await.is_empty());
+    let row = app.execution(&id).await;
+    assert_eq!(row.status, "expired");
+
+    assert!(app.verify_audit().await > 0);
+    app.stop().await;
+}
