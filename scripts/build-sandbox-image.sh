@@ -5,10 +5,11 @@
 #               ca-certificates, curl) -> tarball -> `docker import` as $BASE_IMAGE
 #   2. sandbox: docker build --build-arg BASE=$BASE_IMAGE -t $SANDBOX_IMAGE sandbox/
 #
-# A step whose image already exists is skipped unless --force is given (--force rebuilds
-# both). Each step is timed. mmdebstrap is installed with apt-get if missing. The Debian
-# mirror is the one this machine's apt already uses (its deb822 debian.sources), so the
-# build reaches nothing but Debian's package mirror.
+# The base step is skipped when its image exists unless --force is given; the sandbox
+# step always runs (Docker's layer cache makes it quick when nothing changed). Each
+# step is timed. mmdebstrap is installed with apt-get if missing. The Debian mirror
+# is the one this machine's apt already uses (its deb822 debian.sources), so the build
+# reaches nothing but Debian's package mirror.
 #
 # Usage: scripts/build-sandbox-image.sh [--force]
 # Environment:
@@ -93,10 +94,8 @@ else
     timed "base image $base_image" build_base
 fi
 
-if [ "$force" -eq 0 ] && image_exists "$sandbox_image"; then
-    say "sandbox image $sandbox_image exists; skipping (use --force to rebuild)"
-else
-    timed "sandbox image $sandbox_image" build_sandbox
-fi
+# Always rebuilt: it takes seconds (cached layers), and a stale image would run an old
+# agent runner or none at all after sandbox/bin changed.
+timed "sandbox image $sandbox_image" build_sandbox
 
 say "ready: $sandbox_image ($(docker image inspect --format '{{.Size}}' "$sandbox_image") bytes)"
