@@ -590,8 +590,21 @@ impl Supervisor {
                 tracing::error!(container = %container, error = %e, "cannot remove container");
             }
         }
+        // Secret files of sessions whose container is gone (a crash mid-start, a
+        // container removed behind threadgate's back) must not stay on the host.
+        match self.parts.sandbox.reap_orphan_secrets().await {
+            Ok(0) => {}
+            Ok(removed) => {
+                tracing::warn!(removed, "removed secrets directories without a container")
+            }
+            Err(e) => tracing::error!(error = %e, "cannot reap secrets directories"),
+        }
         for row in live {
             if adopted.contains(&row.thread_id) || self.busy.contains_key(&row.thread_id) {
+                continue;
+            }
+            if row.stop_requested {
+                // Ending, not resuming: the tick stops it and commits its work.
                 continue;
             }
             tracing::warn!(thread = %row.thread_id, "session lost its container; resuming");
@@ -649,11 +662,17 @@ fn apply_events(
                 }
                 store::mark_applied(conn, ev.seq, thread, true, now)?;
                 if !stale {
+                    // A customer writing after DONE reopens the thread.
+                    store::cancel_stop(conn, thread)?;
                     want = Want::Live;
                 }
             }
             "done" if row.is_some() => {
                 store::mark_applied(conn, ev.seq, thread, true, now)?;
+                // Durable in the same transaction: once the event is marked applied,
+                // only this flag remembers that the session must end, should threadgate
+                // stop before the session has (the tick ends flagged sessions).
+                store::request_stop(conn, thread)?;
                 want = Want::End;
             }
             "info" if row.is_some() => {
@@ -743,7 +762,7 @@ async fn start_session(
                 )
             })
             .collect(),
-        limits: parts.limits.clone(),
+        limits: parts.limits,
         command: agent.command.clone(),
         env: vec![
             ("THREADGATE_THREAD_ID".into(), row.thread_id.clone()),
