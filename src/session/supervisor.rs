@@ -393,10 +393,14 @@ impl Supervisor {
         if row.state == SessionState::Ended {
             return Ok(());
         }
-        if let Some(dirty) = self.busy.get_mut(thread) {
-            // Ended once the current operation reports back: the pending DONE or stop
-            // request is applied then.
-            *dirty = true;
+        if self.busy.contains_key(thread) {
+            // Ended by the tick once the current operation reports back; the flag is
+            // what remembers it (a re-applied thread has no event left saying so).
+            let t = thread.to_owned();
+            self.parts
+                .db
+                .write(move |c| store::request_stop(c, &t))
+                .await?;
             return Ok(());
         }
         self.spawn_stop(row, true);

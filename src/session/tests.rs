@@ -311,6 +311,38 @@ async fn done_is_remembered_until_the_session_has_ended_and_a_newer_message_canc
 }
 
 #[tokio::test]
+async fn a_stop_while_the_container_is_starting_ends_the_session_once_started() {
+    let h = harness(4);
+    h.db.write(|c| {
+        c.execute(
+            "INSERT INTO events (event_id, event_type, class, thread_id, actor, \
+             occurred_at_ms, received_at_ms, body) \
+             VALUES ('pEv_1', 'thread.thread_created', 'customer', 'th_1', 'system', \
+             1000, 1000, '{}')",
+            [],
+        )
+    })
+    .await
+    .expect("insert event");
+    // Queued behind the event, so handled while the start is in flight.
+    h.handle.thread_changed("th_1");
+    h.handle.stop("th_1").await.expect("stop");
+    let ended = async {
+        loop {
+            h.settle().await;
+            if h.state("th_1").await == Some(SessionState::Ended) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), ended)
+        .await
+        .expect("the session ends");
+    assert_eq!(h.running_containers().await, 0);
+}
+
+#[tokio::test]
 async fn sessions_beyond_the_cap_wait_and_start_when_a_slot_frees() {
     let h = harness(2);
     for t in ["th_1", "th_2", "th_3"] {
