@@ -11,7 +11,8 @@
 //!
 //! `cargo bench --bench sessions`. Needs `scripts/docker-up.sh` and
 //! `scripts/build-sandbox-image.sh`. `SESSIONS_BENCH_STARTS` (default 20) and
-//! `SESSIONS_BENCH_BURST` (default 100) change the sizes.
+//! `SESSIONS_BENCH_BURST` (default 100) change the sizes. Under `cargo test
+//! --all-targets` it is a smoke run (2 starts, a burst of 12).
 
 #[path = "../tests/sessions_docker/support.rs"]
 mod support;
@@ -58,9 +59,13 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
+    // `cargo bench` passes --bench; `cargo test --all-targets` does not, and gets a
+    // smoke run that checks the same things on fewer threads.
+    let full = std::env::args().any(|a| a == "--bench");
+    let (starts, threads) = if full { (20, 100) } else { (2, 12) };
     rt.block_on(async {
-        start_latency(env_usize("SESSIONS_BENCH_STARTS", 20)).await;
-        burst(env_usize("SESSIONS_BENCH_BURST", 100), 8).await;
+        start_latency(env_usize("SESSIONS_BENCH_STARTS", starts)).await;
+        burst(env_usize("SESSIONS_BENCH_BURST", threads), 8).await;
     });
 }
 
