@@ -422,6 +422,11 @@ async fn after_a_restart_containers_and_sessions_match() {
     ]);
     assert_eq!(code, 0, "{err}");
     let stray = stray.trim().to_owned();
+    // What a crash between writing a session's secrets and creating its container
+    // leaves on the host's tmpfs.
+    let secrets_dir = world.secrets_root.join(&world.instance);
+    std::fs::create_dir_all(secrets_dir.join("s-crashed-start")).expect("stale secrets dir");
+    std::fs::write(secrets_dir.join("s-crashed-start/token"), "stale").expect("stale secret");
 
     let second = spawn_app(&world, AppOptions::default()).await;
     let matched = eventually(WAIT, || async {
@@ -465,6 +470,24 @@ async fn after_a_restart_containers_and_sessions_match() {
     );
     let new_a = second.running(&thread_a).await;
     assert_ne!(new_a, container_a, "a is resumed in a new container");
+
+    // Secrets directories exist for running sessions only.
+    let running: HashSet<String> = second
+        .sessions()
+        .await
+        .into_iter()
+        .filter(|s| s.1 == "running")
+        .map(|s| s.3)
+        .collect();
+    let reaped = eventually(WAIT, || async {
+        let dirs: HashSet<String> = std::fs::read_dir(&secrets_dir)
+            .expect("secrets dir")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .collect();
+        (dirs == running).then_some(())
+    })
+    .await;
+    assert!(reaped.is_some(), "secrets dirs left without a container");
 
     // The adopted container reaches threadgate again through its socket.
     let (code, out, err) = exec(
@@ -540,4 +563,52 @@ async fn a_quiet_session_gives_up_its_container_and_resumes_with_its_files() {
     assert_eq!(code, 0, "{err}");
     let page: Value = serde_json::from_str(&out).expect("events json");
     assert_eq!(page["events"].as_array().map(Vec::len), Some(2), "{page}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_while_done_is_being_applied_still_ends_the_session() {
+    let world = World::new();
+    let first = spawn_app(&world, AppOptions::default()).await;
+    let thread = thread_id();
+    open_thread(&world, &first, &thread).await;
+    let container = first.running(&thread).await;
+    let (code, _, err) = exec(&container, "printf 'half done\\n' > notes.md");
+    assert_eq!(code, 0, "{err}");
+
+    // Crash as soon as the DONE is applied, while its container is being stopped.
+    let done = event_id();
+    let at = Utc::now() + chrono::Duration::seconds(1);
+    let body = plain_event("thread-status-transitioned.json", &thread, &done, at);
+    assert_eq!(
+        world.deliver(&first, body.to_string().as_bytes()).await.0,
+        200
+    );
+    let applied = eventually(WAIT, || async {
+        let id = done.clone();
+        let at: Option<i64> = first
+            .db
+            .read(move |c| {
+                c.query_row(
+                    "SELECT applied_at_ms FROM events WHERE event_id = ?1",
+                    [&id],
+                    |r| r.get(0),
+                )
+            })
+            .await
+            .expect("read event");
+        at
+    })
+    .await;
+    assert!(applied.is_some(), "DONE never applied");
+    let db = first.db.clone();
+    first.crash();
+
+    let second = spawn_app(&world, AppOptions::default()).await;
+    drop(db);
+    ended_and_gone(&world, &second, &thread).await;
+    let repo = world.repo();
+    let tip = branch_tip(&repo, &format!("threadgate/{thread}")).expect("branch");
+    let tree = repo.find_commit(tip).expect("commit").tree().expect("tree");
+    assert!(tree.get_name("notes.md").is_some(), "the work is committed");
+    assert!(!world.data_dir().join("worktrees").join(&thread).exists());
 }

@@ -217,7 +217,16 @@ pub fn request_stop(conn: &Connection, thread_id: &str) -> rusqlite::Result<bool
     Ok(changed > 0)
 }
 
-/// Threads whose session an operator asked to stop.
+/// Withdraws a stop request (a customer wrote after the thread's DONE).
+pub fn cancel_stop(conn: &Connection, thread_id: &str) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE sessions SET stop_requested = 0 WHERE thread_id = ?1",
+        [thread_id],
+    )?;
+    Ok(())
+}
+
+/// Threads whose session must stop: an operator asked, or the thread is DONE.
 pub fn stop_requests(conn: &Connection) -> rusqlite::Result<Vec<String>> {
     let mut stmt = conn.prepare("SELECT thread_id FROM sessions WHERE stop_requested = 1")?;
     let rows = stmt.query_map([], |r| r.get(0))?;

@@ -393,10 +393,14 @@ impl Supervisor {
         if row.state == SessionState::Ended {
             return Ok(());
         }
-        if let Some(dirty) = self.busy.get_mut(thread) {
-            // Ended once the current operation reports back: the pending DONE or stop
-            // request is applied then.
-            *dirty = true;
+        if self.busy.contains_key(thread) {
+            // Ended by the tick once the current operation reports back; the flag is
+            // what remembers it (a re-applied thread has no event left saying so).
+            let t = thread.to_owned();
+            self.parts
+                .db
+                .write(move |c| store::request_stop(c, &t))
+                .await?;
             return Ok(());
         }
         self.spawn_stop(row, true);
@@ -590,8 +594,21 @@ impl Supervisor {
                 tracing::error!(container = %container, error = %e, "cannot remove container");
             }
         }
+        // Secret files of sessions whose container is gone (a crash mid-start, a
+        // container removed behind threadgate's back) must not stay on the host.
+        match self.parts.sandbox.reap_orphan_secrets().await {
+            Ok(0) => {}
+            Ok(removed) => {
+                tracing::warn!(removed, "removed secrets directories without a container")
+            }
+            Err(e) => tracing::error!(error = %e, "cannot reap secrets directories"),
+        }
         for row in live {
             if adopted.contains(&row.thread_id) || self.busy.contains_key(&row.thread_id) {
+                continue;
+            }
+            if row.stop_requested {
+                // Ending, not resuming: the tick stops it and commits its work.
                 continue;
             }
             tracing::warn!(thread = %row.thread_id, "session lost its container; resuming");
@@ -649,11 +666,17 @@ fn apply_events(
                 }
                 store::mark_applied(conn, ev.seq, thread, true, now)?;
                 if !stale {
+                    // A customer writing after DONE reopens the thread.
+                    store::cancel_stop(conn, thread)?;
                     want = Want::Live;
                 }
             }
             "done" if row.is_some() => {
                 store::mark_applied(conn, ev.seq, thread, true, now)?;
+                // Durable in the same transaction: once the event is marked applied,
+                // only this flag remembers that the session must end, should threadgate
+                // stop before the session has (the tick ends flagged sessions).
+                store::request_stop(conn, thread)?;
                 want = Want::End;
             }
             "info" if row.is_some() => {

@@ -260,6 +260,89 @@ async fn an_event_older_than_done_does_not_reopen_the_thread() {
 }
 
 #[tokio::test]
+async fn done_is_remembered_until_the_session_has_ended_and_a_newer_message_cancels_it() {
+    let h = harness(4);
+    h.event("th_1", "customer", 1_000).await;
+    // Applied together: DONE, then a newer message that reopens the thread.
+    h.db.write(|c| {
+        for (id, class, at) in [
+            ("pEv_done", "done", 2_000),
+            ("pEv_again", "customer", 3_000),
+        ] {
+            c.execute(
+                "INSERT INTO events (event_id, event_type, class, thread_id, actor, \
+                 occurred_at_ms, received_at_ms, body) \
+                 VALUES (?1, 'thread.email_received', ?2, 'th_1', 'customer', ?3, ?3, '{}')",
+                rusqlite::params![id, class, at],
+            )?;
+        }
+        Ok(())
+    })
+    .await
+    .expect("insert events");
+    h.handle.thread_changed("th_1");
+    h.settle().await;
+    assert_eq!(h.state("th_1").await, Some(SessionState::Running));
+    let flagged = h.db.read(store::stop_requests).await.expect("read");
+    assert!(flagged.is_empty(), "the tick would stop a reopened thread");
+
+    // DONE alone ends it, and the flag that remembered it is cleared.
+    h.db.write(|c| {
+        c.execute(
+            "INSERT INTO events (event_id, event_type, class, thread_id, actor, \
+             occurred_at_ms, received_at_ms, body) \
+             VALUES ('pEv_done2', 'thread.thread_status_transitioned', 'done', 'th_1', \
+             'user', 4000, 4000, '{}')",
+            [],
+        )?;
+        Ok(())
+    })
+    .await
+    .expect("insert done");
+    h.handle.thread_changed("th_1");
+    h.settle().await;
+    assert_eq!(h.state("th_1").await, Some(SessionState::Ended));
+    assert!(
+        h.db.read(store::stop_requests)
+            .await
+            .expect("read")
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn a_stop_while_the_container_is_starting_ends_the_session_once_started() {
+    let h = harness(4);
+    h.db.write(|c| {
+        c.execute(
+            "INSERT INTO events (event_id, event_type, class, thread_id, actor, \
+             occurred_at_ms, received_at_ms, body) \
+             VALUES ('pEv_1', 'thread.thread_created', 'customer', 'th_1', 'system', \
+             1000, 1000, '{}')",
+            [],
+        )
+    })
+    .await
+    .expect("insert event");
+    // Queued behind the event, so handled while the start is in flight.
+    h.handle.thread_changed("th_1");
+    h.handle.stop("th_1").await.expect("stop");
+    let ended = async {
+        loop {
+            h.settle().await;
+            if h.state("th_1").await == Some(SessionState::Ended) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), ended)
+        .await
+        .expect("the session ends");
+    assert_eq!(h.running_containers().await, 0);
+}
+
+#[tokio::test]
 async fn sessions_beyond_the_cap_wait_and_start_when_a_slot_frees() {
     let h = harness(2);
     for t in ["th_1", "th_2", "th_3"] {

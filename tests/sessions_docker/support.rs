@@ -23,7 +23,7 @@ use serde_json::Value;
 use sha2::Sha256;
 use tempfile::TempDir;
 use threadgate::app::{Application, Overrides};
-use threadgate::config::Settings;
+use threadgate::config::{PlainSettings, RepoSettings, SandboxSettings, SessionSettings, Settings};
 use threadgate::sandbox::{LABEL_INSTANCE, SandboxRuntime};
 use threadgate::secrets::{MasterKey, SecretStore, SecretString};
 use threadgate::session::SupervisorHandle;
@@ -105,29 +105,41 @@ impl World {
     pub fn settings(&self, opts: &AppOptions) -> Settings {
         let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
         let data_dir = self.data_dir();
-        let mut s = Settings::default();
-        s.master_key_file = data_dir.join("master.key");
-        s.data_dir = data_dir;
-        s.instance_id = Some(self.instance.clone());
-        s.listen = opts.listen;
-        s.policy_file = crate_dir.join("policies/support.yaml");
-        s.agents_dir = opts
-            .agents_dir
-            .clone()
-            .unwrap_or_else(|| crate_dir.join("agents"));
-        s.skills_dir = crate_dir.join("skills");
-        s.plain.signing_secret = Some(SecretString::new(self.signing_secret.clone()));
-        s.repo.path = self.repo_path();
-        s.repo.default_branch = Some("main".into());
-        s.sandbox.image = IMAGE.into();
-        s.sandbox.memory_bytes = 256 << 20;
-        s.sandbox.nano_cpus = 500_000_000;
-        s.sandbox.pids = 128;
-        s.sandbox.secrets_root = self.secrets_root.clone();
-        s.sessions.max_live = opts.max_live;
-        s.sessions.idle_timeout = opts.idle_timeout;
-        s.sessions.reconcile_every = Duration::from_secs(1);
-        s
+        let defaults = Settings::default();
+        Settings {
+            master_key_file: data_dir.join("master.key"),
+            data_dir,
+            instance_id: Some(self.instance.clone()),
+            listen: opts.listen,
+            policy_file: crate_dir.join("policies/support.yaml"),
+            agents_dir: opts
+                .agents_dir
+                .clone()
+                .unwrap_or_else(|| crate_dir.join("agents")),
+            skills_dir: crate_dir.join("skills"),
+            plain: PlainSettings {
+                signing_secret: Some(SecretString::new(self.signing_secret.clone())),
+                ..defaults.plain
+            },
+            repo: RepoSettings {
+                path: self.repo_path(),
+                default_branch: Some("main".into()),
+                remote: None,
+            },
+            sandbox: SandboxSettings {
+                image: IMAGE.into(),
+                memory_bytes: 256 << 20,
+                nano_cpus: 500_000_000,
+                pids: 128,
+                secrets_root: self.secrets_root.clone(),
+            },
+            sessions: SessionSettings {
+                max_live: opts.max_live,
+                idle_timeout: opts.idle_timeout,
+                reconcile_every: Duration::from_secs(1),
+            },
+            ..defaults
+        }
     }
 
     /// Stores `value` as secret `name` granted to `agent`, in the data directory the app
