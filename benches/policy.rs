@@ -29,12 +29,13 @@ fn support(c: &mut Criterion) {
     c.bench_function("support/ten_calls", |b| {
         b.iter(|| {
             for call in &calls {
-                let decision = policy.decide(
+                let decision = policy.decide_with_evidence(
                     black_box(&call.tool),
                     black_box(&call.args),
                     &catalog,
                     &history,
                     NOW,
+                    &call.evidence,
                 );
                 black_box(decision);
             }
@@ -43,12 +44,13 @@ fn support(c: &mut Criterion) {
     let refund = &calls[5];
     c.bench_function("support/conditioned_refund", |b| {
         b.iter(|| {
-            policy.decide(
+            policy.decide_with_evidence(
                 black_box(&refund.tool),
                 black_box(&refund.args),
                 &catalog,
                 &history,
                 NOW,
+                &refund.evidence,
             )
         });
     });

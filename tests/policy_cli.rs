@@ -53,6 +53,11 @@ fn shipped_policies_print_their_expected_tables() {
             "policies/support.expected.txt",
         ),
         (
+            "policies/support.yaml",
+            "policies/support-refunds.calls.yaml",
+            "policies/support-refunds.expected.txt",
+        ),
+        (
             "policies/examples/refund-over-100.yaml",
             "policies/examples/refund-over-100.calls.yaml",
             "policies/examples/refund-over-100.expected.txt",
@@ -90,23 +95,30 @@ fn check_json_gives_decisions_rule_lines_and_charges() {
         })
         .collect();
     let expected_lines = [
-        Some(33),
-        Some(39),
-        Some(36),
-        Some(27),
-        Some(30),
-        Some(13),
-        Some(21),
-        Some(24),
+        Some(47),
+        Some(53),
+        Some(50),
+        Some(41),
+        Some(44),
+        Some(18),
+        Some(35),
+        Some(38),
         None,
-        Some(42),
+        Some(56),
     ];
     assert_eq!(lines.len(), expected_lines.len());
     for ((decision, line), expected) in lines.iter().zip(expected_lines) {
         assert_eq!(line.as_u64(), expected, "{decision}");
     }
-    assert_eq!(rows[5]["because"], "rule stripe.create_refund + condition");
-    assert_eq!(rows[0]["line"], 3);
+    assert_eq!(
+        rows[5]["because"],
+        "rule stripe.create_refund + 3 conditions + limit"
+    );
+    assert_eq!(
+        rows[5]["evidence"],
+        serde_json::json!(["duplicate_charge within 7d (line 25): found 2h apart, holds"])
+    );
+    assert_eq!(rows[0]["line"], 6);
     assert_eq!(
         report["summary"],
         serde_json::json!({"calls": 10, "run": 6, "hold": 3, "block": 1})
@@ -193,7 +205,9 @@ fn check_reports_invalid_or_unreadable_files_with_positions() {
     assert_eq!(output.status.code(), Some(1));
     assert_eq!(
         text(&output.stderr),
-        format!("{calls}:3:5: error: unknown key `argz` in a call; expected tool or args\n")
+        format!(
+            "{calls}:3:5: error: unknown key `argz` in a call; expected tool, args or evidence\n"
+        )
     );
     let missing = path_str(dir.path(), "missing.yaml");
     let output = threadgate(&["check", &missing, &calls]);

@@ -69,8 +69,6 @@ fn tool_patterns() {
         ("/^stripe\\./", "github.search_code", false),
         ("/REFUND/", "stripe.create_refund", true),
         ("/create/", "stripe.create_refund", true),
-        ("/", "/", true),
-        ("/x", "/x", true),
         ("ÜBER.*", "über.tool", true),
         ("über.*", "ÜBER.TOOL", true),
     ];
@@ -355,10 +353,19 @@ policies:
                 json!({"reason": "duplicate", "amount": 50}),
                 "run | rule stripe.create_refund + 2 conditions @7",
             ),
-            // The block rule's first condition fails but its second cannot be evaluated.
+            // The block rule's first condition definitely fails, so its second, which
+            // cannot be evaluated, does not matter (three-valued AND, as in Kortix); the
+            // always_run rule's amount cannot be evaluated, so it does not apply.
             (
                 "stripe.create_refund",
                 json!({"reason": "duplicate"}),
+                "hold | default_mode: risk (write)",
+            ),
+            // Nothing fails and one condition cannot be evaluated: the block rule
+            // fails closed.
+            (
+                "stripe.create_refund",
+                json!({"reason": "fraudulent"}),
                 "block | rule stripe.create_refund + condition not evaluable (fail closed) @2",
             ),
             (

@@ -236,12 +236,16 @@ fn lint_reports_dead_rules_unknown_tools_and_arguments() {
         &["p.yaml:5:9: warning: no tool matched by `stripe.get_*` takes an argument `reason`"],
     );
     check_lint(
-        "policies:\n  - match: stripe.create_refund\n    action: always_run\n    conditions:\n      - {arg: amount_cents, lte: 100}\n    limits:\n      - {sum: amount, per: customer.id, window: 1d, max: 100}\n  - match: 'stripe.refund_*'\n    action: block\n  - match: '/stripe'\n    action: block\n",
+        "policies:\n  - match: stripe.create_refund\n    action: always_run\n    conditions:\n      - {arg: amount_cents, lte: 100}\n    limits:\n      - {sum: amount, per: customer.id, window: 1d, max: 100}\n  - match: 'stripe.refund_*'\n    action: block\n",
         &[
             "p.yaml:5:9: warning: `stripe.create_refund` takes no argument `amount_cents`",
             "p.yaml:8:5: warning: pattern `stripe.refund_*` matches no tool in the catalog",
-            "p.yaml:10:5: warning: `/stripe` starts with `/` but does not end with one, so it is compared as a name, not as a regular expression",
-            "p.yaml:10:5: warning: pattern `/stripe` matches no tool in the catalog",
+        ],
+    );
+    check_lint(
+        "policies:\n  - match: '/stripe'\n    action: block\n",
+        &[
+            "p.yaml:2:12: error: `/stripe` starts with `/` but is not a regular expression `/body/flags` (no closing `/`); no tool name contains `/`",
         ],
     );
     check_lint(
@@ -276,7 +280,7 @@ fn calls_files() {
         ),
         (
             "calls:\n  - tool: x\n    arg: {}\n",
-            &["c.yaml:3:5: unknown key `arg` in a call; expected tool or args"],
+            &["c.yaml:3:5: unknown key `arg` in a call; expected tool, args or evidence"],
         ),
         (
             "calls:\n  - tool: x\n    args: {a: 1, a: 2}\n",

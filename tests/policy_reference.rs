@@ -342,7 +342,20 @@ fn lookup<'v>(args: &'v Value, path: &str) -> Option<&'v Value> {
 fn text_of(value: &Value) -> Option<String> {
     match value {
         Value::String(s) => Some(s.clone()),
-        Value::Number(_) | Value::Bool(_) => Some(value.to_string()),
+        // Numbers as JavaScript's String(n) writes them (the generated numbers are small
+        // enough for plain notation): integral values without a fraction, `-0` as `0`.
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => Some(i.to_string()),
+            None => {
+                let f = n.as_f64()?;
+                Some(if f == f.trunc() {
+                    format!("{}", f as i64)
+                } else {
+                    format!("{f}")
+                })
+            }
+        },
+        Value::Bool(_) => Some(value.to_string()),
         _ => None,
     }
 }
@@ -469,6 +482,10 @@ fn reference(
             "require_approval" => "hold",
             _ => "block",
         };
+        // Three-valued AND: a definite failure rules the rule out first.
+        if outcomes.contains(&Some(false)) {
+            continue;
+        }
         if outcomes.contains(&None) {
             if rule.action == "always_run" {
                 continue;
@@ -478,9 +495,6 @@ fn reference(
                 rule.pattern
             );
             return (verdict.into(), because, Some(*line), Vec::new());
-        }
-        if outcomes.contains(&Some(false)) {
-            continue;
         }
         let charges = if rule.limits.is_empty() {
             Vec::new()

@@ -168,7 +168,14 @@ fn decide_calls(args: &CheckArgs) -> Result<(Vec<Call>, Vec<Decision>), String> 
     let mut decisions = Vec::with_capacity(calls.len());
     for call in &calls {
         warn_about_arguments(&catalog, &calls_file, call);
-        let decision = policy.decide(&call.tool, &call.args, &catalog, &history, now_ms);
+        let decision = policy.decide_with_evidence(
+            &call.tool,
+            &call.args,
+            &catalog,
+            &history,
+            now_ms,
+            &call.evidence,
+        );
         if decision.verdict == Verdict::Run {
             for charge in &decision.charges {
                 history.record(charge, now_ms);
@@ -207,6 +214,9 @@ pub(crate) fn render_table(calls: &[Call], decisions: &[Decision]) -> String {
     row("call", "decision", &"because");
     for (call, decision) in calls.iter().zip(decisions) {
         row(&call.tool, decision.verdict.as_str(), &decision.because);
+        for check in &decision.evidence {
+            row("", "", &format_args!("  evidence {check}"));
+        }
     }
     let (run, hold, block) = tally(decisions);
     let _ = write!(
@@ -241,6 +251,7 @@ fn render_json(policy: &Path, calls: &[Call], decisions: &[Decision]) -> String 
                 "because": decision.because.to_string(),
                 "rule_line": decision.rule_line,
                 "charges": decision.charges.iter().map(charge_json).collect::<Vec<_>>(),
+                "evidence": decision.evidence.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
             })
         })
         .collect();

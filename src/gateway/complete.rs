@@ -1,11 +1,14 @@
 //! Completing a call's arguments before it is decided and hashed: the thread it is
 //! scoped to, and for Stripe writes the facts the policy needs (the charge's customer
 //! and currency, the full remaining amount of a refund without one) and whether the
-//! object belongs to the thread's customer.
+//! object belongs to the thread's customer. It also gathers the evidence the policy's
+//! rules for the tool ask for (see `policy::evidence`): what it cannot gather stays out
+//! of the [`Evidence`], so the conditions on it fail closed.
 
 use serde_json::{Map, Value};
 
 use crate::connectors::{ConnectorError, StripeConnector};
+use crate::policy::{Evidence, EvidenceKind, Finding};
 use crate::session::SessionScope;
 
 /// Why completing a call failed; the agent gets this as a 4xx or 502.
@@ -31,10 +34,34 @@ pub struct Completion {
     /// Set when the call touches an object that is not (or cannot be shown to be) the
     /// thread's customer's: the call is held whatever the policy says.
     pub forced_hold: Option<String>,
+    /// The evidence gathered for the policy's evidence conditions.
+    pub evidence: Evidence,
 }
 
-/// Fills in scope and provider facts in `args` (an object) for `tool`.
+/// Fills in scope and provider facts in `args` (an object) for `tool`, and gathers the
+/// `wanted` evidence.
 pub async fn complete(
+    tool: &str,
+    args: &mut Map<String, Value>,
+    scope: &SessionScope,
+    takes_thread: bool,
+    is_write: bool,
+    stripe: Option<&StripeConnector>,
+    wanted: &[EvidenceKind],
+) -> Result<Completion, CompleteError> {
+    let mut completion = complete_args(tool, args, scope, takes_thread, is_write, stripe).await?;
+    if let (Some(stripe), "stripe.create_refund") = (stripe, tool) {
+        for kind in wanted {
+            let EvidenceKind::DuplicateCharge = kind;
+            if let Some(finding) = duplicate_charge(args, stripe).await {
+                completion.evidence.insert(*kind, finding);
+            }
+        }
+    }
+    Ok(completion)
+}
+
+async fn complete_args(
     tool: &str,
     args: &mut Map<String, Value>,
     scope: &SessionScope,
@@ -65,6 +92,7 @@ pub async fn complete(
             forced_hold: Some(
                 "the stripe connector is not configured, so ownership cannot be checked".into(),
             ),
+            ..Completion::default()
         });
     };
     let owner = match action {
@@ -92,7 +120,57 @@ pub async fn complete(
         }
     };
     let forced_hold = check_owner(&owner.0, owner.1.as_deref(), scope, stripe).await?;
-    Ok(Completion { forced_hold })
+    Ok(Completion {
+        forced_hold,
+        ..Completion::default()
+    })
+}
+
+/// `duplicate_charge` for a refund of `args.charge` (whose `customer` completion filled
+/// in): the smallest gap in creation time between that charge and another succeeded,
+/// not fully refunded charge of the same customer with the same amount and currency.
+/// `None` when it cannot be gathered (the provider failed or answered malformed data).
+async fn duplicate_charge(args: &Map<String, Value>, stripe: &StripeConnector) -> Option<Finding> {
+    let charge_id = args.get("charge")?.as_str()?;
+    let Some(customer) = args.get("customer").and_then(Value::as_str) else {
+        return Some(Finding::NotFound);
+    };
+    let query = serde_json::json!({ "customer": customer });
+    let charges = match stripe.list_all("stripe.list_charges", &query).await {
+        Ok(charges) => charges,
+        Err(error) => {
+            tracing::warn!(error = %error, "cannot gather duplicate_charge evidence");
+            return None;
+        }
+    };
+    let this = charges
+        .iter()
+        .find(|c| c["id"].as_str() == Some(charge_id))?;
+    let (amount, currency, created) = (
+        this["amount"].as_u64()?,
+        this["currency"].as_str()?,
+        this["created"].as_i64()?,
+    );
+    let gap_s = charges
+        .iter()
+        .filter(|c| c["id"].as_str() != Some(charge_id))
+        .filter(|c| c["amount"].as_u64() == Some(amount))
+        .filter(|c| {
+            c["currency"]
+                .as_str()
+                .is_some_and(|x| x.eq_ignore_ascii_case(currency))
+        })
+        .filter(|c| c["status"].as_str() == Some("succeeded"))
+        .filter(|c| c["amount_refunded"].as_u64().is_some_and(|r| r < amount))
+        .filter_map(|c| c["created"].as_i64())
+        .map(|other| other.abs_diff(created))
+        .min();
+    Some(match gap_s {
+        Some(gap) => Finding::Found {
+            apart_ms: i64::try_from(gap.saturating_mul(1000)).unwrap_or(i64::MAX),
+        },
+        None => Finding::NotFound,
+    })
 }
 
 fn str_arg(args: &Map<String, Value>, key: &str) -> String {

@@ -15,7 +15,7 @@ use crate::audit::AuditEvent;
 use crate::connectors::{
     CallContext, Connector, ConnectorError, GithubConnector, HelpdeskConnector, StripeConnector,
 };
-use crate::policy::{Catalog, LimitHistory, Policy, Risk, Verdict};
+use crate::policy::{Catalog, Evidence, LimitHistory, Policy, Risk, Verdict};
 use crate::secrets::Redactor;
 use crate::session::{AgentBook, SessionScope, SupervisorHandle};
 use crate::store::Db;
@@ -228,6 +228,7 @@ impl Gate {
             };
         }
         let is_write = spec.risk != Risk::Read;
+        let wanted = self.current_policy().policy.evidence_wanted(&req.tool);
         let completion = match complete::complete(
             &req.tool,
             &mut args,
@@ -235,6 +236,7 @@ impl Gate {
             takes_thread,
             is_write,
             self.connectors.stripe.as_deref(),
+            &wanted,
         )
         .await
         {
@@ -269,6 +271,7 @@ impl Gate {
                 binding_hash,
                 req.diagnosis,
                 completion.forced_hold,
+                completion.evidence,
                 is_write,
             )
             .await;
@@ -316,6 +319,7 @@ impl Gate {
         binding_hash: String,
         diagnosis: Option<String>,
         forced_hold: Option<String>,
+        evidence: Evidence,
         is_write: bool,
     ) -> Result<Decided, crate::store::StoreError> {
         let loaded = self.current_policy();
@@ -338,11 +342,19 @@ impl Gate {
                 {
                     return Ok(Decided::Pending(pending));
                 }
-                let decision = loaded
-                    .policy
-                    .decide(&tool, &args, &catalog, &SqlHistory(conn), now);
+                let decision = loaded.policy.decide_with_evidence(
+                    &tool,
+                    &args,
+                    &catalog,
+                    &SqlHistory(conn),
+                    now,
+                    &evidence,
+                );
                 let mut verdict = decision.verdict;
                 let mut because = decision.because.to_string();
+                for check in &decision.evidence {
+                    because.push_str(&format!("; evidence {check}"));
+                }
                 let mut rule_line = decision.rule_line.map(i64::from);
                 if verdict == Verdict::Run {
                     let earlier = exec_store::held_for_tool(conn, &scope.session_id, &tool, now)?;

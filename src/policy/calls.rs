@@ -4,14 +4,18 @@
 //! calls:
 //!   - tool: stripe.create_refund
 //!     args: {charge: ch_1, amount: 4900, reason: duplicate}
+//!     evidence: {duplicate_charge: 2d}
 //! ```
 //!
-//! `args` defaults to `{}`. Plain YAML scalars follow the core schema (`4900` is a number,
+//! `args` defaults to `{}`. `evidence` states what the gateway would have gathered, per
+//! kind: a duration (`2d`, `0s`) means found that far apart, `none` means looked for and
+//! not found; a kind left out was not gathered (its conditions fail closed). Plain YAML scalars follow the core schema (`4900` is a number,
 //! `true` a boolean); quote a value to keep it a string.
 
 use serde_json::Value;
 
 use super::PolicyError;
+use super::evidence::{Evidence, EvidenceKind, Finding};
 use super::parse::known_fields;
 use super::yaml::{self, Kind, Pos, Problem};
 
@@ -22,6 +26,8 @@ pub struct Call {
     pub tool: String,
     /// The arguments, as the agent would send them.
     pub args: Value,
+    /// The evidence stated for the call.
+    pub evidence: Evidence,
     /// Where the call starts in the calls file.
     pub pos: Pos,
 }
@@ -47,14 +53,18 @@ pub fn parse_calls(source: &str, file_name: &str) -> Result<Vec<Call>, PolicyErr
             continue;
         };
         for item in items {
-            let Some(fields) = known_fields(item, "a call", &["tool", "args"], &mut problems)
+            let Some(fields) =
+                known_fields(item, "a call", &["tool", "args", "evidence"], &mut problems)
             else {
                 continue;
             };
             let mut tool = None;
             let mut args = Value::Object(serde_json::Map::new());
+            let mut evidence = Evidence::none();
             for (name, value, _) in fields {
-                if name == "tool" {
+                if name == "evidence" {
+                    evidence = parse_evidence(value, &mut problems);
+                } else if name == "tool" {
                     match value.scalar().filter(|t| !t.is_empty() && !value.is_null()) {
                         Some(text) => tool = Some(text.to_string()),
                         None => problems.push(Problem::new(value.pos, "`tool` needs a tool name")),
@@ -70,6 +80,7 @@ pub fn parse_calls(source: &str, file_name: &str) -> Result<Vec<Call>, PolicyErr
                 Some(tool) => calls.push(Call {
                     tool,
                     args,
+                    evidence,
                     pos: item.pos,
                 }),
                 None if !fields_have_tool(item) => {
@@ -89,4 +100,34 @@ pub fn parse_calls(source: &str, file_name: &str) -> Result<Vec<Call>, PolicyErr
 
 fn fields_have_tool(node: &yaml::Node<'_>) -> bool {
     matches!(&node.kind, Kind::Map(pairs) if pairs.iter().any(|(k, _)| k.scalar() == Some("tool")))
+}
+
+/// `{duplicate_charge: 2d}` / `{duplicate_charge: none}`.
+fn parse_evidence(node: &yaml::Node<'_>, problems: &mut Vec<Problem>) -> Evidence {
+    let names: Vec<&str> = EvidenceKind::ALL.iter().map(|k| k.as_str()).collect();
+    let mut evidence = Evidence::none();
+    let Some(fields) = known_fields(node, "`evidence`", &names, problems) else {
+        return evidence;
+    };
+    for (name, value, _) in fields {
+        let Some(kind) = EvidenceKind::parse(name) else {
+            continue;
+        };
+        let finding = match value.scalar() {
+            Some("none") => Some(Finding::NotFound),
+            Some("0" | "0s") => Some(Finding::Found { apart_ms: 0 }),
+            Some(text) => super::parse::parse_duration(text).map(|d| Finding::Found {
+                apart_ms: i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+            }),
+            None => None,
+        };
+        match finding {
+            Some(finding) => evidence.insert(kind, finding),
+            None => problems.push(Problem::new(
+                value.pos,
+                format!("`{name}` must be how far apart it was found, like 2d or 0s, or `none`"),
+            )),
+        }
+    }
+    evidence
 }

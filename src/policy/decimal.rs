@@ -167,3 +167,86 @@ impl Write for NumberText {
         Ok(())
     }
 }
+
+/// JavaScript's `String(n)` for a JSON number, as Kortix compares numbers: the number is
+/// read as an IEEE double (as JavaScript's `JSON.parse` reads it), then written by
+/// ECMAScript's Number::toString: the shortest digits that round-trip, plain notation
+/// for exponents from -7 to 20 (`10`, `0.000001`, `123456789012345680000`), otherwise
+/// `d.ddde+N` / `de-N` (`1e+21`, `1.5e-7`); negative zero is `0`.
+pub(crate) fn js_number_text(number: &serde_json::Number) -> String {
+    match number.as_f64() {
+        Some(value) => js_f64_text(value),
+        None => number.to_string(),
+    }
+}
+
+/// ECMAScript Number::toString(x) with radix 10.
+pub(crate) fn js_f64_text(x: f64) -> String {
+    if x.is_nan() {
+        return "NaN".into();
+    }
+    if x == 0.0 {
+        return "0".into();
+    }
+    let sign = if x < 0.0 { "-" } else { "" };
+    if x.is_infinite() {
+        return format!("{sign}Infinity");
+    }
+    // Rust's `{:e}` writes the shortest round-tripping digits, like ECMAScript's step 5.
+    let scientific = format!("{:e}", x.abs());
+    let (mantissa, exponent) = scientific.split_once('e').unwrap_or((&scientific, "0"));
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    let k = i64::try_from(digits.len()).unwrap_or(i64::MAX);
+    let n = exponent.parse::<i64>().unwrap_or(0) + 1;
+    let zeros = |count: i64| "0".repeat(usize::try_from(count).unwrap_or(0));
+    let body = if k <= n && n <= 21 {
+        format!("{digits}{}", zeros(n - k))
+    } else if 0 < n && n <= 21 {
+        let (int, frac) = digits.split_at(usize::try_from(n).unwrap_or(0));
+        format!("{int}.{frac}")
+    } else if -6 < n && n <= 0 {
+        format!("0.{}{digits}", zeros(-n))
+    } else {
+        let e = n - 1;
+        let e_sign = if e < 0 { '-' } else { '+' };
+        let (first, rest) = digits.split_at(1);
+        if rest.is_empty() {
+            format!("{first}e{e_sign}{}", e.abs())
+        } else {
+            format!("{first}.{rest}e{e_sign}{}", e.abs())
+        }
+    };
+    format!("{sign}{body}")
+}
+
+#[cfg(test)]
+mod js_tests {
+    use super::js_f64_text;
+
+    #[test]
+    fn writes_numbers_as_javascript_does() {
+        let cases: &[(f64, &str)] = &[
+            (10.0, "10"),
+            (-0.0, "0"),
+            (0.0, "0"),
+            (1e21, "1e+21"),
+            (1e20, "100000000000000000000"),
+            (123456789012345680000.0, "123456789012345680000"),
+            (1.5e-7, "1.5e-7"),
+            (1e-7, "1e-7"),
+            (0.000001, "0.000001"),
+            (0.0000012345, "0.0000012345"),
+            (-2.5, "-2.5"),
+            (4900.0, "4900"),
+            (0.1 + 0.2, "0.30000000000000004"),
+            (1.7976931348623157e308, "1.7976931348623157e+308"),
+            (5e-324, "5e-324"),
+            (-1.25e22, "-1.25e+22"),
+            (123.456, "123.456"),
+            (9007199254740993.0, "9007199254740992"),
+        ];
+        for (value, expected) in cases {
+            assert_eq!(js_f64_text(*value), *expected, "{value:?}");
+        }
+    }
+}

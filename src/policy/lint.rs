@@ -3,11 +3,10 @@
 //! Errors are the parser's problems (malformed rules, unknown keys and values). Warnings:
 //! rules that can never fire because an earlier unconditional rule always wins first,
 //! patterns that match no tool in the catalog, conditions and limits on an argument no
-//! matched tool takes, and patterns that look like an unfinished regular expression.
+//! matched tool takes.
 
 use std::fmt;
 
-use super::pattern::Pattern;
 use super::rule::Rule;
 use super::{Catalog, Policy, Pos, ToolSpec};
 
@@ -97,16 +96,6 @@ fn warnings(rules: &[Rule], catalog: &Catalog) -> Vec<(Severity, Pos, String)> {
     for (j, rule) in rules.iter().enumerate() {
         if let Some(earlier) = rules[..j].iter().find(|earlier| shadows(earlier, rule)) {
             warn(rule.pos, shadowed_message(earlier, rule));
-        }
-        if rule.text.starts_with('/') && !matches!(rule.pattern, Pattern::Regex(_)) {
-            warn(
-                rule.pos,
-                format!(
-                    "`{}` starts with `/` but does not end with one, so it is compared as a name, \
-                     not as a regular expression",
-                    rule.text
-                ),
-            );
         }
         let tools: Vec<&ToolSpec> = catalog
             .tools()

@@ -8,6 +8,7 @@
 pub mod calls;
 mod catalog;
 mod decimal;
+pub mod evidence;
 mod index;
 mod limits;
 mod lint;
@@ -27,12 +28,13 @@ pub use catalog::{
     ArgProblem, ArgSpec, ArgType, BUILTIN_RULES, BUILTIN_TOOLS, Catalog, ConnectorRule, Risk,
     ToolSpec,
 };
+pub use evidence::{Evidence, EvidenceCheck, EvidenceKind, Finding};
 pub use limits::{LimitCharge, LimitHistory, MemoryHistory};
 pub use lint::{Diagnostic, Severity, lint};
 pub use yaml::{Pos, Problem};
 
 use index::{LoweredName, ToolIndex};
-use rule::{Rule, RuleOutcome};
+use rule::{CallFacts, Rule, RuleOutcome};
 
 /// How long a held call can be approved when the file has no `approvals.ttl`.
 pub const DEFAULT_APPROVAL_TTL: Duration = Duration::from_secs(4 * 60 * 60);
@@ -204,6 +206,9 @@ pub struct Decision {
     /// (when it is executed, or when it is reserved before running). Empty, without
     /// allocating, for rules without limits.
     pub charges: Vec<LimitCharge>,
+    /// Every evidence condition the decision checked, in the order checked (those of
+    /// rules that did not match too). Empty, without allocating, when none was checked.
+    pub evidence: Vec<EvidenceCheck>,
 }
 
 /// Every problem found in a policy or calls file, each with file:line:column.
@@ -244,12 +249,11 @@ impl Policy {
     fn try_rule(
         &self,
         i: usize,
-        args: &Value,
-        history: &dyn LimitHistory,
-        now_unix_ms: i64,
+        call: &CallFacts<'_>,
+        checks: &mut Vec<EvidenceCheck>,
     ) -> Option<Decision> {
         let rule = &self.rules[i];
-        match rule.evaluate(args, history, now_unix_ms) {
+        match rule.evaluate(call, checks) {
             RuleOutcome::NoMatch => None,
             RuleOutcome::Match {
                 fail_closed,
@@ -258,12 +262,13 @@ impl Policy {
                 verdict: rule.action.verdict(),
                 because: Because::Rule {
                     pattern: Arc::clone(&rule.text),
-                    conditions: rule.conditions.len(),
+                    conditions: rule.conditions.len() + rule.evidence.len(),
                     limits: rule.limits.len(),
                     fail_closed,
                 },
                 rule_line: Some(rule.pos.line),
                 charges,
+                evidence: Vec::new(),
             }),
         }
     }
@@ -308,11 +313,8 @@ impl Policy {
         self.rules.len()
     }
 
-    /// Decides one call: the file's rules in order (first match wins), then the
-    /// connectors' rules, then `default_mode`.
-    ///
-    /// `history` answers how much each limit has already used; `now_unix_ms` is the end
-    /// of every limit's rolling window.
+    /// Decides one call without evidence: every evidence condition is unevaluable. See
+    /// [`Policy::decide_with_evidence`].
     pub fn decide(
         &self,
         tool: &str,
@@ -321,22 +323,69 @@ impl Policy {
         history: &dyn LimitHistory,
         now_unix_ms: i64,
     ) -> Decision {
+        self.decide_with_evidence(tool, args, catalog, history, now_unix_ms, &Evidence::none())
+    }
+
+    /// Decides one call: the file's rules in order (first match wins), then the
+    /// connectors' rules, then `default_mode`.
+    ///
+    /// `history` answers how much each limit has already used; `now_unix_ms` is the end
+    /// of every limit's rolling window. `evidence` is what the caller gathered of the
+    /// kinds [`Policy::evidence_wanted`] names.
+    pub fn decide_with_evidence(
+        &self,
+        tool: &str,
+        args: &Value,
+        catalog: &Catalog,
+        history: &dyn LimitHistory,
+        now_unix_ms: i64,
+        evidence: &Evidence,
+    ) -> Decision {
+        let call = CallFacts {
+            args,
+            evidence,
+            history,
+            now_ms: now_unix_ms,
+        };
+        let mut checks = Vec::new();
         let decided = match self.index.known(tool) {
             Some(rules) => rules
                 .iter()
-                .find_map(|&i| self.try_rule(i, args, history, now_unix_ms)),
+                .find_map(|&i| self.try_rule(i, &call, &mut checks)),
             None => {
                 let name = LoweredName::new(tool);
                 let candidates = self.index.candidates(tool, name.as_str(), self.rules.len());
                 candidates.iter().find_map(|i| {
                     let matches = self.rules[i].pattern.matches_lowered(tool, name.as_str());
-                    matches.then(|| self.try_rule(i, args, history, now_unix_ms))?
+                    matches.then(|| self.try_rule(i, &call, &mut checks))?
                 })
             }
         };
-        if let Some(decision) = decided {
+        if let Some(mut decision) = decided {
+            decision.evidence = checks;
             return decision;
         }
+        let mut decision = self.fallback(tool, catalog);
+        decision.evidence = checks;
+        decision
+    }
+
+    /// The kinds of evidence the rules whose pattern matches `tool` name, each once: what
+    /// the caller should gather before deciding a call to it.
+    pub fn evidence_wanted(&self, tool: &str) -> Vec<EvidenceKind> {
+        let mut kinds: Vec<EvidenceKind> = self
+            .rules
+            .iter()
+            .filter(|rule| !rule.evidence.is_empty() && rule.pattern.matches(tool))
+            .flat_map(|rule| rule.evidence.iter().map(|condition| condition.kind))
+            .collect();
+        kinds.sort();
+        kinds.dedup();
+        kinds
+    }
+
+    /// The decision when no rule of the file matches.
+    fn fallback(&self, tool: &str, catalog: &Catalog) -> Decision {
         if let Some(rule) = catalog.rule_for(tool) {
             return Decision {
                 verdict: rule.action.verdict(),
@@ -345,6 +394,7 @@ impl Policy {
                 },
                 rule_line: None,
                 charges: Vec::new(),
+                evidence: Vec::new(),
             };
         }
         let risk = catalog.get(tool).map(|spec| spec.risk);
@@ -360,6 +410,7 @@ impl Policy {
             },
             rule_line: None,
             charges: Vec::new(),
+            evidence: Vec::new(),
         }
     }
 }

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::evidence::{EvidenceCondition, EvidenceKind};
 use super::limits::Limit;
 use super::pattern::Pattern;
 use super::rule::{ArgPath, Comparison, Condition, Rule, Test};
@@ -233,11 +234,13 @@ impl PolicyParser {
         if self.problems.len() > errors_before {
             return None;
         }
+        let (conditions, evidence) = conditions.unwrap_or_default();
         Some(Rule {
             pattern,
             text,
             action,
-            conditions: conditions.unwrap_or_default(),
+            conditions,
+            evidence,
             limits: limits.unwrap_or_default(),
             pos: node.pos,
         })
@@ -298,7 +301,11 @@ impl PolicyParser {
         }
     }
 
-    fn conditions(&mut self, node: &Node<'_>, key_pos: Pos) -> Vec<Condition> {
+    fn conditions(
+        &mut self,
+        node: &Node<'_>,
+        key_pos: Pos,
+    ) -> (Vec<Condition>, Vec<EvidenceCondition>) {
         let items = self.list(node, "conditions", key_pos);
         if items.len() > MAX_CONDITIONS {
             self.error(
@@ -309,10 +316,60 @@ impl PolicyParser {
                 ),
             );
         }
-        items
-            .iter()
-            .filter_map(|item| self.condition(item))
-            .collect()
+        let (mut conditions, mut evidence) = (Vec::new(), Vec::new());
+        for item in items {
+            if has_key(item, "evidence") {
+                evidence.extend(self.evidence_condition(item));
+            } else {
+                conditions.extend(self.condition(item));
+            }
+        }
+        (conditions, evidence)
+    }
+
+    /// `{evidence: KIND, within: DURATION}`: see the `evidence` module.
+    fn evidence_condition(&mut self, node: &Node<'_>) -> Option<EvidenceCondition> {
+        let allowed = ["evidence", "within"];
+        let fields = known_fields(node, "an evidence condition", &allowed, &mut self.problems)?;
+        let errors_before = self.problems.len();
+        let (mut kind, mut within) = (None, None);
+        for (name, value, _) in fields {
+            if name == "evidence" {
+                kind = value.scalar().and_then(EvidenceKind::parse);
+                if kind.is_none() {
+                    let names: Vec<&str> = EvidenceKind::ALL.iter().map(|k| k.as_str()).collect();
+                    let shown = value.scalar().unwrap_or(value.shape());
+                    self.error(
+                        value.pos,
+                        format!("unknown evidence `{shown}`; expected {}", one_of(&names)),
+                    );
+                }
+            } else {
+                match value.scalar().and_then(parse_duration) {
+                    Some(duration) => {
+                        let ms = i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
+                        within = Some((ms, value.scalar().unwrap_or_default().into()));
+                    }
+                    None => self.error(value.pos, bad_duration("within", value)),
+                }
+            }
+        }
+        if !has_key(node, "within") {
+            self.error(
+                node.pos,
+                "evidence condition has no `within`, like `within: 7d`",
+            );
+        }
+        if self.problems.len() > errors_before {
+            return None;
+        }
+        let (within_ms, within_text) = within?;
+        Some(EvidenceCondition {
+            kind: kind?,
+            within_ms,
+            within_text,
+            pos: node.pos,
+        })
     }
 
     fn condition(&mut self, node: &Node<'_>) -> Option<Condition> {

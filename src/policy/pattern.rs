@@ -1,6 +1,14 @@
 //! Patterns, as written in `match:` for rules and conditions.
 //!
-//! - `/…/` is a regular expression: unanchored and case-insensitive.
+//! - `/body/flags` is a regular expression literal, as in Kortix: unanchored and always
+//!   case-insensitive. Flags `i`, `m` (`^`/`$` at line ends) and `s` (`.` matches a
+//!   newline) mean what they mean in JavaScript; `u` is accepted (matching is always by
+//!   Unicode scalar value); `g` and `y` are accepted and ignored, since a condition is a
+//!   single test. Any other flag, a repeated flag, an empty body, or a pattern that starts
+//!   with `/` without being such a literal is an error at load: no tool name contains `/`,
+//!   so it can only be a mistake (Kortix reads an invalid literal as "never matches").
+//!   The body is in the `regex` crate's syntax, which shares JavaScript's common core but
+//!   refuses look-around and backreferences (an error at load).
 //! - anything with a `*` is a glob anchored at both ends; `*` matches any run of
 //!   characters, dots included, and is the only wildcard.
 //! - anything else is compared whole.
@@ -18,7 +26,7 @@ pub(crate) enum Pattern {
     Exact(Box<str>),
     /// A glob with at least one `*`, lowercased.
     Glob(Box<str>),
-    /// A `/…/` regular expression, case-insensitive.
+    /// A `/body/flags` regular expression, case-insensitive.
     Regex(Regex),
 }
 
@@ -28,9 +36,12 @@ pub(crate) const REGEX_SIZE_LIMIT: usize = 1 << 20;
 impl Pattern {
     /// Compiles a pattern; the error says why a regular expression is invalid.
     pub fn compile(text: &str) -> Result<Self, String> {
-        if let Some(inner) = regex_body(text) {
-            return RegexBuilder::new(inner)
+        if text.starts_with('/') {
+            let (body, flags) = regex_literal(text)?;
+            return RegexBuilder::new(body)
                 .case_insensitive(true)
+                .multi_line(flags.multi_line)
+                .dot_matches_new_line(flags.dot_all)
                 .size_limit(REGEX_SIZE_LIMIT)
                 .build()
                 .map(Pattern::Regex)
@@ -107,13 +118,45 @@ impl Pattern {
     }
 }
 
-/// The body of a `/…/` pattern.
-pub(crate) fn regex_body(text: &str) -> Option<&str> {
-    if text.len() >= 2 && text.starts_with('/') && text.ends_with('/') {
-        Some(&text[1..text.len() - 1])
-    } else {
-        None
+/// The flags of a `/body/flags` literal that change how it matches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Flags {
+    pub multi_line: bool,
+    pub dot_all: bool,
+}
+
+/// Splits a `/body/flags` literal, or says why `text` (which starts with `/`) is not one.
+pub(crate) fn regex_literal(text: &str) -> Result<(&str, Flags), String> {
+    let close = text.rfind('/').filter(|&at| at > 0).ok_or_else(|| {
+        format!(
+            "`{text}` starts with `/` but is not a regular expression `/body/flags` \
+             (no closing `/`); no tool name contains `/`"
+        )
+    })?;
+    let (body, flag_text) = (&text[1..close], &text[close + 1..]);
+    if body.is_empty() {
+        return Err(format!("`{text}` is an empty regular expression"));
     }
+    let mut flags = Flags::default();
+    let mut seen = String::new();
+    for flag in flag_text.chars() {
+        if seen.contains(flag) {
+            return Err(format!("flag `{flag}` is repeated in `{text}`"));
+        }
+        seen.push(flag);
+        match flag {
+            'i' | 'u' | 'g' | 'y' => {}
+            'm' => flags.multi_line = true,
+            's' => flags.dot_all = true,
+            _ => {
+                return Err(format!(
+                    "unknown regular expression flag `{flag}` in `{text}`; expected i, m, s \
+                     or u (g and y are ignored)"
+                ));
+            }
+        }
+    }
+    Ok((body, flags))
 }
 
 /// Matches a lowercased glob against text, lowercasing ASCII text bytes when `fold`.

@@ -1,19 +1,25 @@
 //! A compiled rule and how its conditions and limits decide whether it matches a call.
 //!
 //! A condition holds, fails, or cannot be evaluated:
-//! - `match`: strings compare as written, numbers and booleans as their JSON text; an
-//!   array holds only if every element matches; an empty array, a missing value, null or
-//!   an object fails.
+//! - `match`: strings compare as written; numbers as JavaScript's `String(n)` writes them
+//!   (`10.0` is `10`, `1e21` is `1e+21`, `-0` is `0`: see `decimal::js_number_text`), as
+//!   Kortix does; booleans as `true`/`false`. An array holds only if every element
+//!   matches; an empty array, a missing value, null or an object fails.
 //! - `gt`/`gte`/`lt`/`lte`: the value must be a JSON number (or a non-empty array of
-//!   them, every element compared) and is compared exactly; anything else cannot be
-//!   evaluated.
+//!   them, every element compared) and is compared exactly from its decimal text;
+//!   anything else cannot be evaluated.
 //! - `negate` flips holds and fails. A negated condition that meets a missing, null,
 //!   object or empty-array value (also inside an array) cannot be evaluated.
-//! - Arguments that are not a JSON object make every condition unevaluable.
+//! - `evidence`: see the `evidence` module; evidence that was not gathered cannot be
+//!   evaluated.
+//! - Arguments that are not a JSON object make every argument condition unevaluable.
 //!
-//! Failing closed: if any condition cannot be evaluated, a `block` or `require_approval`
-//! rule matches and an `always_run` rule does not. Otherwise a rule matches when all its
-//! conditions hold and, for `always_run`, every limit has room for the call.
+//! The conditions combine with a three-valued AND, as in Kortix: one condition that
+//! definitely fails makes the rule not match, whatever the others say. Only when none
+//! fails and at least one cannot be evaluated does failing closed decide: a `block` or
+//! `require_approval` rule matches and an `always_run` rule does not. Otherwise a rule
+//! matches when all its conditions hold and, for `always_run`, every limit has room for
+//! the call.
 
 use std::cmp::Ordering;
 use std::sync::Arc;
@@ -21,6 +27,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::decimal::{self, NumberText};
+use super::evidence::{Evidence, EvidenceCheck, EvidenceCondition};
 use super::limits::{Limit, LimitCharge, LimitHistory};
 use super::pattern::Pattern;
 use super::{Action, Pos};
@@ -33,6 +40,8 @@ pub(crate) struct Rule {
     pub text: Arc<str>,
     pub action: Action,
     pub conditions: Vec<Condition>,
+    /// Evidence conditions, checked after the argument conditions.
+    pub evidence: Vec<EvidenceCondition>,
     pub limits: Vec<Limit>,
     /// Where the rule starts in the file.
     pub pos: Pos,
@@ -123,6 +132,15 @@ impl ArgPath {
     }
 }
 
+/// What a rule is evaluated against: the call's arguments, the evidence gathered for it,
+/// and the limits' history up to `now_ms`.
+pub(crate) struct CallFacts<'a> {
+    pub args: &'a Value,
+    pub evidence: &'a Evidence,
+    pub history: &'a dyn LimitHistory,
+    pub now_ms: i64,
+}
+
 /// Whether a rule whose tool pattern matched also matches the call.
 pub(crate) enum RuleOutcome {
     NoMatch,
@@ -140,25 +158,34 @@ pub(crate) enum Outcome {
 }
 
 impl Rule {
-    /// Evaluates the conditions and limits against a call whose tool matched.
-    pub fn evaluate(&self, args: &Value, history: &dyn LimitHistory, now_ms: i64) -> RuleOutcome {
-        let restrictive = self.action != Action::AlwaysRun;
-        let mut failed = false;
+    /// Evaluates the conditions (three-valued AND) and limits against a call whose tool
+    /// matched, recording every evidence condition it checks in `checks`.
+    pub fn evaluate(&self, call: &CallFacts<'_>, checks: &mut Vec<EvidenceCheck>) -> RuleOutcome {
+        let mut unevaluable = false;
         for condition in &self.conditions {
-            match condition.evaluate(args) {
+            match condition.evaluate(call.args) {
                 Outcome::Holds => {}
-                Outcome::Unevaluable if restrictive => {
-                    return RuleOutcome::Match {
-                        fail_closed: true,
-                        charges: Vec::new(),
-                    };
-                }
-                Outcome::Fails if restrictive => failed = true,
-                Outcome::Fails | Outcome::Unevaluable => return RuleOutcome::NoMatch,
+                Outcome::Fails => return RuleOutcome::NoMatch,
+                Outcome::Unevaluable => unevaluable = true,
             }
         }
-        if failed {
-            return RuleOutcome::NoMatch;
+        for condition in &self.evidence {
+            checks.push(condition.check(call.evidence));
+            match condition.holds(call.evidence) {
+                Some(true) => {}
+                Some(false) => return RuleOutcome::NoMatch,
+                None => unevaluable = true,
+            }
+        }
+        if unevaluable {
+            return if self.action == Action::AlwaysRun {
+                RuleOutcome::NoMatch
+            } else {
+                RuleOutcome::Match {
+                    fail_closed: true,
+                    charges: Vec::new(),
+                }
+            };
         }
         if self.limits.is_empty() {
             return RuleOutcome::Match {
@@ -166,6 +193,7 @@ impl Rule {
                 charges: Vec::new(),
             };
         }
+        let (args, history, now_ms) = (call.args, call.history, call.now_ms);
         match super::limits::charges(&self.text, &self.limits, args, history, now_ms) {
             Some(charges) => RuleOutcome::Match {
                 fail_closed: false,
@@ -220,7 +248,7 @@ impl Condition {
 pub(crate) fn matches_value(pattern: &Pattern, value: &Value) -> bool {
     match value {
         Value::String(text) => pattern.matches(text),
-        Value::Number(number) => pattern.matches(NumberText::new(number).as_str()),
+        Value::Number(number) => pattern.matches(&decimal::js_number_text(number)),
         Value::Bool(true) => pattern.matches("true"),
         Value::Bool(false) => pattern.matches("false"),
         Value::Array(items) => {
