@@ -224,3 +224,28 @@ fn malformed_evidence_conditions_are_load_errors() {
         assert_eq!(load_error(&rule(condition)), expected, "{condition}");
     }
 }
+
+#[test]
+fn a_glob_star_does_not_cross_a_line_terminator() {
+    let p = policy(
+        "policies:\n  - match: helpdesk.reply_to_thread\n    action: always_run\n    conditions:\n      - {arg: text, match: '*@example.com'}\n",
+    );
+    let none = Evidence::none();
+    let ok = json!({"text": "ada@example.com"});
+    assert_eq!(
+        verdict(&p, "helpdesk.reply_to_thread", ok, &none),
+        Verdict::Run
+    );
+    for text in [
+        "x@evil.com\n@example.com",
+        "x\r@example.com",
+        "x\u{2028}@example.com",
+    ] {
+        let call = json!({ "text": text });
+        assert_eq!(
+            verdict(&p, "helpdesk.reply_to_thread", call, &none),
+            Verdict::Hold,
+            "{text:?}"
+        );
+    }
+}

@@ -10,7 +10,8 @@
 //!   The body is in the `regex` crate's syntax, which shares JavaScript's common core but
 //!   refuses look-around and backreferences (an error at load).
 //! - anything with a `*` is a glob anchored at both ends; `*` matches any run of
-//!   characters, dots included, and is the only wildcard.
+//!   characters, dots included, but no line terminator (`\n`, `\r`, U+2028, U+2029),
+//!   as Kortix's `.*` does not; it is the only wildcard.
 //! - anything else is compared whole.
 //!
 //! Globs and names are case-insensitive: both sides are lowercased (Unicode's
@@ -181,6 +182,11 @@ pub(crate) fn glob_match(glob: &[u8], text: &[u8], fold: bool) -> bool {
             g += 1;
             t += 1;
         } else if let Some((star_g, star_t)) = star {
+            // As in Kortix (`*` becomes JavaScript's `.*`), a star never absorbs a line
+            // terminator: `*@example.com` does not match `x@evil.com\n@example.com`.
+            if is_line_terminator(&text[star_t..]) {
+                return false;
+            }
             g = star_g + 1;
             t = star_t + 1;
             star = Some((star_g, star_t + 1));
@@ -189,6 +195,11 @@ pub(crate) fn glob_match(glob: &[u8], text: &[u8], fold: bool) -> bool {
         }
     }
     glob[g..].iter().all(|&b| b == b'*')
+}
+
+/// Whether `text` starts with a JavaScript line terminator: `\n`, `\r`, U+2028, U+2029.
+fn is_line_terminator(text: &[u8]) -> bool {
+    matches!(text, [b'\n' | b'\r', ..] | [0xE2, 0x80, 0xA8 | 0xA9, ..])
 }
 
 /// Whether glob `wide` matches every text glob `narrow` matches: `wide` must match
