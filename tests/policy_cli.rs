@@ -276,3 +276,32 @@ fn a_malformed_command_line_exits_with_two() {
         assert_eq!(output.status.code(), Some(2), "{args:?}");
     }
 }
+
+#[test]
+fn lint_kortix_names_every_line_kortix_reads_differently() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let file = dir.path().join("p.yaml");
+    std::fs::write(
+        &file,
+        "policies:\n  - match: stripe.create_refund\n    action: always_run\n    conditions:\n      - {arg: reason, match: duplicate, negate: true}\n      - {arg: amount, lte: 100}\n      - {evidence: duplicate_charge, within: 7d}\n    limits:\n      - {sum: amount, per: customer, window: 1d, max: 100}\n  - match: '/delete/i'\n    action: block\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let path = file.display().to_string();
+    let plain = threadgate(&["lint", &path]);
+    assert!(!text(&plain.stdout).contains("kortix"));
+    let output = threadgate(&["lint", "--kortix", &path]);
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    let shown = text(&output.stdout).replace(&path, "p.yaml");
+    let lines: Vec<&str> = shown.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "p.yaml:1:1: warning: kortix reads this differently: no `policy.default_mode`: Kortix defaults to allow_all (every unmatched call runs), threadgate to risk (unmatched writes wait for a person)",
+            "p.yaml:5:9: warning: kortix reads this differently: a negated condition on a missing, null, object or empty `reason` holds in Kortix; threadgate cannot evaluate it, so this always_run rule does not apply",
+            "p.yaml:6:9: warning: kortix reads this differently: `gt`/`gte`/`lt`/`lte` are threadgate extensions; Kortix finds the rule's conditions malformed and drops the whole rule",
+            "p.yaml:7:9: warning: kortix reads this differently: evidence conditions are a threadgate extension; Kortix finds the rule's conditions malformed and drops the whole rule",
+            "p.yaml:9:9: warning: kortix reads this differently: `limits` are a threadgate extension Kortix ignores: there the rule applies without them",
+            "p.yaml: 0 errors, 5 warnings",
+        ]
+    );
+}

@@ -47,6 +47,9 @@ pub struct LintArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
+    /// Also warn about every line Kortix's evaluator would read differently, and why.
+    #[arg(long)]
+    pub kortix: bool,
 }
 
 /// The first column is as wide as the longest tool name plus two, at least this.
@@ -82,7 +85,11 @@ pub fn lint(args: &LintArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let diagnostics = crate::policy::lint(&source, &file);
+    let mut diagnostics = crate::policy::lint(&source, &file);
+    if args.kortix {
+        diagnostics.extend(crate::policy::kortix_differences(&source, &file));
+        diagnostics.sort_by_key(|d| (d.pos, d.severity));
+    }
     let errors = count(&diagnostics, Severity::Error);
     let warnings = count(&diagnostics, Severity::Warning);
     match args.format {

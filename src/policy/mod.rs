@@ -2,14 +2,41 @@
 //! tool call, whether it runs, waits for a person, or is blocked.
 //!
 //! No IO, no async, no logging: the caller reads the file, calls [`Policy::parse`], and
-//! asks [`Policy::decide`] for each call. `DESIGN.md` §2 defines the semantics; the module
-//! docs of `rule` and `pattern` restate the parts they implement.
+//! asks [`Policy::decide`] (or [`Policy::decide_with_evidence`]) for each call.
+//! `DESIGN.md` §2 defines the semantics; the module docs of `rule`, `pattern` and
+//! `evidence` restate the parts they implement.
+//!
+//! # Kortix
+//!
+//! The shared language (`match`, `action`, `conditions` of `arg`/`match`/`negate`,
+//! `policy.default_mode`) means what Kortix's evaluator (`resolveEffectiveAction` in
+//! kortix-ai/suna) means: first match wins; conditions combine with a three-valued AND
+//! (a definite failure rules a rule out before any failing closed); `/body/flags` is a
+//! regular expression, always case-insensitive; numbers are matched as JavaScript's
+//! `String(n)`; a glob's `*` does not cross a line terminator.
+//!
+//! Where threadgate differs from Kortix, it is stricter, never weaker, on purpose
+//! (`threadgate lint --kortix` names each such line; `tests/policy_kortix.rs` checks
+//! everything else against a model of Kortix's evaluator):
+//! - a negated condition on a missing, null, object or empty-array value holds in
+//!   Kortix; here it cannot be evaluated, so an `always_run` rule with it does not apply
+//!   and a `block` or `require_approval` rule matches;
+//! - a file without `policy.default_mode` is `allow_all` in Kortix and `risk` here;
+//! - Kortix drops a malformed rule and enforces the rest; threadgate refuses the whole
+//!   file with every problem's file:line:column;
+//! - Kortix reads an invalid `/…/` literal or unknown flag as "never matches"; here it is
+//!   a load error, as is a regular expression the `regex` crate refuses (look-around,
+//!   backreferences);
+//! - `gt`, `gte`, `lt`, `lte` and evidence conditions are extensions Kortix finds
+//!   malformed (it drops the rule), and `limits` an extension it ignores (there the rule
+//!   applies without them).
 
 pub mod calls;
 mod catalog;
 mod decimal;
 pub mod evidence;
 mod index;
+mod kortix;
 mod limits;
 mod lint;
 mod parse;
@@ -29,6 +56,7 @@ pub use catalog::{
     ToolSpec,
 };
 pub use evidence::{Evidence, EvidenceCheck, EvidenceKind, Finding};
+pub use kortix::kortix_differences;
 pub use limits::{LimitCharge, LimitHistory, MemoryHistory};
 pub use lint::{Diagnostic, Severity, lint};
 pub use yaml::{Pos, Problem};
