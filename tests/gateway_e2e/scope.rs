@@ -18,6 +18,8 @@ async fn a_session_cannot_leave_its_thread_or_its_customer() {
         .await;
     let bob = world.stripe.create_customer("bob@example.com").await;
     let bobs_charge = world.stripe.create_charge(&bob, 4000, "usd").await;
+    // Bob was charged twice, so the policy alone would run a duplicate refund.
+    world.stripe.create_charge(&bob, 4000, "usd").await;
     let other_thread = plain_id("th");
     world
         .plain
@@ -127,9 +129,9 @@ async fn a_session_cannot_leave_its_thread_or_its_customer() {
 
     // A smaller retry of a held refund, in a session of its own so the hold above
     // plays no part: the first waits for a person, the retry (which the policy alone
-    // would run) is held too.
+    // would run: carol was charged twice) is held too.
     let carol = world
-        .customer_session(&app, "carol@example.com", &[5000])
+        .customer_session(&app, "carol@example.com", &[5000, 5000])
         .await;
     let (status, first) = carol
         .session
