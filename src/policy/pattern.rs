@@ -11,7 +11,8 @@
 //!   refuses look-around and backreferences (an error at load).
 //! - anything with a `*` is a glob anchored at both ends; `*` matches any run of
 //!   characters, dots included, but no line terminator (`\n`, `\r`, U+2028, U+2029),
-//!   as Kortix's `.*` does not; it is the only wildcard.
+//!   as Kortix's `.*` does not; it is the only wildcard. A lone `*` matches everything,
+//!   line terminators included (Kortix's shortcut).
 //! - anything else is compared whole.
 //!
 //! Globs and names are case-insensitive: both sides are lowercased (Unicode's
@@ -165,6 +166,10 @@ pub(crate) fn regex_literal(text: &str) -> Result<(&str, Flags), String> {
 /// The classic linear-backtracking wildcard match: on a mismatch after a `*`, the star
 /// takes one more byte. Literal runs are whole UTF-8 sequences, so byte matching is exact.
 pub(crate) fn glob_match(glob: &[u8], text: &[u8], fold: bool) -> bool {
+    // Kortix matches a lone `*` against anything, line terminators included.
+    if glob == b"*" {
+        return true;
+    }
     let byte = |i: usize| {
         if fold {
             text[i].to_ascii_lowercase()
