@@ -1,0 +1,410 @@
+//! The conversation loop: read the thread's events, ask the model, run the tools it
+//! chooses, and save the transcript after each turn, so a session stopped for idleness
+//! and resumed goes on with the same conversation.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+
+use crate::api::Api;
+use crate::calls::{self, Flow};
+use crate::local;
+use crate::prompt::{self, Agent};
+use crate::tools::{GatewayTools, split_diagnosis};
+
+/// Model calls in a row that may fail (5xx, transport) before the turn is given up.
+const MODEL_RETRIES: u32 = 3;
+/// Model turns in one round when the agent sets no limit.
+const DEFAULT_MAX_TURNS: u64 = 40;
+/// The `max_tokens` of one model answer.
+const ANSWER_TOKENS: u64 = 4096;
+
+/// How a round of work on the thread ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoundEnd {
+    /// Replied or escalated.
+    Done,
+    /// The model answered without calling a tool.
+    Quiet,
+    /// A held call expired: left to a person.
+    LeftToPerson,
+    /// The session's model budget is spent (429): the runner stops working.
+    Budget,
+    /// The model could not be reached, or refused the conversation.
+    ModelFailed,
+    /// The round reached the runner's own turn cap.
+    TurnCap,
+}
+
+/// Where the runner works.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub socket: PathBuf,
+    pub workspace: PathBuf,
+    /// Seconds of one events long poll.
+    pub poll_wait: u64,
+}
+
+/// One session's runner.
+pub struct Runner {
+    api: Api,
+    settings: Settings,
+    agent: Agent,
+    gateway: GatewayTools,
+    messages: Vec<Value>,
+    events_consumed: i64,
+    /// The feed position read so far (events that do not wake the agent included).
+    cursor: i64,
+    /// Lines of events read but not yet given to the model.
+    pending: Vec<String>,
+}
+
+impl Runner {
+    /// Loads the agent, its tools and the transcript from the socket.
+    pub async fn load(settings: Settings) -> anyhow::Result<Runner> {
+        let api = Api::new(&settings.socket);
+        let agent = api.get("/v1/agent").await.context("GET /v1/agent")?;
+        if !agent.ok() {
+            bail!("GET /v1/agent: HTTP {} {}", agent.status, agent.body);
+        }
+        let agent = Agent::from_json(&agent.body);
+        let tools = api.get("/v1/tools").await.context("GET /v1/tools")?;
+        let gateway = GatewayTools::from_listing(&tools.body);
+        let transcript = api
+            .get("/v1/transcript")
+            .await
+            .context("GET /v1/transcript")?;
+        let (messages, consumed) = if transcript.ok() {
+            (
+                transcript.body["messages"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default(),
+                transcript.body["events_consumed"].as_i64().unwrap_or(0),
+            )
+        } else {
+            eprintln!(
+                "threadgate-agent-runner: no transcript (HTTP {}); starting a new conversation",
+                transcript.status
+            );
+            (Vec::new(), 0)
+        };
+        let mut runner = Runner {
+            api,
+            settings,
+            agent,
+            gateway,
+            messages,
+            events_consumed: consumed,
+            cursor: consumed,
+            pending: Vec::new(),
+        };
+        runner.repair();
+        Ok(runner)
+    }
+
+    /// The agent's name.
+    pub fn agent_name(&self) -> &str {
+        &self.agent.name
+    }
+
+    /// The conversation so far.
+    pub fn messages(&self) -> &[Value] {
+        &self.messages
+    }
+
+    /// Starts a conversation, or closes tool calls a stopped session left unanswered.
+    fn repair(&mut self) {
+        if self.messages.is_empty() {
+            self.messages.push(self.agent.system_message());
+            return;
+        }
+        let Some(last) = self.messages.last().cloned() else {
+            return;
+        };
+        if last["role"] == "assistant" {
+            for call in last["tool_calls"].as_array().into_iter().flatten() {
+                self.messages.push(tool_message(
+                    call,
+                    json!({"status": "interrupted", "note": "The session stopped during this call; whether it ran is unknown. Check before calling again."}),
+                ));
+            }
+        }
+    }
+
+    /// Whether the last message waits for the model's answer.
+    fn awaiting_model(&self) -> bool {
+        matches!(
+            self.messages.last().map(|m| m["role"].as_str()),
+            Some(Some("user" | "tool"))
+        )
+    }
+
+    /// Runs until the budget is spent: reads events, works the thread when woken.
+    pub async fn run(&mut self) -> anyhow::Result<()> {
+        loop {
+            if !self.awaiting_model() {
+                self.read_events().await;
+            }
+            if self.awaiting_model() {
+                let end = self.round().await;
+                eprintln!("threadgate-agent-runner: round ended: {end:?}");
+                if end == RoundEnd::Budget {
+                    return Ok(());
+                }
+                if end == RoundEnd::ModelFailed {
+                    // The last message still waits for an answer; do not spin on it.
+                    self.park_last_turn();
+                }
+            }
+        }
+    }
+
+    /// After a failed round the conversation waits for the next customer event.
+    fn park_last_turn(&mut self) {
+        self.messages.push(json!({"role": "assistant", "content": "(the model could not be reached; waiting for the next message)"}));
+    }
+
+    /// One long poll of the feed; a customer event becomes a user message.
+    pub async fn read_events(&mut self) {
+        let path = format!(
+            "/v1/events?after={}&wait={}",
+            self.cursor, self.settings.poll_wait
+        );
+        let page = match self.api.get(&path).await {
+            Ok(r) if r.ok() => r.body,
+            Ok(r) => {
+                eprintln!("threadgate-agent-runner: events: HTTP {}", r.status);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                return;
+            }
+            Err(e) => {
+                eprintln!("threadgate-agent-runner: events: {e:#}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                return;
+            }
+        };
+        let mut woke = false;
+        for e in page["events"].as_array().into_iter().flatten() {
+            self.pending.push(prompt::describe_event(e));
+            woke |= prompt::wakes(e["type"].as_str().unwrap_or(""));
+        }
+        if let Some(next) = page["next"].as_i64() {
+            self.cursor = self.cursor.max(next);
+        }
+        if woke {
+            let text = format!(
+                "New on the thread:\n{}",
+                std::mem::take(&mut self.pending).join("\n\n")
+            );
+            self.messages.push(json!({"role": "user", "content": text}));
+            self.events_consumed = self.cursor;
+            self.save().await;
+        }
+    }
+
+    /// Asks the model and runs its tools until the turn ends.
+    pub async fn round(&mut self) -> RoundEnd {
+        let cap = self.agent.max_turns.unwrap_or(DEFAULT_MAX_TURNS).max(1);
+        for _ in 0..cap {
+            let message = match self.ask_model().await {
+                Ok(m) => m,
+                Err(end) => return end,
+            };
+            self.messages.push(message.clone());
+            let calls = message["tool_calls"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if calls.is_empty() {
+                self.save().await;
+                return RoundEnd::Quiet;
+            }
+            let mut flow = Flow::Continue;
+            for call in &calls {
+                if flow == Flow::Expired {
+                    self.messages.push(tool_message(
+                        call,
+                        json!({"status": "not_run", "note": "The session stopped before this call."}),
+                    ));
+                    continue;
+                }
+                let (content, f) = self.run_tool(call, &message).await;
+                self.messages.push(tool_message(call, content));
+                if f != Flow::Continue {
+                    flow = f;
+                }
+            }
+            self.save().await;
+            match flow {
+                Flow::Done => return RoundEnd::Done,
+                Flow::Expired => {
+                    self.leave_to_person().await;
+                    return RoundEnd::LeftToPerson;
+                }
+                Flow::Continue => {}
+            }
+        }
+        RoundEnd::TurnCap
+    }
+
+    /// `POST /v1/model/chat/completions`, retried on 5xx and transport errors.
+    async fn ask_model(&mut self) -> Result<Value, RoundEnd> {
+        let mut tools = self.gateway.definitions().to_vec();
+        tools.extend(local::definitions());
+        let mut request = json!({
+            "messages": self.messages,
+            "tools": tools,
+            "tool_choice": "auto",
+            "max_tokens": ANSWER_TOKENS,
+        });
+        if let Some(model) = &self.agent.model {
+            request["model"] = json!(model);
+        }
+        for attempt in 1..=MODEL_RETRIES {
+            match self.api.post("/v1/model/chat/completions", &request).await {
+                Ok(r) if r.ok() => {
+                    let message = &r.body["choices"][0]["message"];
+                    if message.is_object() {
+                        return Ok(clean_message(message));
+                    }
+                    eprintln!(
+                        "threadgate-agent-runner: model answer without a message (attempt {attempt})"
+                    );
+                }
+                Ok(r) if r.status == 429 => {
+                    eprintln!("threadgate-agent-runner: model budget exhausted: stopping");
+                    return Err(RoundEnd::Budget);
+                }
+                Ok(r) if r.status < 500 => {
+                    eprintln!(
+                        "threadgate-agent-runner: model call refused: HTTP {} {}",
+                        r.status,
+                        r.code()
+                    );
+                    return Err(RoundEnd::ModelFailed);
+                }
+                Ok(r) => eprintln!(
+                    "threadgate-agent-runner: model call failed: HTTP {} {} (attempt {attempt})",
+                    r.status,
+                    r.code()
+                ),
+                Err(e) => {
+                    eprintln!(
+                        "threadgate-agent-runner: model call failed: {e:#} (attempt {attempt})"
+                    )
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500 * u64::from(attempt))).await;
+        }
+        Err(RoundEnd::ModelFailed)
+    }
+
+    /// Runs one tool call; garbage (bad JSON, unknown names) becomes an error result.
+    async fn run_tool(&mut self, call: &Value, message: &Value) -> (Value, Flow) {
+        let name = call["function"]["name"].as_str().unwrap_or("");
+        let raw = call["function"]["arguments"].as_str().unwrap_or("{}");
+        let args: Value = match serde_json::from_str(if raw.trim().is_empty() { "{}" } else { raw })
+        {
+            Ok(v @ Value::Object(_)) => v,
+            Ok(_) => {
+                return (
+                    error_result(format!("the arguments of `{name}` must be a JSON object")),
+                    Flow::Continue,
+                );
+            }
+            Err(e) => {
+                eprintln!("threadgate-agent-runner: invalid JSON arguments for {name:?}");
+                return (
+                    error_result(format!(
+                        "the arguments of `{name}` are not valid JSON ({e}); nothing ran"
+                    )),
+                    Flow::Continue,
+                );
+            }
+        };
+        if let Some(result) = local::run(&self.settings.workspace, name, &args).await {
+            eprintln!(
+                "threadgate-agent-runner: local tool {name}: {}",
+                if result.is_ok() { "ok" } else { "error" }
+            );
+            return match result {
+                Ok(v) => (v, Flow::Continue),
+                Err(e) => (error_result(format!("{e:#}")), Flow::Continue),
+            };
+        }
+        let Some(tool) = self.gateway.resolve(name).map(str::to_owned) else {
+            eprintln!("threadgate-agent-runner: unknown tool {name:?}");
+            let mut known: Vec<String> = self.gateway.names().map(str::to_owned).collect();
+            known.extend(local::definitions_names().map(str::to_owned));
+            return (
+                error_result(format!(
+                    "there is no tool `{name}`; nothing ran. The tools are: {}",
+                    known.join(", ")
+                )),
+                Flow::Continue,
+            );
+        };
+        let (args, diagnosis) = split_diagnosis(args);
+        let diagnosis = diagnosis.or_else(|| {
+            message["content"]
+                .as_str()
+                .filter(|t| !t.trim().is_empty())
+                .map(str::to_owned)
+        });
+        calls::call(&self.api, &tool, args, diagnosis).await
+    }
+
+    /// A held call expired: a note for the person who takes the thread over.
+    async fn leave_to_person(&mut self) {
+        if !self.gateway.has("helpdesk.add_note") {
+            return;
+        }
+        let args = json!({
+            "thread_id": self.agent.thread_id,
+            "text": "The agent's held call expired without a decision; the agent stopped. A person needs to take this thread over.",
+        });
+        let (result, _) = calls::call(&self.api, "helpdesk.add_note", args, None).await;
+        eprintln!(
+            "threadgate-agent-runner: note on expiry: {}",
+            result["status"]
+        );
+    }
+
+    /// `PUT /v1/transcript`; a failure is logged, the conversation goes on in memory.
+    pub async fn save(&mut self) {
+        let body = json!({"messages": self.messages, "events_consumed": self.events_consumed});
+        match self.api.put("/v1/transcript", &body).await {
+            Ok(r) if r.ok() => {}
+            Ok(r) => eprintln!(
+                "threadgate-agent-runner: transcript not saved: HTTP {} {}",
+                r.status,
+                r.code()
+            ),
+            Err(e) => eprintln!("threadgate-agent-runner: transcript not saved: {e:#}"),
+        }
+    }
+}
+
+/// Keeps what a chat message needs: role, content, tool calls.
+fn clean_message(m: &Value) -> Value {
+    let mut out = json!({"role": "assistant", "content": m["content"].clone()});
+    if let Some(calls) = m["tool_calls"].as_array().filter(|c| !c.is_empty()) {
+        out["tool_calls"] = json!(calls);
+    }
+    out
+}
+
+fn tool_message(call: &Value, content: Value) -> Value {
+    json!({
+        "role": "tool",
+        "tool_call_id": call["id"].as_str().unwrap_or(""),
+        "content": content.to_string(),
+    })
+}
+
+fn error_result(message: String) -> Value {
+    json!({"status": "error", "error": message})
+}

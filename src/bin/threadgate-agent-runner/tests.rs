@@ -1,0 +1,622 @@
+//! The runner against a small mock of the session socket API: an axum server on a unix
+//! socket in a temp dir, with a scripted model queue and recorded gateway calls.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+use crate::agent::{RoundEnd, Runner, Settings};
+use crate::local;
+use crate::tools::GatewayTools;
+
+#[derive(Default)]
+struct Mock {
+    model: VecDeque<(u16, Value)>,
+    model_requests: Vec<Value>,
+    calls: Vec<Value>,
+    /// tool → (status, body) of `POST /v1/calls`; 200 ok otherwise.
+    call_replies: HashMap<String, (u16, Value)>,
+    /// execution id → its final view on `/wait`.
+    executions: HashMap<String, Value>,
+    events: Vec<Value>,
+    transcript: Option<Value>,
+    transcript_puts: usize,
+}
+
+type Shared = Arc<Mutex<Mock>>;
+
+fn m(s: &Shared) -> std::sync::MutexGuard<'_, Mock> {
+    s.lock().unwrap()
+}
+
+fn listing() -> Value {
+    json!({"tools": [
+        {"name": "stripe.list_invoices", "risk": "read", "args": [{"name": "customer", "type": "string", "required": false}, {"name": "limit", "type": "integer", "required": false}]},
+        {"name": "stripe.create_refund", "risk": "write", "args": [{"name": "charge", "type": "string", "required": true}, {"name": "amount", "type": "integer", "required": false}, {"name": "reason", "type": "string", "required": false}]},
+        {"name": "helpdesk.reply_to_thread", "risk": "write", "args": [{"name": "thread_id", "type": "string", "required": true}, {"name": "text", "type": "string", "required": true}]},
+        {"name": "helpdesk.add_note", "risk": "write", "args": [{"name": "thread_id", "type": "string", "required": true}, {"name": "text", "type": "string", "required": true}]},
+        {"name": "github.create_issue", "risk": "write", "args": [{"name": "labels", "type": "array of strings", "required": false}]}
+    ]})
+}
+
+fn router(state: Shared) -> Router {
+    Router::new()
+        .route("/v1/agent", get(|| async { Json(json!({
+            "name": "support", "model": "scripted-1", "instructions": "Be careful.",
+            "limits": {"max_tokens": 1000, "max_turns": 8}, "thread_id": "th_1",
+            "skills": [{"name": "refunds", "description": "Refund rules", "body": "Refund duplicates only."}],
+        })) }))
+        .route("/v1/tools", get(|| async { Json(listing()) }))
+        .route("/v1/transcript", get(|State(s): State<Shared>| async move {
+            Json(m(&s).transcript.clone().unwrap_or(json!({"messages": [], "events_consumed": 0})))
+        }).put(|State(s): State<Shared>, Json(body): Json<Value>| async move {
+            let mut g = m(&s);
+            g.transcript = Some(body);
+            g.transcript_puts += 1;
+            Json(json!({"status": "ok"}))
+        }))
+        .route("/v1/events", get(|State(s): State<Shared>, Query(q): Query<HashMap<String, String>>| async move {
+            let after: i64 = q.get("after").and_then(|a| a.parse().ok()).unwrap_or(0);
+            let events: Vec<Value> = m(&s).events.iter().filter(|e| e["position"].as_i64().unwrap() > after).cloned().collect();
+            let next = events.last().map_or(after, |e| e["position"].as_i64().unwrap());
+            Json(json!({"events": events, "next": next}))
+        }))
+        .route("/v1/model/chat/completions", post(|State(s): State<Shared>, Json(body): Json<Value>| async move {
+            let mut g = m(&s);
+            g.model_requests.push(body);
+            let (status, answer) = g.model.pop_front().unwrap_or((429, json!({"status": "error", "error": "budget_exhausted", "message": "script over"})));
+            (StatusCode::from_u16(status).unwrap(), Json(answer))
+        }))
+        .route("/v1/calls", post(|State(s): State<Shared>, Json(body): Json<Value>| async move {
+            let mut g = m(&s);
+            let tool = body["tool"].as_str().unwrap_or("").to_owned();
+            g.calls.push(body);
+            let (status, reply) = g.call_replies.get(&tool).cloned().unwrap_or((200, json!({"status": "ok", "execution_id": "ex_ok", "result": {"ok": true}})));
+            (StatusCode::from_u16(status).unwrap(), Json(reply))
+        }))
+        .route("/v1/executions/{id}/wait", get(|State(s): State<Shared>, Path(id): Path<String>| async move {
+            let view = m(&s).executions.get(&id).cloned();
+            match view {
+                Some(v) => (StatusCode::OK, Json(v)),
+                None => (StatusCode::NOT_FOUND, Json(json!({"status": "error", "error": "not_found"}))),
+            }
+        }))
+        .with_state(state)
+}
+
+struct World {
+    state: Shared,
+    _dir: tempfile::TempDir,
+    workspace: tempfile::TempDir,
+    settings: Settings,
+}
+
+async fn world() -> World {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("api.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let state: Shared = Arc::default();
+    let app = router(state.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let workspace = tempfile::tempdir().unwrap();
+    let settings = Settings {
+        socket,
+        workspace: workspace.path().to_path_buf(),
+        poll_wait: 0,
+    };
+    World {
+        state,
+        _dir: dir,
+        workspace,
+        settings,
+    }
+}
+
+fn tool_call(id: &str, name: &str, arguments: &str) -> Value {
+    json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}})
+}
+
+fn answer(content: Option<&str>, calls: Vec<Value>) -> (u16, Value) {
+    let mut message = json!({"role": "assistant", "content": content});
+    if !calls.is_empty() {
+        message["tool_calls"] = json!(calls);
+    }
+    (
+        200,
+        json!({"object": "chat.completion", "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+        "threadgate": {"tokens_used": 15, "tokens_budget": 1000, "turns_used": 1, "turns_budget": 8}}),
+    )
+}
+
+fn customer_event(position: i64, text: &str) -> Value {
+    json!({"position": position, "event_id": format!("pEv_{position}"), "type": "thread.chat_received", "occurred_at_ms": 0,
+        "event": {"payload": {"chat": {"text": text}, "thread": {"id": "th_1"}}}})
+}
+
+fn tool_results(messages: &[Value]) -> Vec<Value> {
+    messages
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| serde_json::from_str(m["content"].as_str().unwrap()).unwrap())
+        .collect()
+}
+
+#[test]
+fn gateway_tools_become_function_tools_with_schemas_and_a_diagnosis() {
+    let tools = GatewayTools::from_listing(&listing());
+    let refund = tools
+        .definitions()
+        .iter()
+        .find(|d| d["function"]["name"] == "stripe__create_refund")
+        .unwrap();
+    let params = &refund["function"]["parameters"];
+    assert_eq!(params["properties"]["amount"]["type"], "integer");
+    assert_eq!(params["required"], json!(["charge"]));
+    assert_eq!(params["properties"]["diagnosis"]["type"], "string");
+    let issue = tools
+        .definitions()
+        .iter()
+        .find(|d| d["function"]["name"] == "github__create_issue")
+        .unwrap();
+    assert_eq!(
+        issue["function"]["parameters"]["properties"]["labels"]["items"]["type"],
+        "string"
+    );
+    assert_eq!(
+        tools.resolve("stripe__create_refund"),
+        Some("stripe.create_refund")
+    );
+    assert_eq!(
+        tools.resolve("stripe.create_refund"),
+        Some("stripe.create_refund")
+    );
+    assert_eq!(tools.resolve("stripe__delete_customer"), None);
+    for d in tools.definitions() {
+        let name = d["function"]["name"].as_str().unwrap();
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'),
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_customer_message_runs_the_tools_and_ends_at_the_reply() {
+    let w = world().await;
+    {
+        let mut g = m(&w.state);
+        g.events.push(customer_event(1, "I was charged twice"));
+        g.model.push_back(answer(
+            None,
+            vec![tool_call(
+                "c1",
+                "stripe__list_invoices",
+                r#"{"customer":"cus_1","diagnosis":"checking invoices"}"#,
+            )],
+        ));
+        g.model.push_back(answer(
+            Some("Refunding."),
+            vec![tool_call(
+                "c2",
+                "helpdesk__reply_to_thread",
+                r#"{"thread_id":"th_1","text":"Refunded."}"#,
+            )],
+        ));
+    }
+    let mut r = Runner::load(w.settings.clone()).await.unwrap();
+    r.read_events().await;
+    assert_eq!(r.round().await, RoundEnd::Done);
+    let g = m(&w.state);
+    assert_eq!(g.calls.len(), 2);
+    assert_eq!(g.calls[0]["tool"], "stripe.list_invoices");
+    assert_eq!(g.calls[0]["args"], json!({"customer": "cus_1"}));
+    assert_eq!(g.calls[0]["diagnosis"], "checking invoices");
+    // Without a diagnosis argument, the assistant's text goes with the call.
+    assert_eq!(g.calls[1]["diagnosis"], "Refunding.");
+    let first = &g.model_requests[0];
+    assert_eq!(first["model"], "scripted-1");
+    assert!(
+        first["messages"][0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("Refund duplicates only.")
+    );
+    assert!(
+        first["messages"][1]["content"]
+            .as_str()
+            .unwrap()
+            .contains("I was charged twice")
+    );
+    assert!(
+        first["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["function"]["name"] == "workspace__search_code")
+    );
+    let saved = g.transcript.clone().unwrap();
+    assert_eq!(saved["events_consumed"], 1);
+    assert_eq!(saved["messages"].as_array().unwrap().len(), 6);
+}
+
+#[tokio::test]
+async fn garbage_from_the_model_is_reported_to_it_and_nothing_runs() {
+    let w = world().await;
+    {
+        let mut g = m(&w.state);
+        g.events.push(customer_event(1, "help"));
+        g.model.push_back(answer(
+            None,
+            vec![
+                tool_call(
+                    "g1",
+                    "stripe__create_refund",
+                    r#"{"charge": "ch_1", "amount": 5"#,
+                ),
+                tool_call("g2", "stripe__teleport", "{}"),
+                tool_call("g3", "stripe__list_invoices", "[1,2]"),
+            ],
+        ));
+        g.model.push_back((
+            500,
+            json!({"status": "error", "error": "upstream_error", "message": "boom"}),
+        ));
+        g.model.push_back((
+            502,
+            json!({"status": "error", "error": "upstream_malformed", "message": "??"}),
+        ));
+        g.model.push_back(answer(Some("Sorry."), vec![]));
+    }
+    let mut r = Runner::load(w.settings.clone()).await.unwrap();
+    r.read_events().await;
+    assert_eq!(r.round().await, RoundEnd::Quiet);
+    let results = tool_results(r.messages());
+    assert_eq!(results.len(), 3);
+    assert!(
+        results[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("not valid JSON")
+    );
+    assert!(
+        results[1]["error"]
+            .as_str()
+            .unwrap()
+            .contains("no tool `stripe__teleport`")
+    );
+    assert!(
+        results[2]["error"]
+            .as_str()
+            .unwrap()
+            .contains("JSON object")
+    );
+    let g = m(&w.state);
+    assert!(g.calls.is_empty(), "nothing may run: {:?}", g.calls);
+    assert_eq!(g.model_requests.len(), 4);
+}
+
+fn held(id: &str) -> (u16, Value) {
+    (
+        202,
+        json!({"status": "pending_approval", "execution_id": id, "approval_url": "http://x/approvals/1",
+        "expires_at": (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339()}),
+    )
+}
+
+#[tokio::test]
+async fn an_approved_hold_feeds_back_the_real_result() {
+    let w = world().await;
+    {
+        let mut g = m(&w.state);
+        g.events.push(customer_event(1, "refund please"));
+        g.call_replies
+            .insert("stripe.create_refund".into(), held("ex_1"));
+        g.executions.insert(
+            "ex_1".into(),
+            json!({"execution_id": "ex_1", "status": "ok", "result": {"refund": "re_9"}}),
+        );
+        g.model.push_back(answer(
+            None,
+            vec![tool_call(
+                "c1",
+                "stripe__create_refund",
+                r#"{"charge":"ch_1","diagnosis":"bad month, no duplicate"}"#,
+            )],
+        ));
+        g.model.push_back(answer(
+            None,
+            vec![tool_call(
+                "c2",
+                "helpdesk__reply_to_thread",
+                r#"{"thread_id":"th_1","text":"Done"}"#,
+            )],
+        ));
+    }
+    let mut r = Runner::load(w.settings.clone()).await.unwrap();
+    r.read_events().await;
+    assert_eq!(r.round().await, RoundEnd::Done);
+    let results = tool_results(r.messages());
+    assert_eq!(results[0]["result"]["refund"], "re_9");
+    assert_eq!(m(&w.state).calls[0]["diagnosis"], "bad month, no duplicate");
+}
+
+#[tokio::test]
+async fn a_denied_hold_gives_the_model_the_persons_message() {
+    let w = world().await;
+    {
+        let mut g = m(&w.state);
+        g.events.push(customer_event(1, "refund please"));
+        g.call_replies
+            .insert("stripe.create_refund".into(), held("ex_2"));
+        g.executions.insert("ex_2".into(), json!({"execution_id": "ex_2", "status": "denied", "message": "Offer a credit instead"}));
+        g.model.push_back(answer(
+            None,
+            vec![tool_call(
+                "c1",
+                "stripe__create_refund",
+                r#"{"charge":"ch_1"}"#,
+            )],
+        ));
+        g.model.push_back(answer(
+            None,
+            vec![tool_call(
+                "c2",
+                "helpdesk__reply_to_thread",
+                r#"{"thread_id":"th_1","text":"We can offer a credit"}"#,
+            )],
+        ));
+    }
+    let mut r = Runner::load(w.settings.clone()).await.unwrap();
+    r.read_events().await;
+    assert_eq!(r.round().await, RoundEnd::Done);
+    let results = tool_results(r.messages());
+    assert_eq!(results[0]["status"], "denied");
+    assert_eq!(results[0]["message"], "Offer a credit instead");
+    // The model saw the denial before it replied.
+    let seen = m(&w.state).model_requests[1]["messages"].to_string();
+    assert!(seen.contains("Offer a credit instead"));
+}
+
+#[tokio::test]
+async fn an_expired_hold_stops_and_leaves_a_note() {
+    let w = world().await;
+    {
+        let mut g = m(&w.state);
+        g.events.push(customer_event(1, "refund please"));
+        g.call_replies
+            .insert("stripe.create_refund".into(), held("ex_3"));
+        g.executions.insert(
+            "ex_3".into(),
+            json!({"execution_id": "ex_3", "status": "expired"}),
+        );
+        g.model.push_back(answer(
+            None,
+            vec![
+                tool_call("c1", "stripe__create_refund", r#"{"charge":"ch_1"}"#),
+                tool_call(
+                    "c2",
+                    "helpdesk__reply_to_thread",
+                    r#"{"thread_id":"th_1","text":"Done"}"#,
+                ),
+            ],
+        ));
+    }
+    let mut r = Runner::load(w.settings.clone()).await.unwrap();
+    r.read_events().await;
+    assert_eq!(r.round().await, RoundEnd::LeftToPerson);
+    let g = m(&w.state);
+    let tools: Vec<&str> = g
+        .calls
+        .iter()
+        .map(|c| c["tool"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tools,
+        ["stripe.create_refund", "helpdesk.add_note"],
+        "the reply after the expiry must not run"
+    );
+    assert_eq!(g.model_requests.len(), 1);
+    // Every tool call has its answer, so the transcript stays valid for the model.
+    assert_eq!(tool_results(r.messages()).len(), 2);
+}
+
+#[tokio::test]
+async fn the_budget_stops_the_runner() {
+    let w = world().await;
+    {
+        let mut g = m(&w.state);
+        g.events.push(customer_event(1, "loop"));
+        for i in 0..3 {
+            g.model.push_back(answer(
+                None,
+                vec![tool_call(&format!("c{i}"), "stripe__list_invoices", "{}")],
+            ));
+        }
+        // Then the mock answers 429 budget_exhausted.
+    }
+    let mut r = Runner::load(w.settings.clone()).await.unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(20), r.run())
+        .await
+        .expect("run returns at the budget")
+        .unwrap();
+    let g = m(&w.state);
+    assert_eq!(g.calls.len(), 3);
+    assert_eq!(g.model_requests.len(), 4);
+}
+
+#[tokio::test]
+async fn a_resumed_session_goes_on_with_the_same_conversation() {
+    let w = world().await;
+    {
+        let mut g = m(&w.state);
+        g.events.push(customer_event(1, "first message"));
+        g.model.push_back(answer(
+            None,
+            vec![tool_call(
+                "c1",
+                "helpdesk__reply_to_thread",
+                r#"{"thread_id":"th_1","text":"Hello"}"#,
+            )],
+        ));
+    }
+    let mut first = Runner::load(w.settings.clone()).await.unwrap();
+    first.read_events().await;
+    assert_eq!(first.round().await, RoundEnd::Done);
+    drop(first);
+    {
+        let mut g = m(&w.state);
+        g.events.push(customer_event(2, "second message"));
+        g.model.push_back(answer(
+            None,
+            vec![tool_call(
+                "c2",
+                "helpdesk__reply_to_thread",
+                r#"{"thread_id":"th_1","text":"Again"}"#,
+            )],
+        ));
+    }
+    let mut second = Runner::load(w.settings.clone()).await.unwrap();
+    second.read_events().await;
+    assert_eq!(second.round().await, RoundEnd::Done);
+    let g = m(&w.state);
+    let seen = g.model_requests[1]["messages"].as_array().unwrap();
+    let text = serde_json::to_string(seen).unwrap();
+    assert!(text.contains("first message") && text.contains("second message"));
+    assert_eq!(
+        text.matches("first message").count(),
+        1,
+        "event 1 is not read twice"
+    );
+    assert_eq!(g.transcript.as_ref().unwrap()["events_consumed"], 2);
+}
+
+#[tokio::test]
+async fn events_that_are_not_the_customers_do_not_wake_the_model() {
+    let w = world().await;
+    m(&w.state).events.push(json!({"position": 1, "type": "thread.note_created", "event": {"payload": {"note": {"text": "internal"}}}}));
+    let mut r = Runner::load(w.settings.clone()).await.unwrap();
+    r.read_events().await;
+    assert_eq!(r.messages().len(), 1, "only the system message");
+    m(&w.state).events.push(customer_event(2, "hello"));
+    r.read_events().await;
+    let last = r.messages().last().unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(last.contains("internal") && last.contains("hello"));
+}
+
+#[tokio::test]
+async fn local_tools_stay_inside_the_workspace() {
+    let w = world().await;
+    let root = w.workspace.path();
+    std::fs::write(root.join("lib.rs"), "fn charge_twice() {}\n").unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), "s3cr3t").unwrap();
+    std::os::unix::fs::symlink(outside.path(), root.join("escape")).unwrap();
+    let run = |name: &'static str, args: Value| {
+        let root = root.to_path_buf();
+        async move { local::run(&root, name, &args).await.unwrap() }
+    };
+    assert!(
+        run("workspace__read_file", json!({"path": "../etc/passwd"}))
+            .await
+            .is_err()
+    );
+    assert!(
+        run("workspace__read_file", json!({"path": "/etc/passwd"}))
+            .await
+            .is_err()
+    );
+    assert!(
+        run("workspace__read_file", json!({"path": "escape/secret"}))
+            .await
+            .is_err()
+    );
+    assert!(
+        run(
+            "workspace__write_file",
+            json!({"path": "escape/new", "content": "x"})
+        )
+        .await
+        .is_err()
+    );
+    assert!(!outside.path().join("new").exists());
+    assert!(
+        run("workspace__list_files", json!({"path": "escape"}))
+            .await
+            .is_err()
+    );
+    let read = run("workspace__read_file", json!({"path": "lib.rs"}))
+        .await
+        .unwrap();
+    assert_eq!(read["content"], "fn charge_twice() {}\n");
+    run(
+        "workspace__write_file",
+        json!({"path": "notes/finding.md", "content": "dup"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(root.join("notes/finding.md")).unwrap(),
+        "dup"
+    );
+    let listed = run("workspace__list_files", json!({})).await.unwrap();
+    assert!(
+        listed["entries"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("notes/finding.md"))
+    );
+}
+
+#[tokio::test]
+async fn search_and_commands_are_capped() {
+    let w = world().await;
+    let root = w.workspace.path();
+    std::fs::write(root.join("billing.rs"), "fn refund() {}\nfn charge() {}\n").unwrap();
+    let found = local::run(
+        root,
+        "workspace__search_code",
+        &json!({"pattern": "fn ref"}),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(
+        found["matches"]
+            .as_str()
+            .unwrap()
+            .contains("billing.rs:1:fn refund() {}"),
+        "{found}"
+    );
+    let started = std::time::Instant::now();
+    let slow = local::run(
+        root,
+        "workspace__run_command",
+        &json!({"command": "sleep 30 & sleep 30", "timeout_secs": 1}),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(slow["timed_out"], true);
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    let loud = local::run(
+        root,
+        "workspace__run_command",
+        &json!({"command": "head -c 1000000 /dev/zero | tr '\\0' a"}),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(loud["truncated"], true);
+    assert_eq!(loud["stdout"].as_str().unwrap().len(), 16 * 1024);
+    assert_eq!(loud["exit_code"], 0);
+}
