@@ -45,6 +45,8 @@ pub struct Settings {
     pub workspace: PathBuf,
     /// Seconds of one events long poll.
     pub poll_wait: u64,
+    /// Where the events read are journaled for the agent's own tools, if anywhere.
+    pub journal: Option<PathBuf>,
 }
 
 /// One session's runner.
@@ -187,6 +189,9 @@ impl Runner {
             }
         };
         let mut woke = false;
+        if let Some(journal) = &self.settings.journal {
+            journal_events(journal, &page);
+        }
         for e in page["events"].as_array().into_iter().flatten() {
             self.pending.push(prompt::describe_event(e));
             woke |= prompt::wakes(e["type"].as_str().unwrap_or(""));
@@ -385,6 +390,33 @@ impl Runner {
             ),
             Err(e) => eprintln!("threadgate-agent-runner: transcript not saved: {e:#}"),
         }
+    }
+}
+
+/// The largest the events journal grows; past it, pages are no longer appended.
+const JOURNAL_CAP: u64 = 4 * 1024 * 1024;
+
+/// Appends a non-empty events page to the journal (one JSON line), within its cap.
+fn journal_events(path: &std::path::Path, page: &Value) {
+    use std::io::Write;
+    if page["events"].as_array().is_none_or(|e| e.is_empty()) {
+        return;
+    }
+    let size = std::fs::metadata(path).map_or(0, |m| m.len());
+    let line = format!("{page}\n");
+    if size + line.len() as u64 > JOURNAL_CAP {
+        return;
+    }
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        eprintln!("threadgate-agent-runner: events journal: {e}");
     }
 }
 

@@ -7,7 +7,8 @@
 //! transcript after each turn. It uses nothing of the server library.
 //!
 //! Environment: `THREADGATE_SOCKET` (default `/run/threadgate/api.sock`),
-//! `THREADGATE_WORKSPACE` (default `/workspace`).
+//! `THREADGATE_WORKSPACE` (default `/workspace`), `THREADGATE_RUNNER_STATE` (default
+//! `/tmp/threadgate`: `events.jsonl` there journals the events read, capped at 4 MiB).
 
 mod agent;
 mod api;
@@ -30,6 +31,7 @@ fn settings() -> Settings {
         socket: PathBuf::from(env("THREADGATE_SOCKET", "/run/threadgate/api.sock")),
         workspace: PathBuf::from(env("THREADGATE_WORKSPACE", "/workspace")),
         poll_wait: 30,
+        journal: Some(PathBuf::from(env("THREADGATE_RUNNER_STATE", "/tmp/threadgate")).join("events.jsonl")),
     }
 }
 

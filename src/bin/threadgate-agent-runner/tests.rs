@@ -108,6 +108,7 @@ async fn world() -> World {
         socket,
         workspace: workspace.path().to_path_buf(),
         poll_wait: 0,
+        journal: Some(dir.path().join("state/events.jsonl")),
     };
     World {
         state,
@@ -504,6 +505,8 @@ async fn events_that_are_not_the_customers_do_not_wake_the_model() {
     let mut r = Runner::load(w.settings.clone()).await.unwrap();
     r.read_events().await;
     assert_eq!(r.messages().len(), 1, "only the system message");
+    let journal = std::fs::read_to_string(w.settings.journal.as_ref().unwrap()).unwrap();
+    assert!(journal.contains("thread.note_created"));
     m(&w.state).events.push(customer_event(2, "hello"));
     r.read_events().await;
     let last = r.messages().last().unwrap()["content"]
