@@ -60,6 +60,8 @@ pub struct Settings {
     pub repo: RepoSettings,
     pub sandbox: SandboxSettings,
     pub sessions: SessionSettings,
+    /// The model proxy on the session socket (`[model]`).
+    pub model: crate::model::ModelSettings,
 }
 
 /// Plain: the webhook intake and the helpdesk connector.
@@ -144,6 +146,7 @@ impl Default for Settings {
             repo: RepoSettings::default(),
             sandbox: SandboxSettings::default(),
             sessions: SessionSettings::default(),
+            model: crate::model::ModelSettings::default(),
         }
     }
 }
