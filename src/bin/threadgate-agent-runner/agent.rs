@@ -359,7 +359,14 @@ impl Runner {
                 .filter(|t| !t.trim().is_empty())
                 .map(str::to_owned)
         });
-        calls::call(&self.api, &tool, args, diagnosis).await
+        let findings = self.findings_file();
+        calls::call(&self.api, &tool, args, diagnosis, findings.as_deref()).await
+    }
+
+    /// Where held calls' diagnoses are written: `.threadgate/findings.md` in the
+    /// workspace, when the workspace (not a symlink out of it) is there.
+    fn findings_file(&self) -> Option<PathBuf> {
+        local::confine(&self.settings.workspace, ".threadgate/findings.md").ok()
     }
 
     /// A held call expired: a note for the person who takes the thread over.
@@ -371,7 +378,7 @@ impl Runner {
             "thread_id": self.agent.thread_id,
             "text": "The agent's held call expired without a decision; the agent stopped. A person needs to take this thread over.",
         });
-        let (result, _) = calls::call(&self.api, "helpdesk.add_note", args, None).await;
+        let (result, _) = calls::call(&self.api, "helpdesk.add_note", args, None, None).await;
         eprintln!(
             "threadgate-agent-runner: note on expiry: {}",
             result["status"]

@@ -1,6 +1,7 @@
 //! A gateway call from the model: `POST /v1/calls`, and when the policy holds it, the
 //! wait for the person's decision within the approval's ttl.
 
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -24,7 +25,15 @@ pub enum Flow {
 }
 
 /// Calls catalog tool `tool`; answers the tool message's content and what comes next.
-pub async fn call(api: &Api, tool: &str, args: Value, diagnosis: Option<String>) -> (Value, Flow) {
+/// A held call's diagnosis is also written to `findings` (in the workspace, so it lands
+/// on the thread's branch for the engineers).
+pub async fn call(
+    api: &Api,
+    tool: &str,
+    args: Value,
+    diagnosis: Option<String>,
+    findings: Option<&Path>,
+) -> (Value, Flow) {
     let body = json!({"tool": tool, "args": args, "diagnosis": diagnosis});
     let reply = match api.post("/v1/calls", &body).await {
         Ok(r) => r,
@@ -37,6 +46,9 @@ pub async fn call(api: &Api, tool: &str, args: Value, diagnosis: Option<String>)
     };
     log(tool, &reply.body);
     if reply.status == 202 {
+        if let Some(file) = findings {
+            record_hold(file, tool, &body, &reply.body);
+        }
         return wait_held(api, tool, &reply.body).await;
     }
     let done = reply.status == 200 && ends_turn(tool);
@@ -44,6 +56,37 @@ pub async fn call(api: &Api, tool: &str, args: Value, diagnosis: Option<String>)
         answer(&reply),
         if done { Flow::Done } else { Flow::Continue },
     )
+}
+
+/// The most the findings file grows to.
+const FINDINGS_CAP: u64 = 256 * 1024;
+
+/// Appends a held call, its arguments and the diagnosis to the findings file.
+fn record_hold(file: &Path, tool: &str, call: &Value, held: &Value) {
+    use std::io::Write;
+    let entry = format!(
+        "## `{tool}` held for a person\n\nExecution: {}\nApproval: {}\nArguments: `{}`\n\n{}\n\n",
+        held["execution_id"].as_str().unwrap_or("?"),
+        held["approval_url"].as_str().unwrap_or("-"),
+        call["args"],
+        call["diagnosis"].as_str().unwrap_or("(no diagnosis given)"),
+    );
+    if std::fs::metadata(file).map_or(0, |m| m.len()) + entry.len() as u64 > FINDINGS_CAP {
+        return;
+    }
+    let written = file
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(file)
+        })
+        .and_then(|mut f| f.write_all(entry.as_bytes()));
+    if let Err(e) = written {
+        eprintln!("threadgate-agent-runner: cannot write the findings file: {e}");
+    }
 }
 
 fn log(tool: &str, body: &Value) {

@@ -31,7 +31,9 @@ fn settings() -> Settings {
         socket: PathBuf::from(env("THREADGATE_SOCKET", "/run/threadgate/api.sock")),
         workspace: PathBuf::from(env("THREADGATE_WORKSPACE", "/workspace")),
         poll_wait: 30,
-        journal: Some(PathBuf::from(env("THREADGATE_RUNNER_STATE", "/tmp/threadgate")).join("events.jsonl")),
+        journal: Some(
+            PathBuf::from(env("THREADGATE_RUNNER_STATE", "/tmp/threadgate")).join("events.jsonl"),
+        ),
     }
 }
 

@@ -346,6 +346,14 @@ async fn an_approved_hold_feeds_back_the_real_result() {
     let results = tool_results(r.messages());
     assert_eq!(results[0]["result"]["refund"], "re_9");
     assert_eq!(m(&w.state).calls[0]["diagnosis"], "bad month, no duplicate");
+    // The diagnosis also lands in the workspace, for the thread's branch.
+    let findings =
+        std::fs::read_to_string(w.workspace.path().join(".threadgate/findings.md")).unwrap();
+    assert!(
+        findings.contains("stripe.create_refund")
+            && findings.contains("bad month, no duplicate")
+            && findings.contains("http://x/approvals/1")
+    );
 }
 
 #[tokio::test]
