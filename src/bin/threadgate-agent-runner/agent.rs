@@ -158,15 +158,16 @@ impl Runner {
                 }
                 if end == RoundEnd::ModelFailed {
                     // The last message still waits for an answer; do not spin on it.
-                    self.park_last_turn();
+                    self.park_last_turn().await;
                 }
             }
         }
     }
 
     /// After a failed round the conversation waits for the next customer event.
-    fn park_last_turn(&mut self) {
+    async fn park_last_turn(&mut self) {
         self.messages.push(json!({"role": "assistant", "content": "(the model could not be reached; waiting for the next message)"}));
+        self.save().await;
     }
 
     /// One long poll of the feed; a customer event becomes a user message.
