@@ -1,7 +1,8 @@
 //! The world of the agent end-to-end tests: the gateway harness's peers (localstripe,
 //! the Plain fake, the GitHub stub) and a real threadgate running real Docker sessions
 //! from the sandbox image, its model proxy pointed at a fresh scripted model server.
-//! Dropping the world force-removes its containers.
+//! Dropping the world force-removes its containers. Shared with `examples/demo.rs`.
+#![allow(dead_code)]
 
 use std::process::Command;
 use std::time::{Duration, Instant};
