@@ -200,11 +200,12 @@ impl Runner {
         if let Some(next) = page["next"].as_i64() {
             self.cursor = self.cursor.max(next);
         }
+        if self.pending.len() > PENDING_CAP {
+            let extra = self.pending.len() - PENDING_CAP;
+            self.pending.drain(..extra);
+        }
         if woke {
-            let text = format!(
-                "New on the thread:\n{}",
-                std::mem::take(&mut self.pending).join("\n\n")
-            );
+            let text = prompt::events_message(&std::mem::take(&mut self.pending));
             self.messages.push(json!({"role": "user", "content": text}));
             self.events_consumed = self.cursor;
             self.save().await;
@@ -387,17 +388,52 @@ impl Runner {
     }
 
     /// `PUT /v1/transcript`; a failure is logged, the conversation goes on in memory.
+    /// Above the server's size cap (413), the oldest tool results are elided (here and
+    /// in the conversation the model sees next) until it fits.
     pub async fn save(&mut self) {
-        let body = json!({"messages": self.messages, "events_consumed": self.events_consumed});
-        match self.api.put("/v1/transcript", &body).await {
-            Ok(r) if r.ok() => {}
-            Ok(r) => eprintln!(
-                "threadgate-agent-runner: transcript not saved: HTTP {} {}",
-                r.status,
-                r.code()
-            ),
-            Err(e) => eprintln!("threadgate-agent-runner: transcript not saved: {e:#}"),
+        loop {
+            let body = json!({"messages": self.messages, "events_consumed": self.events_consumed});
+            match self.api.put("/v1/transcript", &body).await {
+                Ok(r) if r.status == 413 && self.elide_oldest_results() => continue,
+                other => return report_save(other),
+            }
         }
+    }
+
+    /// Replaces the oldest half of the not-yet-elided tool results; false when none is left.
+    fn elide_oldest_results(&mut self) -> bool {
+        let open: Vec<usize> = (0..self.messages.len())
+            .filter(|&i| {
+                self.messages[i]["role"] == "tool" && self.messages[i]["content"] != ELIDED
+            })
+            .collect();
+        if open.is_empty() {
+            return false;
+        }
+        for &i in &open[..open.len().div_ceil(2)] {
+            self.messages[i]["content"] = json!(ELIDED);
+        }
+        eprintln!("threadgate-agent-runner: transcript over the cap; older tool results elided");
+        true
+    }
+}
+
+/// What an elided tool result says.
+const ELIDED: &str = "[elided: the transcript reached its size cap]";
+/// Events read while the agent sleeps that are kept for its next wake.
+const PENDING_CAP: usize = 200;
+/// The largest tool result given to the model (bytes of its JSON text).
+const TOOL_RESULT_CAP: usize = 32 * 1024;
+
+fn report_save(reply: anyhow::Result<crate::api::Reply>) {
+    match reply {
+        Ok(r) if r.ok() => {}
+        Ok(r) => eprintln!(
+            "threadgate-agent-runner: transcript not saved: HTTP {} {}",
+            r.status,
+            r.code()
+        ),
+        Err(e) => eprintln!("threadgate-agent-runner: transcript not saved: {e:#}"),
     }
 }
 
@@ -441,7 +477,7 @@ fn tool_message(call: &Value, content: Value) -> Value {
     json!({
         "role": "tool",
         "tool_call_id": call["id"].as_str().unwrap_or(""),
-        "content": content.to_string(),
+        "content": prompt::cap_text(&content.to_string(), TOOL_RESULT_CAP),
     })
 }
 

@@ -19,6 +19,8 @@ mod tools;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_local;
 
 use std::path::PathBuf;
 use std::time::Duration;

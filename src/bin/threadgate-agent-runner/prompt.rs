@@ -5,6 +5,41 @@ use serde_json::{Value, json};
 
 /// The most characters of one event's text given to the model.
 const EVENT_TEXT_CAP: usize = 6000;
+/// The largest user message made of events (bytes); older events are left out.
+const EVENTS_MESSAGE_CAP: usize = 32 * 1024;
+
+/// `text` cut to at most `max` bytes (at a character boundary), saying how much was cut.
+pub fn cap_text(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}\n[... {} bytes cut]", &text[..end], text.len() - end)
+}
+
+/// The user message for newly read events: the most recent that fit the cap.
+pub fn events_message(lines: &[String]) -> String {
+    let mut kept = Vec::new();
+    let mut size = 0;
+    for line in lines.iter().rev() {
+        if size + line.len() > EVENTS_MESSAGE_CAP && !kept.is_empty() {
+            break;
+        }
+        size += line.len();
+        kept.push(cap_text(line, EVENTS_MESSAGE_CAP));
+    }
+    kept.reverse();
+    let left_out = lines.len() - kept.len();
+    let mut text = String::from("New on the thread:\n");
+    if left_out > 0 {
+        text.push_str(&format!("[{left_out} earlier events left out]\n\n"));
+    }
+    text.push_str(&kept.join("\n\n"));
+    text
+}
 
 /// The agent as `GET /v1/agent` describes it.
 #[derive(Debug, Clone, Default)]

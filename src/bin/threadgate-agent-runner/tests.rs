@@ -11,8 +11,6 @@ use axum::{Json, Router};
 use serde_json::{Value, json};
 
 use crate::agent::{RoundEnd, Runner, Settings};
-use crate::local;
-use crate::tools::GatewayTools;
 
 #[derive(Default)]
 struct Mock {
@@ -26,6 +24,8 @@ struct Mock {
     events: Vec<Value>,
     transcript: Option<Value>,
     transcript_puts: usize,
+    /// `PUT /v1/transcript` above this many bytes is 413.
+    transcript_cap: Option<usize>,
 }
 
 type Shared = Arc<Mutex<Mock>>;
@@ -34,7 +34,7 @@ fn m(s: &Shared) -> std::sync::MutexGuard<'_, Mock> {
     s.lock().unwrap()
 }
 
-fn listing() -> Value {
+pub(crate) fn listing() -> Value {
     json!({"tools": [
         {"name": "stripe.list_invoices", "risk": "read", "args": [{"name": "customer", "type": "string", "required": false}, {"name": "limit", "type": "integer", "required": false}]},
         {"name": "stripe.create_refund", "risk": "write", "args": [{"name": "charge", "type": "string", "required": true}, {"name": "amount", "type": "integer", "required": false}, {"name": "reason", "type": "string", "required": false}]},
@@ -56,9 +56,12 @@ fn router(state: Shared) -> Router {
             Json(m(&s).transcript.clone().unwrap_or(json!({"messages": [], "events_consumed": 0})))
         }).put(|State(s): State<Shared>, Json(body): Json<Value>| async move {
             let mut g = m(&s);
+            if g.transcript_cap.is_some_and(|cap| body.to_string().len() > cap) {
+                return (StatusCode::PAYLOAD_TOO_LARGE, Json(json!({"status": "error", "error": "transcript_too_large"})));
+            }
             g.transcript = Some(body);
             g.transcript_puts += 1;
-            Json(json!({"status": "ok"}))
+            (StatusCode::OK, Json(json!({"status": "ok"})))
         }))
         .route("/v1/events", get(|State(s): State<Shared>, Query(q): Query<HashMap<String, String>>| async move {
             let after: i64 = q.get("after").and_then(|a| a.parse().ok()).unwrap_or(0);
@@ -146,46 +149,6 @@ fn tool_results(messages: &[Value]) -> Vec<Value> {
         .filter(|m| m["role"] == "tool")
         .map(|m| serde_json::from_str(m["content"].as_str().unwrap()).unwrap())
         .collect()
-}
-
-#[test]
-fn gateway_tools_become_function_tools_with_schemas_and_a_diagnosis() {
-    let tools = GatewayTools::from_listing(&listing());
-    let refund = tools
-        .definitions()
-        .iter()
-        .find(|d| d["function"]["name"] == "stripe__create_refund")
-        .unwrap();
-    let params = &refund["function"]["parameters"];
-    assert_eq!(params["properties"]["amount"]["type"], "integer");
-    assert_eq!(params["required"], json!(["charge"]));
-    assert_eq!(params["properties"]["diagnosis"]["type"], "string");
-    let issue = tools
-        .definitions()
-        .iter()
-        .find(|d| d["function"]["name"] == "github__create_issue")
-        .unwrap();
-    assert_eq!(
-        issue["function"]["parameters"]["properties"]["labels"]["items"]["type"],
-        "string"
-    );
-    assert_eq!(
-        tools.resolve("stripe__create_refund"),
-        Some("stripe.create_refund")
-    );
-    assert_eq!(
-        tools.resolve("stripe.create_refund"),
-        Some("stripe.create_refund")
-    );
-    assert_eq!(tools.resolve("stripe__delete_customer"), None);
-    for d in tools.definitions() {
-        let name = d["function"]["name"].as_str().unwrap();
-        assert!(
-            name.chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'),
-            "{name}"
-        );
-    }
 }
 
 #[tokio::test]
@@ -525,109 +488,43 @@ async fn events_that_are_not_the_customers_do_not_wake_the_model() {
 }
 
 #[tokio::test]
-async fn local_tools_stay_inside_the_workspace() {
+async fn a_flood_of_events_and_a_huge_result_are_capped_and_the_transcript_fits() {
     let w = world().await;
-    let root = w.workspace.path();
-    std::fs::write(root.join("lib.rs"), "fn charge_twice() {}\n").unwrap();
-    let outside = tempfile::tempdir().unwrap();
-    std::fs::write(outside.path().join("secret"), "s3cr3t").unwrap();
-    std::os::unix::fs::symlink(outside.path(), root.join("escape")).unwrap();
-    let run = |name: &'static str, args: Value| {
-        let root = root.to_path_buf();
-        async move { local::run(&root, name, &args).await.unwrap() }
-    };
-    assert!(
-        run("workspace__read_file", json!({"path": "../etc/passwd"}))
-            .await
-            .is_err()
-    );
-    assert!(
-        run("workspace__read_file", json!({"path": "/etc/passwd"}))
-            .await
-            .is_err()
-    );
-    assert!(
-        run("workspace__read_file", json!({"path": "escape/secret"}))
-            .await
-            .is_err()
-    );
-    assert!(
-        run(
-            "workspace__write_file",
-            json!({"path": "escape/new", "content": "x"})
-        )
-        .await
-        .is_err()
-    );
-    assert!(!outside.path().join("new").exists());
-    assert!(
-        run("workspace__list_files", json!({"path": "escape"}))
-            .await
-            .is_err()
-    );
-    let read = run("workspace__read_file", json!({"path": "lib.rs"}))
-        .await
-        .unwrap();
-    assert_eq!(read["content"], "fn charge_twice() {}\n");
-    run(
-        "workspace__write_file",
-        json!({"path": "notes/finding.md", "content": "dup"}),
-    )
-    .await
-    .unwrap();
+    {
+        let mut g = m(&w.state);
+        for i in 1..=150 {
+            g.events.push(customer_event(
+                i,
+                &format!("message {i} {}", "x".repeat(5000)),
+            ));
+        }
+        g.transcript_cap = Some(60 * 1024);
+        let huge = json!({"status": "ok", "execution_id": "ex_big", "result": {"data": "y".repeat(1 << 20)}});
+        g.call_replies
+            .insert("stripe.list_invoices".into(), (200, huge));
+        for i in 0..4 {
+            g.model.push_back(answer(
+                None,
+                vec![tool_call(&format!("c{i}"), "stripe__list_invoices", "{}")],
+            ));
+        }
+        g.model.push_back(answer(Some("done"), vec![]));
+    }
+    let mut r = Runner::load(w.settings.clone()).await.unwrap();
+    r.read_events().await;
+    let events = r.messages()[1]["content"].as_str().unwrap().to_owned();
+    assert!(events.len() <= 33 * 1024, "{}", events.len());
+    assert!(events.contains("earlier events left out") && events.contains("message 150 "));
+    assert_eq!(r.round().await, RoundEnd::Quiet);
+    for message in r.messages().iter().filter(|m| m["role"] == "tool") {
+        assert!(message["content"].as_str().unwrap().len() <= 33 * 1024);
+    }
+    let g = m(&w.state);
+    let saved = g.transcript.clone().unwrap();
+    assert!(saved.to_string().len() <= 60 * 1024);
+    // The last turn is saved: the cap elided older results, not the conversation.
     assert_eq!(
-        std::fs::read_to_string(root.join("notes/finding.md")).unwrap(),
-        "dup"
+        saved["messages"].as_array().unwrap().last().unwrap()["content"],
+        "done"
     );
-    let listed = run("workspace__list_files", json!({})).await.unwrap();
-    assert!(
-        listed["entries"]
-            .as_array()
-            .unwrap()
-            .contains(&json!("notes/finding.md"))
-    );
-}
-
-#[tokio::test]
-async fn search_and_commands_are_capped() {
-    let w = world().await;
-    let root = w.workspace.path();
-    std::fs::write(root.join("billing.rs"), "fn refund() {}\nfn charge() {}\n").unwrap();
-    let found = local::run(
-        root,
-        "workspace__search_code",
-        &json!({"pattern": "fn ref"}),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    assert!(
-        found["matches"]
-            .as_str()
-            .unwrap()
-            .contains("billing.rs:1:fn refund() {}"),
-        "{found}"
-    );
-    let started = std::time::Instant::now();
-    let slow = local::run(
-        root,
-        "workspace__run_command",
-        &json!({"command": "sleep 30 & sleep 30", "timeout_secs": 1}),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    assert_eq!(slow["timed_out"], true);
-    assert!(started.elapsed() < std::time::Duration::from_secs(10));
-    let loud = local::run(
-        root,
-        "workspace__run_command",
-        &json!({"command": "head -c 1000000 /dev/zero | tr '\\0' a"}),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    assert_eq!(loud["truncated"], true);
-    assert_eq!(loud["stdout"].as_str().unwrap().len(), 16 * 1024);
-    assert_eq!(loud["exit_code"], 0);
 }
