@@ -263,3 +263,51 @@ async fn garbage_from_the_model_runs_nothing_and_the_session_survives() {
     );
     app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_stopped_for_idleness_resumes_the_same_conversation() {
+    let mut w = AgentWorld::new(Provider::Scripted).await;
+    w.world.settings.sessions.idle_timeout = std::time::Duration::from_secs(3);
+    let app = w.start().await;
+    let customer = w.customer(&[4200, 4200]).await;
+    let thread = w
+        .open_thread(
+            &app,
+            &customer,
+            "Hi, I was charged twice for my order this month.",
+        )
+        .await;
+    eventually("the first reply", || async {
+        !w.world.plain.thread(&thread).replies().is_empty()
+    })
+    .await;
+    // Quiet: the container goes away, the session waits idle.
+    support::until("the container is stopped for idleness", || async {
+        w.running_containers().await == 0
+    })
+    .await;
+    let asked = w.model.seen().len();
+    w.message(
+        &app,
+        &thread,
+        &customer,
+        "Thanks! Will it show on my statement?",
+    )
+    .await;
+    support::until("the model is asked again", || async {
+        w.model.seen().len() > asked
+    })
+    .await;
+    let last = w.model.seen().last().expect("a request").body.to_string();
+    assert!(
+        last.contains("charged twice") && last.contains("show on my statement"),
+        "the resumed runner goes on with the first conversation: {last}"
+    );
+    assert_eq!(
+        last.matches("charged twice for my order").count(),
+        1,
+        "the first message is not read twice"
+    );
+    assert_eq!(refunds(&w.world.stripe).await.len(), 1, "nothing ran twice");
+    app.stop().await;
+}

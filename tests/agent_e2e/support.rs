@@ -153,6 +153,15 @@ impl AgentWorld {
         thread
     }
 
+    /// A further email of `customer` on `thread`, as a signed webhook.
+    pub async fn message(&self, app: &Running, thread: &str, customer: &Customer, text: &str) {
+        let body = harness::email_received(thread, &customer.plain_id, &customer.email);
+        let mut event: Value = serde_json::from_slice(&body).expect("json");
+        event["payload"]["email"]["textContent"] = json!(text);
+        let body = serde_json::to_vec(&event).expect("json");
+        assert_eq!(app.send_webhook(&body).await, 200);
+    }
+
     /// Waits for a held `stripe.create_refund` and answers its execution id.
     pub async fn held_refund(&self, app: &Running) -> String {
         let deadline = Instant::now() + WAIT;
@@ -232,5 +241,18 @@ impl AgentWorld {
         String::from_utf8_lossy(&out.stdout)
             .split_whitespace()
             .count()
+    }
+}
+
+/// Waits until `check` holds, polling; panics with `what` after [`WAIT`].
+pub async fn until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + WAIT;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
