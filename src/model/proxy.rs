@@ -119,7 +119,10 @@ impl ModelProxy {
             self.stop_for_budget(scope, &why).await?;
             return Err(ProxyError::BudgetExhausted(why));
         }
-        self.scan(&request)?;
+        if let Err(e) = self.scan(&request) {
+            self.refused(scope, &agent, "secret_in_prompt").await?;
+            return Err(e);
+        }
         let remaining = agent.limits.max_tokens.saturating_sub(spent.tokens);
         let cap = u32::try_from(remaining).unwrap_or(u32::MAX).max(1);
         request.max_tokens = Some(request.max_tokens.map_or(cap, |n| n.min(cap)));
@@ -204,6 +207,31 @@ impl ModelProxy {
             "turns_budget": agent.limits.max_turns,
         });
         Ok(wire)
+    }
+
+    /// The audit row of a model call refused before it went upstream.
+    async fn refused(
+        &self,
+        scope: &SessionScope,
+        agent: &AgentDefinition,
+        code: &str,
+    ) -> Result<(), ProxyError> {
+        let record = AuditRecord {
+            session_id: Some(scope.session_id.clone()),
+            thread_id: Some(scope.thread_id.clone()),
+            agent: Some(scope.agent.clone()),
+            tool: Some("model.chat".into()),
+            args: Some(json!({"model": agent.model})),
+            outcome: Some(code.to_owned()),
+            ..AuditRecord::new(AuditEvent::Refused)
+        };
+        let redactor = self.gate.current_redactor();
+        self.gate
+            .db
+            .write(move |c| audit::append(c, &record, &redactor))
+            .await
+            .map(|_| ())
+            .map_err(internal)
     }
 
     async fn spent(&self, scope: &SessionScope) -> Result<model_store::Spent, ProxyError> {

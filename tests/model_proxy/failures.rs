@@ -34,6 +34,12 @@ async fn a_stored_secret_in_the_prompt_is_never_sent_upstream() {
         assert!(!text.contains(STRIPE_KEY) && !text.contains(crate::MODEL_KEY));
     }
     assert!(mw.model.seen().is_empty(), "nothing reached the model");
+    let rows = app.audit_rows().await;
+    let refused = rows
+        .iter()
+        .filter(|r| r.event == "refused" && r.outcome.as_deref() == Some("secret_in_prompt"));
+    assert_eq!(refused.count(), 3);
+    assert!(!format!("{rows:?}").contains(STRIPE_KEY));
     app.stop().await;
 }
 

@@ -4,8 +4,10 @@
 use serde_json::json;
 use threadgate::model::Provider;
 
+use threadgate::session::{SessionState, store as sessions};
+
 use crate::ModelWorld;
-use crate::harness::unix_request;
+use crate::harness::{email_received, eventually, unix_request};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_transcript_survives_a_restart_and_is_capped() {
@@ -54,6 +56,43 @@ async fn the_transcript_survives_a_restart_and_is_capped() {
     let (status, back) = unix_request(&s.socket, "GET", "/v1/transcript", None).await;
     assert_eq!(status, 200);
     assert_eq!(back, stored, "kept across a restart");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_transcript_is_kept_across_an_idle_stop_and_resume() {
+    let mut mw = ModelWorld::new(Provider::Scripted).await;
+    mw.world.settings.sessions.idle_timeout = std::time::Duration::from_millis(300);
+    let app = mw.world.start().await;
+    let c = mw
+        .world
+        .customer_session(&app, "idle@example.com", &[900])
+        .await;
+    let s = c.session;
+    let stored = json!({"messages": [{"role": "user", "content": "I was charged twice"}], "events_consumed": 1});
+    let (status, _) = unix_request(&s.socket, "PUT", "/v1/transcript", Some(&stored)).await;
+    assert_eq!(status, 200);
+    let thread = s.thread_id.clone();
+    eventually("the quiet session goes idle", || async {
+        let t = thread.clone();
+        let row = app
+            .db
+            .read(move |c| sessions::get(c, &t))
+            .await
+            .expect("read");
+        row.is_some_and(|r| r.state == SessionState::Idle)
+    })
+    .await;
+    // The customer writes again: the same session resumes in a new container.
+    let customer_id = mw.world.plain.thread(&thread).customer.id;
+    let status = app
+        .send_webhook(&email_received(&thread, &customer_id, "idle@example.com"))
+        .await;
+    assert_eq!(status, 200);
+    let resumed = mw.world.session_of(&app, &thread).await;
+    assert_eq!(resumed.id, s.id, "the same session");
+    let (status, back) = unix_request(&resumed.socket, "GET", "/v1/transcript", None).await;
+    assert_eq!((status, back), (200, stored));
     app.stop().await;
 }
 
