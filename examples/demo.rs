@@ -133,7 +133,7 @@ async fn summary(w: &AgentWorld, app: &Running, title: &str, thread: &str) {
     }
     let plain = w.world.plain.thread(thread);
     for (text, _) in plain.replies() {
-        println!("   reply to the customer: {text:?}");
+        println!("   reply to the customer (written by the scripted model): {text:?}");
     }
     for (_, text) in plain.notes() {
         let first = text.lines().next().unwrap_or("");
