@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 use serde_json::{Value, json};
 
 use crate::api::Api;
-use crate::calls::{self, Flow};
+use crate::calls::{self, Flow, Submitted};
 use crate::local;
 use crate::prompt::{self, Agent};
 use crate::tools::{GatewayTools, split_diagnosis};
@@ -61,6 +61,9 @@ pub struct Runner {
     cursor: i64,
     /// Lines of events read but not yet given to the model.
     pending: Vec<String>,
+    /// A held call the previous run of the session was waiting on: (index of its tool
+    /// message, tool, the 202 body).
+    resume_hold: Option<(usize, String, Value)>,
 }
 
 impl Runner {
@@ -102,6 +105,7 @@ impl Runner {
             events_consumed: consumed,
             cursor: consumed,
             pending: Vec::new(),
+            resume_hold: None,
         };
         runner.repair();
         Ok(runner)
@@ -117,23 +121,55 @@ impl Runner {
         &self.messages
     }
 
-    /// Starts a conversation, or closes tool calls a stopped session left unanswered.
+    /// Starts a conversation, or picks up where a stopped session left it: a held call it
+    /// was waiting on is waited on again; a call without a saved result gets one saying so.
     fn repair(&mut self) {
         if self.messages.is_empty() {
             self.messages.push(self.agent.system_message());
             return;
         }
-        let Some(last) = self.messages.last().cloned() else {
+        let Some(at) = self.messages.iter().rposition(|m| m["role"] == "assistant") else {
             return;
         };
-        if last["role"] == "assistant" {
-            for call in last["tool_calls"].as_array().into_iter().flatten() {
-                self.messages.push(tool_message(
+        let calls = self.messages[at]["tool_calls"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for call in &calls {
+            let answered = (at + 1..self.messages.len())
+                .find(|&i| self.messages[i]["tool_call_id"] == call["id"]);
+            match answered {
+                Some(i) => {
+                    let content: Value = serde_json::from_str(
+                        self.messages[i]["content"].as_str().unwrap_or(""),
+                    )
+                    .unwrap_or(Value::Null);
+                    if content["status"] == "pending_approval" {
+                        let tool = content["tool"].as_str().unwrap_or("").to_owned();
+                        self.resume_hold = Some((i, tool, content["held"].clone()));
+                    }
+                }
+                None => self.messages.push(tool_message(
                     call,
-                    json!({"status": "interrupted", "note": "The session stopped during this call; whether it ran is unknown. Check before calling again."}),
-                ));
+                    json!({"status": "interrupted", "note": "The session stopped before this call's result was saved; whether it ran is unknown. Check before calling again."}),
+                )),
             }
         }
+    }
+
+    /// Waits again on the held call a stopped session was waiting on, if any.
+    pub async fn resume_pending_hold(&mut self) {
+        let Some((i, tool, held)) = self.resume_hold.take() else {
+            return;
+        };
+        let (content, flow) = calls::wait_held(&self.api, &tool, &held).await;
+        self.messages[i]["content"] =
+            json!(prompt::cap_text(&content.to_string(), TOOL_RESULT_CAP));
+        if flow == Flow::Expired {
+            self.leave_to_person().await;
+            self.messages.push(json!({"role": "assistant", "content": "(the held call expired; the thread is left to a person)"}));
+        }
+        self.save().await;
     }
 
     /// Whether the last message waits for the model's answer.
@@ -146,6 +182,7 @@ impl Runner {
 
     /// Runs until the budget is spent: reads events, works the thread when woken.
     pub async fn run(&mut self) -> anyhow::Result<()> {
+        self.resume_pending_hold().await;
         loop {
             if !self.awaiting_model() {
                 self.read_events().await;
@@ -238,7 +275,10 @@ impl Runner {
                     ));
                     continue;
                 }
-                let (content, f) = self.run_tool(call, &message).await;
+                let (content, f) = match self.run_tool(call, &message).await {
+                    Submitted::Final(content, f) => (content, f),
+                    Submitted::Held(held) => self.wait_for_person(call, held).await,
+                };
                 self.messages.push(tool_message(call, content));
                 if f != Flow::Continue {
                     flow = f;
@@ -310,21 +350,21 @@ impl Runner {
     }
 
     /// Runs one tool call; garbage (bad JSON, unknown names) becomes an error result.
-    async fn run_tool(&mut self, call: &Value, message: &Value) -> (Value, Flow) {
+    async fn run_tool(&mut self, call: &Value, message: &Value) -> Submitted {
         let name = call["function"]["name"].as_str().unwrap_or("");
         let raw = call["function"]["arguments"].as_str().unwrap_or("{}");
         let args: Value = match serde_json::from_str(if raw.trim().is_empty() { "{}" } else { raw })
         {
             Ok(v @ Value::Object(_)) => v,
             Ok(_) => {
-                return (
+                return Submitted::Final(
                     error_result(format!("the arguments of `{name}` must be a JSON object")),
                     Flow::Continue,
                 );
             }
             Err(e) => {
                 eprintln!("threadgate-agent-runner: invalid JSON arguments for {name:?}");
-                return (
+                return Submitted::Final(
                     error_result(format!(
                         "the arguments of `{name}` are not valid JSON ({e}); nothing ran"
                     )),
@@ -338,15 +378,15 @@ impl Runner {
                 if result.is_ok() { "ok" } else { "error" }
             );
             return match result {
-                Ok(v) => (v, Flow::Continue),
-                Err(e) => (error_result(format!("{e:#}")), Flow::Continue),
+                Ok(v) => Submitted::Final(v, Flow::Continue),
+                Err(e) => Submitted::Final(error_result(format!("{e:#}")), Flow::Continue),
             };
         }
         let Some(tool) = self.gateway.resolve(name).map(str::to_owned) else {
             eprintln!("threadgate-agent-runner: unknown tool {name:?}");
             let mut known: Vec<String> = self.gateway.names().map(str::to_owned).collect();
             known.extend(local::definitions_names().map(str::to_owned));
-            return (
+            return Submitted::Final(
                 error_result(format!(
                     "there is no tool `{name}`; nothing ran. The tools are: {}",
                     known.join(", ")
@@ -362,13 +402,28 @@ impl Runner {
                 .map(str::to_owned)
         });
         let findings = self.findings_file();
-        calls::call(&self.api, &tool, args, diagnosis, findings.as_deref()).await
+        calls::submit(&self.api, &tool, args, diagnosis, findings.as_deref()).await
     }
 
     /// Where held calls' diagnoses are written: `.threadgate/findings.md` in the
     /// workspace, when the workspace (not a symlink out of it) is there.
     fn findings_file(&self) -> Option<PathBuf> {
         local::confine(&self.settings.workspace, ".threadgate/findings.md").ok()
+    }
+
+    /// Saves the conversation with the held call marked pending (a session stopped now
+    /// waits on it again when resumed), then waits for the person's decision.
+    async fn wait_for_person(&mut self, call: &Value, held: Value) -> (Value, Flow) {
+        let tool = self
+            .gateway
+            .resolve(call["function"]["name"].as_str().unwrap_or(""))
+            .unwrap_or("")
+            .to_owned();
+        let marker = json!({"status": "pending_approval", "tool": tool, "held": held});
+        self.messages.push(tool_message(call, marker));
+        self.save().await;
+        self.messages.pop();
+        calls::wait_held(&self.api, &tool, &held).await
     }
 
     /// A held call expired: a note for the person who takes the thread over.

@@ -24,9 +24,16 @@ pub enum Flow {
     Expired,
 }
 
-/// Calls catalog tool `tool`; answers the tool message's content and what comes next.
-/// A held call's diagnosis is also written to `findings` (in the workspace, so it lands
-/// on the thread's branch for the engineers).
+/// The gateway's first answer to a call.
+#[derive(Debug)]
+pub enum Submitted {
+    /// The tool message's content and what comes next.
+    Final(Value, Flow),
+    /// Held for a person: the 202 body, to wait on with [`wait_held`].
+    Held(Value),
+}
+
+/// Calls catalog tool `tool` and, when it is held, waits for the decision.
 pub async fn call(
     api: &Api,
     tool: &str,
@@ -34,11 +41,26 @@ pub async fn call(
     diagnosis: Option<String>,
     findings: Option<&Path>,
 ) -> (Value, Flow) {
+    match submit(api, tool, args, diagnosis, findings).await {
+        Submitted::Final(content, flow) => (content, flow),
+        Submitted::Held(held) => wait_held(api, tool, &held).await,
+    }
+}
+
+/// `POST /v1/calls`. A held call's diagnosis is also written to `findings` (in the
+/// workspace, so it lands on the thread's branch for the engineers).
+pub async fn submit(
+    api: &Api,
+    tool: &str,
+    args: Value,
+    diagnosis: Option<String>,
+    findings: Option<&Path>,
+) -> Submitted {
     let body = json!({"tool": tool, "args": args, "diagnosis": diagnosis});
     let reply = match api.post("/v1/calls", &body).await {
         Ok(r) => r,
         Err(e) => {
-            return (
+            return Submitted::Final(
                 json!({"status": "error", "error": format!("the gateway did not answer: {e:#}")}),
                 Flow::Continue,
             );
@@ -49,10 +71,10 @@ pub async fn call(
         if let Some(file) = findings {
             record_hold(file, tool, &body, &reply.body);
         }
-        return wait_held(api, tool, &reply.body).await;
+        return Submitted::Held(reply.body);
     }
     let done = reply.status == 200 && ends_turn(tool);
-    (
+    Submitted::Final(
         answer(&reply),
         if done { Flow::Done } else { Flow::Continue },
     )
@@ -120,7 +142,7 @@ fn answer(reply: &Reply) -> Value {
 }
 
 /// Waits for the decision on a held call, until its expiry (plus a grace period).
-async fn wait_held(api: &Api, tool: &str, held: &Value) -> (Value, Flow) {
+pub async fn wait_held(api: &Api, tool: &str, held: &Value) -> (Value, Flow) {
     let Some(id) = held["execution_id"].as_str() else {
         return (
             json!({"status": "error", "error": "held without an execution id"}),

@@ -528,3 +528,85 @@ async fn a_flood_of_events_and_a_huge_result_are_capped_and_the_transcript_fits(
         "done"
     );
 }
+
+#[tokio::test]
+async fn a_session_stopped_while_a_call_is_held_waits_on_it_again_when_resumed() {
+    let w = world().await;
+    {
+        let mut g = m(&w.state);
+        g.events.push(customer_event(1, "refund please"));
+        g.call_replies
+            .insert("stripe.create_refund".into(), held("ex_r"));
+        g.model.push_back(answer(
+            None,
+            vec![
+                tool_call("c1", "stripe__create_refund", r#"{"charge":"ch_1"}"#),
+                tool_call(
+                    "c2",
+                    "helpdesk__add_note",
+                    r#"{"thread_id":"th_1","text":"after"}"#,
+                ),
+            ],
+        ));
+    }
+    // The first run waits (no decision yet: the mock's wait is 404) until the session
+    // stops: the task is dropped once the pending call is saved.
+    let settings = w.settings.clone();
+    let first = tokio::spawn(async move {
+        let mut r = Runner::load(settings).await.unwrap();
+        r.read_events().await;
+        r.round().await
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !m(&w.state)
+        .transcript
+        .as_ref()
+        .is_some_and(|t| t.to_string().contains("ex_r"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the hold was never saved"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    first.abort();
+    let _ = first.await;
+    {
+        let mut g = m(&w.state);
+        g.executions.insert(
+            "ex_r".into(),
+            json!({"execution_id": "ex_r", "status": "ok", "result": {"refund": "re_7"}}),
+        );
+        g.model.push_back(answer(
+            None,
+            vec![tool_call(
+                "c3",
+                "helpdesk__reply_to_thread",
+                r#"{"thread_id":"th_1","text":"Refunded"}"#,
+            )],
+        ));
+    }
+    let mut resumed = Runner::load(w.settings.clone()).await.unwrap();
+    resumed.resume_pending_hold().await;
+    assert_eq!(resumed.round().await, RoundEnd::Done);
+    let g = m(&w.state);
+    let tools: Vec<&str> = g
+        .calls
+        .iter()
+        .map(|c| c["tool"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tools,
+        ["stripe.create_refund", "helpdesk.reply_to_thread"],
+        "the held call is not sent twice; the unstarted one is not run blindly"
+    );
+    let seen = g.model_requests.last().unwrap()["messages"].to_string();
+    assert!(
+        seen.contains("re_7"),
+        "the approved result reached the model"
+    );
+    assert!(
+        seen.contains("interrupted"),
+        "the call that never ran is reported"
+    );
+}
