@@ -133,7 +133,9 @@ async fn agent(State(s): State<SessionState>) -> Response {
     let Some(def) = s.api.agents.get(&s.scope.agent) else {
         return (
             StatusCode::NOT_FOUND,
-            Json(json!({"error": "no agent definition"})),
+            Json(
+                json!({"status": "error", "error": "not_found", "message": "no agent definition"}),
+            ),
         )
             .into_response();
     };

@@ -98,3 +98,23 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(d)?;
     humantime::parse_duration(&text).map_err(serde::de::Error::custom)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Settings;
+
+    #[test]
+    fn the_model_table_parses_and_refuses_unknown_keys() {
+        let text = "[model]\nprovider = \"anthropic\"\nbase_url = \"https://api.anthropic.com\"\n\
+                    allowed = [\"claude-x\"]\ntimeout = \"30s\"\nretries = 2\n";
+        let s: Settings = toml::from_str(text).expect("parses");
+        assert_eq!(s.model.provider, super::Provider::Anthropic);
+        assert!(s.model.allows("claude-x") && !s.model.allows("scripted-model"));
+        assert_eq!(s.model.timeout, std::time::Duration::from_secs(30));
+        let err = toml::from_str::<Settings>("[model]\nprovder = \"openai\"\n").expect_err("typo");
+        assert!(err.to_string().contains("provder"), "{err}");
+        let err =
+            toml::from_str::<Settings>("[model]\nprovider = \"gemini\"\n").expect_err("unknown");
+        assert!(err.to_string().contains("gemini"), "{err}");
+    }
+}

@@ -30,3 +30,6 @@ pub mod upstream;
 pub use config::{ModelSettings, Provider};
 pub use proxy::{ModelProxy, ProxyError};
 pub use upstream::Upstream;
+
+#[cfg(test)]
+mod tests;

@@ -100,6 +100,7 @@ impl ModelProxy {
         let mut request = openai::parse_request(body).map_err(ProxyError::BadRequest)?;
         let agent = self.agent(scope)?;
         if !request.model.is_empty() && request.model != agent.model {
+            self.refused(scope, &agent, "model_not_allowed").await?;
             return Err(ProxyError::ModelNotAllowed(format!(
                 "this session may use only {:?}",
                 agent.model
@@ -125,7 +126,12 @@ impl ModelProxy {
         }
         let remaining = agent.limits.max_tokens.saturating_sub(spent.tokens);
         let cap = u32::try_from(remaining).unwrap_or(u32::MAX).max(1);
-        request.max_tokens = Some(request.max_tokens.map_or(cap, |n| n.min(cap)));
+        // Never more than the budget left, nor (when the runner names none) more than
+        // the configured default: Anthropic refuses a max_tokens above the model's.
+        let asked = request
+            .max_tokens
+            .unwrap_or(self.settings.default_max_tokens);
+        request.max_tokens = Some(asked.min(cap));
         let (s, t) = (scope.session_id.clone(), scope.thread_id.clone());
         self.gate
             .db

@@ -74,6 +74,11 @@ async fn another_model_and_streaming_are_refused() {
     .await;
     assert_eq!(status, 200, "the agent's own model, named");
     assert_eq!(mw.model.seen().len(), 1);
+    let rows = app.audit_rows().await;
+    assert!(
+        rows.iter()
+            .any(|r| r.event == "refused" && r.outcome.as_deref() == Some("model_not_allowed"))
+    );
     app.stop().await;
 }
 

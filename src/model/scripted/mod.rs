@@ -216,6 +216,9 @@ async fn answer(
         let mut h = DefaultHasher::new();
         raw.hash(&mut h);
         let mut attempts = s.attempts.lock().unwrap_or_else(|p| p.into_inner());
+        if attempts.len() >= MAX_SEEN {
+            attempts.clear();
+        }
         let n = attempts.entry(h.finish()).or_default();
         *n += 1;
         *n
