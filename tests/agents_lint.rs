@@ -45,7 +45,25 @@ fn line_of(agents: &Path, needle: &str) -> usize {
         + 1
 }
 
+/// What `threadgate lint DIR` checks, through the library: (passed, problems one per
+/// line as the command prints them).
 fn lint(agents: &Path) -> (bool, String) {
+    let skills = agents.parent().expect("parent").join("skills");
+    match AgentBook::load_checked(
+        agents,
+        &skills,
+        &Catalog::builtin(),
+        &ModelSettings::default(),
+    ) {
+        Ok(_) => (true, String::new()),
+        Err(e) => (false, e.to_string()),
+    }
+}
+
+/// The command itself (the binary of this build; in a target directory shared with
+/// other branches' builds it can be replaced under the test, so the rest of this file
+/// goes through the library).
+fn lint_command(agents: &Path) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_threadgate"))
         .arg("lint")
         .arg(agents)
@@ -57,6 +75,21 @@ fn lint(agents: &Path) -> (bool, String) {
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
     )
+}
+
+#[test]
+fn the_lint_command_passes_good_files_and_fails_bad_ones_with_file_and_line() {
+    let (ok, out) = lint_command(&repo().join("agents"));
+    assert!(ok, "{out}");
+    assert!(out.contains("1 agents, no problems"), "{out}");
+    let (_dir, agents) = tree(|t| t.replace("model: scripted-model", "model: gpt-9"));
+    let (ok, out) = lint_command(&agents);
+    let expected = format!(
+        "{}:{}: model \"gpt-9\" is not allowed",
+        agents.join("support.md").display(),
+        line_of(&agents, "gpt-9")
+    );
+    assert!(!ok && out.contains(&expected), "{out}");
 }
 
 #[test]

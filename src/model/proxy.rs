@@ -99,19 +99,7 @@ impl ModelProxy {
     pub async fn chat(&self, scope: &SessionScope, body: &Value) -> Result<Value, ProxyError> {
         let mut request = openai::parse_request(body).map_err(ProxyError::BadRequest)?;
         let agent = self.agent(scope)?;
-        if !request.model.is_empty() && request.model != agent.model {
-            self.refused(scope, &agent, "model_not_allowed").await?;
-            return Err(ProxyError::ModelNotAllowed(format!(
-                "this session may use only {:?}",
-                agent.model
-            )));
-        }
-        if !self.settings.allows(&agent.model) {
-            return Err(ProxyError::ModelNotAllowed(format!(
-                "{:?} is not among the configured models",
-                agent.model
-            )));
-        }
+        self.check_model(scope, &agent, &request.model).await?;
         request.model = agent.model.clone();
         let lock = self.session_lock(&scope.session_id);
         let _serial = lock.lock().await;
@@ -150,6 +138,29 @@ impl ModelProxy {
         self.finish(scope, &agent, sent, latency, names).await
     }
 
+    /// Only the agent's model, and only when the config allows it.
+    async fn check_model(
+        &self,
+        scope: &SessionScope,
+        agent: &AgentDefinition,
+        asked: &str,
+    ) -> Result<(), ProxyError> {
+        if !asked.is_empty() && asked != agent.model {
+            self.refused(scope, agent, "model_not_allowed").await?;
+            return Err(ProxyError::ModelNotAllowed(format!(
+                "this session may use only {:?}",
+                agent.model
+            )));
+        }
+        if !self.settings.allows(&agent.model) {
+            return Err(ProxyError::ModelNotAllowed(format!(
+                "{:?} is not among the configured models",
+                agent.model
+            )));
+        }
+        Ok(())
+    }
+
     async fn finish(
         &self,
         scope: &SessionScope,
@@ -181,16 +192,12 @@ impl ModelProxy {
             ),
         };
         let record = AuditRecord {
-            session_id: Some(scope.session_id.clone()),
-            thread_id: Some(scope.thread_id.clone()),
-            agent: Some(scope.agent.clone()),
-            tool: Some("model.chat".into()),
             args: Some(
                 json!({"model": agent.model, "provider": self.settings.provider.as_str(), "tokens": tokens}),
             ),
             outcome: Some(outcome),
             duration_ms: Some(latency_ms),
-            ..AuditRecord::new(AuditEvent::ModelCall)
+            ..model_record(scope, AuditEvent::ModelCall)
         };
         let redactor = self.gate.current_redactor();
         let session = scope.session_id.clone();
@@ -223,13 +230,9 @@ impl ModelProxy {
         code: &str,
     ) -> Result<(), ProxyError> {
         let record = AuditRecord {
-            session_id: Some(scope.session_id.clone()),
-            thread_id: Some(scope.thread_id.clone()),
-            agent: Some(scope.agent.clone()),
-            tool: Some("model.chat".into()),
             args: Some(json!({"model": agent.model})),
             outcome: Some(code.to_owned()),
-            ..AuditRecord::new(AuditEvent::Refused)
+            ..model_record(scope, AuditEvent::Refused)
         };
         let redactor = self.gate.current_redactor();
         self.gate
@@ -295,6 +298,17 @@ impl ModelProxy {
             }
         }
         Ok(())
+    }
+}
+
+/// An audit record of the pseudo-tool `model.chat` for the session.
+fn model_record(scope: &SessionScope, event: AuditEvent) -> AuditRecord {
+    AuditRecord {
+        session_id: Some(scope.session_id.clone()),
+        thread_id: Some(scope.thread_id.clone()),
+        agent: Some(scope.agent.clone()),
+        tool: Some("model.chat".into()),
+        ..AuditRecord::new(event)
     }
 }
 

@@ -102,34 +102,35 @@ impl Upstream {
         }
     }
 
-    async fn attempt(&self, request: &ChatRequest) -> Attempt {
+    /// The HTTP request for `request` in the provider's format, with its key.
+    fn build(&self, request: &ChatRequest) -> reqwest::RequestBuilder {
+        let base = self.settings.base_url.trim_end_matches('/');
         let (url, body) = match self.settings.provider {
             Provider::Openai | Provider::Scripted => (
-                format!(
-                    "{}/chat/completions",
-                    self.settings.base_url.trim_end_matches('/')
-                ),
+                format!("{base}/chat/completions"),
                 openai::request_to_wire(request),
             ),
             Provider::Anthropic => (
-                format!(
-                    "{}/v1/messages",
-                    self.settings.base_url.trim_end_matches('/')
-                ),
+                format!("{base}/v1/messages"),
                 anthropic::request_to_wire(request, self.settings.default_max_tokens),
             ),
         };
-        let mut http = self.client.post(url).json(&body);
-        http = match (self.settings.provider, &self.key) {
-            (Provider::Anthropic, Some(key)) => http
-                .header("x-api-key", key.expose())
-                .header("anthropic-version", &self.settings.anthropic_version),
-            (Provider::Anthropic, None) => {
-                http.header("anthropic-version", &self.settings.anthropic_version)
+        let http = self.client.post(url).json(&body);
+        match (self.settings.provider, &self.key) {
+            (Provider::Anthropic, key) => {
+                let http = http.header("anthropic-version", &self.settings.anthropic_version);
+                match key {
+                    Some(key) => http.header("x-api-key", key.expose()),
+                    None => http,
+                }
             }
             (_, Some(key)) => http.bearer_auth(key.expose()),
             (_, None) => http,
-        };
+        }
+    }
+
+    async fn attempt(&self, request: &ChatRequest) -> Attempt {
+        let http = self.build(request);
         let response = match http.send().await {
             Ok(r) => r,
             Err(e) => return Attempt::Retry(describe(&e), None),
@@ -152,21 +153,21 @@ impl Upstream {
                 "the model upstream refused the request: HTTP {status}: {text}"
             ))));
         }
-        let value: Value = match serde_json::from_slice(&body) {
-            Ok(v) => v,
-            Err(e) => {
-                return Attempt::Done(Err(UpstreamError::Malformed(format!(
-                    "the model upstream's answer is not JSON: {e}"
-                ))));
-            }
-        };
+        Attempt::Done(self.parse(&body))
+    }
+
+    /// Reads a 2xx answer's body; anything unusable is malformed.
+    fn parse(&self, body: &[u8]) -> Result<ChatAnswer, UpstreamError> {
+        let value: Value = serde_json::from_slice(body).map_err(|e| {
+            UpstreamError::Malformed(format!("the model upstream's answer is not JSON: {e}"))
+        })?;
         let parsed = match self.settings.provider {
             Provider::Anthropic => anthropic::parse_answer(&value),
             _ => openai::parse_answer(&value),
         };
-        Attempt::Done(parsed.map_err(|e| {
+        parsed.map_err(|e| {
             UpstreamError::Malformed(format!("the model upstream's answer is malformed: {e}"))
-        }))
+        })
     }
 }
 

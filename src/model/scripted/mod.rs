@@ -180,6 +180,35 @@ fn bad(message: impl Into<String>) -> Response {
     (StatusCode::BAD_REQUEST, Json(body)).into_response()
 }
 
+/// Keeps what the upstream was sent, for tests.
+fn record(s: &Shared, headers: &HeaderMap, path: &str, body: &Value) {
+    let mut seen = s.seen.lock().unwrap_or_else(|p| p.into_inner());
+    if seen.len() < MAX_SEEN {
+        seen.push(Seen {
+            path: path.to_owned(),
+            model: body["model"].as_str().unwrap_or_default().to_owned(),
+            bearer: header(headers, "authorization")
+                .and_then(|a| a.strip_prefix("Bearer ").map(str::to_owned)),
+            api_key: header(headers, "x-api-key"),
+            anthropic_version: header(headers, "anthropic-version"),
+            body: body.clone(),
+        });
+    }
+}
+
+/// How many times this exact request body has arrived, this one included.
+fn attempt_number(s: &Shared, raw: &[u8]) -> u64 {
+    let mut h = DefaultHasher::new();
+    raw.hash(&mut h);
+    let mut attempts = s.attempts.lock().unwrap_or_else(|p| p.into_inner());
+    if attempts.len() >= MAX_SEEN {
+        attempts.clear();
+    }
+    let n = attempts.entry(h.finish()).or_default();
+    *n += 1;
+    *n
+}
+
 async fn answer(
     s: &Shared,
     headers: &HeaderMap,
@@ -190,20 +219,7 @@ async fn answer(
     let Ok(body) = serde_json::from_slice::<Value>(raw) else {
         return bad("the body is not JSON");
     };
-    {
-        let mut seen = s.seen.lock().unwrap_or_else(|p| p.into_inner());
-        if seen.len() < MAX_SEEN {
-            seen.push(Seen {
-                path: path.to_owned(),
-                model: body["model"].as_str().unwrap_or_default().to_owned(),
-                bearer: header(headers, "authorization")
-                    .and_then(|a| a.strip_prefix("Bearer ").map(str::to_owned)),
-                api_key: header(headers, "x-api-key"),
-                anthropic_version: header(headers, "anthropic-version"),
-                body: body.clone(),
-            });
-        }
-    }
+    record(s, headers, path, &body);
     let parsed = match format {
         Format::Openai => crate::model::openai::parse_request(&body),
         Format::Anthropic => wire::parse_anthropic_request(&body),
@@ -212,17 +228,7 @@ async fn answer(
         Ok(r) => r,
         Err(e) => return bad(e),
     };
-    let attempt = {
-        let mut h = DefaultHasher::new();
-        raw.hash(&mut h);
-        let mut attempts = s.attempts.lock().unwrap_or_else(|p| p.into_inner());
-        if attempts.len() >= MAX_SEEN {
-            attempts.clear();
-        }
-        let n = attempts.entry(h.finish()).or_default();
-        *n += 1;
-        *n
-    };
+    let attempt = attempt_number(s, raw);
     if let Some(ms) = scenarios::directive(&request, "slow") {
         tokio::time::sleep(Duration::from_millis(ms.min(600_000))).await;
     }
