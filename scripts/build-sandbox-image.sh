@@ -3,7 +3,10 @@
 #
 #   1. base:    mmdebstrap --variant=minbase bookworm (git, ripgrep, bash,
 #               ca-certificates, curl) -> tarball -> `docker import` as $BASE_IMAGE
-#   2. sandbox: docker build --build-arg BASE=$BASE_IMAGE -t $SANDBOX_IMAGE sandbox/
+#   2. runner:  cargo build --bin threadgate-agent-runner on this host (Debian bookworm,
+#               the base's release, so glibc matches), stripped into sandbox/bin/
+#               (replaced only when its bytes change)
+#   3. sandbox: docker build --build-arg BASE=$BASE_IMAGE -t $SANDBOX_IMAGE sandbox/
 #
 # A step whose image already exists is skipped unless --force is given (--force rebuilds
 # both). Each step is timed. mmdebstrap is installed with apt-get if missing. The Debian
@@ -14,6 +17,8 @@
 # Environment:
 #   BASE_IMAGE      default threadgate-base:bookworm
 #   SANDBOX_IMAGE   default threadgate-sandbox:latest
+#   RUNNER_PROFILE  dev (default: a stripped debug build, cheap to compile) or release
+#   CARGO_TARGET_DIR  where cargo builds (default: the repository's target/)
 #   DEBIAN_SOURCES  apt sources file handed to mmdebstrap
 #                   (default /etc/apt/sources.list.d/debian.sources when it exists)
 set -euo pipefail
@@ -68,6 +73,30 @@ build_base() {
         "$work/base.tar" "$base_image" >/dev/null
 }
 
+build_runner() {
+    local profile="${RUNNER_PROFILE:-dev}" out_dir=debug
+    local args=(build --quiet --bin threadgate-agent-runner)
+    case "$profile" in
+        dev) ;;
+        release) args+=(--release); out_dir=release ;;
+        *) say "RUNNER_PROFILE must be dev or release, not '$profile'"; exit 2 ;;
+    esac
+    if ! grep -q bookworm /etc/os-release; then
+        say "the runner must be built on Debian bookworm (the base image's release) so its glibc matches; /etc/os-release says otherwise"
+        exit 1
+    fi
+    (cd "$repo_root" && cargo "${args[@]}")
+    local built="${CARGO_TARGET_DIR:-$repo_root/target}/$out_dir/threadgate-agent-runner"
+    local slot="$repo_root/sandbox/bin/threadgate-agent-runner"
+    strip -o "$slot.new" "$built"
+    if cmp -s "$slot.new" "$slot"; then
+        rm -f "$slot.new"
+    else
+        mv -f "$slot.new" "$slot"
+        say "runner updated in sandbox/bin ($(stat -c %s "$slot") bytes)"
+    fi
+}
+
 build_sandbox() {
     # The classic builder is used on purpose: Debian 12's docker.io has no buildx, and
     # the build needs no BuildKit feature.
@@ -76,10 +105,6 @@ build_sandbox() {
         -t "$sandbox_image" "$repo_root/sandbox"
 }
 
-# A hash of what goes into the sandbox image, so a changed Dockerfile or runner
-# rebuilds it instead of reusing a stale image.
-context_hash=$(cd "$repo_root/sandbox" && find . -type f ! -name README.md ! -name .gitignore -print0 \
-    | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
 built_hash() {
     docker image inspect --format '{{ index .Config.Labels "threadgate.context" }}' "$1" 2>/dev/null
 }
@@ -101,6 +126,13 @@ if [ "$force" -eq 0 ] && image_exists "$base_image"; then
 else
     timed "base image $base_image" build_base
 fi
+
+timed "runner" build_runner
+
+# A hash of what goes into the sandbox image, so a changed Dockerfile or runner
+# rebuilds it instead of reusing a stale image.
+context_hash=$(cd "$repo_root/sandbox" && find . -type f ! -name README.md ! -name .gitignore -print0 \
+    | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
 
 if [ "$force" -eq 0 ] && [ "$(built_hash "$sandbox_image")" = "$context_hash" ]; then
     say "sandbox image $sandbox_image is up to date; skipping (use --force to rebuild)"

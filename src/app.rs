@@ -15,6 +15,7 @@ use crate::config::Settings;
 use crate::connectors::helpdesk::EscalationRouting;
 use crate::connectors::{Credential, GithubConnector, HelpdeskConnector, StripeConnector};
 use crate::gateway::{Connectors, Gate, LoadedPolicy, SandboxApi, SandboxRouter, SocketHost};
+use crate::model::{ModelProxy, Upstream};
 use crate::policy::{Catalog, Policy};
 use crate::sandbox::{DockerRuntime, Limits, SandboxRuntime};
 use crate::secrets::{MasterKey, Redactor, SecretStore};
@@ -130,6 +131,25 @@ async fn connectors(settings: &Settings, secrets: &SecretStore) -> anyhow::Resul
     Ok(c)
 }
 
+/// The model proxy, with the upstream key read from the secrets store (it never
+/// reaches a container).
+async fn model_proxy(
+    settings: &Settings,
+    secrets: &SecretStore,
+    gate: Arc<Gate>,
+) -> anyhow::Result<Arc<ModelProxy>> {
+    let key = secrets.get(&settings.model.key_secret).await.ok();
+    if key.is_none() && settings.model.provider != crate::model::Provider::Scripted {
+        tracing::warn!(secret = %settings.model.key_secret, "no model key stored; model calls will fail until it is set");
+    }
+    let upstream = Upstream::new(settings.model.clone(), key)?;
+    Ok(Arc::new(ModelProxy::new(
+        gate,
+        settings.model.clone(),
+        upstream,
+    )))
+}
+
 impl Application {
     /// Builds every part and binds the people's listener.
     pub async fn build(settings: Settings, overrides: Overrides) -> anyhow::Result<Application> {
@@ -142,7 +162,13 @@ impl Application {
         let loaded = load_policy(&settings.policy_file)?;
         let secrets = open_secrets(&db, &settings)?;
         let redactor = Redactor::new(secrets.all_values().await?)?;
-        let agents = Arc::new(AgentBook::load(&settings.agents_dir, &settings.skills_dir)?);
+        // Refused here, at start, never at the first webhook.
+        let agents = Arc::new(AgentBook::load_checked(
+            &settings.agents_dir,
+            &settings.skills_dir,
+            &Catalog::builtin(),
+            &settings.model,
+        )?);
         let clock: Clock = overrides
             .clock
             .unwrap_or_else(|| Arc::new(|| chrono::Utc::now().timestamp_millis()));
@@ -182,10 +208,15 @@ impl Application {
             agents: agents.clone(),
             supervisor: OnceLock::new(),
             calls: OnceLock::new(),
+            model: OnceLock::new(),
         });
         let _ = sandbox_api
             .calls
             .set(Arc::new(gate.clone()) as Arc<dyn SandboxRouter>);
+        let model_proxy = model_proxy(&settings, &secrets, gate.clone()).await?;
+        let _ = sandbox_api
+            .model
+            .set(Arc::new(model_proxy) as Arc<dyn SandboxRouter>);
         sockets.set_router(Arc::new(sandbox_api.clone()));
         let (handle, _task) = Supervisor::spawn(SupervisorParts {
             db: db.clone(),

@@ -43,9 +43,9 @@ pub struct Settings {
     pub public_url: String,
     /// The policy file every call is decided against.
     pub policy_file: PathBuf,
-    /// Agent definitions (`NAME.yaml`).
+    /// Agent definitions (`NAME.md`: YAML front matter, instructions as the body).
     pub agents_dir: PathBuf,
-    /// Playbooks the agent can load (`NAME.md`).
+    /// Playbooks the agent can load (`NAME/SKILL.md`).
     pub skills_dir: PathBuf,
     /// The agent a new thread's session runs.
     pub default_agent: String,
@@ -60,6 +60,8 @@ pub struct Settings {
     pub repo: RepoSettings,
     pub sandbox: SandboxSettings,
     pub sessions: SessionSettings,
+    /// The model proxy on the session socket (`[model]`).
+    pub model: crate::model::ModelSettings,
 }
 
 /// Plain: the webhook intake and the helpdesk connector.
@@ -144,6 +146,7 @@ impl Default for Settings {
             repo: RepoSettings::default(),
             sandbox: SandboxSettings::default(),
             sessions: SessionSettings::default(),
+            model: crate::model::ModelSettings::default(),
         }
     }
 }

@@ -131,11 +131,11 @@ async fn inside_the_container_only_the_socket_and_the_secret_file_are_there() {
     let agents = world.root.path().join("agents");
     std::fs::create_dir_all(&agents).expect("agents dir");
     let support =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/agents/support.yaml"))
-            .expect("support.yaml");
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/agents/support.md"))
+            .expect("support.md");
     assert!(support.contains("secrets: []"));
     std::fs::write(
-        agents.join("support.yaml"),
+        agents.join("support.md"),
         support.replace("secrets: []", "secrets: [demo_token]"),
     )
     .expect("write agent");

@@ -51,11 +51,13 @@ pub enum AuditEvent {
     OutcomeUnknown,
     /// An identical write had already run in this session; its result was returned.
     Replayed,
+    /// A model call went through the model proxy (tokens, latency, model; never text).
+    ModelCall,
 }
 
 impl AuditEvent {
     /// Every event, in the order above.
-    pub const ALL: [AuditEvent; 13] = [
+    pub const ALL: [AuditEvent; 14] = [
         AuditEvent::Requested,
         AuditEvent::Decided,
         AuditEvent::Held,
@@ -69,6 +71,7 @@ impl AuditEvent {
         AuditEvent::Failed,
         AuditEvent::OutcomeUnknown,
         AuditEvent::Replayed,
+        AuditEvent::ModelCall,
     ];
 
     /// The name stored in the `event` column.
@@ -87,6 +90,7 @@ impl AuditEvent {
             AuditEvent::Failed => "failed",
             AuditEvent::OutcomeUnknown => "outcome_unknown",
             AuditEvent::Replayed => "replayed",
+            AuditEvent::ModelCall => "model_call",
         }
     }
 

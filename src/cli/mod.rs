@@ -4,6 +4,7 @@
 //! To add a subcommand, add a variant holding its clap `Args` struct and a module with a
 //! `run(args) -> ExitCode` function, and dispatch it in [`run`].
 
+mod agents;
 mod ops;
 mod policy;
 
@@ -29,7 +30,8 @@ pub struct Cli {
 pub enum Command {
     /// Resolve a list of calls against a policy file without running anything.
     Check(policy::CheckArgs),
-    /// Report errors and suspicious rules in a policy file.
+    /// Report errors and suspicious rules in a policy file; given a directory
+    /// (`threadgate lint agents/`), check the agent files and their skills instead.
     Lint(policy::LintArgs),
     /// Run the orchestrator: webhooks, sessions, the gateway and approvals.
     Serve,
@@ -44,6 +46,8 @@ pub enum Command {
     Reviewers(ops::ReviewersCommand),
     /// Print or verify the audit log.
     Audit(ops::AuditArgs),
+    /// Run the scripted model server (not a real model) for the demo and tests.
+    ScriptedModel(agents::ScriptedModelArgs),
 }
 
 /// Parses the command line and runs the subcommand; the process exit code.
@@ -51,11 +55,13 @@ pub fn run() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check(args) => policy::check(&args),
+        Command::Lint(args) if args.policy.is_dir() => agents::lint(&cli.config, &args.policy),
         Command::Lint(args) => policy::lint(&args),
         Command::Serve => ops::serve(&cli.config),
         Command::Sessions(cmd) => ops::sessions(&cli.config, &cmd),
         Command::Secrets(cmd) => ops::secrets(&cli.config, &cmd),
         Command::Reviewers(cmd) => ops::reviewers(&cli.config, &cmd),
         Command::Audit(args) => ops::audit(&cli.config, &args),
+        Command::ScriptedModel(args) => agents::scripted_model(&args),
     }
 }

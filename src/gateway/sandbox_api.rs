@@ -28,6 +28,8 @@ pub struct SandboxApi {
     pub supervisor: OnceLock<SupervisorHandle>,
     /// The tool-call routes, merged into each session's router when present.
     pub calls: OnceLock<Arc<dyn SandboxRouter>>,
+    /// The model proxy and transcript routes, merged when present.
+    pub model: OnceLock<Arc<dyn SandboxRouter>>,
 }
 
 #[derive(Clone)]
@@ -46,6 +48,10 @@ impl SandboxRouter for Arc<SandboxApi> {
             .route("/v1/events", get(events))
             .route("/v1/agent", get(agent))
             .with_state(state);
+        let base = match self.model.get() {
+            Some(model) => base.merge(model.router(scope.clone())),
+            None => base,
+        };
         match self.calls.get() {
             Some(calls) => base.merge(calls.router(scope)),
             None => base,
@@ -121,12 +127,15 @@ async fn events(State(s): State<SessionState>, Query(q): Query<EventsQuery>) -> 
     }
 }
 
-/// `GET /v1/agent`: the session's agent definition and its playbooks.
+/// `GET /v1/agent`: the session's agent definition (model, limits, instructions) and
+/// its playbooks (`skills: [{name, description, body}]`).
 async fn agent(State(s): State<SessionState>) -> Response {
     let Some(def) = s.api.agents.get(&s.scope.agent) else {
         return (
             StatusCode::NOT_FOUND,
-            Json(json!({"error": "no agent definition"})),
+            Json(
+                json!({"status": "error", "error": "not_found", "message": "no agent definition"}),
+            ),
         )
             .into_response();
     };
@@ -137,12 +146,14 @@ async fn agent(State(s): State<SessionState>) -> Response {
             s.api
                 .agents
                 .skill(name)
-                .map(|text| json!({"name": name, "text": text}))
+                .map(|skill| json!({"name": skill.name, "description": skill.description, "body": skill.body}))
         })
         .collect();
     Json(json!({
         "name": def.name,
         "description": def.description,
+        "model": def.model,
+        "limits": {"max_tokens": def.limits.max_tokens, "max_turns": def.limits.max_turns},
         "instructions": def.instructions,
         "tools": def.tools,
         "skills": skills,

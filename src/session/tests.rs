@@ -131,6 +131,8 @@ fn harness_with(
         tools: vec!["*".into()],
         secrets: vec![],
         skills: vec![],
+        model: "scripted-model".into(),
+        limits: Default::default(),
         instructions: String::new(),
     });
     let (handle, _task) = Supervisor::spawn(SupervisorParts {

@@ -175,15 +175,18 @@ impl World {
 
     /// Builds the real application on this world's data directory and serves it.
     pub async fn start(&self) -> Running {
-        let app = Application::build(
-            self.settings.clone(),
-            Overrides {
-                sandbox: Some(self.sandbox.clone()),
-                clock: None,
-            },
-        )
+        self.start_with(Overrides {
+            sandbox: Some(self.sandbox.clone()),
+            clock: None,
+        })
         .await
-        .expect("the application builds");
+    }
+
+    /// As [`World::start`] with `overrides` (`sandbox: None` runs real Docker).
+    pub async fn start_with(&self, overrides: Overrides) -> Running {
+        let app = Application::build(self.settings.clone(), overrides)
+            .await
+            .expect("the application builds");
         let (addr, db, gate) = (app.addr, app.db.clone(), app.gate.clone());
         let (shutdown, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(app.run_until(async move {
@@ -332,7 +335,7 @@ pub fn sign(body: &[u8]) -> String {
     threadgate::webhook::sign(SIGNING_SECRET.as_bytes(), body)
 }
 
-fn shared_dir() -> PathBuf {
+pub fn shared_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("THREADGATE_SHARED") {
         return PathBuf::from(dir);
     }

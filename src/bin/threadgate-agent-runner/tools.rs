@@ -1,0 +1,108 @@
+//! The gateway's tools (from `GET /v1/tools`) as OpenAI function tools, and back.
+//!
+//! OpenAI and Anthropic allow only `[a-zA-Z0-9_-]` in a function's name, so the
+//! catalog's `stripe.create_refund` is offered as `stripe__create_refund`. Every gateway
+//! tool also takes an optional `diagnosis` argument: the runner strips it from the
+//! arguments and sends it with the call, for the person who approves a held call.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value, json};
+
+/// The argument the runner adds to every gateway tool.
+pub const DIAGNOSIS: &str = "diagnosis";
+
+/// The gateway tools the session may call, by their function name.
+#[derive(Debug, Default, Clone)]
+pub struct GatewayTools {
+    /// function name → catalog name
+    names: BTreeMap<String, String>,
+    definitions: Vec<Value>,
+}
+
+/// A catalog name as a function name.
+pub fn function_name(tool: &str) -> String {
+    tool.replace('.', "__")
+}
+
+impl GatewayTools {
+    /// Reads `GET /v1/tools`'s `{"tools": [{"name","risk","args":[{"name","type","required"}]}]}`.
+    /// Entries without a name are skipped.
+    pub fn from_listing(listing: &Value) -> GatewayTools {
+        let mut tools = GatewayTools::default();
+        for tool in listing["tools"].as_array().into_iter().flatten() {
+            let Some(name) = tool["name"].as_str() else {
+                continue;
+            };
+            let mut properties = Map::new();
+            let mut required = Vec::new();
+            for arg in tool["args"].as_array().into_iter().flatten() {
+                let Some(arg_name) = arg["name"].as_str() else {
+                    continue;
+                };
+                properties.insert(arg_name.to_owned(), schema_of(arg["type"].as_str()));
+                if arg["required"].as_bool() == Some(true) {
+                    required.push(arg_name.to_owned());
+                }
+            }
+            properties.insert(
+                DIAGNOSIS.into(),
+                json!({"type": "string", "description":
+                    "What you found and why you make this call, with the evidence. A person reads it if the call is held for approval."}),
+            );
+            let risk = tool["risk"].as_str().unwrap_or("unknown");
+            let fname = function_name(name);
+            tools.definitions.push(json!({"type": "function", "function": {
+                "name": fname,
+                "description": format!("Gateway tool `{name}` (risk: {risk}). The policy may run it, hold it for a person, or block it."),
+                "parameters": {"type": "object", "properties": properties, "required": required, "additionalProperties": false},
+            }}));
+            tools.names.insert(fname, name.to_owned());
+        }
+        tools
+    }
+
+    /// The OpenAI function tools.
+    pub fn definitions(&self) -> &[Value] {
+        &self.definitions
+    }
+
+    /// The catalog name for a function name the model used (the dotted name is
+    /// accepted too).
+    pub fn resolve(&self, function: &str) -> Option<&str> {
+        self.names
+            .get(function)
+            .or_else(|| self.names.get(&function_name(function)))
+            .map(String::as_str)
+    }
+
+    /// Whether the session may call catalog tool `tool`.
+    pub fn has(&self, tool: &str) -> bool {
+        self.names.contains_key(&function_name(tool))
+    }
+
+    /// The function names, for an error message.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.names.keys().map(String::as_str)
+    }
+}
+
+fn schema_of(ty: Option<&str>) -> Value {
+    match ty {
+        Some("string") => json!({"type": "string"}),
+        Some("integer") => json!({"type": "integer"}),
+        Some("boolean") => json!({"type": "boolean"}),
+        Some("array of strings") => json!({"type": "array", "items": {"type": "string"}}),
+        _ => json!({}),
+    }
+}
+
+/// Splits a call's arguments into the gateway's arguments and the diagnosis.
+pub fn split_diagnosis(mut args: Value) -> (Value, Option<String>) {
+    let diagnosis = args
+        .as_object_mut()
+        .and_then(|m| m.remove(DIAGNOSIS))
+        .and_then(|d| d.as_str().map(str::to_owned))
+        .filter(|d| !d.trim().is_empty());
+    (args, diagnosis)
+}

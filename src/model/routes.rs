@@ -1,0 +1,172 @@
+//! The model half of the sandbox API: `POST /v1/model/chat/completions` and
+//! `GET`/`PUT /v1/transcript`, served on each session's socket.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+use super::proxy::{ModelProxy, ProxyError};
+use super::store::{self as model_store, StoredTranscript};
+use crate::gateway::SandboxRouter;
+use crate::session::SessionScope;
+
+#[derive(Clone)]
+struct Scoped {
+    proxy: Arc<ModelProxy>,
+    scope: SessionScope,
+}
+
+impl SandboxRouter for Arc<ModelProxy> {
+    fn router(&self, scope: SessionScope) -> Router {
+        let state = Scoped {
+            proxy: self.clone(),
+            scope,
+        };
+        // One byte over each cap still reads, so the handler answers 413 in the
+        // socket's error shape instead of axum's plain text.
+        let chat_limit = self.settings.max_request_bytes + 1;
+        let transcript_limit = self.settings.transcript_max_bytes + 1;
+        Router::new()
+            .route(
+                "/v1/model/chat/completions",
+                post(chat).layer(DefaultBodyLimit::max(chat_limit)),
+            )
+            .route(
+                "/v1/transcript",
+                get(get_transcript)
+                    .put(put_transcript)
+                    .layer(DefaultBodyLimit::max(transcript_limit)),
+            )
+            .with_state(state)
+    }
+}
+
+fn error(status: u16, code: &str, message: impl Into<String>) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+    (
+        status,
+        Json(json!({"status": "error", "error": code, "message": message.into()})),
+    )
+        .into_response()
+}
+
+/// The body as JSON, or the error answer (413 over `max`, 400 when not JSON).
+fn json_body(body: Result<Bytes, BytesRejection>, max: usize) -> Result<Value, Box<Response>> {
+    let too_large = || {
+        Box::new(error(
+            413,
+            "too_large",
+            format!("the body exceeds {max} bytes"),
+        ))
+    };
+    let bytes = match body {
+        Ok(b) => b,
+        Err(r) if r.status() == StatusCode::PAYLOAD_TOO_LARGE => return Err(too_large()),
+        Err(r) => return Err(Box::new(error(400, "bad_request", r.body_text()))),
+    };
+    if bytes.len() > max {
+        return Err(too_large());
+    }
+    serde_json::from_slice(&bytes).map_err(|e| {
+        Box::new(error(
+            400,
+            "bad_request",
+            format!("the body is not JSON: {e}"),
+        ))
+    })
+}
+
+async fn chat(State(s): State<Scoped>, body: Result<Bytes, BytesRejection>) -> Response {
+    let body = match json_body(body, s.proxy.settings.max_request_bytes) {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    match s.proxy.chat(&s.scope, &body).await {
+        Ok(answer) => Json(answer).into_response(),
+        Err(e) => {
+            let (status, code) = e.status_and_code();
+            let message = match &e {
+                ProxyError::Internal => "internal error".to_owned(),
+                other => other.to_string(),
+            };
+            error(status, code, message)
+        }
+    }
+}
+
+/// `GET /v1/transcript`: the stored conversation, or an empty one.
+async fn get_transcript(State(s): State<Scoped>) -> Response {
+    let session = s.scope.session_id.clone();
+    match s
+        .proxy
+        .gate
+        .db
+        .read(move |c| model_store::transcript(c, &session))
+        .await
+    {
+        Ok(None) => Json(json!({"messages": [], "events_consumed": 0})).into_response(),
+        Ok(Some(t)) => {
+            let messages: Value = serde_json::from_str(&t.messages).unwrap_or(json!([]));
+            Json(json!({"messages": messages, "events_consumed": t.events_consumed}))
+                .into_response()
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read a transcript");
+            error(500, "internal", "internal error")
+        }
+    }
+}
+
+/// `PUT /v1/transcript`: replaces the conversation (at most `transcript_max_bytes`).
+async fn put_transcript(State(s): State<Scoped>, body: Result<Bytes, BytesRejection>) -> Response {
+    let max = s.proxy.settings.transcript_max_bytes;
+    let body = match json_body(body, max) {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    let Some(messages) = body.get("messages").filter(|m| m.is_array()) else {
+        return error(400, "bad_request", "messages must be an array");
+    };
+    let events_consumed = match body.get("events_consumed") {
+        None => 0,
+        Some(v) => match v.as_i64().filter(|n| *n >= 0) {
+            Some(n) => n,
+            None => return error(400, "bad_request", "events_consumed must be a count"),
+        },
+    };
+    let stored = StoredTranscript {
+        messages: messages.to_string(),
+        events_consumed,
+    };
+    if stored.messages.len() > max {
+        return error(
+            413,
+            "too_large",
+            format!("the transcript exceeds {max} bytes"),
+        );
+    }
+    if let Some(h) = s.proxy.gate.supervisor.get() {
+        h.touch(&s.scope.thread_id);
+    }
+    let (session, now) = (s.scope.session_id.clone(), s.proxy.gate.now());
+    let written = s
+        .proxy
+        .gate
+        .db
+        .write(move |c| model_store::put_transcript(c, &session, &stored, now))
+        .await;
+    match written {
+        Ok(()) => Json(json!({"status": "ok"})).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot store a transcript");
+            error(500, "internal", "internal error")
+        }
+    }
+}

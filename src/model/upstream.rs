@@ -1,0 +1,217 @@
+//! The upstream client: sends one [`ChatRequest`] in the configured provider's format
+//! with the stored key, retries timeouts, 429s (honouring `Retry-After`) and 5xx with
+//! backoff, and reads a bounded answer.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use super::config::{ModelSettings, Provider};
+use super::types::{ChatAnswer, ChatRequest};
+use super::{anthropic, openai};
+use crate::secrets::{Redactor, SecretString};
+
+/// Why no answer came back.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// The upstream failed (after the retries, or with an error not worth retrying).
+    #[error("{0}")]
+    Failed(String),
+    /// The upstream answered, but not with a usable answer.
+    #[error("{0}")]
+    Malformed(String),
+}
+
+/// One answer and how many attempts it took.
+#[derive(Debug)]
+pub struct Answered {
+    pub answer: ChatAnswer,
+    pub attempts: u32,
+}
+
+/// The configured upstream.
+pub struct Upstream {
+    settings: ModelSettings,
+    key: Option<SecretString>,
+    client: reqwest::Client,
+}
+
+/// What one attempt came to.
+enum Attempt {
+    Done(Result<ChatAnswer, UpstreamError>),
+    /// Worth another try, after the wait the upstream asked for (if any).
+    Retry(String, Option<Duration>),
+}
+
+impl Upstream {
+    /// A client for `settings` holding `key` (from the secrets store).
+    pub fn new(settings: ModelSettings, key: Option<SecretString>) -> anyhow::Result<Upstream> {
+        let client = reqwest::Client::builder()
+            .timeout(settings.timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
+        Ok(Upstream {
+            settings,
+            key,
+            client,
+        })
+    }
+
+    /// Sends `request`, retrying what is worth retrying; `redactor` cleans error text.
+    pub async fn send(
+        &self,
+        request: &ChatRequest,
+        redactor: &Redactor,
+    ) -> Result<Answered, UpstreamError> {
+        if self.settings.provider != Provider::Scripted && self.key.is_none() {
+            return Err(UpstreamError::Failed(format!(
+                "no model key is stored under {:?}",
+                self.settings.key_secret
+            )));
+        }
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match self.attempt(request).await {
+                Attempt::Done(result) => {
+                    return result
+                        .map(|answer| Answered { answer, attempts })
+                        .map_err(|e| clean(e, redactor));
+                }
+                Attempt::Retry(why, asked) => {
+                    if attempts > self.settings.retries {
+                        let why = redactor.redact(&why).into_owned();
+                        return Err(UpstreamError::Failed(format!(
+                            "the model upstream failed {attempts} times; last: {why}"
+                        )));
+                    }
+                    let backoff = self
+                        .settings
+                        .retry_base
+                        .saturating_mul(1 << (attempts - 1).min(10));
+                    let wait = asked.unwrap_or(backoff).min(self.settings.max_retry_wait);
+                    tracing::warn!(
+                        attempt = attempts,
+                        wait_ms = wait.as_millis() as u64,
+                        "model upstream failed; retrying"
+                    );
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    }
+
+    /// The HTTP request for `request` in the provider's format, with its key.
+    fn build(&self, request: &ChatRequest) -> reqwest::RequestBuilder {
+        let base = self.settings.base_url.trim_end_matches('/');
+        let (url, body) = match self.settings.provider {
+            Provider::Openai | Provider::Scripted => (
+                format!("{base}/chat/completions"),
+                openai::request_to_wire(request),
+            ),
+            Provider::Anthropic => (
+                format!("{base}/v1/messages"),
+                anthropic::request_to_wire(request, self.settings.default_max_tokens),
+            ),
+        };
+        let http = self.client.post(url).json(&body);
+        match (self.settings.provider, &self.key) {
+            (Provider::Anthropic, key) => {
+                let http = http.header("anthropic-version", &self.settings.anthropic_version);
+                match key {
+                    Some(key) => http.header("x-api-key", key.expose()),
+                    None => http,
+                }
+            }
+            (_, Some(key)) => http.bearer_auth(key.expose()),
+            (_, None) => http,
+        }
+    }
+
+    async fn attempt(&self, request: &ChatRequest) -> Attempt {
+        let http = self.build(request);
+        let response = match http.send().await {
+            Ok(r) => r,
+            Err(e) => return Attempt::Retry(describe(&e), None),
+        };
+        let status = response.status();
+        let asked = retry_after(&response);
+        let body = match read_bounded(response, self.settings.max_answer_bytes).await {
+            Ok(b) => b,
+            Err(why) if status.is_success() => {
+                return Attempt::Done(Err(UpstreamError::Malformed(why)));
+            }
+            Err(why) => return Attempt::Retry(why, asked),
+        };
+        if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
+            return Attempt::Retry(format!("HTTP {status}"), asked);
+        }
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
+            return Attempt::Done(Err(UpstreamError::Failed(format!(
+                "the model upstream refused the request: HTTP {status}: {text}"
+            ))));
+        }
+        Attempt::Done(self.parse(&body))
+    }
+
+    /// Reads a 2xx answer's body; anything unusable is malformed.
+    fn parse(&self, body: &[u8]) -> Result<ChatAnswer, UpstreamError> {
+        let value: Value = serde_json::from_slice(body).map_err(|e| {
+            UpstreamError::Malformed(format!("the model upstream's answer is not JSON: {e}"))
+        })?;
+        let parsed = match self.settings.provider {
+            Provider::Anthropic => anthropic::parse_answer(&value),
+            _ => openai::parse_answer(&value),
+        };
+        parsed.map_err(|e| {
+            UpstreamError::Malformed(format!("the model upstream's answer is malformed: {e}"))
+        })
+    }
+}
+
+fn clean(e: UpstreamError, redactor: &Redactor) -> UpstreamError {
+    match e {
+        UpstreamError::Failed(t) => UpstreamError::Failed(redactor.redact(&t).into_owned()),
+        UpstreamError::Malformed(t) => UpstreamError::Malformed(redactor.redact(&t).into_owned()),
+    }
+}
+
+fn describe(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        "the model upstream timed out".into()
+    } else if e.is_connect() {
+        "cannot connect to the model upstream".into()
+    } else {
+        "the model upstream request failed".into()
+    }
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is treated as absent).
+fn retry_after(r: &reqwest::Response) -> Option<Duration> {
+    r.headers()
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .map(Duration::from_secs)
+}
+
+async fn read_bounded(mut r: reqwest::Response, max: usize) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    loop {
+        match r.chunk().await {
+            Ok(Some(chunk)) => {
+                if body.len() + chunk.len() > max {
+                    return Err(format!("the model upstream's answer exceeds {max} bytes"));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok(body),
+            Err(e) => return Err(describe(&e)),
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! The world of the agent end-to-end tests: the gateway harness's peers (localstripe,
+//! the Plain fake, the GitHub stub) and a real threadgate running real Docker sessions
+//! from the sandbox image, its model proxy pointed at a fresh scripted model server.
+//! Dropping the world force-removes its containers. Shared with `examples/demo.rs`.
+#![allow(dead_code)]
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use threadgate::app::{self, Overrides};
+use threadgate::model::Provider;
+use threadgate::model::scripted::ScriptedModel;
+use threadgate::sandbox::LABEL_INSTANCE;
+use threadgate::secrets::SecretString;
+use threadgate::store::Db;
+
+use crate::harness::{self, Running, World, plain_id};
+
+/// The model key threadgate holds for the Anthropic run.
+const MODEL_KEY: &str = "sk-ant-agent-e2e-6c1d0b9e3f2a";
+
+/// How long a scenario may take to reach what it waits for (a container starts, the
+/// runner asks the model several times).
+const WAIT: Duration = Duration::from_secs(60);
+
+/// One test's world.
+pub struct AgentWorld {
+    pub world: World,
+    pub model: ScriptedModel,
+    pub instance: String,
+}
+
+/// A localstripe customer with charges, and the Plain customer of the thread.
+pub struct Customer {
+    pub stripe_id: String,
+    pub plain_id: String,
+    pub email: String,
+    pub charges: Vec<String>,
+}
+
+impl Drop for AgentWorld {
+    fn drop(&mut self) {
+        let filter = format!("label={LABEL_INSTANCE}={}", self.instance);
+        if let Ok(out) = Command::new("docker")
+            .args(["ps", "-aq", "--filter", &filter])
+            .output()
+        {
+            for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = Command::new("docker").args(["rm", "-f", id]).output();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.world.settings.sandbox.secrets_root);
+    }
+}
+
+impl AgentWorld {
+    /// A world under the repository's policy, agents and skills, its model on `provider`.
+    pub async fn new(provider: Provider) -> AgentWorld {
+        let mut world = World::new().await;
+        let model = ScriptedModel::start("127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("the scripted model starts");
+        let instance = format!("ag{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let s = &mut world.settings;
+        s.instance_id = Some(instance.clone());
+        s.sandbox.image = std::env::var("THREADGATE_SANDBOX_IMAGE")
+            .unwrap_or_else(|_| "threadgate-sandbox:latest".into());
+        s.sandbox.secrets_root = format!("/dev/shm/threadgate-{instance}").into();
+        s.model.provider = provider;
+        s.model.base_url = match provider {
+            Provider::Anthropic => model.anthropic_base(),
+            _ => model.openai_base(),
+        };
+        s.model.retry_base = Duration::from_millis(5);
+        s.model.retries = 1;
+        s.model.timeout = Duration::from_secs(10);
+        let db = Db::open(&world.settings.database_path()).expect("open db");
+        let secrets = app::open_secrets(&db, &world.settings).expect("open secrets");
+        secrets
+            .set("model_api_key", SecretString::new(MODEL_KEY.to_owned()))
+            .await
+            .expect("set the model key");
+        AgentWorld {
+            world,
+            model,
+            instance,
+        }
+    }
+
+    /// Uses a copy of `agents/support.md` with these limits.
+    pub fn with_limits(mut self, max_tokens: u64, max_turns: u64) -> AgentWorld {
+        let dir = self.world.dir.path().join("agents");
+        std::fs::create_dir_all(&dir).expect("agents dir");
+        let text = std::fs::read_to_string(harness::repo_root().join("agents/support.md"))
+            .expect("support.md");
+        let text = text
+            .replace("max_tokens: 200000", &format!("max_tokens: {max_tokens}"))
+            .replace("max_turns: 40", &format!("max_turns: {max_turns}"));
+        std::fs::write(dir.join("support.md"), text).expect("write agent");
+        self.world.settings.agents_dir = dir;
+        self
+    }
+
+    /// Serves threadgate with the real Docker runtime.
+    pub async fn start(&self) -> Running {
+        self.world
+            .start_with(Overrides {
+                sandbox: None,
+                clock: None,
+            })
+            .await
+    }
+
+    /// A localstripe customer with one USD charge per amount.
+    pub async fn customer(&self, amounts: &[u64]) -> Customer {
+        let email = format!("{}@customers.test", plain_id("u").to_lowercase());
+        let stripe_id = self.world.stripe.create_customer(&email).await;
+        let mut charges = Vec::new();
+        for amount in amounts {
+            charges.push(
+                self.world
+                    .stripe
+                    .create_charge(&stripe_id, *amount, "usd")
+                    .await,
+            );
+        }
+        Customer {
+            stripe_id,
+            plain_id: plain_id("c"),
+            email,
+            charges,
+        }
+    }
+
+    /// A new thread of `customer` whose first email says `text` (with the customer's
+    /// Stripe id, as a signature would carry it), delivered as a signed webhook.
+    pub async fn open_thread(&self, app: &Running, customer: &Customer, text: &str) -> String {
+        let thread = plain_id("th");
+        self.world
+            .plain
+            .add_thread(&thread, &customer.plain_id, &customer.email);
+        let body = harness::email_received(&thread, &customer.plain_id, &customer.email);
+        let mut event: Value = serde_json::from_slice(&body).expect("json");
+        event["payload"]["email"]["textContent"] =
+            json!(format!("{text}\n\n-- account {}", customer.stripe_id));
+        let body = serde_json::to_vec(&event).expect("json");
+        assert_eq!(
+            app.send_webhook(&body).await,
+            200,
+            "the signed webhook is accepted"
+        );
+        thread
+    }
+
+    /// A further email of `customer` on `thread`, as a signed webhook.
+    pub async fn message(&self, app: &Running, thread: &str, customer: &Customer, text: &str) {
+        let body = harness::email_received(thread, &customer.plain_id, &customer.email);
+        let mut event: Value = serde_json::from_slice(&body).expect("json");
+        event["payload"]["email"]["textContent"] = json!(text);
+        let body = serde_json::to_vec(&event).expect("json");
+        assert_eq!(app.send_webhook(&body).await, 200);
+    }
+
+    /// Waits for a held `stripe.create_refund` and answers its execution id.
+    pub async fn held_refund(&self, app: &Running) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let held = app
+                .executions()
+                .await
+                .into_iter()
+                .find(|e| e.tool == "stripe.create_refund" && e.status == "held");
+            if let Some(e) = held {
+                return e.id;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no held refund: {:?}",
+                app.executions()
+                    .await
+                    .iter()
+                    .map(|e| (&e.tool, &e.status))
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Delivers the thread's move to DONE (Plain's example, re-aimed at `thread`).
+    pub async fn mark_done(&self, app: &Running, thread: &str) {
+        let body = harness::email_received(thread, "c_x", "x@x.test");
+        let created: Value = serde_json::from_slice(&body).expect("json");
+        let example = harness::shared_dir().join("plain/examples/thread-status-transitioned.json");
+        let mut event: Value =
+            serde_json::from_str(&std::fs::read_to_string(example).expect("example"))
+                .expect("json");
+        let later = chrono::Utc::now() + chrono::Duration::seconds(1);
+        let at = later.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        event["id"] = json!(format!("pEv_{}", uuid::Uuid::new_v4().simple()));
+        event["timestamp"] = json!(at);
+        event["webhookMetadata"]["webhookDeliveryAttemptTimestamp"] =
+            created["webhookMetadata"]["webhookDeliveryAttemptTimestamp"].clone();
+        event["payload"]["thread"]["id"] = json!(thread);
+        assert_eq!(event["payload"]["thread"]["status"], "DONE");
+        let body = serde_json::to_vec(&event).expect("json");
+        assert_eq!(app.send_webhook(&body).await, 200);
+    }
+
+    /// `path` on the thread's branch, once the branch has it.
+    pub async fn branch_file(&self, thread: &str, path: &str) -> String {
+        let branch = format!("refs/heads/threadgate/{thread}");
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let repo = git2::Repository::open(&self.world.settings.repo.path).expect("repo");
+            let text = repo
+                .find_reference(&branch)
+                .and_then(|r| r.peel_to_tree())
+                .and_then(|t| t.get_path(std::path::Path::new(path)))
+                .and_then(|e| e.to_object(&repo))
+                .ok()
+                .and_then(|o| {
+                    o.as_blob()
+                        .map(|b| String::from_utf8_lossy(b.content()).into_owned())
+                });
+            if let Some(text) = text {
+                return text;
+            }
+            assert!(Instant::now() < deadline, "{branch} never held {path}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// How many containers of this world run.
+    pub async fn running_containers(&self) -> usize {
+        let filter = format!("label={LABEL_INSTANCE}={}", self.instance);
+        let out = Command::new("docker")
+            .args(["ps", "-q", "--filter", &filter])
+            .output()
+            .expect("docker ps");
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .count()
+    }
+}
+
+/// Waits until `check` holds, polling; panics with `what` after [`WAIT`].
+pub async fn until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + WAIT;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1,0 +1,152 @@
+//! The model proxy end to end: a real threadgate (as in `gateway_e2e`) whose
+//! `[model]` upstream is the scripted model server, driven over a session's unix socket
+//! as the runner drives it: both adapters, budgets and their note, the secret scan,
+//! retries, malformed answers, the model check, and the transcript.
+//!
+//! Needs `.venv-peers`: run `scripts/localstripe.sh setup` once.
+
+#[path = "support/github_stub.rs"]
+mod github_stub;
+#[path = "support/localstripe.rs"]
+mod localstripe;
+#[path = "support/plain_fake.rs"]
+mod plain_fake;
+
+#[path = "gateway_e2e/harness.rs"]
+mod harness;
+#[path = "gateway_e2e/unix_http.rs"]
+mod unix_http;
+
+#[path = "model_proxy/adapters.rs"]
+mod adapters;
+#[path = "model_proxy/budget.rs"]
+mod budget;
+#[path = "model_proxy/failures.rs"]
+mod failures;
+#[path = "model_proxy/transcript.rs"]
+mod transcript;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use threadgate::app;
+use threadgate::model::Provider;
+use threadgate::model::scripted::ScriptedModel;
+use threadgate::secrets::SecretString;
+use threadgate::store::Db;
+
+use harness::{Session, World, unix_request};
+
+/// The model key threadgate holds; never sent anywhere but the upstream.
+pub const MODEL_KEY: &str = "sk-model-e2e-4f1c9a7d2b6e8035";
+
+/// A world whose model upstream is a fresh scripted server.
+pub struct ModelWorld {
+    pub world: World,
+    pub model: ScriptedModel,
+}
+
+/// Stores `value` under `name` in the world's secrets store (before the app starts).
+pub async fn store_secret(world: &World, name: &str, value: &str) {
+    let db = Db::open(&world.settings.database_path()).expect("open db");
+    let secrets = app::open_secrets(&db, &world.settings).expect("open secrets");
+    secrets
+        .set(name, SecretString::new(value.to_owned()))
+        .await
+        .expect("set secret");
+}
+
+impl ModelWorld {
+    /// A world under the repository's policy and agents, its model on `provider`.
+    pub async fn new(provider: Provider) -> ModelWorld {
+        let mut world = World::new().await;
+        let model = ScriptedModel::start("127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("the scripted model starts");
+        world.settings.model.provider = provider;
+        world.settings.model.base_url = match provider {
+            Provider::Anthropic => model.anthropic_base(),
+            _ => model.openai_base(),
+        };
+        world.settings.model.retry_base = Duration::from_millis(5);
+        world.settings.model.timeout = Duration::from_secs(10);
+        store_secret(&world, "model_api_key", MODEL_KEY).await;
+        ModelWorld { world, model }
+    }
+
+    /// Uses a copy of `agents/support.md` with these limits.
+    pub fn with_limits(mut self, max_tokens: u64, max_turns: u64) -> ModelWorld {
+        let dir = self.world.dir.path().join("agents");
+        std::fs::create_dir_all(&dir).expect("agents dir");
+        let text = std::fs::read_to_string(harness::repo_root().join("agents/support.md"))
+            .expect("support.md");
+        let text = text
+            .replace("max_tokens: 200000", &format!("max_tokens: {max_tokens}"))
+            .replace("max_turns: 40", &format!("max_turns: {max_turns}"));
+        std::fs::write(dir.join("support.md"), text).expect("write agent");
+        self.world.settings.agents_dir = dir;
+        self
+    }
+}
+
+/// The session's gateway tools as OpenAI function tools (as the runner offers them).
+pub async fn offered_tools(session: &Session) -> Vec<Value> {
+    let (status, body) = session.get("/v1/tools").await;
+    assert_eq!(status, 200);
+    body["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .map(|t| {
+            let props: serde_json::Map<String, Value> = t["args"]
+                .as_array()
+                .expect("args")
+                .iter()
+                .map(|a| {
+                    (
+                        a["name"].as_str().expect("name").to_owned(),
+                        json!({"type": "string"}),
+                    )
+                })
+                .collect();
+            json!({"type": "function", "function": {
+                "name": t["name"], "description": "a gateway tool",
+                "parameters": {"type": "object", "properties": props},
+            }})
+        })
+        .collect()
+}
+
+/// `POST /v1/model/chat/completions` with `messages` and the session's tools.
+pub async fn chat(session: &Session, messages: Value) -> (u16, Value) {
+    let body = json!({"messages": messages, "tools": offered_tools(session).await});
+    chat_raw(session, &body).await
+}
+
+/// `POST /v1/model/chat/completions` with exactly `body`.
+pub async fn chat_raw(session: &Session, body: &Value) -> (u16, Value) {
+    unix_request(
+        &session.socket,
+        "POST",
+        "/v1/model/chat/completions",
+        Some(body),
+    )
+    .await
+}
+
+/// A conversation opening with the customer's `text`.
+pub fn customer_says(text: &str) -> Value {
+    json!([
+        {"role": "system", "content": "You are the support agent."},
+        {"role": "user", "content": text},
+    ])
+}
+
+/// The first tool call of an answer: (name, arguments text).
+pub fn first_call(answer: &Value) -> (String, String) {
+    let call = &answer["choices"][0]["message"]["tool_calls"][0]["function"];
+    (
+        call["name"].as_str().unwrap_or_default().to_owned(),
+        call["arguments"].as_str().unwrap_or_default().to_owned(),
+    )
+}

@@ -1,0 +1,186 @@
+//! What the proxy refuses and how it survives its upstream: a secret in the prompt,
+//! another model, streaming, retries on 429 and 5xx, malformed answers, and the garbage
+//! script's invalid arguments passed through as text.
+
+use serde_json::json;
+use threadgate::model::Provider;
+
+use crate::harness::{STRIPE_KEY, Session};
+use crate::{ModelWorld, chat, chat_raw, customer_says, first_call};
+
+async fn session(mw: &ModelWorld, app: &crate::harness::Running, email: &str) -> Session {
+    mw.world.customer_session(app, email, &[900]).await.session
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_secret_in_the_prompt_is_never_sent_upstream() {
+    let mw = ModelWorld::new(Provider::Openai).await;
+    let app = mw.world.start().await;
+    let s = session(&mw, &app, "leak@example.com").await;
+    // In the customer's text, in a tool result, in a tool call's arguments.
+    let attempts = [
+        customer_says(&format!("my key is {STRIPE_KEY}, charged twice")),
+        json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "stripe.list_charges", "arguments": format!("{{\"customer\":\"{}\"}}", crate::MODEL_KEY)}}]}, {"role": "tool", "tool_call_id": "c1", "content": "ok"}]),
+        json!([{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "text", "text": crate::github_stub::TOKEN}]}]),
+    ];
+    for messages in attempts {
+        let (status, body) = chat(&s, messages).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (403, Some("secret_in_prompt")),
+            "{body}"
+        );
+        let text = body.to_string();
+        assert!(!text.contains(STRIPE_KEY) && !text.contains(crate::MODEL_KEY));
+    }
+    assert!(mw.model.seen().is_empty(), "nothing reached the model");
+    let rows = app.audit_rows().await;
+    let refused = rows
+        .iter()
+        .filter(|r| r.event == "refused" && r.outcome.as_deref() == Some("secret_in_prompt"));
+    assert_eq!(refused.count(), 3);
+    assert!(!format!("{rows:?}").contains(STRIPE_KEY));
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_model_and_streaming_are_refused() {
+    let mw = ModelWorld::new(Provider::Openai).await;
+    let app = mw.world.start().await;
+    let s = session(&mw, &app, "model@example.com").await;
+    let messages = customer_says("charged twice");
+    let (status, body) = chat_raw(&s, &json!({"model": "gpt-4o", "messages": messages})).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (403, Some("model_not_allowed")),
+        "{body}"
+    );
+    let (status, body) = chat_raw(&s, &json!({"messages": messages, "stream": true})).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("bad_request")),
+        "{body}"
+    );
+    let (status, body) = chat_raw(&s, &json!({"messages": "nope"})).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("bad_request")),
+        "{body}"
+    );
+    let (status, _) = chat_raw(
+        &s,
+        &json!({"model": "scripted-model", "messages": messages}),
+    )
+    .await;
+    assert_eq!(status, 200, "the agent's own model, named");
+    assert_eq!(mw.model.seen().len(), 1);
+    let rows = app.audit_rows().await;
+    assert!(
+        rows.iter()
+            .any(|r| r.event == "refused" && r.outcome.as_deref() == Some("model_not_allowed"))
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limits_and_server_errors_are_retried_with_backoff() {
+    let mut mw = ModelWorld::new(Provider::Openai).await;
+    mw.world.settings.model.retries = 3;
+    let app = mw.world.start().await;
+    let s = session(&mw, &app, "retry@example.com").await;
+    let (status, body) = chat(&s, customer_says("[scripted:flaky429:2] charged twice")).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = chat(&s, customer_says("[scripted:flaky500:3] charged twice")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(mw.model.seen().len(), 3 + 4);
+    let (status, body) = chat(&s, customer_says("[scripted:flaky500:9] charged twice")).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (502, Some("upstream_error")),
+        "{body}"
+    );
+    assert_eq!(mw.model.seen().len(), 7 + 4, "one try and three retries");
+    let outcomes: Vec<String> = app
+        .audit_rows()
+        .await
+        .into_iter()
+        .filter(|r| r.event == "model_call")
+        .filter_map(|r| r.outcome)
+        .collect();
+    assert!(
+        outcomes[0].ends_with("attempts=3") && outcomes[1].ends_with("attempts=4"),
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes[2], "upstream_error");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_or_slow_upstream_is_an_error_not_a_hang() {
+    let mut mw = ModelWorld::new(Provider::Openai).await;
+    mw.world.settings.model.retries = 1;
+    mw.world.settings.model.timeout = std::time::Duration::from_millis(300);
+    let app = mw.world.start().await;
+    let s = session(&mw, &app, "slow@example.com").await;
+    let (status, body) = chat(&s, customer_says("[scripted:slow:5000] charged twice")).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (502, Some("upstream_error")),
+        "{body}"
+    );
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("timed out"),
+        "{body}"
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_answers_are_502_and_the_session_goes_on() {
+    for provider in [Provider::Openai, Provider::Anthropic] {
+        let mw = ModelWorld::new(provider).await;
+        let app = mw.world.start().await;
+        let s = session(&mw, &app, "garbage@example.com").await;
+        for flag in ["malformed", "nousage"] {
+            let (status, body) = chat(&s, customer_says(&format!("[scripted:{flag}] hi"))).await;
+            assert_eq!(
+                (status, body["error"].as_str()),
+                (502, Some("upstream_malformed")),
+                "{flag}: {body}"
+            );
+        }
+        // The garbage script: invalid JSON arguments come through as the model's text.
+        let (status, body) = chat(&s, customer_says("Your app shows garbage")).await;
+        assert_eq!(status, 200, "{body}");
+        let (name, args) = first_call(&body);
+        assert_eq!(name, "stripe.list_charges");
+        assert!(
+            serde_json::from_str::<serde_json::Value>(&args).is_err()
+                || args.contains("_invalid_arguments"),
+            "{args}"
+        );
+        // An unknown tool name is passed through; the gateway refuses it if called.
+        let mut convo = customer_says("Your app shows garbage");
+        let list = convo.as_array_mut().expect("array");
+        list.push(body["choices"][0]["message"].clone());
+        list.push(json!({"role": "tool", "tool_call_id": body["choices"][0]["message"]["tool_calls"][0]["id"], "content": "{\"error\":\"invalid arguments\"}"}));
+        let (status, body) = chat(&s, convo.clone()).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(first_call(&body).0, "stripe__teleport_money");
+        // Then the upstream fails: 502 after the retries, and the socket still answers.
+        let list = convo.as_array_mut().expect("array");
+        list.push(body["choices"][0]["message"].clone());
+        list.push(json!({"role": "tool", "tool_call_id": body["choices"][0]["message"]["tool_calls"][0]["id"], "content": "{\"error\":\"unknown tool\"}"}));
+        let (status, body) = chat(&s, convo).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (502, Some("upstream_error")),
+            "{body}"
+        );
+        assert_eq!(s.get("/v1/agent").await.0, 200);
+        app.stop().await;
+    }
+}
