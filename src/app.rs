@@ -12,9 +12,7 @@ use tokio::sync::{Notify, broadcast};
 
 use crate::approvals::{self, Approvals};
 use crate::config::Settings;
-use crate::connectors::helpdesk::EscalationRouting;
-use crate::connectors::{Credential, GithubConnector, HelpdeskConnector, StripeConnector};
-use crate::gateway::{Connectors, Gate, LoadedPolicy, SandboxApi, SandboxRouter, SocketHost};
+use crate::gateway::{Gate, LoadedPolicy, SandboxApi, SandboxRouter, SocketHost};
 use crate::policy::{Catalog, Policy};
 use crate::sandbox::{DockerRuntime, Limits, SandboxRuntime};
 use crate::secrets::{MasterKey, Redactor, SecretStore};
@@ -91,43 +89,15 @@ pub fn open_secrets(db: &Db, settings: &Settings) -> anyhow::Result<SecretStore>
     let key = match std::env::var("THREADGATE_MASTER_KEY") {
         Ok(_) => MasterKey::from_env("THREADGATE_MASTER_KEY")?,
         Err(_) => {
-            if !settings.master_key_file.exists() {
-                MasterKey::generate().write_to(&settings.master_key_file)?;
-                tracing::info!(path = %settings.master_key_file.display(), "created a new master key");
+            let path = settings.master_key_path();
+            if !path.exists() {
+                MasterKey::generate().write_to(&path)?;
+                tracing::info!(path = %path.display(), "created a new master key");
             }
-            MasterKey::from_file(&settings.master_key_file)?
+            MasterKey::from_file(&path)?
         }
     };
     Ok(SecretStore::new(db.clone(), Arc::new(key)))
-}
-
-async fn connectors(settings: &Settings, secrets: &SecretStore) -> anyhow::Result<Connectors> {
-    let get = |name: String| async move { secrets.get(&name).await.ok() };
-    let mut c = Connectors::default();
-    if let Some(key) = get(settings.stripe.key_secret.clone()).await {
-        c.stripe = Some(Arc::new(StripeConnector::new(
-            &settings.stripe.api_url,
-            Credential::new(key.expose()),
-        )?));
-    }
-    if let Some(key) = get(settings.plain.api_key_secret.clone()).await {
-        let mut h = HelpdeskConnector::new(&settings.plain.api_url, Credential::new(key.expose()))?;
-        if let Some(label) = &settings.plain.escalation_label_type_id {
-            h = h.with_escalation(EscalationRouting {
-                label_type_ids: vec![label.clone()],
-                assign_to_user_id: None,
-                use_escalation_path: false,
-            });
-        }
-        c.helpdesk = Some(Arc::new(h));
-    }
-    if let Some(key) = get(settings.github.key_secret.clone()).await {
-        c.github = Some(Arc::new(GithubConnector::new(
-            &settings.github.api_url,
-            Credential::new(key.expose()),
-        )?));
-    }
-    Ok(c)
 }
 
 impl Application {
@@ -163,7 +133,8 @@ impl Application {
             db: db.clone(),
             policy: RwLock::new(Arc::new(loaded)),
             catalog: Catalog::builtin(),
-            connectors: connectors(&settings, &secrets).await?,
+            connectors: crate::connectors::setup::build(&settings, Arc::new(secrets.clone()))
+                .await?,
             redactor: RwLock::new(Arc::new(redactor)),
             agents: agents.clone(),
             public_url: settings.public_url.clone(),
