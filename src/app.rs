@@ -15,7 +15,7 @@ use crate::config::Settings;
 use crate::gateway::{Gate, LoadedPolicy, SandboxApi, SandboxRouter, SocketHost};
 use crate::policy::{Catalog, Policy};
 use crate::sandbox::{DockerRuntime, Limits, SandboxRuntime};
-use crate::secrets::{MasterKey, Redactor, SecretStore};
+use crate::secrets::{MasterKey, Redactor, RedactorSource, SecretStore};
 use crate::session::{AgentBook, Clock, SessionApi, Supervisor, SupervisorHandle, SupervisorParts};
 use crate::store::Db;
 use crate::webhook;
@@ -111,6 +111,7 @@ impl Application {
         let instance_id = instance_id(&db, settings.instance_id.as_deref()).await?;
         let loaded = load_policy(&settings.policy_file)?;
         let secrets = open_secrets(&db, &settings)?;
+        let generation = secrets.generation().await?;
         let redactor = Redactor::new(secrets.all_values().await?)?;
         let agents = Arc::new(AgentBook::load(&settings.agents_dir, &settings.skills_dir)?);
         let clock: Clock = overrides
@@ -136,6 +137,7 @@ impl Application {
             connectors: crate::connectors::setup::build(&settings, Arc::new(secrets.clone()))
                 .await?,
             redactor: RwLock::new(Arc::new(redactor)),
+            redactor_source: Some(RedactorSource::new(secrets.clone(), Some(generation))),
             agents: agents.clone(),
             public_url: settings.public_url.clone(),
             clock: clock.clone(),
@@ -215,15 +217,10 @@ impl Application {
             }
         }));
         let g = gate.clone();
-        let refresh_store = secrets.clone();
         background.push(tokio::spawn(async move {
             loop {
-                tokio::time::sleep(Duration::from_secs(10)).await;
-                if let Ok(values) = refresh_store.all_values().await
-                    && let Ok(redactor) = Redactor::new(values)
-                {
-                    *g.redactor.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(redactor);
-                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                g.refresh_redactor().await;
             }
         }));
 
