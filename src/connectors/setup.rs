@@ -92,3 +92,85 @@ pub async fn build(
         github: Some(Arc::new(github_connector)),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::secrets::SecretString;
+
+    /// A store holding nothing.
+    struct Empty;
+
+    #[async_trait]
+    impl CredentialSource for Empty {
+        async fn generation(&self) -> Result<u64, String> {
+            Ok(0)
+        }
+        async fn value(&self, _name: &str) -> Result<Option<SecretString>, String> {
+            Ok(None)
+        }
+    }
+
+    async fn error_of(adjust: impl FnOnce(&mut Settings)) -> String {
+        let mut settings = Settings::default();
+        adjust(&mut settings);
+        match build(&settings, Arc::new(Empty)).await {
+            Ok(_) => "built".into(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connector_that_cannot_be_built_names_its_key() {
+        assert_eq!(error_of(|_| {}).await, "built");
+        let cases: [(&str, Box<dyn FnOnce(&mut Settings)>); 5] = [
+            (
+                "stripe.key_secret",
+                Box::new(|s| s.stripe.key_secret.clear()),
+            ),
+            (
+                "stripe.api_url",
+                Box::new(|s| s.stripe.api_url = "localhost:8420".into()),
+            ),
+            (
+                "github.key_secret",
+                Box::new(|s| s.github.key_secret = "a b".into()),
+            ),
+            (
+                "github.api_url",
+                Box::new(|s| s.github.api_url = String::new()),
+            ),
+            (
+                "plain.api_key_secret",
+                Box::new(|s| s.plain.api_key_secret.clear()),
+            ),
+        ];
+        for (key, adjust) in cases {
+            let text = error_of(adjust).await;
+            assert!(text.contains(key), "{key}: {text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connector_without_its_secret_fails_its_calls_by_name_sending_nothing() {
+        let connectors = build(&Settings::default(), Arc::new(Empty))
+            .await
+            .expect("built");
+        let stripe = connectors.for_tool("stripe.get_charge").expect("stripe");
+        let ctx = crate::connectors::CallContext {
+            execution_id: "ex_1",
+        };
+        let error = stripe
+            .call(
+                "stripe.get_charge",
+                &serde_json::json!({"charge": "ch_1"}),
+                &ctx,
+            )
+            .await
+            .expect_err("no key");
+        assert!(error.is_definite(), "{error}");
+        assert!(error.to_string().contains("stripe_api_key"), "{error}");
+    }
+}
