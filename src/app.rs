@@ -208,6 +208,11 @@ impl Application {
             }
         }));
         background.push(tokio::spawn(approvals::outbox::run(gate.clone())));
+        background.push(tokio::spawn(crate::audit::anchor::keep(
+            db.clone(),
+            settings.audit_anchor_path(),
+            Duration::from_secs(60),
+        )));
         let a = approvals.clone();
         background.push(tokio::spawn(async move {
             a.recover(leftovers).await;

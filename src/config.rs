@@ -53,6 +53,9 @@ pub struct Settings {
     /// `THREADGATE_MASTER_KEY` is not set. Empty (the default): `master.key` in
     /// `data_dir`, wherever that is set (see [`Settings::master_key_path`]).
     pub master_key_file: PathBuf,
+    /// Where the audit chain's head is kept outside the database (see
+    /// [`crate::audit::anchor`]). Empty (the default): `audit.anchor` in `data_dir`.
+    pub audit_anchor_file: PathBuf,
     pub plain: PlainSettings,
     /// The Stripe connector; a key left out of the table takes its default.
     #[serde(default = "default_stripe", deserialize_with = "provider::stripe")]
@@ -144,6 +147,7 @@ impl Default for Settings {
             skills_dir: PathBuf::from("skills"),
             default_agent: "support".into(),
             master_key_file: PathBuf::new(),
+            audit_anchor_file: PathBuf::new(),
             plain: PlainSettings::default(),
             stripe: default_stripe(),
             github: default_github(),
@@ -305,6 +309,16 @@ impl Settings {
             self.data_dir.join("master.key")
         } else {
             self.master_key_file.clone()
+        }
+    }
+
+    /// The audit anchor file: `audit_anchor_file` when set, else `audit.anchor` in
+    /// `data_dir`.
+    pub fn audit_anchor_path(&self) -> PathBuf {
+        if self.audit_anchor_file.as_os_str().is_empty() {
+            self.data_dir.join("audit.anchor")
+        } else {
+            self.audit_anchor_file.clone()
         }
     }
 

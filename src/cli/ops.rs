@@ -83,9 +83,17 @@ pub struct AuditArgs {
     /// The newest N rows.
     #[arg(long)]
     pub limit: Option<usize>,
-    /// Check the hash chain instead of printing.
+    /// Check the hash chain instead of printing; prints the head (HASH:COUNT) to keep,
+    /// checks the anchor file and advances it.
     #[arg(long)]
     pub verify: bool,
+    /// With --verify: an anchor printed earlier (HASH:COUNT) the chain must still extend.
+    #[arg(long, value_name = "HASH:COUNT", requires = "verify")]
+    pub anchor: Option<String>,
+    /// With --verify: the anchor file to check and advance (default: the setting
+    /// `audit_anchor_file`, else audit.anchor in the data directory).
+    #[arg(long, value_name = "PATH", requires = "verify")]
+    pub anchor_file: Option<PathBuf>,
 }
 
 fn finish(result: anyhow::Result<()>) -> ExitCode {
@@ -282,15 +290,38 @@ pub fn reviewers(config: &ConfigArgs, cmd: &ReviewersCommand) -> ExitCode {
     })())
 }
 
+/// `threadgate audit --verify`: the whole chain, then the anchor given and the anchor
+/// file; only when all hold is the file advanced to the current head.
+fn verify_audit(settings: &Settings, db: &Db, args: &AuditArgs) -> anyhow::Result<()> {
+    let given: Option<audit::Anchor> = args.anchor.as_deref().map(str::parse).transpose()?;
+    let file = args
+        .anchor_file
+        .clone()
+        .unwrap_or_else(|| settings.audit_anchor_path());
+    let checked = db.read_blocking(move |c| {
+        Ok((|| -> anyhow::Result<(usize, audit::Anchor)> {
+            let rows = audit::verify(c)?;
+            if let Some(anchor) = &given {
+                audit::anchor::extends(c, anchor)?;
+            }
+            let head = audit::anchor::check_and_advance(c, &file)
+                .with_context(|| format!("checking anchor file {}", file.display()))?;
+            Ok((rows, head))
+        })())
+    })?;
+    let (rows, head) = checked?;
+    println!("audit chain intact: {rows} rows");
+    println!("head: {head}");
+    println!("keep it; later: threadgate audit --verify --anchor {head}");
+    Ok(())
+}
+
 /// `threadgate audit ...`
 pub fn audit(config: &ConfigArgs, args: &AuditArgs) -> ExitCode {
     finish((|| {
-        let (_, db) = open(config)?;
+        let (settings, db) = open(config)?;
         if args.verify {
-            let checked = db.read_blocking(|c| Ok(audit::verify(c)))?;
-            let rows = checked?;
-            println!("audit chain intact: {rows} rows");
-            return Ok(());
+            return verify_audit(&settings, &db, args);
         }
         let event = match &args.event {
             Some(name) => Some(
