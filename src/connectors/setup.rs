@@ -125,7 +125,8 @@ mod tests {
     #[tokio::test]
     async fn a_connector_that_cannot_be_built_names_its_key() {
         assert_eq!(error_of(|_| {}).await, "built");
-        let cases: [(&str, Box<dyn FnOnce(&mut Settings)>); 5] = [
+        type Adjust = Box<dyn FnOnce(&mut Settings)>;
+        let cases: [(&str, Adjust); 5] = [
             (
                 "stripe.key_secret",
                 Box::new(|s| s.stripe.key_secret.clear()),
