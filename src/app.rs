@@ -113,6 +113,8 @@ impl Application {
         let secrets = open_secrets(&db, &settings)?;
         let generation = secrets.generation().await?;
         let redactor = Redactor::new(secrets.all_values().await?)?;
+        let connectors =
+            crate::connectors::setup::build(&settings, Arc::new(secrets.clone())).await?;
         let agents = Arc::new(AgentBook::load(&settings.agents_dir, &settings.skills_dir)?);
         let clock: Clock = overrides
             .clock

@@ -131,8 +131,8 @@ fn open(config: &ConfigArgs) -> anyhow::Result<(Settings, Db)> {
 
 /// `threadgate serve`: runs until SIGINT or SIGTERM.
 pub fn serve(config: &ConfigArgs) -> ExitCode {
-    crate::telemetry::init();
     finish((|| {
+        crate::telemetry::init().map_err(anyhow::Error::msg)?;
         let settings = Settings::load(config.config.as_deref())?;
         let runtime = tokio::runtime::Runtime::new()?;
         runtime.block_on(async move {
@@ -160,34 +160,50 @@ async fn shutdown_signal() {
     }
 }
 
+/// The `sessions list` table: thread, session id, state, container, age, branch, and
+/// the session's socket (where its agent reaches the gateway).
+fn sessions_table(settings: &Settings, rows: &[sessions::SessionRow], now_ms: i64) -> String {
+    use std::fmt::Write as _;
+    let mut out = format!(
+        "{:<32} {:<16} {:<9} {:<12} {:<10} {:<44} socket\n",
+        "thread", "session", "state", "container", "age", "branch"
+    );
+    for r in rows {
+        let container = r
+            .container_id
+            .as_deref()
+            .map_or("-", |c| &c[..c.len().min(12)]);
+        let age = humantime::format_duration(std::time::Duration::from_secs(
+            ((now_ms - r.created_at_ms).max(0) / 1000) as u64,
+        ));
+        let socket = settings
+            .sockets_dir()
+            .join(&r.session_id)
+            .join(crate::gateway::SOCKET_NAME);
+        let _ = writeln!(
+            out,
+            "{:<32} {:<16} {:<9} {:<12} {:<10} {:<44} {}",
+            r.thread_id,
+            r.session_id,
+            r.state.as_str(),
+            container,
+            age.to_string(),
+            r.branch,
+            socket.display()
+        );
+    }
+    out
+}
+
 /// `threadgate sessions ...`
 pub fn sessions(config: &ConfigArgs, cmd: &SessionsCommand) -> ExitCode {
     finish((|| {
-        let (_, db) = open(config)?;
+        let (settings, db) = open(config)?;
         match cmd {
             SessionsCommand::List => {
                 let rows = db.read_blocking(sessions::list)?;
                 let now = chrono::Utc::now().timestamp_millis();
-                println!(
-                    "{:<32} {:<9} {:<14} {:<44} age",
-                    "thread", "state", "container", "branch"
-                );
-                for r in rows {
-                    let container = r
-                        .container_id
-                        .as_deref()
-                        .map_or("-", |c| &c[..c.len().min(12)]);
-                    let age = humantime::format_duration(std::time::Duration::from_secs(
-                        ((now - r.created_at_ms).max(0) / 1000) as u64,
-                    ));
-                    println!(
-                        "{:<32} {:<9} {:<14} {:<44} {age}",
-                        r.thread_id,
-                        r.state.as_str(),
-                        container,
-                        r.branch
-                    );
-                }
+                print!("{}", sessions_table(&settings, &rows, now));
                 Ok(())
             }
             SessionsCommand::Stop { thread } => {
