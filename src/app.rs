@@ -136,8 +136,7 @@ impl Application {
             db: db.clone(),
             policy: RwLock::new(Arc::new(loaded)),
             catalog: Catalog::builtin(),
-            connectors: crate::connectors::setup::build(&settings, Arc::new(secrets.clone()))
-                .await?,
+            connectors,
             redactor: RwLock::new(Arc::new(redactor)),
             redactor_source: Some(RedactorSource::new(secrets.clone(), Some(generation))),
             agents: agents.clone(),
