@@ -9,7 +9,8 @@
 # The tests (tests/support/localstripe.rs) only need `setup`: they start their own
 # instances on free ports. Every instance runs through scripts/localstripe_isolated.py,
 # which gives it its own state file instead of localstripe's shared /tmp one.
-# localstripe_plus.py is looked up in $THREADGATE_SHARED/peers, else in the first `shared/peers` found beside the repository or one of its parents.
+# localstripe_plus.py is looked up in $THREADGATE_SHARED/peers, else in the first
+# `shared/peers` found beside the repository or one of its parents.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
