@@ -137,3 +137,59 @@ async fn a_provider_answer_echoing_a_secret_in_any_encoding_is_redacted() {
     }
     app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_keeps_the_audit_anchor_and_reports_deleted_rows() {
+    let world = World::new().await;
+    let anchor_file = world.settings.audit_anchor_path();
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[2500])
+        .await;
+    let (status, ran) = ada
+        .session
+        .call("stripe.get_charge", json!({"charge": ada.charges[0]}), None)
+        .await;
+    assert_eq!(status, 200, "{ran}");
+    let rows = app.verify_audit().await as i64;
+    assert!(rows >= 2, "{rows}");
+    app.stop().await;
+
+    // The next start checks the anchor and advances it to the current head.
+    let app = world.start().await;
+    crate::harness::eventually("the anchor file advances", || async {
+        matches!(threadgate::audit::anchor::read_file(&anchor_file), Ok(Some(a)) if a.count == rows)
+    })
+    .await;
+    app.stop().await;
+
+    // Someone with the database file deletes the newest rows: the chain still verifies.
+    let db = Db::open(&world.settings.database_path()).expect("open");
+    db.write(|c| c.execute_batch("DROP TRIGGER audit_no_delete; DELETE FROM audit WHERE id > 1;"))
+        .await
+        .expect("tamper");
+    drop(db);
+    let app = world.start().await;
+    let path = anchor_file.display().to_string();
+    crate::harness::eventually("the divergence is logged", || async {
+        let logs = String::from_utf8_lossy(&crate::harness::captured_logs()).into_owned();
+        logs.lines().any(|l| {
+            l.contains("audit anchor check failed")
+                && l.contains(&path)
+                && l.contains(&format!("fewer than the anchor's {rows}"))
+        })
+    })
+    .await;
+    assert_eq!(
+        app.verify_audit().await,
+        1,
+        "a shorter chain verifies alone"
+    );
+    let kept = threadgate::audit::anchor::read_file(&anchor_file).expect("read");
+    assert_eq!(
+        kept.map(|a| a.count),
+        Some(rows),
+        "the file keeps the last good head"
+    );
+    app.stop().await;
+}
