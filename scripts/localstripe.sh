@@ -7,8 +7,10 @@
 #   scripts/localstripe.sh stop PORT    stop the instance started on PORT
 #
 # The tests (tests/support/localstripe.rs) only need `setup`: they start their own
-# instances on free ports. localstripe_plus.py is looked up in $THREADGATE_SHARED/peers,
-# else in the first `shared/peers` found beside the repository or one of its parents.
+# instances on free ports. Every instance runs through scripts/localstripe_isolated.py,
+# which gives it its own state file instead of localstripe's shared /tmp one.
+# localstripe_plus.py is looked up in $THREADGATE_SHARED/peers, else in the first
+# `shared/peers` found beside the repository or one of its parents.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -50,7 +52,10 @@ start() {
     echo "localstripe.sh: $script not found (set THREADGATE_SHARED)" >&2
     exit 1
   fi
-  "$venv/bin/python" "$script" --port "$port" --from-scratch \
+  # Each instance keeps its state in its own file (localstripe's default is one shared
+  # /tmp/localstripe.pickle).
+  LOCALSTRIPE_PICKLE="$venv/localstripe-$port.pickle" "$venv/bin/python" \
+    "$repo/scripts/localstripe_isolated.py" "$script" --port "$port" --from-scratch \
     >"$venv/localstripe-$port.log" 2>&1 &
   local pid=$!
   echo "$pid" >"$(pidfile "$port")"
@@ -83,6 +88,7 @@ stop() {
     kill "$(cat "$file")" 2>/dev/null || true
     rm -f "$file"
   fi
+  rm -f "$venv/localstripe-$1.pickle" "$venv/localstripe-$1.pickle.tmp"
 }
 
 case "${1:-setup}" in

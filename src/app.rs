@@ -12,13 +12,11 @@ use tokio::sync::{Notify, broadcast};
 
 use crate::approvals::{self, Approvals};
 use crate::config::Settings;
-use crate::connectors::helpdesk::EscalationRouting;
-use crate::connectors::{Credential, GithubConnector, HelpdeskConnector, StripeConnector};
-use crate::gateway::{Connectors, Gate, LoadedPolicy, SandboxApi, SandboxRouter, SocketHost};
+use crate::gateway::{Gate, LoadedPolicy, SandboxApi, SandboxRouter, SocketHost};
 use crate::model::{ModelProxy, Upstream};
 use crate::policy::{Catalog, Policy};
 use crate::sandbox::{DockerRuntime, Limits, SandboxRuntime};
-use crate::secrets::{MasterKey, Redactor, SecretStore};
+use crate::secrets::{MasterKey, Redactor, RedactorSource, SecretStore};
 use crate::session::{AgentBook, Clock, SessionApi, Supervisor, SupervisorHandle, SupervisorParts};
 use crate::store::Db;
 use crate::webhook;
@@ -92,43 +90,15 @@ pub fn open_secrets(db: &Db, settings: &Settings) -> anyhow::Result<SecretStore>
     let key = match std::env::var("THREADGATE_MASTER_KEY") {
         Ok(_) => MasterKey::from_env("THREADGATE_MASTER_KEY")?,
         Err(_) => {
-            if !settings.master_key_file.exists() {
-                MasterKey::generate().write_to(&settings.master_key_file)?;
-                tracing::info!(path = %settings.master_key_file.display(), "created a new master key");
+            let path = settings.master_key_path();
+            if !path.exists() {
+                MasterKey::generate().write_to(&path)?;
+                tracing::info!(path = %path.display(), "created a new master key");
             }
-            MasterKey::from_file(&settings.master_key_file)?
+            MasterKey::from_file(&path)?
         }
     };
     Ok(SecretStore::new(db.clone(), Arc::new(key)))
-}
-
-async fn connectors(settings: &Settings, secrets: &SecretStore) -> anyhow::Result<Connectors> {
-    let get = |name: String| async move { secrets.get(&name).await.ok() };
-    let mut c = Connectors::default();
-    if let Some(key) = get(settings.stripe.key_secret.clone()).await {
-        c.stripe = Some(Arc::new(StripeConnector::new(
-            &settings.stripe.api_url,
-            Credential::new(key.expose()),
-        )?));
-    }
-    if let Some(key) = get(settings.plain.api_key_secret.clone()).await {
-        let mut h = HelpdeskConnector::new(&settings.plain.api_url, Credential::new(key.expose()))?;
-        if let Some(label) = &settings.plain.escalation_label_type_id {
-            h = h.with_escalation(EscalationRouting {
-                label_type_ids: vec![label.clone()],
-                assign_to_user_id: None,
-                use_escalation_path: false,
-            });
-        }
-        c.helpdesk = Some(Arc::new(h));
-    }
-    if let Some(key) = get(settings.github.key_secret.clone()).await {
-        c.github = Some(Arc::new(GithubConnector::new(
-            &settings.github.api_url,
-            Credential::new(key.expose()),
-        )?));
-    }
-    Ok(c)
 }
 
 /// The model proxy, with the upstream key read from the secrets store (it never
@@ -161,7 +131,10 @@ impl Application {
         let instance_id = instance_id(&db, settings.instance_id.as_deref()).await?;
         let loaded = load_policy(&settings.policy_file)?;
         let secrets = open_secrets(&db, &settings)?;
+        let generation = secrets.generation().await?;
         let redactor = Redactor::new(secrets.all_values().await?)?;
+        let connectors =
+            crate::connectors::setup::build(&settings, Arc::new(secrets.clone())).await?;
         // Refused here, at start, never at the first webhook.
         let agents = Arc::new(AgentBook::load_checked(
             &settings.agents_dir,
@@ -189,8 +162,9 @@ impl Application {
             db: db.clone(),
             policy: RwLock::new(Arc::new(loaded)),
             catalog: Catalog::builtin(),
-            connectors: connectors(&settings, &secrets).await?,
+            connectors,
             redactor: RwLock::new(Arc::new(redactor)),
+            redactor_source: Some(RedactorSource::new(secrets.clone(), Some(generation))),
             agents: agents.clone(),
             public_url: settings.public_url.clone(),
             clock: clock.clone(),
@@ -266,6 +240,11 @@ impl Application {
             }
         }));
         background.push(tokio::spawn(approvals::outbox::run(gate.clone())));
+        background.push(tokio::spawn(crate::audit::anchor::keep(
+            db.clone(),
+            settings.audit_anchor_path(),
+            Duration::from_secs(60),
+        )));
         let a = approvals.clone();
         background.push(tokio::spawn(async move {
             a.recover(leftovers).await;
@@ -275,15 +254,10 @@ impl Application {
             }
         }));
         let g = gate.clone();
-        let refresh_store = secrets.clone();
         background.push(tokio::spawn(async move {
             loop {
-                tokio::time::sleep(Duration::from_secs(10)).await;
-                if let Ok(values) = refresh_store.all_values().await
-                    && let Ok(redactor) = Redactor::new(values)
-                {
-                    *g.redactor.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(redactor);
-                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                g.refresh_redactor().await;
             }
         }));
 

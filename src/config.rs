@@ -50,12 +50,18 @@ pub struct Settings {
     /// The agent a new thread's session runs.
     pub default_agent: String,
     /// Where the master key of the secrets store is read from when
-    /// `THREADGATE_MASTER_KEY` is not set.
+    /// `THREADGATE_MASTER_KEY` is not set. Empty (the default): `master.key` in
+    /// `data_dir`, wherever that is set (see [`Settings::master_key_path`]).
     pub master_key_file: PathBuf,
+    /// Where the audit chain's head is kept outside the database (see
+    /// [`crate::audit::anchor`]). Empty (the default): `audit.anchor` in `data_dir`.
+    pub audit_anchor_file: PathBuf,
     pub plain: PlainSettings,
-    #[serde(default = "default_stripe")]
+    /// The Stripe connector; a key left out of the table takes its default.
+    #[serde(default = "default_stripe", deserialize_with = "provider::stripe")]
     pub stripe: ProviderSettings,
-    #[serde(default = "default_github")]
+    /// The GitHub connector; a key left out of the table takes its default.
+    #[serde(default = "default_github", deserialize_with = "provider::github")]
     pub github: ProviderSettings,
     pub repo: RepoSettings,
     pub sandbox: SandboxSettings,
@@ -84,11 +90,14 @@ pub struct PlainSettings {
     pub escalation_label_type_id: Option<String>,
 }
 
-/// A REST provider: where it is and which stored secret holds its credential.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+/// A REST provider: where it is and which stored secret holds its credential. Read
+/// from TOML through [`provider`], so each key left out takes the provider's default
+/// (never an empty string).
+#[derive(Debug, Clone, Default)]
 pub struct ProviderSettings {
+    /// The API's base URL.
     pub api_url: String,
+    /// The name of the stored secret holding the credential.
     pub key_secret: String,
 }
 
@@ -139,7 +148,8 @@ impl Default for Settings {
             agents_dir: PathBuf::from("agents"),
             skills_dir: PathBuf::from("skills"),
             default_agent: "support".into(),
-            master_key_file: PathBuf::from("data/master.key"),
+            master_key_file: PathBuf::new(),
+            audit_anchor_file: PathBuf::new(),
             plain: PlainSettings::default(),
             stripe: default_stripe(),
             github: default_github(),
@@ -245,7 +255,6 @@ impl Settings {
     /// need not touch the process's).
     pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
         if let Some(v) = get("THREADGATE_DATA_DIR") {
-            self.master_key_file = PathBuf::from(&v).join("master.key");
             self.data_dir = PathBuf::from(v);
         }
         if let Some(v) = get("THREADGATE_LISTEN") {
@@ -296,6 +305,26 @@ impl Settings {
         Ok(())
     }
 
+    /// The master key file: `master_key_file` when set, else `master.key` in
+    /// `data_dir`.
+    pub fn master_key_path(&self) -> PathBuf {
+        if self.master_key_file.as_os_str().is_empty() {
+            self.data_dir.join("master.key")
+        } else {
+            self.master_key_file.clone()
+        }
+    }
+
+    /// The audit anchor file: `audit_anchor_file` when set, else `audit.anchor` in
+    /// `data_dir`.
+    pub fn audit_anchor_path(&self) -> PathBuf {
+        if self.audit_anchor_file.as_os_str().is_empty() {
+            self.data_dir.join("audit.anchor")
+        } else {
+            self.audit_anchor_file.clone()
+        }
+    }
+
     /// The SQLite database file.
     pub fn database_path(&self) -> PathBuf {
         self.data_dir.join("threadgate.db")
@@ -309,6 +338,39 @@ impl Settings {
     /// Where each session's socket directory lives.
     pub fn sockets_dir(&self) -> PathBuf {
         self.data_dir.join("sockets")
+    }
+}
+
+/// `[stripe]` and `[github]` tables: each key left out takes the provider's default.
+mod provider {
+    use serde::{Deserialize, Deserializer};
+
+    use super::{ProviderSettings, default_github, default_stripe};
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Partial {
+        api_url: Option<String>,
+        key_secret: Option<String>,
+    }
+
+    fn merge<'de, D: Deserializer<'de>>(
+        d: D,
+        defaults: ProviderSettings,
+    ) -> Result<ProviderSettings, D::Error> {
+        let partial = Partial::deserialize(d)?;
+        Ok(ProviderSettings {
+            api_url: partial.api_url.unwrap_or(defaults.api_url),
+            key_secret: partial.key_secret.unwrap_or(defaults.key_secret),
+        })
+    }
+
+    pub fn stripe<'de, D: Deserializer<'de>>(d: D) -> Result<ProviderSettings, D::Error> {
+        merge(d, default_stripe())
+    }
+
+    pub fn github<'de, D: Deserializer<'de>>(d: D) -> Result<ProviderSettings, D::Error> {
+        merge(d, default_github())
     }
 }
 
@@ -354,6 +416,51 @@ mod tests {
         let err = Settings::from_file(&path).expect_err("unknown key");
         let text = err.to_string();
         assert!(text.contains("t.toml") && text.contains("lisen"), "{text}");
+    }
+
+    #[test]
+    fn a_provider_table_with_only_api_url_keeps_the_default_secret_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.toml");
+        std::fs::write(
+            &path,
+            "[stripe]\napi_url = \"http://127.0.0.1:8420\"\n[github]\napi_url = \"http://127.0.0.1:1\"\n",
+        )
+        .expect("write");
+        let s = Settings::from_file(&path).expect("parse");
+        assert_eq!(s.stripe.api_url, "http://127.0.0.1:8420");
+        assert_eq!(s.stripe.key_secret, "stripe_api_key");
+        assert_eq!(s.github.api_url, "http://127.0.0.1:1");
+        assert_eq!(s.github.key_secret, "github_token");
+        std::fs::write(&path, "[github]\nkey_secret = \"gh\"\n").expect("write");
+        let s = Settings::from_file(&path).expect("parse");
+        assert_eq!(s.github.api_url, "https://api.github.com");
+        assert_eq!(s.github.key_secret, "gh");
+        assert_eq!(s.stripe.key_secret, "stripe_api_key");
+        std::fs::write(&path, "[stripe]\napi_ur = \"x\"\n").expect("write");
+        let err = Settings::from_file(&path).expect_err("unknown key");
+        assert!(err.to_string().contains("api_ur"), "{err}");
+    }
+
+    #[test]
+    fn the_master_key_follows_data_dir_unless_set() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.toml");
+        std::fs::write(&path, "data_dir = \"/srv/tg\"\n").expect("write");
+        let mut s = Settings::from_file(&path).expect("parse");
+        assert_eq!(s.master_key_path(), Path::new("/srv/tg/master.key"));
+        s.apply_env(|k| (k == "THREADGATE_DATA_DIR").then(|| "/var/tg".to_owned()))
+            .expect("env");
+        assert_eq!(s.master_key_path(), Path::new("/var/tg/master.key"));
+        std::fs::write(
+            &path,
+            "data_dir = \"/srv/tg\"\nmaster_key_file = \"/etc/tg.key\"\n",
+        )
+        .expect("write");
+        let mut s = Settings::from_file(&path).expect("parse");
+        s.apply_env(|k| (k == "THREADGATE_DATA_DIR").then(|| "/var/tg".to_owned()))
+            .expect("env");
+        assert_eq!(s.master_key_path(), Path::new("/etc/tg.key"));
     }
 
     #[test]

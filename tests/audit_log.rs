@@ -409,3 +409,111 @@ fn event_names_round_trip() {
     }
     assert_eq!(AuditEvent::parse("exploded"), None);
 }
+
+async fn head(db: &Db) -> audit::Anchor {
+    db.read(|c| Ok(audit::anchor::head(c)))
+        .await
+        .expect("read")
+        .expect("head")
+}
+
+async fn extends(db: &Db, anchor: &audit::Anchor) -> Result<(), audit::AnchorError> {
+    let anchor = anchor.clone();
+    db.read(move |c| Ok(audit::anchor::extends(c, &anchor)))
+        .await
+        .expect("read")
+}
+
+#[tokio::test]
+async fn deleting_the_newest_rows_verifies_but_breaks_the_anchor() {
+    let (dir, db) = open_temp();
+    let empty = head(&db).await;
+    assert_eq!(empty.count, 0);
+    seed(&db).await;
+    let anchor = head(&db).await;
+    assert_eq!(anchor.count, 6);
+    let printed = anchor.to_string();
+    assert_eq!(printed.parse::<audit::Anchor>().expect("parse"), anchor);
+    extends(&db, &empty)
+        .await
+        .expect("a longer chain extends the empty anchor");
+    extends(&db, &anchor)
+        .await
+        .expect("the chain extends its own head");
+
+    // The anchor file: checked and advanced, then kept when the chain diverges.
+    let file = dir.path().join("audit.anchor");
+    let advanced = db
+        .read({
+            let file = file.clone();
+            move |c| Ok(audit::anchor::check_and_advance(c, &file))
+        })
+        .await
+        .expect("read")
+        .expect("first check");
+    assert_eq!(advanced, anchor);
+    append_all(&db, vec![record(AuditEvent::Requested, "ex-3", "th-3")]).await;
+    extends(&db, &anchor)
+        .await
+        .expect("a grown chain extends it");
+
+    tamper(&db, "DELETE FROM audit WHERE id >= 6").await;
+    assert_eq!(
+        verify(&db).await.expect("a shorter chain still verifies"),
+        5
+    );
+    let error = extends(&db, &anchor)
+        .await
+        .expect_err("the anchor catches it");
+    let text = error.to_string();
+    assert!(
+        text.contains("fewer than the anchor's 6") && text.contains(&printed),
+        "{text}"
+    );
+    let from_file = db
+        .read({
+            let file = file.clone();
+            move |c| Ok(audit::anchor::check_and_advance(c, &file))
+        })
+        .await
+        .expect("read");
+    assert!(matches!(
+        from_file,
+        Err(audit::AnchorError::Diverged { .. })
+    ));
+    let kept = audit::anchor::read_file(&file).expect("read file");
+    assert_eq!(kept, Some(anchor), "a diverged chain leaves the file alone");
+}
+
+#[tokio::test]
+async fn a_rewritten_tail_with_recomputed_hashes_breaks_the_anchor() {
+    let (_dir, db) = open_temp();
+    seed(&db).await;
+    let anchor = head(&db).await;
+    // Delete the last two rows and append two others: a valid chain of the same length.
+    tamper(&db, "DELETE FROM audit WHERE id >= 5").await;
+    append_all(
+        &db,
+        vec![
+            record(AuditEvent::Requested, "ex-9", "th-9"),
+            record(AuditEvent::Denied, "ex-9", "th-9"),
+        ],
+    )
+    .await;
+    assert_eq!(verify(&db).await.expect("valid chain"), 6);
+    let text = extends(&db, &anchor).await.expect_err("caught").to_string();
+    assert!(text.contains("row 6 has another hash"), "{text}");
+}
+
+#[test]
+fn malformed_anchors_are_refused_by_their_text() {
+    for bad in [
+        "",
+        "abc:1",
+        &format!("{}:x", "0".repeat(64)),
+        &format!("{}:-1", "0".repeat(64)),
+    ] {
+        let error = bad.parse::<audit::Anchor>().expect_err(bad);
+        assert!(error.to_string().contains("HASH:COUNT"), "{error}");
+    }
+}

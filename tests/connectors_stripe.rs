@@ -442,3 +442,27 @@ async fn the_key_never_appears_in_errors_or_debug_output() {
         assert!(!text.contains("do_not_print"), "{text}");
     }
 }
+
+/// Two localstripes at once keep their state apart: each writes its own state file
+/// (localstripe alone writes every instance's store to one shared /tmp file).
+#[tokio::test]
+async fn each_localstripe_keeps_its_own_state_file() {
+    let (one, two) = tokio::join!(
+        tokio::task::spawn_blocking(LocalStripe::start),
+        tokio::task::spawn_blocking(LocalStripe::start)
+    );
+    let (one, two) = (one.expect("first"), two.expect("second"));
+    assert_ne!(one.state_file(), two.state_file());
+    one.create_customer("only-in-one@example.com").await;
+    two.create_customer("only-in-two@example.com").await;
+    let contains =
+        |bytes: &[u8], text: &str| bytes.windows(text.len()).any(|w| w == text.as_bytes());
+    let first = std::fs::read(one.state_file()).expect("the first state file");
+    let second = std::fs::read(two.state_file()).expect("the second state file");
+    assert!(contains(&first, "only-in-one@example.com"));
+    assert!(!contains(&first, "only-in-two@example.com"));
+    assert!(contains(&second, "only-in-two@example.com"));
+    assert!(!contains(&second, "only-in-one@example.com"));
+    let listed = two.get("customers").await;
+    assert_eq!(listed["data"].as_array().map(Vec::len), Some(1), "{listed}");
+}

@@ -23,6 +23,8 @@ mod approvals;
 mod leaks;
 #[path = "gateway_e2e/limits.rs"]
 mod limits;
+#[path = "gateway_e2e/ops.rs"]
+mod ops;
 #[path = "gateway_e2e/queue.rs"]
 mod queue;
 #[path = "gateway_e2e/refund_evidence.rs"]

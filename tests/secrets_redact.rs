@@ -98,6 +98,26 @@ fn base64_of_the_value_is_found_in_every_engine_and_alignment() {
 }
 
 #[test]
+fn hex_of_the_value_is_found_in_either_case() {
+    let r = redactor(&[("stripe", STRIPE), ("password", PASSWORD)]);
+    for value in [STRIPE, PASSWORD] {
+        let lower = hex::encode(value);
+        for form in [lower.clone(), lower.to_ascii_uppercase()] {
+            let text = format!("dump: 0x{form} end");
+            assert!(r.find(text.as_bytes()).is_some(), "{form}");
+            let redacted = r.redact(&text);
+            assert!(!redacted.contains(&form), "{redacted}");
+            assert!(redacted.starts_with("dump: 0x[secret:"), "{redacted}");
+        }
+    }
+    // Hex of another value is not a match.
+    assert_eq!(
+        r.find(hex::encode("sk_live_other_value_123").as_bytes()),
+        None
+    );
+}
+
+#[test]
 fn url_encoded_values_are_found_whatever_the_encoder_escapes() {
     let r = redactor(&[("password", PASSWORD), ("stripe", STRIPE)]);
     let styles = [

@@ -486,3 +486,69 @@ fn prepare_and_commit_time_for_a_small_repo() {
         committing / rounds
     );
 }
+
+/// A granted value written in any form the gateway's scanner knows (base64 in both
+/// alphabets and at any offset, hex in both cases, URL- and JSON-escaped) keeps its file
+/// off the branch, as the raw value does.
+#[test]
+fn encoded_secrets_are_left_out_too() {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+    let fx = Fixture::new();
+    let wt = fx.ws.prepare("th_enc").unwrap();
+    let value = "sk_live_9x\"q\\z/+?~>>SECRET";
+    let url: String = value
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    let json_escaped = serde_json::to_string(value).unwrap();
+    let forms: Vec<(&str, String)> = vec![
+        (
+            "b64.txt",
+            format!(
+                "Authorization: Basic {}",
+                STANDARD.encode(format!("user:{value}"))
+            ),
+        ),
+        ("b64url.txt", URL_SAFE_NO_PAD.encode(format!("x{value}"))),
+        ("hex.txt", format!("key = 0x{}", hex::encode(value))),
+        ("HEX.txt", hex::encode_upper(value)),
+        ("url.txt", format!("https://h.test/?k={url}")),
+        ("json.json", format!("{{\"key\": {json_escaped}}}")),
+    ];
+    for (name, content) in &forms {
+        assert!(
+            !content.contains(value),
+            "{name} must hold an encoding only"
+        );
+        fs::write(wt.path.join(name), content).unwrap();
+    }
+    fs::write(wt.path.join("clean.txt"), b"nothing here\n").unwrap();
+    let outcome = fx
+        .ws
+        .commit("th_enc", &[("STRIPE_KEY", value.as_bytes())])
+        .unwrap();
+    let tree = fx.tree_of(fx.tip("th_enc"));
+    assert!(tree.contains_key("clean.txt"));
+    for (name, content) in &forms {
+        assert!(
+            !tree.contains_key(*name),
+            "{name} ({content}) reached the branch"
+        );
+        assert!(
+            outcome.skipped.iter().any(|s| s.path == Path::new(name)
+                && s.reason
+                    == SkipReason::ContainsSecret {
+                        secret: "STRIPE_KEY".into()
+                    }),
+            "{name}: {:?}",
+            outcome.skipped
+        );
+    }
+}

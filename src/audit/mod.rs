@@ -5,18 +5,21 @@
 //! stores `hash = SHA-256(prev_hash || canonical encoding of its fields)`, where
 //! `prev_hash` is the previous row's hash (32 zero bytes for the first row), and ids run
 //! 1, 2, 3, ... without gaps. SQLite triggers refuse `UPDATE` and `DELETE`; [`verify`]
-//! detects a row changed or removed behind their back (truncating the newest rows leaves
-//! a valid shorter chain: anchor the last hash elsewhere to catch that).
+//! detects a row changed or removed behind their back. Truncating the newest rows leaves
+//! a valid shorter chain: [`anchor`] keeps the head (last hash and row count) outside
+//! the database and checks that the chain still extends it.
 //!
 //! Every text field is passed through the [`Redactor`] before it is stored, whatever the
 //! caller already did: no secret value reaches this table.
 
+pub mod anchor;
 mod chain;
 mod table;
 
 use rusqlite::{Connection, OptionalExtension as _, Row, params};
 use serde_json::Value;
 
+pub use anchor::{Anchor, AnchorError};
 pub use table::format_table;
 
 use crate::secrets::Redactor;

@@ -52,7 +52,10 @@ pub fn lint(config: &ConfigArgs, dir: &Path) -> ExitCode {
 
 /// Runs the scripted model server (not a real model) until the process stops.
 pub fn scripted_model(args: &ScriptedModelArgs) -> ExitCode {
-    crate::telemetry::init();
+    if let Err(e) = crate::telemetry::init() {
+        eprintln!("threadgate: {e}");
+        return ExitCode::FAILURE;
+    }
     let served = tokio::runtime::Runtime::new()
         .and_then(|rt| rt.block_on(crate::model::scripted::ScriptedModel::serve(args.listen)));
     match served {

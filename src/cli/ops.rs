@@ -83,19 +83,44 @@ pub struct AuditArgs {
     /// The newest N rows.
     #[arg(long)]
     pub limit: Option<usize>,
-    /// Check the hash chain instead of printing.
+    /// Check the hash chain instead of printing; prints the head (HASH:COUNT) to keep,
+    /// checks the anchor file and advances it.
     #[arg(long)]
     pub verify: bool,
+    /// With --verify: an anchor printed earlier (HASH:COUNT) the chain must still extend.
+    #[arg(long, value_name = "HASH:COUNT", requires = "verify")]
+    pub anchor: Option<String>,
+    /// With --verify: the anchor file to check and advance (default: the setting
+    /// `audit_anchor_file`, else audit.anchor in the data directory).
+    #[arg(long, value_name = "PATH", requires = "verify")]
+    pub anchor_file: Option<PathBuf>,
 }
 
 fn finish(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_text(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes joined with `: `, leaving out a cause whose text the message
+/// already holds (many errors print their source in their own message too).
+fn error_text(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let part = cause.to_string();
+        if text.contains(&part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
+    }
+    text
 }
 
 fn open(config: &ConfigArgs) -> anyhow::Result<(Settings, Db)> {
@@ -106,8 +131,8 @@ fn open(config: &ConfigArgs) -> anyhow::Result<(Settings, Db)> {
 
 /// `threadgate serve`: runs until SIGINT or SIGTERM.
 pub fn serve(config: &ConfigArgs) -> ExitCode {
-    crate::telemetry::init();
     finish((|| {
+        crate::telemetry::init().map_err(anyhow::Error::msg)?;
         let settings = Settings::load(config.config.as_deref())?;
         let runtime = tokio::runtime::Runtime::new()?;
         runtime.block_on(async move {
@@ -135,34 +160,50 @@ async fn shutdown_signal() {
     }
 }
 
+/// The `sessions list` table: thread, session id, state, container, age, branch, and
+/// the session's socket (where its agent reaches the gateway).
+fn sessions_table(settings: &Settings, rows: &[sessions::SessionRow], now_ms: i64) -> String {
+    use std::fmt::Write as _;
+    let mut out = format!(
+        "{:<32} {:<16} {:<9} {:<12} {:<10} {:<44} socket\n",
+        "thread", "session", "state", "container", "age", "branch"
+    );
+    for r in rows {
+        let container = r
+            .container_id
+            .as_deref()
+            .map_or("-", |c| &c[..c.len().min(12)]);
+        let age = humantime::format_duration(std::time::Duration::from_secs(
+            ((now_ms - r.created_at_ms).max(0) / 1000) as u64,
+        ));
+        let socket = settings
+            .sockets_dir()
+            .join(&r.session_id)
+            .join(crate::gateway::SOCKET_NAME);
+        let _ = writeln!(
+            out,
+            "{:<32} {:<16} {:<9} {:<12} {:<10} {:<44} {}",
+            r.thread_id,
+            r.session_id,
+            r.state.as_str(),
+            container,
+            age.to_string(),
+            r.branch,
+            socket.display()
+        );
+    }
+    out
+}
+
 /// `threadgate sessions ...`
 pub fn sessions(config: &ConfigArgs, cmd: &SessionsCommand) -> ExitCode {
     finish((|| {
-        let (_, db) = open(config)?;
+        let (settings, db) = open(config)?;
         match cmd {
             SessionsCommand::List => {
                 let rows = db.read_blocking(sessions::list)?;
                 let now = chrono::Utc::now().timestamp_millis();
-                println!(
-                    "{:<32} {:<9} {:<14} {:<44} age",
-                    "thread", "state", "container", "branch"
-                );
-                for r in rows {
-                    let container = r
-                        .container_id
-                        .as_deref()
-                        .map_or("-", |c| &c[..c.len().min(12)]);
-                    let age = humantime::format_duration(std::time::Duration::from_secs(
-                        ((now - r.created_at_ms).max(0) / 1000) as u64,
-                    ));
-                    println!(
-                        "{:<32} {:<9} {:<14} {:<44} {age}",
-                        r.thread_id,
-                        r.state.as_str(),
-                        container,
-                        r.branch
-                    );
-                }
+                print!("{}", sessions_table(&settings, &rows, now));
                 Ok(())
             }
             SessionsCommand::Stop { thread } => {
@@ -265,15 +306,38 @@ pub fn reviewers(config: &ConfigArgs, cmd: &ReviewersCommand) -> ExitCode {
     })())
 }
 
+/// `threadgate audit --verify`: the whole chain, then the anchor given and the anchor
+/// file; only when all hold is the file advanced to the current head.
+fn verify_audit(settings: &Settings, db: &Db, args: &AuditArgs) -> anyhow::Result<()> {
+    let given: Option<audit::Anchor> = args.anchor.as_deref().map(str::parse).transpose()?;
+    let file = args
+        .anchor_file
+        .clone()
+        .unwrap_or_else(|| settings.audit_anchor_path());
+    let checked = db.read_blocking(move |c| {
+        Ok((|| -> anyhow::Result<(usize, audit::Anchor)> {
+            let rows = audit::verify(c)?;
+            if let Some(anchor) = &given {
+                audit::anchor::extends(c, anchor)?;
+            }
+            let head = audit::anchor::check_and_advance(c, &file)
+                .with_context(|| format!("checking anchor file {}", file.display()))?;
+            Ok((rows, head))
+        })())
+    })?;
+    let (rows, head) = checked?;
+    println!("audit chain intact: {rows} rows");
+    println!("head: {head}");
+    println!("keep it; later: threadgate audit --verify --anchor {head}");
+    Ok(())
+}
+
 /// `threadgate audit ...`
 pub fn audit(config: &ConfigArgs, args: &AuditArgs) -> ExitCode {
     finish((|| {
-        let (_, db) = open(config)?;
+        let (settings, db) = open(config)?;
         if args.verify {
-            let checked = db.read_blocking(|c| Ok(audit::verify(c)))?;
-            let rows = checked?;
-            println!("audit chain intact: {rows} rows");
-            return Ok(());
+            return verify_audit(&settings, &db, args);
         }
         let event = match &args.event {
             Some(name) => Some(

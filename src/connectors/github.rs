@@ -147,7 +147,6 @@ impl GithubConnector {
 
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<Value, ConnectorError> {
         let request = request
-            .bearer_auth(self.token.expose())
             .header("Accept", "application/vnd.github+json")
             .header("X-GitHub-Api-Version", API_VERSION);
         let response = http::send(request, &self.token).await?;

@@ -58,14 +58,17 @@ pub(crate) fn build_client(timeout: Duration) -> Result<Client, ConfigError> {
         .map_err(|error| ConfigError::Client(error_chain(&error)))
 }
 
-/// Sends `request` and reads the whole answer. Transport failures become
+/// Sends `request` with `Authorization: Bearer <secret>` (the credential's current
+/// value) and reads the whole answer. Transport failures become
 /// [`ConnectorError::Unreachable`] when nothing can have been sent and
 /// [`ConnectorError::Unknown`] otherwise; any text is scrubbed of `secret`.
 pub(crate) async fn send(
     request: RequestBuilder,
     secret: &Credential,
 ) -> Result<HttpResponse, ConnectorError> {
+    let key = secret.resolve().await?;
     let response = request
+        .bearer_auth(&*key)
         .send()
         .await
         .map_err(|error| classify_send_error(&error, secret))?;

@@ -21,9 +21,10 @@ pub mod github;
 pub mod helpdesk;
 mod http;
 mod rate_limit;
+pub mod setup;
 pub mod stripe;
 
-pub use credential::Credential;
+pub use credential::{Credential, CredentialSource};
 pub use error::{ConfigError, ConnectorError};
 pub use github::GithubConnector;
 pub use helpdesk::HelpdeskConnector;

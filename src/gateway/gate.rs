@@ -16,7 +16,7 @@ use crate::connectors::{
     CallContext, Connector, ConnectorError, GithubConnector, HelpdeskConnector, StripeConnector,
 };
 use crate::policy::{Catalog, Evidence, LimitHistory, Policy, Risk, Verdict};
-use crate::secrets::Redactor;
+use crate::secrets::{Redactor, RedactorSource};
 use crate::session::{AgentBook, SessionScope, SupervisorHandle};
 use crate::store::Db;
 
@@ -112,6 +112,9 @@ pub struct Gate {
     pub catalog: Catalog,
     pub connectors: Connectors,
     pub redactor: RwLock<Arc<Redactor>>,
+    /// Rebuilds `redactor` when a secret was set or deleted (checked before each call
+    /// and before a result is redacted); `None` keeps `redactor` as it is.
+    pub redactor_source: Option<RedactorSource>,
     pub agents: Arc<AgentBook>,
     pub public_url: String,
     pub clock: crate::session::Clock,
@@ -164,6 +167,14 @@ impl Gate {
             .clone()
     }
 
+    /// Brings `redactor` up to date with the secret store (one small read when nothing
+    /// changed), so a secret stored a moment ago is already found.
+    pub async fn refresh_redactor(&self) {
+        if let Some(source) = &self.redactor_source {
+            source.refresh(&self.redactor).await;
+        }
+    }
+
     /// The link a person follows to a held call (a pointer: using it needs a reviewer's
     /// credential).
     pub fn approval_url(&self, execution_id: &str) -> String {
@@ -204,6 +215,7 @@ impl Gate {
                 "args must be a JSON object".into(),
             );
         };
+        self.refresh_redactor().await;
         let redactor = self.current_redactor();
         if let Some(name) = secret_in(&redactor, &args, req.diagnosis.as_deref()) {
             self.audit_refusal(scope, &req.tool, &format!("secret {name} in arguments"))
@@ -501,6 +513,7 @@ impl Gate {
             tokio::time::sleep(std::time::Duration::from_millis(200 * retries)).await;
             outcome = connector.call(&exec.tool, &args, &ctx).await;
         }
+        self.refresh_redactor().await;
         let redactor = self.current_redactor();
         let reply = match outcome {
             Ok(mut result) => {

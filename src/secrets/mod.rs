@@ -14,11 +14,13 @@
 
 mod cipher;
 mod key;
+mod live;
 mod redact;
 mod store;
 mod value;
 
 pub use key::{KeyError, KeySource, MASTER_KEY_LEN, MasterKey};
+pub use live::RedactorSource;
 pub use redact::{MIN_SECRET_LEN, Redactor};
 pub use store::{MAX_SECRET_LEN, SecretMeta, SecretStore, Written};
 pub use value::{SecretBytes, SecretString};

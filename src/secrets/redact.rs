@@ -11,6 +11,9 @@
 //!   match is redacted together with the whole run of base64 characters around it, so
 //!   no partial character of the value is left behind.
 //!
+//! - hex, lowercase and uppercase (two digits per byte, so one needle per case matches
+//!   at any position).
+//!
 //! URL encoding is handled by decoding the haystack instead of by needles, so every
 //! encoder's choice of which characters to escape and hex case is covered: when the text
 //! holds a `%` it is also searched percent-decoded, and when some secret contains a
@@ -19,7 +22,7 @@
 //!
 //! Redaction replaces every match, overlapping ones included (two secrets sharing
 //! characters are covered by one `[secret:NAME]`).
-//! Not covered: hex, double URL encoding, and other transformations (compression,
+//! Not covered: hex of mixed case, double URL encoding, and other transformations (compression,
 //! encryption, splitting a value across fields).
 
 use std::borrow::Cow;
@@ -41,7 +44,7 @@ pub const MIN_SECRET_LEN: usize = 6;
 /// needles of at least this length at every alignment.
 const MIN_ENCODED_NEEDLE: usize = 7;
 
-/// Finds and replaces stored secret values (raw, JSON-escaped, base64, URL-encoded).
+/// Finds and replaces stored secret values (raw, JSON-escaped, base64, hex, URL-encoded).
 ///
 /// Cheap to clone (the automaton is shared). `Debug` prints names only.
 #[derive(Clone, Default)]
@@ -317,11 +320,14 @@ fn widen_to_chars(text: &str, mut start: usize, mut end: usize) -> (usize, usize
     (start, end)
 }
 
-/// Every needle for one value, each with whether it is base64: raw, JSON-escaped, and
-/// alignment-independent base64.
+/// Every needle for one value, each with whether it is base64: raw, JSON-escaped, hex
+/// (both cases), and alignment-independent base64.
 fn needles_for(value: &str) -> Vec<(Vec<u8>, bool)> {
     let raw = value.as_bytes();
     let mut needles = vec![(raw.to_vec(), false)];
+    let hex_lower = hex::encode(raw);
+    needles.push((hex_lower.to_ascii_uppercase().into_bytes(), false));
+    needles.push((hex_lower.into_bytes(), false));
     if let Ok(quoted) = serde_json::to_string(value) {
         let escaped = &quoted[1..quoted.len() - 1];
         if escaped != value {

@@ -178,6 +178,12 @@ impl SecretStore {
         self.db.read_blocking(|c| all_values(c, &self.key))?
     }
 
+    /// A counter that changes with every `set` or `delete` (from any process on the same
+    /// database): caches of stored values compare it to know when to read again.
+    pub async fn generation(&self) -> Result<u64, SecretsError> {
+        Ok(self.db.read(read_generation).await?)
+    }
+
     /// A [`Redactor`] over every stored value.
     pub async fn redactor(&self) -> Result<Redactor, SecretsError> {
         Redactor::new(self.all_values().await?)
@@ -222,6 +228,7 @@ impl SecretStore {
                     now
                 ],
             )?;
+            bump_generation(c)?;
             Ok(Ok(if existed {
                 Written::Updated
             } else {
@@ -356,6 +363,31 @@ fn list_meta(c: &Connection) -> rusqlite::Result<Vec<SecretMeta>> {
     Ok(metas)
 }
 
+/// The `meta` key of the counter every write of a value bumps.
+const GENERATION_KEY: &str = "secrets_generation";
+
+/// Bumps the generation counter, inside the writing transaction.
+fn bump_generation(c: &Connection) -> rusqlite::Result<()> {
+    c.execute(
+        "INSERT INTO meta (key, value) VALUES (?1, '1')
+         ON CONFLICT (key) DO UPDATE SET value = CAST(value AS INTEGER) + 1",
+        [GENERATION_KEY],
+    )?;
+    Ok(())
+}
+
+/// The generation counter (0 before the first write).
+fn read_generation(c: &Connection) -> rusqlite::Result<u64> {
+    let value: Option<String> = c
+        .query_row(
+            "SELECT value FROM meta WHERE key = ?1",
+            [GENERATION_KEY],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok(value.and_then(|v| v.parse().ok()).unwrap_or(0))
+}
+
 fn delete_job(
     name: &str,
 ) -> Result<impl FnOnce(&Connection) -> Job<()> + Send + 'static, SecretsError> {
@@ -366,6 +398,9 @@ fn delete_job(
         // correct on a connection without `foreign_keys`.
         c.execute("DELETE FROM secret_grants WHERE secret = ?1", [&name])?;
         let deleted = c.execute("DELETE FROM secrets WHERE name = ?1", [&name])?;
+        if deleted > 0 {
+            bump_generation(c)?;
+        }
         Ok(if deleted == 0 {
             Err(SecretsError::NotFound { name })
         } else {

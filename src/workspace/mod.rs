@@ -21,7 +21,8 @@
 //! found in the worktree), walks the worktree with `openat`/`O_NOFOLLOW` so that no
 //! symlink is ever followed and no swapped path can redirect the walk, builds the tree
 //! itself (`.git` skipped at every level, symlinks stored as links, files containing a
-//! secret value left out and reported), writes the commit without touching any ref, and
+//! secret value in any form the gateway's redactor finds, raw or encoded, left out and
+//! reported), writes the commit without touching any ref, and
 //! then moves only `refs/heads/threadgate/<thread-id>` with a compare-and-swap against
 //! the tip it started from. libgit2 never runs hooks, and nothing reads configuration,
 //! attributes or filters from the worktree. The default branch is never written: it
@@ -224,7 +225,9 @@ impl Workspaces {
     /// Commits the thread's worktree onto its branch and moves only that branch.
     ///
     /// `secrets` are `(name, value)` pairs; a file whose content, symlink target or name
-    /// contains a value is left out and reported by name. Empty values are ignored.
+    /// contains a value (raw, or base64, hex, URL- or JSON-escaped: the gateway's
+    /// [`crate::secrets::Redactor`]) is left out and reported by name. Empty values are
+    /// ignored.
     /// Returns `commit: None` when the tree equals the branch tip's tree.
     pub fn commit(
         &self,

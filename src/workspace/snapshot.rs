@@ -16,6 +16,7 @@ use aho_corasick::AhoCorasick;
 use git2::{Oid, Repository, Tree, TreeEntry};
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 
+use crate::secrets::{MIN_SECRET_LEN, Redactor, SecretString};
 use crate::workspace::names::{self, NameProblem};
 use crate::workspace::{SkipReason, SkippedFile, WorkspaceError};
 
@@ -32,28 +33,50 @@ const MODE_EXEC: i32 = 0o100755;
 const MODE_LINK: i32 = 0o120000;
 const MODE_GITLINK: i32 = 0o160000;
 
-/// Finds secret values in bytes and says which secret matched. Deliberately not
-/// `Debug`: the matcher holds the values.
+/// Finds secret values in bytes and says which secret matched: the gateway's
+/// [`Redactor`] (raw, JSON-escaped, base64 either alphabet, hex, URL-encoded), plus a raw
+/// match for values the redactor cannot take (shorter than [`MIN_SECRET_LEN`], or not
+/// UTF-8), so that no granted value reaches a branch in a form the gateway would catch.
+/// Deliberately not `Debug`: the matchers hold the values.
 pub(crate) struct SecretScanner {
-    matcher: AhoCorasick,
-    names: Vec<String>,
+    redactor: Redactor,
+    raw: Option<(AhoCorasick, Vec<String>)>,
 }
 
 impl SecretScanner {
     /// Compiles the non-empty values; `None` when there is nothing to look for.
     pub(crate) fn new(secrets: &[(&str, &[u8])]) -> Result<Option<Self>, String> {
-        let used: Vec<_> = secrets.iter().filter(|(_, v)| !v.is_empty()).collect();
-        if used.is_empty() {
+        let mut encoded = Vec::new();
+        let mut raw: Vec<(&str, &[u8])> = Vec::new();
+        for (name, value) in secrets.iter().filter(|(_, v)| !v.is_empty()) {
+            match std::str::from_utf8(value) {
+                Ok(text) if value.len() >= MIN_SECRET_LEN => {
+                    encoded.push(((*name).to_owned(), SecretString::from(text)));
+                }
+                _ => raw.push((name, value)),
+            }
+        }
+        if encoded.is_empty() && raw.is_empty() {
             return Ok(None);
         }
-        let matcher = AhoCorasick::new(used.iter().map(|(_, v)| v)).map_err(|e| e.to_string())?;
-        let names = used.iter().map(|(n, _)| (*n).to_owned()).collect();
-        Ok(Some(SecretScanner { matcher, names }))
+        let redactor = Redactor::new(encoded).map_err(|e| e.to_string())?;
+        let raw = if raw.is_empty() {
+            None
+        } else {
+            let matcher =
+                AhoCorasick::new(raw.iter().map(|(_, v)| v)).map_err(|e| e.to_string())?;
+            Some((matcher, raw.iter().map(|(n, _)| (*n).to_owned()).collect()))
+        };
+        Ok(Some(SecretScanner { redactor, raw }))
     }
 
     fn find(&self, haystack: &[u8]) -> Option<&str> {
-        let found = self.matcher.find(haystack)?;
-        Some(self.names[found.pattern().as_usize()].as_str())
+        if let Some(name) = self.redactor.find(haystack) {
+            return Some(name);
+        }
+        let (matcher, names) = self.raw.as_ref()?;
+        let found = matcher.find(haystack)?;
+        Some(names[found.pattern().as_usize()].as_str())
     }
 }
 

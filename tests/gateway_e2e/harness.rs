@@ -204,7 +204,7 @@ impl World {
 
     /// The master key file's contents (a secret too).
     pub fn master_key_text(&self) -> String {
-        std::fs::read_to_string(&self.settings.master_key_file).expect("master key")
+        std::fs::read_to_string(self.settings.master_key_path()).expect("master key")
     }
 
     /// Opens a session the way Plain does: the thread exists in Plain, then a signed

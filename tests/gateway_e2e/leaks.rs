@@ -2,7 +2,7 @@
 //! secret in its arguments, and meets a Plain that echoes the credential back in its
 //! errors, every secret value used is searched for in the captured logs, the database
 //! files, everything the Plain fake received, and every answer the agent got: zero
-//! hits, in raw, base64 and URL-encoded form.
+//! hits, in raw, base64, hex and URL-encoded form.
 
 use base64::Engine as _;
 use serde_json::{Value, json};
@@ -18,6 +18,8 @@ fn forms(value: &str) -> Vec<String> {
         value.to_owned(),
         b64.encode(value),
         url.encode(value),
+        hex::encode(value),
+        hex::encode_upper(value),
         value
             .bytes()
             .map(|b| {

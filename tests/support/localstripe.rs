@@ -20,11 +20,13 @@ use serde_json::Value;
 /// A key localstripe accepts (any `sk_…` key does).
 pub const TEST_KEY: &str = "sk_test_threadgate_localstripe_4f9c2";
 
-/// A running localstripe, killed on drop.
+/// A running localstripe, killed on drop. Its state file is its own (in a temporary
+/// directory removed on drop), never localstripe's shared `/tmp/localstripe.pickle`.
 pub struct LocalStripe {
     child: Child,
     port: u16,
     http: reqwest::Client,
+    state: tempfile::TempDir,
 }
 
 impl LocalStripe {
@@ -44,7 +46,13 @@ impl LocalStripe {
             script.display()
         );
         let port = free_port();
+        let state = tempfile::Builder::new()
+            .prefix("localstripe-")
+            .tempdir()
+            .expect("localstripe state directory");
         let child = Command::new(&python)
+            .env("LOCALSTRIPE_PICKLE", state.path().join("state.pickle"))
+            .arg(repo.join("scripts/localstripe_isolated.py"))
             .arg(&script)
             .args(["--port", &port.to_string(), "--from-scratch"])
             .stdin(Stdio::null())
@@ -56,9 +64,15 @@ impl LocalStripe {
             child,
             port,
             http: reqwest::Client::new(),
+            state,
         };
         stripe.wait_until_ready();
         stripe
+    }
+
+    /// The file this instance keeps its state in.
+    pub fn state_file(&self) -> PathBuf {
+        self.state.path().join("state.pickle")
     }
 
     /// The base URL to give the connector.

@@ -318,11 +318,7 @@ impl HelpdeskConnector {
     async fn execute(&self, document: &str, variables: Value) -> Result<Value, ConnectorError> {
         let body = json!({"query": document, "variables": variables});
         retry_rate_limited(self.retry, || async {
-            let request = self
-                .client
-                .post(self.endpoint.clone())
-                .bearer_auth(self.key.expose())
-                .json(&body);
+            let request = self.client.post(self.endpoint.clone()).json(&body);
             let answer = http::send(request, &self.key).await?;
             response::interpret(answer, &self.key)
         })

@@ -423,7 +423,7 @@ impl StripeConnector {
             Request::Post(form) => self.client.post(url).form(&form),
             Request::Delete => self.client.delete(url),
         };
-        let mut builder = builder.bearer_auth(self.key.expose());
+        let mut builder = builder;
         if let Some(ctx) = ctx {
             builder = builder.header("Idempotency-Key", ctx.idempotency_key());
         }

@@ -1,0 +1,204 @@
+//! Anchoring the head of the audit chain outside the database, so that deleting the
+//! newest rows (which leaves a valid, shorter chain) is detected.
+//!
+//! An [`Anchor`] is the hash of row `count` and `count`, written `HEX:COUNT`.
+//! `threadgate audit --verify` prints the current head for the operator to keep, checks
+//! an anchor given on the command line, and checks and then advances the anchor file
+//! (`audit_anchor_file`, by default `audit.anchor` in the data directory). The server
+//! does the same with the anchor file at start and every minute. A chain that does not
+//! extend an anchor is reported and the anchor file is left as it was, as evidence.
+
+use std::fmt;
+use std::io::Write as _;
+use std::path::Path;
+use std::str::FromStr;
+
+use rusqlite::{Connection, OptionalExtension as _};
+
+use super::AuditError;
+
+/// The head of the chain at some moment: `count` rows, the last one with `hash`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Anchor {
+    /// The hash of row `count` (32 zero bytes for an empty chain).
+    pub hash: [u8; 32],
+    /// The number of rows.
+    pub count: i64,
+}
+
+impl fmt::Display for Anchor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", hex::encode(self.hash), self.count)
+    }
+}
+
+/// Errors reading an anchor or checking the chain against one.
+#[derive(Debug, thiserror::Error)]
+pub enum AnchorError {
+    /// Not `HEX:COUNT` with 64 hex digits and a count of zero or more.
+    #[error(
+        "invalid audit anchor {text:?}: expected HASH:COUNT (64 hex digits, a colon, a row count)"
+    )]
+    Malformed {
+        /// The text given (hashes are not secret).
+        text: String,
+    },
+    /// The chain no longer extends the anchor.
+    #[error("the audit chain does not extend anchor {anchor}: {reason}")]
+    Diverged {
+        /// The anchor checked.
+        anchor: Anchor,
+        /// What was found instead.
+        reason: String,
+    },
+    /// The anchor file could not be read or written.
+    #[error("audit anchor file {path}: {source}")]
+    File {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The chain itself failed to verify or could not be read.
+    #[error(transparent)]
+    Audit(#[from] AuditError),
+}
+
+impl FromStr for Anchor {
+    type Err = AnchorError;
+
+    fn from_str(text: &str) -> Result<Anchor, AnchorError> {
+        let malformed = || AnchorError::Malformed {
+            text: text.trim().to_owned(),
+        };
+        let (hash, count) = text.trim().split_once(':').ok_or_else(malformed)?;
+        let mut bytes = [0u8; 32];
+        hex::decode_to_slice(hash, &mut bytes).map_err(|_| malformed())?;
+        let count: i64 = count.parse().map_err(|_| malformed())?;
+        if count < 0 || (count == 0 && bytes != [0; 32]) {
+            return Err(malformed());
+        }
+        Ok(Anchor { hash: bytes, count })
+    }
+}
+
+/// The current head: the last row's id and hash (an empty chain is `0…0:0`).
+pub fn head(conn: &Connection) -> Result<Anchor, AuditError> {
+    let last: Option<(i64, Vec<u8>)> = conn
+        .query_row(
+            "SELECT id, hash FROM audit ORDER BY id DESC LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    let Some((count, hash)) = last else {
+        return Ok(Anchor {
+            hash: [0; 32],
+            count: 0,
+        });
+    };
+    let hash: [u8; 32] = hash.try_into().map_err(|_| AuditError::Broken {
+        id: count,
+        reason: "its hash is not 32 bytes".into(),
+    })?;
+    Ok(Anchor { hash, count })
+}
+
+/// Checks that the chain still holds row `anchor.count` with `anchor.hash` (so nothing
+/// at or before the anchor was deleted or rewritten). Cheap: one row is read. Combine
+/// with [`super::verify`], which checks that every row links to the one before.
+pub fn extends(conn: &Connection, anchor: &Anchor) -> Result<(), AnchorError> {
+    if anchor.count == 0 {
+        return Ok(());
+    }
+    let diverged = |reason: String| AnchorError::Diverged {
+        anchor: anchor.clone(),
+        reason,
+    };
+    let row: Option<Vec<u8>> = conn
+        .query_row(
+            "SELECT hash FROM audit WHERE id = ?1",
+            [anchor.count],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(AuditError::from)?;
+    match row {
+        Some(hash) if hash == anchor.hash => Ok(()),
+        Some(_) => Err(diverged(format!(
+            "row {} has another hash: the chain was rewritten",
+            anchor.count
+        ))),
+        None => {
+            let now = head(conn)?.count;
+            Err(diverged(format!(
+                "the chain has {now} rows, fewer than the anchor's {}: the newest rows were deleted",
+                anchor.count
+            )))
+        }
+    }
+}
+
+/// The anchor stored in `path`, or `None` when the file does not exist.
+pub fn read_file(path: &Path) -> Result<Option<Anchor>, AnchorError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text.parse()?)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(file_error(path, source)),
+    }
+}
+
+/// Replaces the anchor in `path` (written to a temporary file, synced, then renamed;
+/// mode 0600).
+pub fn write_file(path: &Path, anchor: &Anchor) -> Result<(), AnchorError> {
+    let tmp = path.with_extension("anchor.tmp");
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        options.mode(0o600);
+    }
+    let written = (|| {
+        let mut file = options.open(&tmp)?;
+        writeln!(file, "{anchor}")?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    written.map_err(|source| file_error(path, source))
+}
+
+/// Checks the chain against the anchor file (when there is one) and then advances the
+/// file to the current head. Returns the head. On a divergence the file is left as it
+/// was.
+pub fn check_and_advance(conn: &Connection, path: &Path) -> Result<Anchor, AnchorError> {
+    if let Some(kept) = read_file(path)? {
+        extends(conn, &kept)?;
+    }
+    let now = head(conn)?;
+    write_file(path, &now)?;
+    Ok(now)
+}
+
+fn file_error(path: &Path, source: std::io::Error) -> AnchorError {
+    AnchorError::File {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// The server's side: checks and advances the anchor file now and then every `every`.
+/// A divergence is logged as an error at each round (the file keeps the old anchor).
+pub async fn keep(db: crate::store::Db, path: std::path::PathBuf, every: std::time::Duration) {
+    loop {
+        let file = path.clone();
+        match db.read(move |c| Ok(check_and_advance(c, &file))).await {
+            Ok(Ok(anchor)) => tracing::debug!(%anchor, "audit anchor advanced"),
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, path = %path.display(), "audit anchor check failed")
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read the audit log for its anchor"),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
