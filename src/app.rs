@@ -225,7 +225,12 @@ impl Application {
         let router = axum::Router::new()
             .route("/healthz", axum::routing::get(|| async { "ok" }))
             .merge(intake_router)
-            .merge(approvals::http::router(approvals.clone()));
+            .merge(approvals::http::router(approvals.clone()))
+            .merge(crate::review::router(crate::review::ReviewState::new(
+                approvals.clone(),
+                &settings.public_url,
+                settings.plain.thread_url.clone(),
+            )));
 
         let mut background = Vec::new();
         let sup = handle.clone();
@@ -280,7 +285,11 @@ impl Application {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         tracing::info!(addr = %self.addr, instance = %self.instance_id, "threadgate serving");
-        axum::serve(self.listener, self.router)
+        // Peers' addresses feed the sign-in and credential throttles.
+        let service = self
+            .router
+            .into_make_service_with_connect_info::<SocketAddr>();
+        axum::serve(self.listener, service)
             .with_graceful_shutdown(shutdown)
             .await?;
         self.supervisor.shutdown();

@@ -13,6 +13,7 @@ pub mod config;
 pub mod connectors;
 pub mod gateway;
 pub mod policy;
+pub mod review;
 pub mod sandbox;
 pub mod secrets;
 pub mod session;

@@ -8,10 +8,13 @@
 //! idempotency key derived from the execution id; a call to a provider without one whose
 //! outcome is unknown after a crash is marked `needs_check` for a person, never re-sent.
 
+pub mod hasher;
 pub mod http;
+pub mod narrow;
 pub mod outbox;
 pub mod reviewers;
 pub mod store;
+pub mod throttle;
 
 use std::sync::Arc;
 use std::time::Instant;

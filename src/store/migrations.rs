@@ -43,6 +43,10 @@ const MIGRATIONS: &[Migration] = &[
         name: "0007_executions",
         sql: include_str!("migrations/0007_executions.sql"),
     },
+    Migration {
+        name: "0008_review",
+        sql: include_str!("migrations/0008_review.sql"),
+    },
 ];
 
 /// Applies every migration newer than the database's `user_version`, each in its own
