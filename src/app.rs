@@ -36,6 +36,8 @@ pub struct Application {
     pub addr: SocketAddr,
     pub db: Db,
     pub gate: Arc<Gate>,
+    /// The reviewers' bounded password-hashing pool (its counters are observable).
+    pub hasher: Arc<crate::approvals::hasher::Hasher>,
     pub supervisor: SupervisorHandle,
     pub instance_id: String,
     sockets: Arc<SocketHost>,
@@ -172,7 +174,7 @@ impl Application {
             outbox: Notify::new(),
             supervisor: OnceLock::new(),
         });
-        let approvals = Approvals { gate: gate.clone() };
+        let approvals = Approvals::new(gate.clone());
         // Before the supervisor can open a session socket: only calls a previous run
         // left behind are recovered, never one a session makes now.
         let leftovers = approvals.leftovers().await;
@@ -271,6 +273,7 @@ impl Application {
             addr,
             db,
             gate,
+            hasher: approvals.hasher.clone(),
             supervisor: handle,
             instance_id,
             sockets,

@@ -17,9 +17,9 @@ use tokio::sync::Semaphore;
 
 use crate::secrets::SecretString;
 
-/// Hashes computed at once by the server's [`Hasher::global`].
+/// Hashes computed at once by the server's pool.
 pub const GLOBAL_PERMITS: usize = 2;
-/// Callers that may wait for a turn on the server's [`Hasher::global`].
+/// Callers that may wait for a turn on the server's pool.
 pub const GLOBAL_MAX_WAITING: usize = 32;
 
 /// Why a hash was not computed.
@@ -69,7 +69,9 @@ impl Hasher {
         }
     }
 
-    /// The server's pool ([`GLOBAL_PERMITS`], [`GLOBAL_MAX_WAITING`]).
+    /// A process-wide pool ([`GLOBAL_PERMITS`], [`GLOBAL_MAX_WAITING`]) for callers
+    /// without one of their own (the server gives each [`crate::approvals::Approvals`]
+    /// its own).
     pub fn global() -> &'static Hasher {
         static GLOBAL: OnceLock<Hasher> = OnceLock::new();
         GLOBAL.get_or_init(|| Hasher::new(GLOBAL_PERMITS, GLOBAL_MAX_WAITING))

@@ -104,7 +104,7 @@ async fn reviewer(approvals: &Approvals, headers: &HeaderMap) -> Result<Reviewer
             "a reviewer's credential is required (Authorization: Bearer ...)",
         ));
     };
-    match reviewers::authenticate(&approvals.gate.db, token).await {
+    match reviewers::authenticate_with(&approvals.gate.db, &approvals.hasher, token).await {
         Ok(Some(r)) => Ok(r),
         Ok(None) => Err(error(
             StatusCode::UNAUTHORIZED,

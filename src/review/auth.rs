@@ -71,7 +71,12 @@ pub fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
 }
 
 fn set_cookie(state: &ReviewState, name: &str, value: &str, path: &str, max_age_s: i64) -> String {
-    let secure = if state.secure_cookies { "; Secure" } else { "" };
+    cookie_header(state.secure_cookies, name, value, path, max_age_s)
+}
+
+/// A `Set-Cookie` value: always HttpOnly and SameSite=Strict, Secure when `secure`.
+pub fn cookie_header(secure: bool, name: &str, value: &str, path: &str, max_age_s: i64) -> String {
+    let secure = if secure { "; Secure" } else { "" };
     format!("{name}={value}; Path={path}; Max-Age={max_age_s}; HttpOnly; SameSite=Strict{secure}")
 }
 
@@ -280,7 +285,8 @@ pub async fn login(
         );
     }
     let password = SecretString::new(form.password);
-    match reviewers::verify_password(&state.approvals.gate.db, state.hasher, name, password).await {
+    match reviewers::verify_password(&state.approvals.gate.db, &state.hasher, name, password).await
+    {
         Ok(Some(reviewer)) => {
             state.throttle.clear(&name_key);
             start_session(&state, reviewer, &form.next).await
@@ -398,4 +404,46 @@ pub fn csrf_refused(signed: &Signed) -> Response {
         "Refused",
         "The form was stale or did not come from this site (CSRF token missing or wrong). Nothing was changed; open the page again.",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cookies_are_secure_exactly_when_the_public_url_is_https() {
+        for (url, secure) in [
+            ("https://review.example.com", true),
+            (" HTTPS://review.example.com/", true),
+            ("http://review.example.com", false),
+            ("http://127.0.0.1:8080", false),
+        ] {
+            let header = cookie_header(super::super::is_https(url), SESSION_COOKIE, "v", "/", 60);
+            assert!(header.contains("; HttpOnly; SameSite=Strict"), "{header}");
+            assert_eq!(header.ends_with("; Secure"), secure, "{url}: {header}");
+        }
+    }
+
+    #[test]
+    fn next_stays_on_this_site() {
+        assert_eq!(safe_next("/approvals/ex_1"), "/approvals/ex_1");
+        assert_eq!(safe_next("/threads/th_1"), "/threads/th_1");
+        for bad in [
+            "https://evil.test/",
+            "//evil.test/approvals",
+            "/approvals\\x",
+            "/login",
+            "/approvals?x=\"><",
+        ] {
+            assert_eq!(safe_next(bad), "/approvals", "{bad}");
+        }
+    }
+
+    #[test]
+    fn tokens_compare_only_when_equal_and_not_empty() {
+        assert!(same_token("abc", "abc"));
+        assert!(!same_token("abc", "abd"));
+        assert!(!same_token("", ""));
+        assert!(!same_token("abc", "abcd"));
+    }
 }

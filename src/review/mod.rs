@@ -38,7 +38,7 @@ pub struct ReviewState {
     /// Decisions and the executions table.
     pub approvals: Approvals,
     /// The bounded argon2 pool for sign-ins.
-    pub hasher: &'static Hasher,
+    pub hasher: Arc<Hasher>,
     /// Failed sign-ins per name and per client address.
     pub throttle: Arc<Throttle>,
     /// Whether cookies carry `Secure` (the public URL is https).
@@ -51,13 +51,10 @@ impl ReviewState {
     /// The page's state for a server whose people reach it at `public_url`.
     pub fn new(approvals: Approvals, public_url: &str, thread_url: Option<String>) -> Self {
         ReviewState {
+            hasher: approvals.hasher.clone(),
             approvals,
-            hasher: Hasher::global(),
             throttle: Arc::new(Throttle::default()),
-            secure_cookies: public_url
-                .trim()
-                .to_ascii_lowercase()
-                .starts_with("https://"),
+            secure_cookies: is_https(public_url),
             thread_url,
         }
     }
@@ -69,6 +66,14 @@ impl ReviewState {
             .map(|t| t.replace("{thread_id}", thread_id))
             .unwrap_or_default()
     }
+}
+
+/// Whether people reach the server over https (then cookies are `Secure`).
+pub fn is_https(public_url: &str) -> bool {
+    public_url
+        .trim()
+        .to_ascii_lowercase()
+        .starts_with("https://")
 }
 
 /// The page's routes (for the TCP listener only).

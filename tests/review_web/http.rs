@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use serde_json::json;
-use threadgate::approvals::hasher::{GLOBAL_PERMITS, Hasher};
+use threadgate::approvals::hasher::GLOBAL_PERMITS;
 
 use crate::harness::{World, unix_request};
 use crate::web::{PASSWORD, Web, add_reviewer, client, post_login, set_cookie};
@@ -149,7 +149,7 @@ async fn a_flood_of_made_up_bearer_tokens_computes_no_hash() {
     let app = world.start().await;
     let token = app.add_reviewer("alice").await;
     let id = token.split('_').nth(1).expect("id").to_owned();
-    let before = Hasher::global().started();
+    let before = app.hasher.started();
     let mut tasks = Vec::new();
     for i in 0..400 {
         let (http, url) = (
@@ -175,11 +175,7 @@ async fn a_flood_of_made_up_bearer_tokens_computes_no_hash() {
     for t in tasks {
         *statuses.entry(t.await.expect("task")).or_default() += 1;
     }
-    assert_eq!(
-        Hasher::global().started(),
-        before,
-        "no argon2 hash for a token"
-    );
+    assert_eq!(app.hasher.started(), before, "no argon2 hash for a token");
     assert_eq!(
         statuses.keys().filter(|s| ![401, 429].contains(*s)).count(),
         0,
@@ -199,7 +195,7 @@ async fn a_flood_of_sign_ins_runs_a_bounded_number_of_hashes() {
     let world = World::new().await;
     let app = world.start().await;
     add_reviewer(&app, "alice").await;
-    let before = Hasher::global().started();
+    let before = app.hasher.started();
     let mut tasks = Vec::new();
     for i in 0..200 {
         let app_addr = app.addr;
@@ -232,11 +228,11 @@ async fn a_flood_of_sign_ins_runs_a_bounded_number_of_hashes() {
     for t in tasks {
         *statuses.entry(t.await.expect("task")).or_default() += 1;
     }
-    let hashed = Hasher::global().started() - before;
+    let hashed = app.hasher.started() - before;
     assert!(
-        Hasher::global().peak() <= GLOBAL_PERMITS,
+        app.hasher.peak() <= GLOBAL_PERMITS,
         "peak {}",
-        Hasher::global().peak()
+        app.hasher.peak()
     );
     assert!(
         hashed < 200,
