@@ -80,12 +80,7 @@ async fn reviewers_deny_and_approve_a_lower_amount_in_a_browser() {
         .send_keys(message)
         .await
         .expect("type");
-    alice
-        .wait_for("button[value=deny]")
-        .await
-        .click()
-        .await
-        .expect("deny");
+    alice.submit("button[value=deny]").await;
     assert!(alice.text("p.banner").await.starts_with("Denied."));
     let seen = ada.session.wait(&first, 30).await;
     assert_eq!(seen["status"], "denied", "{seen}");
@@ -122,18 +117,9 @@ async fn reviewers_deny_and_approve_a_lower_amount_in_a_browser() {
     let amount = alice.wait_for("input[name='lower.amount']").await;
     amount.clear().await.expect("clear");
     amount.send_keys("800").await.expect("type");
-    alice
-        .wait_for("button[value=approve]")
-        .await
-        .click()
-        .await
-        .expect("approve");
+    alice.submit("button[value=approve]").await;
     assert!(alice.text("p.banner").await.starts_with("Approved."));
-    bob.wait_for("button[value=deny]")
-        .await
-        .click()
-        .await
-        .expect("deny");
+    bob.submit("button[value=deny]").await;
     let told = bob.text("p.banner").await;
     assert!(told.contains("already decided"), "{told}");
     assert!(
@@ -206,22 +192,14 @@ async fn a_post_without_csrf_is_refused_and_wrong_passwords_are_throttled_in_a_b
     // Take the CSRF field out of the form, then submit it.
     b.script("document.querySelectorAll('form[action$=\"/decide\"] input[name=csrf]').forEach(e => e.remove())")
         .await;
-    b.wait_for("button[value=deny]")
-        .await
-        .click()
-        .await
-        .expect("deny");
+    b.submit("button[value=deny]").await;
     assert_eq!(b.text("h1").await, "Refused");
     assert!(b.text("main").await.contains("CSRF"));
     assert_eq!(app.execution(&id).await.status, "held");
 
     // Five wrong passwords, then even the right one is refused for a while.
     b.open(&format!("{base}/approvals")).await;
-    b.wait_for("button.link")
-        .await
-        .click()
-        .await
-        .expect("sign out");
+    b.submit("button.link").await;
     for i in 0..5 {
         b.sign_in("carol", &format!("wrong password {i}")).await;
         let said = b.text("p.banner").await;

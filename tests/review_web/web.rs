@@ -261,11 +261,22 @@ impl Browser {
             .send_keys(password)
             .await
             .expect("password");
-        self.wait_for("form[action='/login'] button")
-            .await
-            .click()
-            .await
-            .expect("submit");
+        self.submit("form[action='/login'] button").await;
+    }
+
+    /// Clicks the button at `css` and waits until the browser has left the page (the
+    /// old document's root element is gone), so nothing of the old page is read after.
+    pub async fn submit(&self, css: &str) {
+        let old = self.wait_for("html").await;
+        self.wait_for(css).await.click().await.expect("click");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while old.tag_name().await.is_ok() {
+            assert!(
+                Instant::now() < deadline,
+                "clicking {css} did not load a page"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Runs a script in the page (WebDriver scripts are not subject to the page's CSP).
