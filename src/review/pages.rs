@@ -121,11 +121,12 @@ pub async fn queue(State(state): State<ReviewState>, headers: HeaderMap) -> Resp
         Ok(rows) => rows,
         Err(e) => return internal(&who, e),
     };
+    let redactor = state.approvals.gate.current_redactor();
     let rows = rows
         .into_iter()
         .map(|(e, cust)| {
             let link = state.thread_link(&e.thread_id);
-            QueueRow::new(&e, now, cust, link)
+            QueueRow::new(&e, now, &redactor, cust, link)
         })
         .collect();
     render(
@@ -159,7 +160,10 @@ pub async fn history(State(state): State<ReviewState>, headers: HeaderMap) -> Re
                 csrf: &who.csrf,
                 banner: "",
                 banner_kind: "",
-                rows: rows.iter().map(HistoryRow::new).collect(),
+                rows: {
+                    let redactor = state.approvals.gate.current_redactor();
+                    rows.iter().map(|e| HistoryRow::new(e, &redactor)).collect()
+                },
             },
         ),
         Err(e) => internal(&who, e),
@@ -409,7 +413,13 @@ pub async fn thread(
         return auth::sign_in_first(&format!("/threads/{thread_id}"));
     };
     let t = thread_id.clone();
-    let read = state.approvals.gate.db.read(move |c| trail(c, &t)).await;
+    let redactor = state.approvals.gate.current_redactor();
+    let read = state
+        .approvals
+        .gate
+        .db
+        .read(move |c| trail(c, &t, &redactor))
+        .await;
     match read {
         Ok(rows) => render(
             StatusCode::OK,
@@ -427,14 +437,19 @@ pub async fn thread(
     }
 }
 
-fn trail(c: &Connection, thread_id: &str) -> rusqlite::Result<Vec<TrailRow>> {
+fn trail(
+    c: &Connection,
+    thread_id: &str,
+    redactor: &crate::secrets::Redactor,
+) -> rusqlite::Result<Vec<TrailRow>> {
     let mut stmt = c.prepare(
         "SELECT at_ms, event, execution_id, tool, decision, rule, reviewer, outcome \
          FROM audit WHERE thread_id = ?1 ORDER BY id LIMIT ?2",
     )?;
     let rows = stmt.query_map(rusqlite::params![thread_id, PAGE_ROWS * 5], |r| {
         let text = |i: usize| -> rusqlite::Result<String> {
-            Ok(r.get::<_, Option<String>>(i)?.unwrap_or_else(|| "-".into()))
+            let raw = r.get::<_, Option<String>>(i)?.unwrap_or_else(|| "-".into());
+            Ok(redactor.redact(&raw).into_owned())
         };
         Ok(TrailRow {
             when: when(Some(r.get(0)?)),

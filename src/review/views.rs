@@ -39,8 +39,16 @@ pub fn rule(e: &Execution) -> String {
     }
 }
 
-fn summary(e: &Execution) -> String {
-    e.summary.clone().unwrap_or_else(|| e.tool.clone())
+/// The one-line summary, passed through the current redactor (a secret stored since
+/// the call was held is hidden too).
+fn summary(e: &Execution, redactor: &Redactor) -> String {
+    let text = e.summary.as_deref().unwrap_or(&e.tool);
+    redactor.redact(text).into_owned()
+}
+
+fn redacted(text: Option<&str>, redactor: &Redactor, none: &str) -> String {
+    text.map(|t| redactor.redact(t).into_owned())
+        .unwrap_or_else(|| none.to_owned())
 }
 
 /// One pending approval in the queue.
@@ -59,13 +67,19 @@ pub struct QueueRow {
 }
 
 impl QueueRow {
-    pub fn new(e: &Execution, now: i64, customer: String, thread_url: String) -> QueueRow {
+    pub fn new(
+        e: &Execution,
+        now: i64,
+        redactor: &Redactor,
+        customer: String,
+        thread_url: String,
+    ) -> QueueRow {
         let left = e.expires_at_ms.map(|at| at - now);
         QueueRow {
             id: e.id.clone(),
             tool: e.tool.clone(),
-            summary: summary(e),
-            customer,
+            summary: summary(e, redactor),
+            customer: redactor.redact(&customer).into_owned(),
             thread_id: e.thread_id.clone(),
             thread_url,
             agent: e.agent.clone(),
@@ -94,18 +108,18 @@ pub struct HistoryRow {
 }
 
 impl HistoryRow {
-    pub fn new(e: &Execution) -> HistoryRow {
+    pub fn new(e: &Execution, redactor: &Redactor) -> HistoryRow {
         HistoryRow {
             id: e.id.clone(),
             tool: e.tool.clone(),
-            summary: summary(e),
+            summary: summary(e, redactor),
             status: e.status.as_str(),
             reviewer: e
                 .reviewer
                 .clone()
                 .unwrap_or_else(|| "nobody (expired)".into()),
             when: when(e.decided_at_ms.or(e.finished_at_ms)),
-            message: e.decision_message.clone().unwrap_or_else(|| "-".into()),
+            message: redacted(e.decision_message.as_deref(), redactor, "-"),
             thread_id: e.thread_id.clone(),
         }
     }
@@ -216,8 +230,8 @@ impl ApprovalView {
             tool: e.tool.clone(),
             status,
             open,
-            summary: summary(e),
-            customer,
+            summary: summary(e, redactor),
+            customer: redactor.redact(&customer).into_owned(),
             thread_id: e.thread_id.clone(),
             thread_url,
             agent: e.agent.clone(),
@@ -239,7 +253,7 @@ impl ApprovalView {
                 .collect(),
             reviewer: e.reviewer.clone().unwrap_or_else(|| "-".into()),
             decided_at: when(e.decided_at_ms),
-            message: e.decision_message.clone().unwrap_or_else(|| "-".into()),
+            message: redacted(e.decision_message.as_deref(), redactor, "-"),
             outcome: outcome(e, redactor),
         }
     }
@@ -276,10 +290,10 @@ impl OtherCall {
             when: when(Some(e.created_at_ms)),
             tool: e.tool.clone(),
             status: e.status.as_str(),
-            what: e
-                .summary
-                .clone()
-                .unwrap_or_else(|| shown.chars().take(200).collect()),
+            what: match &e.summary {
+                Some(s) => redactor.redact(s).into_owned(),
+                None => shown.chars().take(200).collect(),
+            },
         }
     }
 }

@@ -249,3 +249,124 @@ async fn a_flood_of_sign_ins_runs_a_bounded_number_of_hashes() {
     );
     app.stop().await;
 }
+
+/// A value the page must hide (here a secret stored after the call was held, equal to
+/// the charge id) disables Approve, and the server refuses a forged approve too. A
+/// policy changed since the hold is flagged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approve_is_refused_when_arguments_are_left_out_and_a_policy_change_is_flagged() {
+    let world = World::new().await;
+    let app = world.start().await;
+    add_reviewer(&app, "alice").await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[5000])
+        .await;
+    let charge = ada.charges[0].clone();
+    let args = json!({"charge": charge, "amount": 1000, "reason": "requested_by_customer"});
+    let (status, held) = ada.session.call("stripe.create_refund", args, None).await;
+    assert_eq!(status, 202, "{held}");
+    let id = held["execution_id"].as_str().expect("id").to_owned();
+    let web = Web::sign_in(&app, "alice").await;
+    let (_, page) = web.get(&format!("/approvals/{id}")).await;
+    assert!(
+        !page.contains("disabled") && !page.contains("policy has changed"),
+        "{page}"
+    );
+
+    let redactor = threadgate::secrets::Redactor::new([(
+        "rotated_key".to_owned(),
+        threadgate::secrets::SecretString::new(charge.clone()),
+    )])
+    .expect("redactor");
+    *app.gate.redactor.write().expect("lock") = std::sync::Arc::new(redactor);
+    let mut text = std::fs::read_to_string(&world.settings.policy_file).expect("policy");
+    text.push_str("\n# edited after the hold\n");
+    let edited = threadgate::policy::Policy::parse(&text, "policy.yaml").expect("parse");
+    let loaded = threadgate::gateway::LoadedPolicy::new(edited, "policy.yaml".into());
+    *app.gate.policy.write().expect("lock") = std::sync::Arc::new(loaded);
+
+    let (_, page) = web.get(&format!("/approvals/{id}")).await;
+    assert!(!page.contains(&charge), "the secret value is shown");
+    assert!(
+        page.contains("[redacted]") && page.contains("Approve is disabled"),
+        "{page}"
+    );
+    assert!(
+        page.contains("value=\"approve\" class=\"primary\" disabled"),
+        "{page}"
+    );
+    assert!(
+        page.contains("The policy has changed since this call was held"),
+        "{page}"
+    );
+    let (status, body) = web
+        .post(
+            &format!("/approvals/{id}/decide"),
+            &[("csrf", &web.csrf), ("decision", "approve")],
+        )
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(app.execution(&id).await.status, "held");
+    app.stop().await;
+}
+
+/// Exactly once through the page: twenty signed-in reviewers approve (half of them a
+/// lower amount) the same held refund at once; one wins, one refund is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_concurrent_page_approvals_make_one_refund() {
+    let world = World::new().await;
+    let app = world.start().await;
+    add_reviewer(&app, "alice").await;
+    add_reviewer(&app, "bob").await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[5000])
+        .await;
+    let args = json!({"charge": ada.charges[0], "amount": 1000, "reason": "requested_by_customer"});
+    let (status, held) = ada.session.call("stripe.create_refund", args, None).await;
+    assert_eq!(status, 202, "{held}");
+    let id = held["execution_id"].as_str().expect("id").to_owned();
+    let webs = [
+        Web::sign_in(&app, "alice").await,
+        Web::sign_in(&app, "bob").await,
+    ];
+    let webs = std::sync::Arc::new(webs);
+    let mut tasks = Vec::new();
+    for i in 0..20usize {
+        let (webs, path) = (webs.clone(), format!("/approvals/{id}/decide"));
+        tasks.push(tokio::spawn(async move {
+            let web = &webs[i % 2];
+            let amount = if i % 4 < 2 { "1000" } else { "600" };
+            web.post(
+                &path,
+                &[
+                    ("csrf", &web.csrf),
+                    ("decision", "approve"),
+                    ("lower.amount", amount),
+                ],
+            )
+            .await
+            .0
+        }));
+    }
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.expect("task"));
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 409).count(),
+        19,
+        "{statuses:?}"
+    );
+    let done = ada.session.wait(&id, 30).await;
+    assert_eq!(done["status"], "ok", "{done}");
+    let made = crate::harness::refunds(&world.stripe).await;
+    assert_eq!(made.len(), 1, "{made:#?}");
+    assert_eq!(done["result"]["amount"], made[0]["amount"]);
+    assert!(app.verify_audit().await > 0);
+    app.stop().await;
+}
