@@ -138,32 +138,25 @@ impl Approvals {
             .gate
             .db
             .write(move |conn| {
-                let Some(held) = store::get(conn, &id)? else {
-                    return Ok(Outcome::Other(DecideError::NotFound(id)));
+                let held = match still_held(store::get(conn, &id)?, &id, now) {
+                    Ok(held) => held,
+                    Err(other) => return Ok(Outcome::Other(other)),
                 };
-                if held.status == Status::Expired
-                    || (held.status == Status::Held
-                        && held.expires_at_ms.is_some_and(|at| at <= now))
-                {
-                    return Ok(Outcome::Other(DecideError::Expired { id }));
-                }
-                if held.status != Status::Held {
-                    let status = held.status.as_str();
-                    return Ok(Outcome::Other(DecideError::AlreadyDecided { id, status }));
-                }
                 let args: Value = serde_json::from_str(&held.args).unwrap_or_default();
                 let narrowed = match apply(&args, &lower) {
                     Ok(n) => n,
                     Err(e) => return Ok(Outcome::Refused(e)),
                 };
-                let history = MemoryHistory::new();
-                let again = loaded
-                    .policy
-                    .decide(&held.tool, &narrowed, &catalog, &history, now);
+                let again = loaded.policy.decide(
+                    &held.tool,
+                    &narrowed,
+                    &catalog,
+                    &MemoryHistory::new(),
+                    now,
+                );
                 if again.verdict == Verdict::Block {
-                    return Ok(Outcome::Refused(NarrowError::Blocked(
-                        again.because.to_string(),
-                    )));
+                    let because = again.because.to_string();
+                    return Ok(Outcome::Refused(NarrowError::Blocked(because)));
                 }
                 let canonical = narrowed.to_string();
                 let binding = binding_hash(&held.tool, &canonical, &held.account, &held.session_id);
@@ -208,6 +201,27 @@ impl Approvals {
             .await?;
         Ok(outcome)
     }
+}
+
+/// The held call, or why it can no longer be decided.
+fn still_held(
+    found: Option<store::Execution>,
+    id: &str,
+    now: i64,
+) -> Result<store::Execution, DecideError> {
+    let id = id.to_owned();
+    let Some(held) = found else {
+        return Err(DecideError::NotFound(id));
+    };
+    let lapsed = held.status == Status::Held && held.expires_at_ms.is_some_and(|at| at <= now);
+    if held.status == Status::Expired || lapsed {
+        return Err(DecideError::Expired { id });
+    }
+    if held.status != Status::Held {
+        let status = held.status.as_str();
+        return Err(DecideError::AlreadyDecided { id, status });
+    }
+    Ok(held)
 }
 
 /// "approved narrower: amount 1000 -> 400".

@@ -304,89 +304,97 @@ pub async fn decide(
     if !auth::same_token(&form.csrf, &who.csrf) {
         return auth::csrf_refused(&who);
     }
-    let Some(choice) = form.decision else {
-        let text = "Choose Approve or Deny.";
-        return approval_page(&state, &who, &id, StatusCode::BAD_REQUEST, text, "error").await;
+    let (status, banner, kind) = match apply_decision(&state, &who, &id, form).await {
+        Ok(shown) => shown,
+        Err(response) => return *response,
     };
-    let name = who.reviewer.name.clone();
-    let result = match choice {
-        Choice::Deny => state
+    approval_page(&state, &who, &id, status, &banner, kind).await
+}
+
+type Banner = (StatusCode, String, &'static str);
+
+/// Records the form's decision; the banner to show above the approval, or a whole
+/// response for a missing approval or an internal error.
+async fn apply_decision(
+    state: &ReviewState,
+    who: &Signed,
+    id: &str,
+    form: DecideForm,
+) -> Result<Banner, Box<Response>> {
+    let refused =
+        |status, text: String| -> Result<Banner, Box<Response>> { Ok((status, text, "error")) };
+    let name = who.reviewer.name.as_str();
+    let result = match form.decision {
+        None => return refused(StatusCode::BAD_REQUEST, "Choose Approve or Deny.".into()),
+        Some(Choice::Deny) => state
             .approvals
-            .decide(&id, &name, Choice::Deny, form.message)
+            .decide(id, name, Choice::Deny, form.message)
             .await
             .map(Ok),
-        Choice::Approve => {
-            if let Some(refusal) = approve_refusal(&state, &id).await {
-                return approval_page(&state, &who, &id, StatusCode::CONFLICT, &refusal, "error")
-                    .await;
+        Some(Choice::Approve) => {
+            if let Some(refusal) = approve_refusal(state, id).await {
+                return refused(StatusCode::CONFLICT, refusal);
             }
-            let mut lower = BTreeMap::new();
-            for (arg, text) in &form.lower {
-                match text.trim().parse::<i64>() {
-                    Ok(n) => {
-                        lower.insert(arg.clone(), n);
-                    }
-                    Err(_) => {
-                        let msg = format!("{arg} must be a whole number (got {text:?}).");
-                        return approval_page(
-                            &state,
-                            &who,
-                            &id,
-                            StatusCode::UNPROCESSABLE_ENTITY,
-                            &msg,
-                            "error",
-                        )
-                        .await;
-                    }
-                }
-            }
+            let lower = match parse_lower(&form.lower) {
+                Ok(lower) => lower,
+                Err(text) => return refused(StatusCode::UNPROCESSABLE_ENTITY, text),
+            };
             state
                 .approvals
-                .approve_narrowed(&id, &name, form.message, lower)
+                .approve_narrowed(id, name, form.message, lower)
                 .await
         }
     };
-    let (status, banner, kind) = match result {
+    match result {
         Ok(Ok(e)) => {
             let verb = if e.status == Status::Denied {
                 "Denied"
             } else {
                 "Approved"
             };
-            (
+            Ok((
                 StatusCode::OK,
                 format!("{verb}. The agent has been told."),
                 "ok",
-            )
+            ))
         }
-        Ok(Err(narrowing)) => (
+        Ok(Err(narrowing)) => refused(
             StatusCode::UNPROCESSABLE_ENTITY,
             format!("Not approved: {narrowing}."),
-            "error",
         ),
-        Err(DecideError::NotFound(_)) => {
-            return message(
-                StatusCode::NOT_FOUND,
-                Some(&who),
-                "Not found",
-                "No such approval.",
-            );
-        }
-        Err(DecideError::Expired { .. }) => (
+        Err(DecideError::NotFound(_)) => Err(Box::new(message(
+            StatusCode::NOT_FOUND,
+            Some(who),
+            "Not found",
+            "No such approval.",
+        ))),
+        Err(DecideError::Expired { .. }) => Ok((
             StatusCode::GONE,
-            "This approval expired before your decision: nothing was done.".to_owned(),
+            "This approval expired before your decision: nothing was done.".into(),
             "warn",
-        ),
-        Err(DecideError::AlreadyDecided { status, .. }) => (
+        )),
+        Err(DecideError::AlreadyDecided { status, .. }) => Ok((
             StatusCode::CONFLICT,
             format!(
                 "Someone else already decided this approval ({status}): your decision was not recorded."
             ),
             "warn",
-        ),
-        Err(DecideError::Store(e)) => return internal(&who, e),
-    };
-    approval_page(&state, &who, &id, status, &banner, kind).await
+        )),
+        Err(DecideError::Store(e)) => Err(Box::new(internal(who, e))),
+    }
+}
+
+/// The `lower.<argument>` fields as whole numbers.
+fn parse_lower(fields: &BTreeMap<String, String>) -> Result<BTreeMap<String, i64>, String> {
+    fields
+        .iter()
+        .map(|(arg, text)| {
+            text.trim()
+                .parse::<i64>()
+                .map(|n| (arg.clone(), n))
+                .map_err(|_| format!("{arg} must be a whole number (got {text:?})."))
+        })
+        .collect()
 }
 
 /// Why the call `id` cannot be approved from the page (something is not shown).
