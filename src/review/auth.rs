@@ -333,6 +333,11 @@ async fn start_session(state: &ReviewState, reviewer: Reviewer, next: &str) -> R
         .gate
         .db
         .write(move |c| {
+            // Sessions that ended without a sign-out go when anyone signs in.
+            c.execute(
+                "DELETE FROM review_sessions WHERE last_seen_ms <= ?1 OR created_at_ms <= ?2",
+                params![now - IDLE_MS, now - ABSOLUTE_MS],
+            )?;
             c.execute(
                 "INSERT INTO review_sessions (token_digest, reviewer_id, csrf, created_at_ms, \
                  last_seen_ms) VALUES (?1, ?2, ?3, ?4, ?4)",

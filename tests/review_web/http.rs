@@ -81,6 +81,26 @@ async fn sign_out_and_idle_time_end_the_session_server_side() {
         .await
         .expect("age the session");
     assert_eq!(web.get("/approvals").await.0, 401, "an idle session ends");
+
+    // However busy, a session ends after the absolute limit.
+    let web = Web::sign_in(&app, "alice").await;
+    let absolute = threadgate::review::auth::ABSOLUTE_MS + 1000;
+    app.db
+        .write(move |c| {
+            c.execute(
+                "UPDATE review_sessions SET created_at_ms = created_at_ms - ?1",
+                [absolute],
+            )
+        })
+        .await
+        .expect("age the session");
+    assert_eq!(web.get("/approvals").await.0, 401, "an old session ends");
+    let left: i64 = app
+        .db
+        .read(|c| c.query_row("SELECT count(*) FROM review_sessions", [], |r| r.get(0)))
+        .await
+        .expect("count");
+    assert_eq!(left, 0, "ended sessions are deleted");
     app.stop().await;
 }
 
