@@ -35,6 +35,8 @@ pub struct Application {
     pub addr: SocketAddr,
     pub db: Db,
     pub gate: Arc<Gate>,
+    /// The reviewers' bounded password-hashing pool (its counters are observable).
+    pub hasher: Arc<crate::approvals::hasher::Hasher>,
     pub supervisor: SupervisorHandle,
     pub instance_id: String,
     sockets: Arc<SocketHost>,
@@ -172,7 +174,7 @@ impl Application {
             outbox: Notify::new(),
             supervisor: OnceLock::new(),
         });
-        let approvals = Approvals { gate: gate.clone() };
+        let approvals = Approvals::new(gate.clone());
         // Before the supervisor can open a session socket: only calls a previous run
         // left behind are recovered, never one a session makes now.
         let leftovers = approvals.leftovers().await;
@@ -230,7 +232,12 @@ impl Application {
         let router = axum::Router::new()
             .route("/healthz", axum::routing::get(|| async { "ok" }))
             .merge(intake_router)
-            .merge(approvals::http::router(approvals.clone()));
+            .merge(approvals::http::router(approvals.clone()))
+            .merge(crate::review::router(crate::review::ReviewState::new(
+                approvals.clone(),
+                &settings.public_url,
+                settings.plain.thread_url.clone(),
+            )));
 
         let mut background = Vec::new();
         let sup = handle.clone();
@@ -271,6 +278,7 @@ impl Application {
             addr,
             db,
             gate,
+            hasher: approvals.hasher.clone(),
             supervisor: handle,
             instance_id,
             sockets,
@@ -285,7 +293,11 @@ impl Application {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         tracing::info!(addr = %self.addr, instance = %self.instance_id, "threadgate serving");
-        axum::serve(self.listener, self.router)
+        // Peers' addresses feed the sign-in and credential throttles.
+        let service = self
+            .router
+            .into_make_service_with_connect_info::<SocketAddr>();
+        axum::serve(self.listener, service)
             .with_graceful_shutdown(shutdown)
             .await?;
         self.supervisor.shutdown();

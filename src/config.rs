@@ -88,6 +88,9 @@ pub struct PlainSettings {
     pub api_key_secret: String,
     /// The label type the escalation connector applies, if any.
     pub escalation_label_type_id: Option<String>,
+    /// Plain's web link to a thread, with `{thread_id}` in it; the review page links
+    /// threads there when set.
+    pub thread_url: Option<String>,
 }
 
 /// A REST provider: where it is and which stored secret holds its credential. Read
@@ -185,6 +188,7 @@ impl Default for PlainSettings {
             api_url: "https://core-api.uk.plain.com".into(),
             api_key_secret: "plain_api_key".into(),
             escalation_label_type_id: None,
+            thread_url: None,
         }
     }
 }

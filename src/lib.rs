@@ -14,6 +14,7 @@ pub mod connectors;
 pub mod gateway;
 pub mod model;
 pub mod policy;
+pub mod review;
 pub mod sandbox;
 pub mod secrets;
 pub mod session;

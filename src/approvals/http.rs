@@ -1,9 +1,17 @@
 //! The people's side of approvals, on the TCP listener (never on a session socket):
 //! reviewers list held calls and approve or deny them with their credential.
-//! No GET changes state; `approval_url` points here and needs a credential to use.
+//! No GET changes state. The note's `approval_url` (`/approvals/{id}`) is the review
+//! page's (src/review); this is the JSON API for scripts.
+//!
+//! Credentials are high-entropy tokens checked by digest ([`reviewers::authenticate`]);
+//! after [`Throttle`]'s number of failures from one client address, that address is
+//! refused (429) before any check for the throttle's window.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
+use axum::extract::{ConnectInfo, FromRef, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -13,16 +21,65 @@ use serde_json::{Value, json};
 
 use super::reviewers::{self, Reviewer};
 use super::store::{self, Execution, Status};
+use super::throttle::Throttle;
 use super::{Approvals, Choice, DecideError};
 use crate::gateway::routes::rfc3339;
+
+/// The API's state: the approvals service and the failure throttle.
+#[derive(Clone)]
+struct Api {
+    approvals: Approvals,
+    throttle: Arc<Throttle>,
+}
+
+impl FromRef<Api> for Approvals {
+    fn from_ref(api: &Api) -> Approvals {
+        api.approvals.clone()
+    }
+}
 
 /// The routes for reviewers.
 pub fn router(approvals: Approvals) -> Router {
     Router::new()
         .route("/api/approvals", get(list))
         .route("/api/approvals/{id}", get(show).post(decide))
-        .route("/approvals/{id}", get(show))
-        .with_state(approvals)
+        .with_state(Api {
+            approvals,
+            throttle: Arc::new(Throttle::default()),
+        })
+}
+
+/// The client's address as the throttle keys it (`addr:unknown` when the listener does
+/// not record peers).
+pub fn client_key(headers_ext: &axum::http::Extensions) -> String {
+    match headers_ext.get::<ConnectInfo<SocketAddr>>() {
+        Some(ConnectInfo(addr)) => format!("addr:{}", addr.ip()),
+        None => "addr:unknown".to_owned(),
+    }
+}
+
+/// The reviewer of a request, with failures throttled per client address.
+async fn checked(
+    api: &Api,
+    ext: &axum::http::Extensions,
+    headers: &HeaderMap,
+) -> Result<Reviewer, Response> {
+    let key = client_key(ext);
+    let now = api.approvals.gate.now();
+    if let Err(wait) = api.throttle.check(&[&key], now) {
+        return Err(error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "throttled",
+            format!("too many failed credentials from this address; try again in {wait} s"),
+        ));
+    }
+    let result = reviewer(&api.approvals, headers).await;
+    if let Err(r) = &result
+        && r.status() == StatusCode::UNAUTHORIZED
+    {
+        api.throttle.fail(&[&key], now);
+    }
+    result
 }
 
 fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -47,12 +104,17 @@ async fn reviewer(approvals: &Approvals, headers: &HeaderMap) -> Result<Reviewer
             "a reviewer's credential is required (Authorization: Bearer ...)",
         ));
     };
-    match reviewers::authenticate(&approvals.gate.db, token).await {
+    match reviewers::authenticate_with(&approvals.gate.db, &approvals.hasher, token).await {
         Ok(Some(r)) => Ok(r),
         Ok(None) => Err(error(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
             "unknown or wrong reviewer credential",
+        )),
+        Err(reviewers::ReviewerError::Busy) => Err(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy",
+            "too many credential checks at once; try again in a moment",
         )),
         Err(e) => {
             tracing::error!(error = %e, "cannot check a reviewer credential");
@@ -87,10 +149,11 @@ fn reviewer_view(approvals: &Approvals, e: &Execution) -> Value {
     })
 }
 
-async fn list(State(a): State<Approvals>, headers: HeaderMap) -> Response {
-    if let Err(r) = reviewer(&a, &headers).await {
+async fn list(State(api): State<Api>, ext: axum::http::Extensions, headers: HeaderMap) -> Response {
+    if let Err(r) = checked(&api, &ext, &headers).await {
         return r;
     }
+    let a = api.approvals;
     let held = a
         .gate
         .db
@@ -117,10 +180,16 @@ async fn list(State(a): State<Approvals>, headers: HeaderMap) -> Response {
     }
 }
 
-async fn show(State(a): State<Approvals>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    if let Err(r) = reviewer(&a, &headers).await {
+async fn show(
+    State(api): State<Api>,
+    ext: axum::http::Extensions,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(r) = checked(&api, &ext, &headers).await {
         return r;
     }
+    let a = api.approvals;
     let found = a.gate.db.read(move |c| store::get(c, &id)).await;
     match found {
         Ok(Some(e)) => Json(reviewer_view(&a, &e)).into_response(),
@@ -145,15 +214,17 @@ struct DecideBody {
 }
 
 async fn decide(
-    State(a): State<Approvals>,
+    State(api): State<Api>,
+    ext: axum::http::Extensions,
     headers: HeaderMap,
     Path(id): Path<String>,
     body: Result<Json<DecideBody>, JsonRejection>,
 ) -> Response {
-    let who = match reviewer(&a, &headers).await {
+    let who = match checked(&api, &ext, &headers).await {
         Ok(r) => r,
         Err(r) => return r,
     };
+    let a = api.approvals;
     let body = match body {
         Ok(Json(b)) => b,
         Err(rejection) => {

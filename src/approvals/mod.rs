@@ -8,10 +8,13 @@
 //! idempotency key derived from the execution id; a call to a provider without one whose
 //! outcome is unknown after a crash is marked `needs_check` for a person, never re-sent.
 
+pub mod hasher;
 pub mod http;
+pub mod narrow;
 pub mod outbox;
 pub mod reviewers;
 pub mod store;
+pub mod throttle;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -48,6 +51,8 @@ pub enum DecideError {
 #[derive(Clone)]
 pub struct Approvals {
     pub gate: Arc<Gate>,
+    /// The bounded argon2 pool for reviewers' passwords (and legacy tokens).
+    pub hasher: Arc<hasher::Hasher>,
 }
 
 /// What an earlier run of threadgate left to recover ([`Approvals::leftovers`]).
@@ -65,6 +70,17 @@ enum Recorded {
 }
 
 impl Approvals {
+    /// The service over `gate`, with a server-sized hashing pool of its own.
+    pub fn new(gate: Arc<Gate>) -> Approvals {
+        Approvals {
+            gate,
+            hasher: Arc::new(hasher::Hasher::new(
+                hasher::GLOBAL_PERMITS,
+                hasher::GLOBAL_MAX_WAITING,
+            )),
+        }
+    }
+
     /// Records a reviewer's decision on a held call and, when approved, runs it.
     pub async fn decide(
         &self,

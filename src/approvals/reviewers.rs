@@ -1,21 +1,29 @@
 //! Reviewers: the people who approve or deny held calls, and their credentials.
 //!
-//! `add` creates a reviewer and returns its token once: `tgr_<id>_<secret>`, where the
-//! secret is 32 random bytes in URL-safe base64. Only an argon2id PHC hash of the secret
-//! is stored (table `reviewers`, migration 0005). [`authenticate`] parses the id, fetches
-//! that hash and verifies on the blocking pool; an unknown id is verified against a dummy
-//! hash so that it costs the same as a wrong secret.
+//! `add` creates a reviewer and returns its API token once: `tgr_<id>_<secret>`, where
+//! the secret is 32 random bytes in URL-safe base64. A token is high-entropy, so it is
+//! stored as its SHA-256 digest (`sha256:<hex>`, table `reviewers`) and checked by
+//! [`authenticate`] with one digest and a constant-time comparison: no argon2, so a
+//! flood of made-up tokens costs the server nothing (issue 7 item 5). Tokens issued
+//! before that are argon2id PHC hashes and are verified through the bounded
+//! [`Hasher`]; an unknown id is compared against a dummy digest.
+//!
+//! Passwords (for the review page's sign-in, set with `reviewers passwd`) are
+//! low-entropy: they are stored as argon2id PHC hashes (migration 0008) and checked
+//! only through the bounded [`Hasher`], behind the caller's throttle.
 
 use std::sync::OnceLock;
 
-use argon2::password_hash::PasswordVerifier as _;
 use argon2::{Argon2, PasswordHasher as _};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
 use rand::Rng as _;
 use rusqlite::{Connection, OptionalExtension as _, params};
+use sha2::{Digest as _, Sha256};
+use subtle::ConstantTimeEq as _;
 
+use super::hasher::{HashError, Hasher};
 use crate::secrets::SecretString;
 use crate::store::{Db, StoreError};
 
@@ -25,6 +33,12 @@ pub const TOKEN_PREFIX: &str = "tgr_";
 pub const MAX_REVIEWER_NAME: usize = 64;
 /// Random bytes in a token's secret part.
 const SECRET_BYTES: usize = 32;
+/// The shortest password accepted.
+pub const MIN_PASSWORD: usize = 12;
+/// The longest password accepted (argon2 hashes it all).
+pub const MAX_PASSWORD: usize = 1024;
+/// How a token's digest is marked in `token_hash`.
+const DIGEST_PREFIX: &str = "sha256:";
 
 /// A person who may decide held calls.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +80,12 @@ pub enum ReviewerError {
     /// The hashing task did not finish.
     #[error("the credential check was interrupted")]
     Interrupted,
+    /// Too many password checks run already.
+    #[error("too many password checks at once; try again in a moment")]
+    Busy,
+    /// A password shorter than [`MIN_PASSWORD`] or longer than [`MAX_PASSWORD`].
+    #[error("a reviewer's password must be {MIN_PASSWORD} to {MAX_PASSWORD} characters long")]
+    WeakPassword,
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -79,9 +99,7 @@ pub async fn add(db: &Db, name: &str) -> Result<ReviewerToken, ReviewerError> {
     if db.read(move |c| find_by_name(c, &owned)).await?.is_some() {
         return Err(ReviewerError::DuplicateName(name.to_owned()));
     }
-    let (secret, hash) = tokio::task::spawn_blocking(new_secret)
-        .await
-        .map_err(|_| ReviewerError::Interrupted)??;
+    let (secret, hash) = new_secret()?;
     let owned = name.to_owned();
     let inserted = db.write(move |c| insert(c, &owned, &hash)).await?;
     finish_add(name, inserted, &secret)
@@ -100,25 +118,135 @@ pub fn add_blocking(db: &Db, name: &str) -> Result<ReviewerToken, ReviewerError>
 }
 
 /// The reviewer whose token `presented` is, or `None` for a malformed, unknown or wrong
-/// token. Verifying takes the same time for an unknown id as for a wrong secret.
+/// token. A current token costs one SHA-256 and a constant-time comparison; only a
+/// token issued before digests existed is verified with argon2, through the server's
+/// bounded [`Hasher::global`].
 pub async fn authenticate(db: &Db, presented: &str) -> Result<Option<Reviewer>, ReviewerError> {
+    authenticate_with(db, Hasher::global(), presented).await
+}
+
+/// [`authenticate`] with the given hashing pool (for legacy argon2 tokens).
+pub async fn authenticate_with(
+    db: &Db,
+    hasher: &Hasher,
+    presented: &str,
+) -> Result<Option<Reviewer>, ReviewerError> {
     let Some((id, secret)) = parse_token(presented) else {
         return Ok(None);
     };
     let secret = SecretString::from(secret);
     let stored = db.read(move |c| find_by_id(c, id)).await?;
-    tokio::task::spawn_blocking(move || {
-        let (reviewer, hash) = match stored {
-            Some((reviewer, hash)) => (Some(reviewer), hash),
-            None => (None, dummy_hash()?.to_owned()),
-        };
-        let matches = Argon2::default()
-            .verify_password(secret.expose().as_bytes(), hash.as_str())
-            .is_ok();
-        Ok(reviewer.filter(|_| matches))
-    })
-    .await
-    .map_err(|_| ReviewerError::Interrupted)?
+    let Some((reviewer, hash)) = stored else {
+        // The same work as a wrong secret: one digest and one comparison.
+        let _ = digest_matches(&secret, dummy_digest());
+        return Ok(None);
+    };
+    let matches = match hash.strip_prefix(DIGEST_PREFIX) {
+        Some(digest) => digest_matches(&secret, digest),
+        None => hasher.verify(secret, hash).await.map_err(hash_error)?,
+    };
+    Ok(matches.then_some(reviewer))
+}
+
+/// Whether `secret`'s SHA-256 is the hex `digest`, compared in constant time.
+fn digest_matches(secret: &SecretString, digest: &str) -> bool {
+    let mine = hex::encode(Sha256::digest(secret.expose().as_bytes()));
+    mine.as_bytes().ct_eq(digest.as_bytes()).into()
+}
+
+fn dummy_digest() -> &'static str {
+    static DUMMY: OnceLock<String> = OnceLock::new();
+    DUMMY.get_or_init(|| hex::encode(Sha256::digest(uuid::Uuid::new_v4().as_bytes())))
+}
+
+fn hash_error(e: HashError) -> ReviewerError {
+    match e {
+        HashError::Busy => ReviewerError::Busy,
+        HashError::Failed(m) => ReviewerError::Hash(m),
+    }
+}
+
+/// Sets the sign-in password of the reviewer named `name` (argon2id, hashed through
+/// `hasher`).
+pub async fn set_password(
+    db: &Db,
+    hasher: &Hasher,
+    name: &str,
+    password: SecretString,
+) -> Result<(), ReviewerError> {
+    check_password(&password)?;
+    let phc = hasher.hash(password).await.map_err(hash_error)?;
+    let owned = name.to_owned();
+    let changed = db.write(move |c| store_password(c, &owned, &phc)).await?;
+    finish_remove(name, changed)
+}
+
+/// [`set_password`] outside a runtime (the CLI).
+pub fn set_password_blocking(
+    db: &Db,
+    name: &str,
+    password: &SecretString,
+) -> Result<(), ReviewerError> {
+    check_password(password)?;
+    let phc = Argon2::default()
+        .hash_password(password.expose().as_bytes())
+        .map_err(|e| ReviewerError::Hash(e.to_string()))?
+        .to_string();
+    let owned = name.to_owned();
+    let changed = db.write_blocking(move |c| store_password(c, &owned, &phc))?;
+    finish_remove(name, changed)
+}
+
+fn check_password(password: &SecretString) -> Result<(), ReviewerError> {
+    let len = password.expose().chars().count();
+    if (MIN_PASSWORD..=MAX_PASSWORD).contains(&len) {
+        Ok(())
+    } else {
+        Err(ReviewerError::WeakPassword)
+    }
+}
+
+fn store_password(c: &Connection, name: &str, phc: &str) -> rusqlite::Result<usize> {
+    c.execute(
+        "UPDATE reviewers SET password_hash = ?2 WHERE name = ?1",
+        params![name, phc],
+    )
+}
+
+/// The reviewer named `name` when `password` is theirs. An unknown name, or one
+/// without a password, is verified against a dummy hash, so it costs the same. The
+/// caller throttles failures before calling this.
+pub async fn verify_password(
+    db: &Db,
+    hasher: &Hasher,
+    name: &str,
+    password: SecretString,
+) -> Result<Option<Reviewer>, ReviewerError> {
+    if password.expose().len() > MAX_PASSWORD * 4 {
+        return Ok(None);
+    }
+    let owned = name.to_owned();
+    let stored = db
+        .read(move |c| {
+            c.query_row(
+                "SELECT id, name, created_at, password_hash FROM reviewers WHERE name = ?1",
+                [&owned],
+                |r| Ok((reviewer_row(r)?, r.get::<_, Option<String>>(3)?)),
+            )
+            .optional()
+        })
+        .await?;
+    let (reviewer, phc) = match stored {
+        Some((r, Some(phc))) => (Some(r), phc),
+        _ => (None, dummy_hash()?.to_owned()),
+    };
+    let matches = hasher.verify(password, phc).await.map_err(hash_error)?;
+    Ok(reviewer.filter(|_| matches))
+}
+
+/// The reviewer with `id`, if any.
+pub fn by_id(c: &Connection, id: i64) -> rusqlite::Result<Option<Reviewer>> {
+    Ok(find_by_id(c, id)?.map(|(r, _)| r))
 }
 
 /// Every reviewer, by name.
@@ -157,29 +285,26 @@ fn validate_name(name: &str) -> Result<(), ReviewerError> {
     }
 }
 
-/// A fresh random secret and its argon2id PHC hash.
+/// A fresh random secret and its stored form, `sha256:<hex digest>`.
 fn new_secret() -> Result<(SecretString, String), ReviewerError> {
     let mut bytes = zeroize::Zeroizing::new([0u8; SECRET_BYTES]);
     rand::rng().fill_bytes(bytes.as_mut());
     let secret = SecretString::new(URL_SAFE_NO_PAD.encode(bytes.as_ref()));
-    let hash = hash_secret(&secret)?;
-    Ok((secret, hash))
+    let digest = hex::encode(Sha256::digest(secret.expose().as_bytes()));
+    Ok((secret, format!("{DIGEST_PREFIX}{digest}")))
 }
 
-fn hash_secret(secret: &SecretString) -> Result<String, ReviewerError> {
-    Argon2::default()
-        .hash_password(secret.expose().as_bytes())
-        .map(|hash| hash.to_string())
-        .map_err(|e| ReviewerError::Hash(e.to_string()))
-}
-
-/// A hash of a secret no one knows, for unknown ids. Computed once.
+/// An argon2id hash of a password no one knows, for unknown names. Computed once.
 fn dummy_hash() -> Result<&'static str, ReviewerError> {
     static DUMMY: OnceLock<String> = OnceLock::new();
     if let Some(hash) = DUMMY.get() {
         return Ok(hash);
     }
-    let (_, hash) = new_secret()?;
+    let unknown = uuid::Uuid::new_v4().simple().to_string();
+    let hash = Argon2::default()
+        .hash_password(unknown.as_bytes())
+        .map_err(|e| ReviewerError::Hash(e.to_string()))?
+        .to_string();
     Ok(DUMMY.get_or_init(|| hash))
 }
 
@@ -230,6 +355,11 @@ fn insert(c: &Connection, name: &str, hash: &str) -> rusqlite::Result<Option<Rev
 }
 
 fn delete(c: &Connection, name: &str) -> rusqlite::Result<usize> {
+    c.execute(
+        "DELETE FROM review_sessions WHERE reviewer_id IN \
+         (SELECT id FROM reviewers WHERE name = ?1)",
+        [name],
+    )?;
     c.execute("DELETE FROM reviewers WHERE name = ?1", [name])
 }
 

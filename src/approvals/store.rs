@@ -397,3 +397,27 @@ pub fn note_attempting(conn: &Connection, execution_id: &str) -> rusqlite::Resul
     )?;
     Ok(())
 }
+
+/// Held calls that were decided or expired, newest first (the review page's history).
+pub fn decided_holds(conn: &Connection, limit: i64) -> rusqlite::Result<Vec<Execution>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS} FROM executions WHERE verdict = 'hold' AND status != 'held' \
+         ORDER BY coalesce(decided_at_ms, finished_at_ms, created_at_ms) DESC, id DESC LIMIT ?1"
+    ))?;
+    let rows = stmt.query_map([limit], row_to_execution)?;
+    rows.collect()
+}
+
+/// A thread's executions, newest first.
+pub fn for_thread(
+    conn: &Connection,
+    thread_id: &str,
+    limit: i64,
+) -> rusqlite::Result<Vec<Execution>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS} FROM executions WHERE thread_id = ?1 \
+         ORDER BY created_at_ms DESC, id DESC LIMIT ?2"
+    ))?;
+    let rows = stmt.query_map(params![thread_id, limit], row_to_execution)?;
+    rows.collect()
+}

@@ -57,8 +57,16 @@ pub enum SecretsCommand {
 /// `threadgate reviewers ...`
 #[derive(Debug, Subcommand)]
 pub enum ReviewersCommand {
-    /// Create a reviewer and print their credential (shown once).
-    Add { name: String },
+    /// Create a reviewer and print their API credential (shown once).
+    Add {
+        name: String,
+        /// Also set their sign-in password for the review page, read from standard input.
+        #[arg(long)]
+        password_stdin: bool,
+    },
+    /// Set a reviewer's sign-in password for the review page (read from standard
+    /// input, 12 to 1024 characters).
+    Passwd { name: String },
     /// List reviewers.
     List,
     /// Remove a reviewer.
@@ -281,12 +289,25 @@ pub fn reviewers(config: &ConfigArgs, cmd: &ReviewersCommand) -> ExitCode {
     finish((|| {
         let (_, db) = open(config)?;
         match cmd {
-            ReviewersCommand::Add { name } => {
+            ReviewersCommand::Add {
+                name,
+                password_stdin,
+            } => {
+                let password = password_stdin.then(read_password).transpose()?;
                 let created = reviewers::add_blocking(&db, name)?;
+                if let Some(pw) = password {
+                    reviewers::set_password_blocking(&db, name, &pw)?;
+                    println!("reviewer {name} can sign in to the review page with that password.");
+                }
                 println!(
-                    "reviewer {name} added. Their credential (shown once; send it as `Authorization: Bearer ...`):"
+                    "reviewer {name} added. Their API credential (shown once; send it as `Authorization: Bearer ...`):"
                 );
                 println!("{}", created.token.expose());
+            }
+            ReviewersCommand::Passwd { name } => {
+                let pw = read_password()?;
+                reviewers::set_password_blocking(&db, name, &pw)?;
+                println!("password of reviewer {name} set");
             }
             ReviewersCommand::List => {
                 for r in reviewers::list_blocking(&db)? {
@@ -330,6 +351,17 @@ fn verify_audit(settings: &Settings, db: &Db, args: &AuditArgs) -> anyhow::Resul
     println!("head: {head}");
     println!("keep it; later: threadgate audit --verify --anchor {head}");
     Ok(())
+}
+
+/// A password from standard input: its first line, without the line ending.
+fn read_password() -> anyhow::Result<SecretString> {
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .context("cannot read the password from standard input")?;
+    Ok(SecretString::new(
+        line.trim_end_matches(['\r', '\n']).to_owned(),
+    ))
 }
 
 /// `threadgate audit ...`

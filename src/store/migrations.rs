@@ -47,6 +47,10 @@ const MIGRATIONS: &[Migration] = &[
         name: "0008_model",
         sql: include_str!("migrations/0008_model.sql"),
     },
+    Migration {
+        name: "0009_review",
+        sql: include_str!("migrations/0009_review.sql"),
+    },
 ];
 
 /// Applies every migration newer than the database's `user_version`, each in its own

@@ -188,6 +188,7 @@ impl World {
             .await
             .expect("the application builds");
         let (addr, db, gate) = (app.addr, app.db.clone(), app.gate.clone());
+        let hasher = app.hasher.clone();
         let (shutdown, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(app.run_until(async move {
             let _ = stopped.await;
@@ -196,6 +197,7 @@ impl World {
             addr,
             db,
             gate,
+            hasher,
             shutdown: Some(shutdown),
             task: Some(task),
             http: reqwest::Client::new(),
@@ -355,6 +357,8 @@ pub struct Running {
     pub addr: SocketAddr,
     pub db: Db,
     pub gate: Arc<Gate>,
+    /// The reviewers' password-hashing pool of this application.
+    pub hasher: Arc<threadgate::approvals::hasher::Hasher>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     pub http: reqwest::Client,

@@ -25,7 +25,7 @@ async fn the_returned_token_authenticates_its_reviewer() {
 }
 
 #[tokio::test]
-async fn the_token_is_stored_only_as_an_argon2id_hash() {
+async fn the_token_is_stored_only_as_its_sha256_digest() {
     let (_dir, db) = open_temp();
     let added = add(&db, "alice").await.expect("add");
     let (_, secret) = parse_token(added.token.expose()).expect("parse");
@@ -33,7 +33,10 @@ async fn the_token_is_stored_only_as_an_argon2id_hash() {
         .read(|c| c.query_row("SELECT token_hash FROM reviewers", [], |r| r.get(0)))
         .await
         .expect("read");
-    assert!(stored.starts_with("$argon2id$"), "{stored}");
+    assert_eq!(
+        stored,
+        format!("sha256:{}", hex::encode(Sha256::digest(secret.as_bytes())))
+    );
     assert!(!stored.contains(secret));
     let raw = std::fs::read(db.path()).expect("db file");
     let wal = std::fs::read(db.path().with_extension("db-wal")).unwrap_or_default();
@@ -167,4 +170,100 @@ fn the_token_never_prints() {
     let shown = format!("{added:?} {}", added.token);
     assert!(!shown.contains(secret), "{shown}");
     assert!(shown.contains("[redacted]"));
+}
+
+/// Issue 7 item 5: 400 parallel made-up tokens, for a real reviewer's id and for
+/// unknown ids, are refused without computing a single argon2 hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_of_made_up_tokens_computes_no_argon2_hash() {
+    let (_dir, db) = open_temp();
+    let alice = add(&db, "alice").await.expect("add");
+    let hasher = std::sync::Arc::new(Hasher::new(2, 32));
+    let mut tasks = Vec::new();
+    for i in 0..400 {
+        let (db, hasher) = (db.clone(), hasher.clone());
+        let id = if i % 2 == 0 {
+            alice.reviewer.id
+        } else {
+            1000 + i
+        };
+        let made_up = format!(
+            "{TOKEN_PREFIX}{id}_{}",
+            URL_SAFE_NO_PAD.encode([i as u8; 32])
+        );
+        tasks.push(tokio::spawn(async move {
+            authenticate_with(&db, &hasher, &made_up).await
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.expect("task").expect("auth"), None);
+    }
+    assert_eq!(hasher.started(), 0, "a made-up token cost an argon2 hash");
+    let real = authenticate_with(&db, &hasher, alice.token.expose())
+        .await
+        .expect("auth");
+    assert_eq!(real.map(|r| r.name), Some("alice".to_owned()));
+    assert_eq!(hasher.started(), 0);
+}
+
+/// A token issued before digests (an argon2id PHC hash) still works, verified through
+/// the bounded pool.
+#[tokio::test]
+async fn a_legacy_argon2_token_is_verified_through_the_pool() {
+    let (_dir, db) = open_temp();
+    let alice = add(&db, "alice").await.expect("add");
+    let (_, secret) = parse_token(alice.token.expose()).expect("parse");
+    let phc = Argon2::default()
+        .hash_password(secret.as_bytes())
+        .expect("hash")
+        .to_string();
+    db.write(move |c| c.execute("UPDATE reviewers SET token_hash = ?1", [phc]))
+        .await
+        .expect("write");
+    let hasher = Hasher::new(1, 4);
+    let who = authenticate_with(&db, &hasher, alice.token.expose())
+        .await
+        .expect("auth");
+    assert_eq!(who.map(|r| r.name), Some("alice".to_owned()));
+    assert_eq!(hasher.started(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_are_argon2id_and_checked_by_name() {
+    let (_dir, db) = open_temp();
+    add(&db, "alice").await.expect("add");
+    let hasher = Hasher::new(2, 8);
+    let pw = || SecretString::new("correct horse battery staple".into());
+    let short = set_password(&db, &hasher, "alice", SecretString::new("short".into())).await;
+    assert!(matches!(short, Err(ReviewerError::WeakPassword)));
+    assert!(matches!(
+        set_password(&db, &hasher, "nobody", pw()).await,
+        Err(ReviewerError::NotFound(_))
+    ));
+    set_password(&db, &hasher, "alice", pw())
+        .await
+        .expect("set");
+    let stored: String = db
+        .read(|c| c.query_row("SELECT password_hash FROM reviewers", [], |r| r.get(0)))
+        .await
+        .expect("read");
+    assert!(stored.starts_with("$argon2id$"), "{stored}");
+    let ok = verify_password(&db, &hasher, "alice", pw())
+        .await
+        .expect("verify");
+    assert_eq!(ok.map(|r| r.name), Some("alice".to_owned()));
+    let wrong = SecretString::new("correct horse battery stapler".into());
+    assert_eq!(
+        verify_password(&db, &hasher, "alice", wrong)
+            .await
+            .expect("verify"),
+        None
+    );
+    assert_eq!(
+        verify_password(&db, &hasher, "bob", pw())
+            .await
+            .expect("verify"),
+        None
+    );
+    assert!(hasher.peak() <= 2);
 }

@@ -1,0 +1,274 @@
+//! Approving a narrower request: a reviewer may lower a numeric argument of a held call
+//! (a refund's `amount`) before approving it.
+//!
+//! The narrowed request replaces the held one in the same compare-and-set that records
+//! the approval (`held` to `approved`), with its own binding hash, after it has been
+//! decided again against the policy in force (a `block` refuses the narrowing). It then
+//! runs once, like any approved call, and the agent's wait returns what ran. Raising a
+//! value, changing a non-numeric argument or an unknown one is refused.
+
+use std::collections::BTreeMap;
+
+use rusqlite::params;
+use serde_json::Value;
+
+use super::store::{self, Status};
+use super::{Approvals, DecideError};
+use crate::audit::AuditEvent;
+use crate::gateway::audit_execution;
+use crate::gateway::gate::binding_hash;
+use crate::policy::{MemoryHistory, Verdict};
+
+/// Why a narrowing was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum NarrowError {
+    /// The argument is missing, not a whole number, or nested.
+    #[error("argument {0} is not a whole number of the request: it cannot be narrowed")]
+    NotNumeric(String),
+    /// The new value is higher than the held one.
+    #[error("argument {arg} may only be lowered: {wanted} is more than the requested {held}")]
+    Wider { arg: String, held: i64, wanted: i64 },
+    /// The new value is below 1.
+    #[error("argument {arg} must stay at least 1 (asked for {wanted})")]
+    BelowOne { arg: String, wanted: i64 },
+    /// The narrowed request is blocked by the policy in force.
+    #[error("the narrowed request is blocked by the current policy: {0}")]
+    Blocked(String),
+}
+
+/// The top-level whole-number arguments of `args` a reviewer may lower.
+pub fn narrowable(args: &Value) -> Vec<(String, i64)> {
+    args.as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| v.as_i64().filter(|n| *n >= 1).map(|n| (k.clone(), n)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `args` with `lower` applied; equal values are no change.
+pub fn apply(args: &Value, lower: &BTreeMap<String, i64>) -> Result<Value, NarrowError> {
+    let mut out = args.clone();
+    for (arg, wanted) in lower {
+        let held = args
+            .get(arg)
+            .and_then(Value::as_i64)
+            .ok_or_else(|| NarrowError::NotNumeric(arg.clone()))?;
+        if *wanted > held {
+            return Err(NarrowError::Wider {
+                arg: arg.clone(),
+                held,
+                wanted: *wanted,
+            });
+        }
+        if *wanted < 1 {
+            return Err(NarrowError::BelowOne {
+                arg: arg.clone(),
+                wanted: *wanted,
+            });
+        }
+        out[arg.as_str()] = Value::from(*wanted);
+    }
+    Ok(out)
+}
+
+enum Outcome {
+    Approved(Box<store::Execution>),
+    Refused(NarrowError),
+    Other(DecideError),
+}
+
+impl Approvals {
+    /// Approves the held call `id` with the arguments in `lower` lowered. With nothing
+    /// lowered it is a plain approval.
+    pub async fn approve_narrowed(
+        &self,
+        id: &str,
+        reviewer: &str,
+        message: Option<String>,
+        lower: BTreeMap<String, i64>,
+    ) -> Result<Result<store::Execution, NarrowError>, DecideError> {
+        let changed_any = {
+            let owned = id.to_owned();
+            let exec = self.gate.db.read(move |c| store::get(c, &owned)).await?;
+            let Some(exec) = exec else {
+                return Err(DecideError::NotFound(id.to_owned()));
+            };
+            let args: Value = serde_json::from_str(&exec.args).unwrap_or_default();
+            lower
+                .iter()
+                .any(|(k, v)| args.get(k).and_then(Value::as_i64) != Some(*v))
+        };
+        if !changed_any {
+            return self
+                .decide(id, reviewer, super::Choice::Approve, message)
+                .await
+                .map(Ok);
+        }
+        let outcome = self
+            .narrow_and_approve(id, reviewer, message, lower)
+            .await?;
+        match outcome {
+            Outcome::Approved(exec) => {
+                let me = self.clone();
+                let run_id = exec.id.clone();
+                tokio::spawn(async move { me.run_approved(&run_id).await });
+                self.after_change(&exec);
+                Ok(Ok(*exec))
+            }
+            Outcome::Refused(e) => Ok(Err(e)),
+            Outcome::Other(e) => Err(e),
+        }
+    }
+
+    async fn narrow_and_approve(
+        &self,
+        id: &str,
+        reviewer: &str,
+        message: Option<String>,
+        lower: BTreeMap<String, i64>,
+    ) -> Result<Outcome, DecideError> {
+        let now = self.gate.now();
+        let redactor = self.gate.current_redactor();
+        let loaded = self.gate.current_policy();
+        let catalog = self.gate.catalog.clone();
+        let (id, reviewer) = (id.to_owned(), reviewer.to_owned());
+        let outcome = self
+            .gate
+            .db
+            .write(move |conn| {
+                let held = match still_held(store::get(conn, &id)?, &id, now) {
+                    Ok(held) => held,
+                    Err(other) => return Ok(Outcome::Other(other)),
+                };
+                let args: Value = serde_json::from_str(&held.args).unwrap_or_default();
+                let narrowed = match apply(&args, &lower) {
+                    Ok(n) => n,
+                    Err(e) => return Ok(Outcome::Refused(e)),
+                };
+                let again = loaded.policy.decide(
+                    &held.tool,
+                    &narrowed,
+                    &catalog,
+                    &MemoryHistory::new(),
+                    now,
+                );
+                if again.verdict == Verdict::Block {
+                    let because = again.because.to_string();
+                    return Ok(Outcome::Refused(NarrowError::Blocked(because)));
+                }
+                let canonical = narrowed.to_string();
+                let binding = binding_hash(&held.tool, &canonical, &held.account, &held.session_id);
+                let note = describe(&args, &lower);
+                let text = match message.as_deref() {
+                    Some(m) if !m.trim().is_empty() => format!("{m}\n({note})"),
+                    _ => note.clone(),
+                };
+                let changed = conn.execute(
+                    "UPDATE executions SET args = ?2, binding_hash = ?3 \
+                     WHERE id = ?1 AND status = 'held'",
+                    params![id, canonical, binding],
+                )?;
+                if changed != 1
+                    || !store::record_decision(
+                        conn,
+                        &id,
+                        Status::Approved,
+                        &reviewer,
+                        Some(&text),
+                        now,
+                    )?
+                {
+                    return Ok(Outcome::Other(DecideError::AlreadyDecided {
+                        id,
+                        status: "decided",
+                    }));
+                }
+                let exec = store::get(conn, &id)?.unwrap_or(held);
+                audit_execution(
+                    conn,
+                    &redactor,
+                    &exec,
+                    AuditEvent::Approved,
+                    Some(&note),
+                    Some(&reviewer),
+                    None,
+                    &loaded.hash_hex,
+                )?;
+                Ok(Outcome::Approved(Box::new(exec)))
+            })
+            .await?;
+        Ok(outcome)
+    }
+}
+
+/// The held call, or why it can no longer be decided.
+fn still_held(
+    found: Option<store::Execution>,
+    id: &str,
+    now: i64,
+) -> Result<store::Execution, DecideError> {
+    let id = id.to_owned();
+    let Some(held) = found else {
+        return Err(DecideError::NotFound(id));
+    };
+    let lapsed = held.status == Status::Held && held.expires_at_ms.is_some_and(|at| at <= now);
+    if held.status == Status::Expired || lapsed {
+        return Err(DecideError::Expired { id });
+    }
+    if held.status != Status::Held {
+        let status = held.status.as_str();
+        return Err(DecideError::AlreadyDecided { id, status });
+    }
+    Ok(held)
+}
+
+/// "approved narrower: amount 1000 -> 400".
+fn describe(args: &Value, lower: &BTreeMap<String, i64>) -> String {
+    let parts: Vec<String> = lower
+        .iter()
+        .map(|(k, v)| {
+            let held = args.get(k).and_then(Value::as_i64).unwrap_or_default();
+            format!("{k} {held} -> {v}")
+        })
+        .collect();
+    format!("approved narrower: {}", parts.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn only_lower_whole_numbers_pass() {
+        let args = json!({"charge": "ch_1", "amount": 1000, "reason": "duplicate"});
+        let lower = |k: &str, v: i64| BTreeMap::from([(k.to_owned(), v)]);
+        assert_eq!(
+            apply(&args, &lower("amount", 400)).expect("lower")["amount"],
+            400
+        );
+        assert!(matches!(
+            apply(&args, &lower("amount", 1001)),
+            Err(NarrowError::Wider {
+                held: 1000,
+                wanted: 1001,
+                ..
+            })
+        ));
+        assert!(matches!(
+            apply(&args, &lower("amount", 0)),
+            Err(NarrowError::BelowOne { .. })
+        ));
+        assert!(matches!(
+            apply(&args, &lower("charge", 1)),
+            Err(NarrowError::NotNumeric(_))
+        ));
+        assert!(matches!(
+            apply(&args, &lower("extra", 1)),
+            Err(NarrowError::NotNumeric(_))
+        ));
+        assert_eq!(narrowable(&args), vec![("amount".to_owned(), 1000)]);
+    }
+}

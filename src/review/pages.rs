@@ -1,0 +1,474 @@
+//! The review page's handlers: the queue, the history, one approval (and deciding it),
+//! and a thread's audit trail. Every handler needs a live session; every POST needs the
+//! session's CSRF token.
+
+use std::collections::BTreeMap;
+
+use askama::Template;
+use axum::Form;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use rusqlite::{Connection, OptionalExtension as _};
+
+use super::auth::{self, Signed};
+use super::views::{ApprovalView, HistoryRow, OtherCall, QueueRow, TrailRow, when};
+use super::{ReviewState, message, render};
+use crate::approvals::store::{self, Execution, Status};
+use crate::approvals::{Choice, DecideError};
+
+/// Rows shown in the history and the thread pages.
+const PAGE_ROWS: i64 = 200;
+/// The longest message a reviewer may send back.
+const MAX_MESSAGE: usize = 2000;
+
+#[derive(Template)]
+#[template(path = "review/queue.html")]
+struct QueuePage<'a> {
+    reviewer: &'a str,
+    csrf: &'a str,
+    banner: &'a str,
+    banner_kind: &'a str,
+    rows: Vec<QueueRow>,
+}
+
+#[derive(Template)]
+#[template(path = "review/history.html")]
+struct HistoryPage<'a> {
+    reviewer: &'a str,
+    csrf: &'a str,
+    banner: &'a str,
+    banner_kind: &'a str,
+    rows: Vec<HistoryRow>,
+}
+
+#[derive(Template)]
+#[template(path = "review/approval.html")]
+struct ApprovalPage<'a> {
+    reviewer: &'a str,
+    csrf: &'a str,
+    banner: &'a str,
+    banner_kind: &'a str,
+    a: ApprovalView,
+    others: Vec<OtherCall>,
+}
+
+#[derive(Template)]
+#[template(path = "review/thread.html")]
+struct ThreadPage<'a> {
+    reviewer: &'a str,
+    csrf: &'a str,
+    banner: &'a str,
+    banner_kind: &'a str,
+    thread_id: &'a str,
+    thread_url: String,
+    rows: Vec<TrailRow>,
+}
+
+fn internal(who: &Signed, e: impl std::fmt::Display) -> Response {
+    tracing::error!(error = %e, "review page failed");
+    message(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        Some(who),
+        "Error",
+        "Internal error.",
+    )
+}
+
+/// The thread's customer as recorded with its session.
+fn customer(c: &Connection, thread_id: &str) -> rusqlite::Result<String> {
+    let row = c
+        .query_row(
+            "SELECT customer_email, customer_id FROM sessions WHERE thread_id = ?1",
+            [thread_id],
+            |r| {
+                Ok((
+                    r.get::<_, Option<String>>(0)?,
+                    r.get::<_, Option<String>>(1)?,
+                ))
+            },
+        )
+        .optional()?;
+    Ok(match row {
+        Some((Some(email), _)) => email,
+        Some((None, Some(id))) => id,
+        _ => "unknown".into(),
+    })
+}
+
+/// `GET /approvals`: what waits for a decision, oldest first.
+pub async fn queue(State(state): State<ReviewState>, headers: HeaderMap) -> Response {
+    let Some(who) = auth::current(&state, &headers).await else {
+        return auth::sign_in_first("/approvals");
+    };
+    let now = state.approvals.gate.now();
+    let read = state
+        .approvals
+        .gate
+        .db
+        .read(move |c| {
+            let mut rows = Vec::new();
+            for e in store::with_status(c, Status::Held)? {
+                if e.expires_at_ms.is_none_or(|at| at > now) {
+                    let cust = customer(c, &e.thread_id)?;
+                    rows.push((e, cust));
+                }
+            }
+            Ok(rows)
+        })
+        .await;
+    let rows = match read {
+        Ok(rows) => rows,
+        Err(e) => return internal(&who, e),
+    };
+    let redactor = state.approvals.gate.current_redactor();
+    let rows = rows
+        .into_iter()
+        .map(|(e, cust)| {
+            let link = state.thread_link(&e.thread_id);
+            QueueRow::new(&e, now, &redactor, cust, link)
+        })
+        .collect();
+    render(
+        StatusCode::OK,
+        &QueuePage {
+            reviewer: &who.reviewer.name,
+            csrf: &who.csrf,
+            banner: "",
+            banner_kind: "",
+            rows,
+        },
+    )
+}
+
+/// `GET /approvals/history`: decided and expired holds, newest first.
+pub async fn history(State(state): State<ReviewState>, headers: HeaderMap) -> Response {
+    let Some(who) = auth::current(&state, &headers).await else {
+        return auth::sign_in_first("/approvals/history");
+    };
+    let read = state
+        .approvals
+        .gate
+        .db
+        .read(|c| store::decided_holds(c, PAGE_ROWS))
+        .await;
+    match read {
+        Ok(rows) => render(
+            StatusCode::OK,
+            &HistoryPage {
+                reviewer: &who.reviewer.name,
+                csrf: &who.csrf,
+                banner: "",
+                banner_kind: "",
+                rows: {
+                    let redactor = state.approvals.gate.current_redactor();
+                    rows.iter().map(|e| HistoryRow::new(e, &redactor)).collect()
+                },
+            },
+        ),
+        Err(e) => internal(&who, e),
+    }
+}
+
+/// The approval page of `id` with a banner.
+async fn approval_page(
+    state: &ReviewState,
+    who: &Signed,
+    id: &str,
+    status: StatusCode,
+    banner: &str,
+    banner_kind: &str,
+) -> Response {
+    let owned = id.to_owned();
+    let read = state
+        .approvals
+        .gate
+        .db
+        .read(move |c| {
+            let Some(e) = store::get(c, &owned)? else {
+                return Ok(None);
+            };
+            let others: Vec<Execution> = store::for_thread(c, &e.thread_id, 21)?
+                .into_iter()
+                .filter(|o| o.id != e.id)
+                .take(20)
+                .collect();
+            let cust = customer(c, &e.thread_id)?;
+            Ok(Some((e, others, cust)))
+        })
+        .await;
+    let (e, others, cust) = match read {
+        Ok(Some(found)) => found,
+        Ok(None) => {
+            return message(
+                StatusCode::NOT_FOUND,
+                Some(who),
+                "Not found",
+                "No such approval.",
+            );
+        }
+        Err(err) => return internal(who, err),
+    };
+    let gate = &state.approvals.gate;
+    let redactor = gate.current_redactor();
+    let policy = gate.current_policy();
+    let view = ApprovalView::new(
+        &e,
+        gate.now(),
+        &redactor,
+        &policy.hash_hex,
+        cust,
+        state.thread_link(&e.thread_id),
+    );
+    let (banner, banner_kind) = match (banner.is_empty(), view.open) {
+        (true, false) if view.status == "expired" => (
+            "This approval expired: it can no longer be decided.",
+            "warn",
+        ),
+        (true, false) => ("This approval was already decided.", "warn"),
+        _ => (banner, banner_kind),
+    };
+    render(
+        status,
+        &ApprovalPage {
+            reviewer: &who.reviewer.name,
+            csrf: &who.csrf,
+            banner,
+            banner_kind,
+            others: others
+                .iter()
+                .map(|o| OtherCall::new(o, &redactor))
+                .collect(),
+            a: view,
+        },
+    )
+}
+
+/// `GET /approvals/{id}`: the note's link.
+pub async fn approval(
+    State(state): State<ReviewState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let Some(who) = auth::current(&state, &headers).await else {
+        return auth::sign_in_first(&format!("/approvals/{id}"));
+    };
+    approval_page(&state, &who, &id, StatusCode::OK, "", "").await
+}
+
+/// The decision form: `csrf`, `decision`, `message` and `lower.<argument>` fields.
+struct DecideForm {
+    csrf: String,
+    decision: Option<Choice>,
+    message: Option<String>,
+    lower: BTreeMap<String, String>,
+}
+
+fn parse_form(fields: Vec<(String, String)>) -> DecideForm {
+    let mut form = DecideForm {
+        csrf: String::new(),
+        decision: None,
+        message: None,
+        lower: BTreeMap::new(),
+    };
+    for (k, v) in fields {
+        match k.as_str() {
+            "csrf" => form.csrf = v,
+            "decision" if v == "approve" => form.decision = Some(Choice::Approve),
+            "decision" if v == "deny" => form.decision = Some(Choice::Deny),
+            "message" => {
+                let m = v.trim();
+                form.message = (!m.is_empty()).then(|| m.chars().take(MAX_MESSAGE).collect());
+            }
+            _ => {
+                if let Some(arg) = k.strip_prefix("lower.") {
+                    form.lower.insert(arg.to_owned(), v);
+                }
+            }
+        }
+    }
+    form
+}
+
+/// `POST /approvals/{id}/decide`.
+pub async fn decide(
+    State(state): State<ReviewState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(fields): Form<Vec<(String, String)>>,
+) -> Response {
+    let Some(who) = auth::current(&state, &headers).await else {
+        return auth::sign_in_first(&format!("/approvals/{id}"));
+    };
+    let form = parse_form(fields);
+    if !auth::same_token(&form.csrf, &who.csrf) {
+        return auth::csrf_refused(&who);
+    }
+    let (status, banner, kind) = match apply_decision(&state, &who, &id, form).await {
+        Ok(shown) => shown,
+        Err(response) => return *response,
+    };
+    approval_page(&state, &who, &id, status, &banner, kind).await
+}
+
+type Banner = (StatusCode, String, &'static str);
+
+/// Records the form's decision; the banner to show above the approval, or a whole
+/// response for a missing approval or an internal error.
+async fn apply_decision(
+    state: &ReviewState,
+    who: &Signed,
+    id: &str,
+    form: DecideForm,
+) -> Result<Banner, Box<Response>> {
+    let refused =
+        |status, text: String| -> Result<Banner, Box<Response>> { Ok((status, text, "error")) };
+    let name = who.reviewer.name.as_str();
+    let result = match form.decision {
+        None => return refused(StatusCode::BAD_REQUEST, "Choose Approve or Deny.".into()),
+        Some(Choice::Deny) => state
+            .approvals
+            .decide(id, name, Choice::Deny, form.message)
+            .await
+            .map(Ok),
+        Some(Choice::Approve) => {
+            if let Some(refusal) = approve_refusal(state, id).await {
+                return refused(StatusCode::CONFLICT, refusal);
+            }
+            let lower = match parse_lower(&form.lower) {
+                Ok(lower) => lower,
+                Err(text) => return refused(StatusCode::UNPROCESSABLE_ENTITY, text),
+            };
+            state
+                .approvals
+                .approve_narrowed(id, name, form.message, lower)
+                .await
+        }
+    };
+    match result {
+        Ok(Ok(e)) => {
+            let verb = if e.status == Status::Denied {
+                "Denied"
+            } else {
+                "Approved"
+            };
+            Ok((
+                StatusCode::OK,
+                format!("{verb}. The agent has been told."),
+                "ok",
+            ))
+        }
+        Ok(Err(narrowing)) => refused(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("Not approved: {narrowing}."),
+        ),
+        Err(DecideError::NotFound(_)) => Err(Box::new(message(
+            StatusCode::NOT_FOUND,
+            Some(who),
+            "Not found",
+            "No such approval.",
+        ))),
+        Err(DecideError::Expired { .. }) => Ok((
+            StatusCode::GONE,
+            "This approval expired before your decision: nothing was done.".into(),
+            "warn",
+        )),
+        Err(DecideError::AlreadyDecided { status, .. }) => Ok((
+            StatusCode::CONFLICT,
+            format!(
+                "Someone else already decided this approval ({status}): your decision was not recorded."
+            ),
+            "warn",
+        )),
+        Err(DecideError::Store(e)) => Err(Box::new(internal(who, e))),
+    }
+}
+
+/// The `lower.<argument>` fields as whole numbers.
+fn parse_lower(fields: &BTreeMap<String, String>) -> Result<BTreeMap<String, i64>, String> {
+    fields
+        .iter()
+        .map(|(arg, text)| {
+            text.trim()
+                .parse::<i64>()
+                .map(|n| (arg.clone(), n))
+                .map_err(|_| format!("{arg} must be a whole number (got {text:?})."))
+        })
+        .collect()
+}
+
+/// Why the call `id` cannot be approved from the page (something is not shown).
+async fn approve_refusal(state: &ReviewState, id: &str) -> Option<String> {
+    let owned = id.to_owned();
+    let e = state
+        .approvals
+        .gate
+        .db
+        .read(move |c| store::get(c, &owned))
+        .await
+        .ok()??;
+    let (_, left_out) = super::views::left_out(&state.approvals.gate.current_redactor(), &e.args);
+    (!left_out.is_empty()).then_some(left_out)
+}
+
+/// `GET /threads/{thread_id}`: every audited event of the thread's calls.
+pub async fn thread(
+    State(state): State<ReviewState>,
+    headers: HeaderMap,
+    Path(thread_id): Path<String>,
+) -> Response {
+    let Some(who) = auth::current(&state, &headers).await else {
+        return auth::sign_in_first(&format!("/threads/{thread_id}"));
+    };
+    let t = thread_id.clone();
+    let redactor = state.approvals.gate.current_redactor();
+    let read = state
+        .approvals
+        .gate
+        .db
+        .read(move |c| trail(c, &t, &redactor))
+        .await;
+    match read {
+        Ok(rows) => render(
+            StatusCode::OK,
+            &ThreadPage {
+                reviewer: &who.reviewer.name,
+                csrf: &who.csrf,
+                banner: "",
+                banner_kind: "",
+                thread_url: state.thread_link(&thread_id),
+                thread_id: &thread_id,
+                rows,
+            },
+        ),
+        Err(e) => internal(&who, e),
+    }
+}
+
+fn trail(
+    c: &Connection,
+    thread_id: &str,
+    redactor: &crate::secrets::Redactor,
+) -> rusqlite::Result<Vec<TrailRow>> {
+    let mut stmt = c.prepare(
+        "SELECT at_ms, event, execution_id, tool, decision, rule, reviewer, outcome \
+         FROM audit WHERE thread_id = ?1 ORDER BY id LIMIT ?2",
+    )?;
+    let rows = stmt.query_map(rusqlite::params![thread_id, PAGE_ROWS * 5], |r| {
+        let text = |i: usize| -> rusqlite::Result<String> {
+            let raw = r.get::<_, Option<String>>(i)?.unwrap_or_else(|| "-".into());
+            Ok(redactor.redact(&raw).into_owned())
+        };
+        Ok(TrailRow {
+            when: when(Some(r.get(0)?)),
+            event: text(1)?,
+            execution_id: r.get::<_, Option<String>>(2)?.unwrap_or_default(),
+            tool: text(3)?,
+            decision: text(4)?,
+            rule: text(5)?,
+            reviewer: text(6)?,
+            outcome: text(7)?.chars().take(300).collect(),
+        })
+    })?;
+    rows.collect()
+}

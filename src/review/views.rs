@@ -1,0 +1,311 @@
+//! What the review templates show, built from executions and audit rows. Every string
+//! here is escaped by the templates; credentials are replaced before anything is shown.
+
+use serde_json::Value;
+
+use crate::approvals::narrow;
+use crate::approvals::store::{Execution, Status};
+use crate::gateway::gate::redact_args;
+use crate::secrets::Redactor;
+
+/// The largest arguments shown in full; larger ones are left out (and Approve disabled).
+pub const MAX_SHOWN_ARGS: usize = 64 * 1024;
+/// The longest diagnosis shown.
+pub const MAX_SHOWN_DIAGNOSIS: usize = 16 * 1024;
+
+/// "3 min", "2 h 5 min", "4 d".
+pub fn span(ms: i64) -> String {
+    let min = ms.max(0) / 60_000;
+    match min {
+        0 => "under a minute".into(),
+        1..=59 => format!("{min} min"),
+        60..=1439 => format!("{} h {} min", min / 60, min % 60),
+        _ => format!("{} d", min / 1440),
+    }
+}
+
+/// A UTC timestamp for people.
+pub fn when(ms: Option<i64>) -> String {
+    ms.and_then(chrono::DateTime::from_timestamp_millis)
+        .map(|t| t.format("%Y-%m-%d %H:%M UTC").to_string())
+        .unwrap_or_else(|| "-".into())
+}
+
+/// "refund (line 12)".
+pub fn rule(e: &Execution) -> String {
+    match e.rule_line {
+        Some(line) => format!("{} (line {line})", e.because),
+        None => e.because.clone(),
+    }
+}
+
+/// The one-line summary, passed through the current redactor (a secret stored since
+/// the call was held is hidden too).
+fn summary(e: &Execution, redactor: &Redactor) -> String {
+    let text = e.summary.as_deref().unwrap_or(&e.tool);
+    redactor.redact(text).into_owned()
+}
+
+fn redacted(text: Option<&str>, redactor: &Redactor, none: &str) -> String {
+    text.map(|t| redactor.redact(t).into_owned())
+        .unwrap_or_else(|| none.to_owned())
+}
+
+/// One pending approval in the queue.
+pub struct QueueRow {
+    pub id: String,
+    pub tool: String,
+    pub summary: String,
+    pub customer: String,
+    pub thread_id: String,
+    pub thread_url: String,
+    pub agent: String,
+    pub rule: String,
+    pub age: String,
+    pub time_left: String,
+    pub urgency: &'static str,
+}
+
+impl QueueRow {
+    pub fn new(
+        e: &Execution,
+        now: i64,
+        redactor: &Redactor,
+        customer: String,
+        thread_url: String,
+    ) -> QueueRow {
+        let left = e.expires_at_ms.map(|at| at - now);
+        QueueRow {
+            id: e.id.clone(),
+            tool: e.tool.clone(),
+            summary: summary(e, redactor),
+            customer: redactor.redact(&customer).into_owned(),
+            thread_id: e.thread_id.clone(),
+            thread_url,
+            agent: e.agent.clone(),
+            rule: rule(e),
+            age: span(now - e.created_at_ms),
+            time_left: left.map(span).unwrap_or_else(|| "no limit".into()),
+            urgency: if left.is_some_and(|l| l < 15 * 60_000) {
+                "soon"
+            } else {
+                ""
+            },
+        }
+    }
+}
+
+/// One decided or expired approval.
+pub struct HistoryRow {
+    pub id: String,
+    pub tool: String,
+    pub summary: String,
+    pub status: &'static str,
+    pub reviewer: String,
+    pub when: String,
+    pub message: String,
+    pub thread_id: String,
+}
+
+impl HistoryRow {
+    pub fn new(e: &Execution, redactor: &Redactor) -> HistoryRow {
+        HistoryRow {
+            id: e.id.clone(),
+            tool: e.tool.clone(),
+            summary: summary(e, redactor),
+            status: e.status.as_str(),
+            reviewer: e
+                .reviewer
+                .clone()
+                .unwrap_or_else(|| "nobody (expired)".into()),
+            when: when(e.decided_at_ms.or(e.finished_at_ms)),
+            message: redacted(e.decision_message.as_deref(), redactor, "-"),
+            thread_id: e.thread_id.clone(),
+        }
+    }
+}
+
+/// A numeric argument the reviewer may lower.
+pub struct Narrowable {
+    pub name: String,
+    pub held: i64,
+}
+
+/// One approval's page.
+pub struct ApprovalView {
+    pub id: String,
+    pub tool: String,
+    pub status: &'static str,
+    pub open: bool,
+    pub summary: String,
+    pub customer: String,
+    pub thread_id: String,
+    pub thread_url: String,
+    pub agent: String,
+    pub age: String,
+    pub time_left: String,
+    pub rule: String,
+    pub policy_version: String,
+    pub policy_warning: String,
+    pub args: String,
+    /// Why Approve is disabled; empty when everything is shown.
+    pub left_out: String,
+    pub diagnosis: String,
+    pub narrowable: Vec<Narrowable>,
+    pub reviewer: String,
+    pub decided_at: String,
+    pub message: String,
+    pub outcome: String,
+}
+
+/// What was left out of the arguments shown, if anything (then Approve is disabled: a
+/// person does not approve what they cannot see).
+pub fn left_out(redactor: &Redactor, raw: &str) -> (String, String) {
+    let Ok(args) = serde_json::from_str::<Value>(raw) else {
+        return (
+            String::new(),
+            "The arguments cannot be read, so they cannot be approved.".into(),
+        );
+    };
+    let shown = redact_args(redactor, &args);
+    let pretty = serde_json::to_string_pretty(&shown).unwrap_or_default();
+    if pretty.len() > MAX_SHOWN_ARGS {
+        let cut: String = pretty.chars().take(MAX_SHOWN_ARGS).collect();
+        return (
+            format!("{cut}\n[... cut]"),
+            "The arguments are too large to show in full, so Approve is disabled.".into(),
+        );
+    }
+    if shown != args {
+        return (
+            pretty,
+            "Some argument values are credentials or secrets and were replaced with [redacted]: \
+             you cannot see what would be sent, so Approve is disabled. Deny, and tell the agent why."
+                .into(),
+        );
+    }
+    (pretty, String::new())
+}
+
+impl ApprovalView {
+    /// The view of `e` at `now`, under the policy whose hash is `current_policy`.
+    pub fn new(
+        e: &Execution,
+        now: i64,
+        redactor: &Redactor,
+        current_policy: &str,
+        customer: String,
+        thread_url: String,
+    ) -> ApprovalView {
+        let expired = e.expires_at_ms.is_some_and(|at| at <= now);
+        let open = e.status == Status::Held && !expired;
+        let status = if e.status == Status::Held && expired {
+            "expired"
+        } else {
+            e.status.as_str()
+        };
+        let (args, left_out) = left_out(redactor, &e.args);
+        let parsed: Value = serde_json::from_str(&e.args).unwrap_or_default();
+        let diagnosis = e
+            .diagnosis
+            .as_deref()
+            .map(|d| {
+                redactor
+                    .redact(d)
+                    .chars()
+                    .take(MAX_SHOWN_DIAGNOSIS)
+                    .collect()
+            })
+            .unwrap_or_else(|| "(none given)".into());
+        let policy_warning = if e.policy_hash != current_policy {
+            format!(
+                "The policy has changed since this call was held (now {}). Approving decides it again against the policy in force.",
+                short(current_policy)
+            )
+        } else {
+            String::new()
+        };
+        ApprovalView {
+            id: e.id.clone(),
+            tool: e.tool.clone(),
+            status,
+            open,
+            summary: summary(e, redactor),
+            customer: redactor.redact(&customer).into_owned(),
+            thread_id: e.thread_id.clone(),
+            thread_url,
+            agent: e.agent.clone(),
+            age: span(now - e.created_at_ms),
+            time_left: match e.expires_at_ms {
+                Some(at) if at > now => format!("in {}", span(at - now)),
+                Some(at) => format!("expired {}", when(Some(at))),
+                None => "never".into(),
+            },
+            rule: rule(e),
+            policy_version: short(&e.policy_hash),
+            policy_warning,
+            args,
+            left_out,
+            diagnosis,
+            narrowable: narrow::narrowable(&parsed)
+                .into_iter()
+                .map(|(name, held)| Narrowable { name, held })
+                .collect(),
+            reviewer: e.reviewer.clone().unwrap_or_else(|| "-".into()),
+            decided_at: when(e.decided_at_ms),
+            message: redacted(e.decision_message.as_deref(), redactor, "-"),
+            outcome: outcome(e, redactor),
+        }
+    }
+}
+
+fn short(hash: &str) -> String {
+    hash.chars().take(12).collect()
+}
+
+fn outcome(e: &Execution, redactor: &Redactor) -> String {
+    let text = match (e.status, &e.result, &e.error) {
+        (Status::Succeeded, Some(r), _) => r.chars().take(400).collect(),
+        (_, _, Some(err)) => err.chars().take(400).collect(),
+        (status, _, _) => status.as_str().to_owned(),
+    };
+    redactor.redact(&text).into_owned()
+}
+
+/// Another call on the same thread.
+pub struct OtherCall {
+    pub id: String,
+    pub when: String,
+    pub tool: String,
+    pub status: &'static str,
+    pub what: String,
+}
+
+impl OtherCall {
+    pub fn new(e: &Execution, redactor: &Redactor) -> OtherCall {
+        let args: Value = serde_json::from_str(&e.args).unwrap_or_default();
+        let shown = redact_args(redactor, &args).to_string();
+        OtherCall {
+            id: e.id.clone(),
+            when: when(Some(e.created_at_ms)),
+            tool: e.tool.clone(),
+            status: e.status.as_str(),
+            what: match &e.summary {
+                Some(s) => redactor.redact(s).into_owned(),
+                None => shown.chars().take(200).collect(),
+            },
+        }
+    }
+}
+
+/// One audit row of a thread.
+pub struct TrailRow {
+    pub when: String,
+    pub event: String,
+    pub execution_id: String,
+    pub tool: String,
+    pub decision: String,
+    pub rule: String,
+    pub reviewer: String,
+    pub outcome: String,
+}

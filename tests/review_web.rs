@@ -1,0 +1,26 @@
+//! The review page, end to end: a real threadgate (the gateway harness: localstripe,
+//! the Plain fake, a fake sandbox) with reviewers signing in over HTTP and in a real
+//! headless Chromium driven over WebDriver.
+//!
+//! Needs `.venv-peers` (`scripts/localstripe.sh setup`) and Chromium with chromedriver
+//! (`scripts/browser-up.sh`). Screenshots land in `target/tmp/review-screenshots/`.
+
+#[path = "support/github_stub.rs"]
+mod github_stub;
+#[path = "support/localstripe.rs"]
+mod localstripe;
+#[path = "support/plain_fake.rs"]
+mod plain_fake;
+
+#[path = "gateway_e2e/harness.rs"]
+mod harness;
+#[path = "gateway_e2e/unix_http.rs"]
+mod unix_http;
+
+#[path = "review_web/web.rs"]
+mod web;
+
+#[path = "review_web/browser.rs"]
+mod browser;
+#[path = "review_web/http.rs"]
+mod http;
