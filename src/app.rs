@@ -122,10 +122,10 @@ async fn connectors(settings: &Settings, secrets: &SecretStore) -> anyhow::Resul
         c.helpdesk = Some(Arc::new(h));
     }
     if let Some(key) = get(settings.github.key_secret.clone()).await {
-        c.github = Some(Arc::new(GithubConnector::new(
-            &settings.github.api_url,
-            Credential::new(key.expose()),
-        )?));
+        c.github = Some(Arc::new(
+            GithubConnector::new(&settings.github.api_url, Credential::new(key.expose()))?
+                .with_repos(&settings.github.repos),
+        ));
     }
     Ok(c)
 }

@@ -88,6 +88,9 @@ pub struct PlainSettings {
 pub struct ProviderSettings {
     pub api_url: String,
     pub key_secret: String,
+    /// GitHub only: the repositories (`owner/name`) the github tools may reach, and
+    /// where a session's draft pull request is opened (the first). Empty: none.
+    pub repos: Vec<String>,
 }
 
 /// The repository whose branches sessions work on.
@@ -152,6 +155,7 @@ fn default_stripe() -> ProviderSettings {
     ProviderSettings {
         api_url: "https://api.stripe.com".into(),
         key_secret: "stripe_api_key".into(),
+        repos: Vec::new(),
     }
 }
 
@@ -159,6 +163,7 @@ fn default_github() -> ProviderSettings {
     ProviderSettings {
         api_url: "https://api.github.com".into(),
         key_secret: "github_token".into(),
+        repos: Vec::new(),
     }
 }
 

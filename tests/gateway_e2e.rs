@@ -25,6 +25,8 @@ mod leaks;
 mod limits;
 #[path = "gateway_e2e/queue.rs"]
 mod queue;
+#[path = "gateway_e2e/read_scope.rs"]
+mod read_scope;
 #[path = "gateway_e2e/restart.rs"]
 mod restart;
 #[path = "gateway_e2e/scope.rs"]

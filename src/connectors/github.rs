@@ -36,6 +36,8 @@ pub struct GithubConnector {
     client: Client,
     base: Url,
     token: Credential,
+    /// The repositories (`owner/name`, lowercased) the tools may reach; empty reaches none.
+    repos: Vec<String>,
 }
 
 impl std::fmt::Debug for GithubConnector {
@@ -64,15 +66,56 @@ impl GithubConnector {
             client: http::build_client(timeout)?,
             base: http::parse_base_url(base_url)?,
             token,
+            repos: Vec::new(),
         })
+    }
+
+    /// Limits the tools to `repos` (`owner/name`, compared without case).
+    pub fn with_repos(mut self, repos: &[String]) -> Self {
+        self.repos = repos.iter().map(|r| r.to_ascii_lowercase()).collect();
+        self
+    }
+
+    /// The configured repositories, lowercased.
+    pub fn repos(&self) -> &[String] {
+        &self.repos
+    }
+
+    /// Whether `repo` is one of the configured repositories.
+    pub fn allows_repo(&self, repo: &str) -> bool {
+        self.repos.iter().any(|r| r.eq_ignore_ascii_case(repo))
+    }
+
+    fn check_repo(&self, args: &Args<'_>, repo: &str) -> Result<(), ConnectorError> {
+        if self.allows_repo(repo) {
+            Ok(())
+        } else {
+            Err(args.reject("repo", "one of the configured repositories"))
+        }
     }
 
     async fn search_code(&self, args: &Value) -> Result<Value, ConnectorError> {
         let args = Args::new("github.search_code", args, &["query", "repo"])?;
         let mut query = args.str("query")?.to_owned();
-        if let Some(repo) = args.opt_str("repo")? {
-            let (owner, name) = split_repo(&args, repo)?;
-            query.push_str(&format!(" repo:{owner}/{name}"));
+        if let Some(qualifier) = scope_qualifier(&query) {
+            return Err(args.reject(
+                "query",
+                &format!("a query without a `{qualifier}` qualifier (use `repo`)"),
+            ));
+        }
+        let repos: Vec<String> = match args.opt_str("repo")? {
+            Some(repo) => {
+                let (owner, name) = split_repo(&args, repo)?;
+                self.check_repo(&args, repo)?;
+                vec![format!("{owner}/{name}")]
+            }
+            None => self.repos.clone(),
+        };
+        if repos.is_empty() {
+            return Err(args.reject("repo", "one of the configured repositories (none is)"));
+        }
+        for repo in &repos {
+            query.push_str(&format!(" repo:{repo}"));
         }
         let mut url = http::endpoint(&self.base, &["search", "code"]);
         url.query_pairs_mut()
@@ -83,6 +126,11 @@ impl GithubConnector {
             .as_array()
             .into_iter()
             .flatten()
+            .filter(|item| {
+                item["repository"]["full_name"]
+                    .as_str()
+                    .is_some_and(|r| self.allows_repo(r))
+            })
             .map(|item| {
                 json!({
                     "name": item["name"],
@@ -103,6 +151,7 @@ impl GithubConnector {
     async fn get_file(&self, args: &Value) -> Result<Value, ConnectorError> {
         let args = Args::new("github.get_file", args, &["repo", "path", "ref"])?;
         let (owner, name) = split_repo(&args, args.str("repo")?)?;
+        self.check_repo(&args, args.str("repo")?)?;
         let path = args.str("path")?;
         let path_segments: Vec<&str> = path.trim_matches('/').split('/').collect();
         if path_segments
@@ -128,6 +177,7 @@ impl GithubConnector {
             &["repo", "title", "body", "labels"],
         )?;
         let (owner, name) = split_repo(&args, args.str("repo")?)?;
+        self.check_repo(&args, args.str("repo")?)?;
         let mut issue = json!({"title": args.str("title")?});
         if let Some(body) = args.opt_str("body")? {
             issue["body"] = json!(body);
@@ -180,6 +230,17 @@ impl Connector for GithubConnector {
     fn supports_idempotency(&self) -> bool {
         false
     }
+}
+
+/// The first search qualifier in `query` that would widen a search beyond the
+/// configured repositories (`repo:`, `org:`, `user:`), if any.
+pub fn scope_qualifier(query: &str) -> Option<&'static str> {
+    let lower = query.to_ascii_lowercase();
+    ["repo:", "org:", "user:"].into_iter().find(|q| {
+        lower
+            .split(|c: char| c.is_whitespace() || c == '(' || c == '-' || c == '"')
+            .any(|word| word.starts_with(q))
+    })
 }
 
 /// `owner/name`, each part made of letters, digits, `-`, `_` and `.`.
