@@ -23,6 +23,8 @@ mod approvals;
 mod leaks;
 #[path = "gateway_e2e/limits.rs"]
 mod limits;
+#[path = "gateway_e2e/publish.rs"]
+mod publish;
 #[path = "gateway_e2e/queue.rs"]
 mod queue;
 #[path = "gateway_e2e/read_scope.rs"]

@@ -30,6 +30,17 @@ pub const API_VERSION: &str = "2022-11-28";
 /// How many search results one `github.search_code` returns.
 const SEARCH_PAGE_SIZE: u32 = 20;
 
+/// A pull request [`GithubConnector::upsert_draft_pull`] opened or updated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullRequest {
+    /// Its number in the repository.
+    pub number: u64,
+    /// Its page.
+    pub html_url: String,
+    /// True when it was opened now, false when an open one was updated.
+    pub created: bool,
+}
+
 /// The GitHub connector. Cheap to clone.
 #[derive(Clone)]
 pub struct GithubConnector {
@@ -193,6 +204,56 @@ impl GithubConnector {
             "html_url": created["html_url"],
             "title": created["title"],
         }))
+    }
+
+    /// Opens a draft pull request from `head` (a branch of `repo`) into `base`, or, when
+    /// an open one from `head` exists, updates its title and description. Idempotent:
+    /// running it again (after a restart too) never opens a second one.
+    pub async fn upsert_draft_pull(
+        &self,
+        repo: &str,
+        head: &str,
+        base: &str,
+        title: &str,
+        body: &str,
+    ) -> Result<PullRequest, ConnectorError> {
+        let value = json!({"repo": repo});
+        let args = Args::new("github.pull_request", &value, &["repo"])?;
+        let (owner, name) = split_repo(&args, repo)?;
+        self.check_repo(&args, repo)?;
+        let pulls = http::endpoint(&self.base, &["repos", owner, name, "pulls"]);
+        let mut find = pulls.clone();
+        find.query_pairs_mut()
+            .append_pair("head", &format!("{owner}:{head}"))
+            .append_pair("state", "open");
+        let open = self.send(self.client.get(find)).await?;
+        let existing = open
+            .as_array()
+            .and_then(|list| list.first())
+            .and_then(|pull| pull["number"].as_u64());
+        let (answer, created) = match existing {
+            Some(number) => {
+                let url = http::endpoint(
+                    &self.base,
+                    &["repos", owner, name, "pulls", &number.to_string()],
+                );
+                let patch = json!({"title": title, "body": body});
+                (self.send(self.client.patch(url).json(&patch)).await?, false)
+            }
+            None => {
+                let create = json!({"title": title, "head": head, "base": base,
+                                    "body": body, "draft": true});
+                (
+                    self.send(self.client.post(pulls).json(&create)).await?,
+                    true,
+                )
+            }
+        };
+        Ok(PullRequest {
+            number: answer["number"].as_u64().unwrap_or_default(),
+            html_url: answer["html_url"].as_str().unwrap_or_default().to_owned(),
+            created,
+        })
     }
 
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<Value, ConnectorError> {

@@ -23,6 +23,7 @@ mod http;
 mod rate_limit;
 pub mod stripe;
 
+pub use args::is_plain_id;
 pub use credential::Credential;
 pub use error::{ConfigError, ConnectorError};
 pub use github::GithubConnector;

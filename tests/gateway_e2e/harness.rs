@@ -335,7 +335,8 @@ pub fn sign(body: &[u8]) -> String {
     threadgate::webhook::sign(SIGNING_SECRET.as_bytes(), body)
 }
 
-fn shared_dir() -> PathBuf {
+/// The shared directory (Plain's examples and test vectors).
+pub fn shared_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("THREADGATE_SHARED") {
         return PathBuf::from(dir);
     }
