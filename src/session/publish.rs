@@ -68,9 +68,9 @@ impl BranchPublisher for GithubPublisher {
         let summary = finding
             .or_else(|| commit_message.map(str::to_owned))
             .unwrap_or_else(|| "The agent left no note or diagnosis.".into());
-        let body = description(thread_id, workspace.as_deref(), branch, &summary);
         let redactor = (self.redactor)();
-        let body = redactor.redact(&body).into_owned();
+        let body =
+            redacted_description(&redactor, thread_id, workspace.as_deref(), branch, &summary);
         let title = format!("threadgate: Plain thread {thread_id}");
         let pull = self
             .github
@@ -98,6 +98,18 @@ pub fn description(
          Plain thread: {link}\n\n## What the agent found\n\n{summary}\n\n\
          Branch `{branch}`; a draft until an engineer reviews it.\n"
     )
+}
+
+/// [`description`] with every stored secret value replaced by its name.
+pub fn redacted_description(
+    redactor: &Redactor,
+    thread_id: &str,
+    workspace: Option<&str>,
+    branch: &str,
+    summary: &str,
+) -> String {
+    let body = description(thread_id, workspace, branch, summary);
+    redactor.redact(&body).into_owned()
 }
 
 /// The agent's latest internal note that ran, else its latest diagnosis.
@@ -140,4 +152,37 @@ fn workspace_of(c: &rusqlite::Connection, thread: &str) -> rusqlite::Result<Opti
         .and_then(|b| serde_json::from_str::<Value>(&b).ok())
         .and_then(|v| v["workspaceId"].as_str().map(str::to_owned))
         .filter(|w| crate::connectors::is_plain_id(w)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::secrets::SecretString;
+
+    #[test]
+    fn the_description_links_the_thread_and_carries_no_secret_value() {
+        let key = "sk_live_publish_test_5f1e9a7c3b2d";
+        let redactor = Redactor::new(vec![(
+            "stripe_api_key".to_owned(),
+            SecretString::new(key.to_owned()),
+        )])
+        .expect("redactor");
+        let body = redacted_description(
+            &redactor,
+            "th_1",
+            Some("w_2"),
+            "threadgate/th_1",
+            &format!("The agent found the key {key} in config.toml."),
+        );
+        assert!(!body.contains(key), "{body}");
+        assert!(
+            body.contains("https://app.plain.com/workspace/w_2/thread/th_1"),
+            "{body}"
+        );
+        assert!(body.contains("in config.toml"), "{body}");
+        let long = "x".repeat(MAX_SUMMARY_CHARS * 2);
+        let body = description("th_1", None, "threadgate/th_1", &long);
+        assert!(body.len() < MAX_SUMMARY_CHARS + 500);
+        assert!(body.contains("`th_1`"));
+    }
 }
