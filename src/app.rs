@@ -122,6 +122,27 @@ async fn model_proxy(
     )))
 }
 
+/// The draft pull request publisher: only with a remote, a GitHub connector and a
+/// configured repository (the first of `[github] repos`).
+fn publisher(
+    settings: &Settings,
+    gate: &Arc<Gate>,
+    db: &Db,
+    base: String,
+) -> Option<Arc<dyn crate::session::BranchPublisher>> {
+    settings.repo.remote.as_ref()?;
+    let github = gate.connectors.github.clone()?;
+    let repo = settings.github.repos.first()?.clone();
+    let g = gate.clone();
+    Some(Arc::new(crate::session::GithubPublisher {
+        github,
+        repo,
+        base,
+        db: db.clone(),
+        redactor: Arc::new(move || g.current_redactor()),
+    }))
+}
+
 impl Application {
     /// Builds every part and binds the people's listener.
     pub async fn build(settings: Settings, overrides: Overrides) -> anyhow::Result<Application> {
@@ -159,6 +180,10 @@ impl Application {
             worktrees_dir: settings.worktrees_dir(),
             remote: settings.repo.remote.clone(),
         })?;
+        let base_branch = workspaces
+            .default_ref()
+            .trim_start_matches("refs/heads/")
+            .to_owned();
         let (changes, _) = broadcast::channel(1024);
         let gate = Arc::new(Gate {
             db: db.clone(),
@@ -211,6 +236,7 @@ impl Application {
             settings: settings.sessions.clone(),
             default_agent: settings.default_agent.clone(),
             clock: clock.clone(),
+            publisher: publisher(&settings, &gate, &db, base_branch),
         });
         let _ = sandbox_api.supervisor.set(handle.clone());
         let _ = gate.supervisor.set(handle.clone());

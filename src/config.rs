@@ -102,6 +102,9 @@ pub struct ProviderSettings {
     pub api_url: String,
     /// The name of the stored secret holding the credential.
     pub key_secret: String,
+    /// GitHub only: the repositories (`owner/name`) the github tools may reach, and
+    /// where a session's draft pull request is opened (the first). Empty: none.
+    pub repos: Vec<String>,
 }
 
 /// The repository whose branches sessions work on.
@@ -168,6 +171,7 @@ fn default_stripe() -> ProviderSettings {
     ProviderSettings {
         api_url: "https://api.stripe.com".into(),
         key_secret: "stripe_api_key".into(),
+        repos: Vec::new(),
     }
 }
 
@@ -175,6 +179,7 @@ fn default_github() -> ProviderSettings {
     ProviderSettings {
         api_url: "https://api.github.com".into(),
         key_secret: "github_token".into(),
+        repos: Vec::new(),
     }
 }
 
@@ -356,6 +361,7 @@ mod provider {
     struct Partial {
         api_url: Option<String>,
         key_secret: Option<String>,
+        repos: Option<Vec<String>>,
     }
 
     fn merge<'de, D: Deserializer<'de>>(
@@ -366,6 +372,7 @@ mod provider {
         Ok(ProviderSettings {
             api_url: partial.api_url.unwrap_or(defaults.api_url),
             key_secret: partial.key_secret.unwrap_or(defaults.key_secret),
+            repos: partial.repos.unwrap_or(defaults.repos),
         })
     }
 

@@ -21,7 +21,9 @@ async fn stub_with_files() -> GithubStub {
 }
 
 fn connector(stub: &GithubStub) -> GithubConnector {
-    GithubConnector::new(stub.base_url(), Credential::new(TOKEN)).unwrap()
+    GithubConnector::new(stub.base_url(), Credential::new(TOKEN))
+        .unwrap()
+        .with_repos(&[REPO.to_owned()])
 }
 
 async fn call(
@@ -62,10 +64,12 @@ async fn search_code_scopes_to_the_repo() {
     );
     assert_eq!(request.api_version.as_deref(), Some("2022-11-28"));
 
-    let everywhere = call(&connector, "search_code", json!({"query": "retry_payment"}))
+    // Without `repo`, the search covers the configured repositories only (acme/other
+    // also has a match).
+    let unscoped = call(&connector, "search_code", json!({"query": "retry_payment"}))
         .await
         .unwrap();
-    assert_eq!(everywhere["total_count"], 2);
+    assert_eq!(unscoped["total_count"], 1);
 }
 
 #[tokio::test]
@@ -152,7 +156,7 @@ async fn validation_failures_are_rejections_with_details() {
     let error = call(
         &connector,
         "github.search_code",
-        json!({"query": "repo:acme/shop"}),
+        json!({"query": "language:rust"}),
     )
     .await
     .unwrap_err();
@@ -230,7 +234,9 @@ async fn bad_arguments_send_nothing() {
 async fn the_token_never_appears_in_errors_or_debug_output() {
     let stub = stub_with_files().await;
     let secret = "ghp_wrong_token_do_not_print_91f2";
-    let wrong = GithubConnector::new(stub.base_url(), Credential::new(secret)).unwrap();
+    let wrong = GithubConnector::new(stub.base_url(), Credential::new(secret))
+        .unwrap()
+        .with_repos(&[REPO.to_owned()]);
     let error = call(&wrong, "github.search_code", json!({"query": "x"}))
         .await
         .unwrap_err();
@@ -243,8 +249,9 @@ async fn the_token_never_appears_in_errors_or_debug_output() {
         .local_addr()
         .unwrap()
         .port();
-    let dead =
-        GithubConnector::new(&format!("http://127.0.0.1:{port}"), Credential::new(secret)).unwrap();
+    let dead = GithubConnector::new(&format!("http://127.0.0.1:{port}"), Credential::new(secret))
+        .unwrap()
+        .with_repos(&[REPO.to_owned()]);
     let unreachable = call(&dead, "github.search_code", json!({"query": "x"}))
         .await
         .unwrap_err();
@@ -259,4 +266,82 @@ async fn the_token_never_appears_in_errors_or_debug_output() {
     ] {
         assert!(!text.contains(secret), "{text}");
     }
+}
+
+#[tokio::test]
+async fn only_configured_repositories_are_reached() {
+    let stub = stub_with_files().await;
+    let connector = connector(&stub);
+    // Another repository, by argument or by a qualifier inside the query: refused here,
+    // nothing sent.
+    for (tool, args) in [
+        (
+            "github.create_issue",
+            json!({"repo": "attacker/drop", "title": "x"}),
+        ),
+        (
+            "github.get_file",
+            json!({"repo": "acme/other", "path": "lib.rs"}),
+        ),
+        (
+            "github.search_code",
+            json!({"query": "retry_payment", "repo": "acme/other"}),
+        ),
+        (
+            "github.search_code",
+            json!({"query": "retry_payment repo:acme/other"}),
+        ),
+        (
+            "github.search_code",
+            json!({"query": "retry_payment ORG:acme"}),
+        ),
+        (
+            "github.search_code",
+            json!({"query": "retry_payment user:acme"}),
+        ),
+    ] {
+        let error = call(&connector, tool, args.clone()).await.unwrap_err();
+        assert!(
+            matches!(error, ConnectorError::InvalidArgs { .. }),
+            "{tool} {args}: {error:?}"
+        );
+    }
+    assert!(stub.requests().is_empty(), "{:?}", stub.requests());
+    assert!(stub.issues().is_empty());
+
+    // A search without `repo` is limited to the configured repositories: acme/other's
+    // match is not searched for, nor returned.
+    let found = call(
+        &connector,
+        "github.search_code",
+        json!({"query": "retry_payment"}),
+    )
+    .await
+    .unwrap();
+    let repos: Vec<&str> = found["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| item["repository"].as_str().unwrap())
+        .collect();
+    assert_eq!(repos, vec![REPO]);
+    assert_eq!(
+        stub.requests()[0].query["q"],
+        format!("retry_payment repo:{REPO}")
+    );
+
+    // No repository configured: every tool is refused.
+    let none = GithubConnector::new(stub.base_url(), Credential::new(TOKEN)).unwrap();
+    let error = call(
+        &none,
+        "github.search_code",
+        json!({"query": "retry_payment"}),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(error, ConnectorError::InvalidArgs { .. }),
+        "{error:?}"
+    );
+    assert_eq!(stub.requests().len(), 1);
 }

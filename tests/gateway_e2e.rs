@@ -25,8 +25,12 @@ mod leaks;
 mod limits;
 #[path = "gateway_e2e/ops.rs"]
 mod ops;
+#[path = "gateway_e2e/publish.rs"]
+mod publish;
 #[path = "gateway_e2e/queue.rs"]
 mod queue;
+#[path = "gateway_e2e/read_scope.rs"]
+mod read_scope;
 #[path = "gateway_e2e/refund_evidence.rs"]
 mod refund_evidence;
 #[path = "gateway_e2e/restart.rs"]

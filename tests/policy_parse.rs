@@ -198,10 +198,10 @@ fn settings_and_their_defaults() {
 }
 
 #[test]
-fn the_shipped_support_policy_parses_with_its_nine_rules() {
+fn the_shipped_support_policy_parses_with_its_eleven_rules() {
     let source = include_str!("../policies/support.yaml");
     let policy = Policy::parse(source, "support.yaml").unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(policy.rule_count(), 9);
+    assert_eq!(policy.rule_count(), 11);
     assert_eq!(policy.approval_ttl(), Duration::from_secs(4 * 3600));
 }
 

@@ -120,7 +120,7 @@ impl<'a> Args<'a> {
 }
 
 /// Letters, digits, `_` and `-`, non-empty: safe as one URL path segment.
-pub(crate) fn is_plain_id(id: &str) -> bool {
+pub fn is_plain_id(id: &str) -> bool {
     !id.is_empty()
         && id
             .bytes()

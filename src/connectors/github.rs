@@ -30,12 +30,25 @@ pub const API_VERSION: &str = "2022-11-28";
 /// How many search results one `github.search_code` returns.
 const SEARCH_PAGE_SIZE: u32 = 20;
 
+/// A pull request [`GithubConnector::upsert_draft_pull`] opened or updated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullRequest {
+    /// Its number in the repository.
+    pub number: u64,
+    /// Its page.
+    pub html_url: String,
+    /// True when it was opened now, false when an open one was updated.
+    pub created: bool,
+}
+
 /// The GitHub connector. Cheap to clone.
 #[derive(Clone)]
 pub struct GithubConnector {
     client: Client,
     base: Url,
     token: Credential,
+    /// The repositories (`owner/name`, lowercased) the tools may reach; empty reaches none.
+    repos: Vec<String>,
 }
 
 impl std::fmt::Debug for GithubConnector {
@@ -64,15 +77,56 @@ impl GithubConnector {
             client: http::build_client(timeout)?,
             base: http::parse_base_url(base_url)?,
             token,
+            repos: Vec::new(),
         })
+    }
+
+    /// Limits the tools to `repos` (`owner/name`, compared without case).
+    pub fn with_repos(mut self, repos: &[String]) -> Self {
+        self.repos = repos.iter().map(|r| r.to_ascii_lowercase()).collect();
+        self
+    }
+
+    /// The configured repositories, lowercased.
+    pub fn repos(&self) -> &[String] {
+        &self.repos
+    }
+
+    /// Whether `repo` is one of the configured repositories.
+    pub fn allows_repo(&self, repo: &str) -> bool {
+        self.repos.iter().any(|r| r.eq_ignore_ascii_case(repo))
+    }
+
+    fn check_repo(&self, args: &Args<'_>, repo: &str) -> Result<(), ConnectorError> {
+        if self.allows_repo(repo) {
+            Ok(())
+        } else {
+            Err(args.reject("repo", "one of the configured repositories"))
+        }
     }
 
     async fn search_code(&self, args: &Value) -> Result<Value, ConnectorError> {
         let args = Args::new("github.search_code", args, &["query", "repo"])?;
         let mut query = args.str("query")?.to_owned();
-        if let Some(repo) = args.opt_str("repo")? {
-            let (owner, name) = split_repo(&args, repo)?;
-            query.push_str(&format!(" repo:{owner}/{name}"));
+        if let Some(qualifier) = scope_qualifier(&query) {
+            return Err(args.reject(
+                "query",
+                &format!("a query without a `{qualifier}` qualifier (use `repo`)"),
+            ));
+        }
+        let repos: Vec<String> = match args.opt_str("repo")? {
+            Some(repo) => {
+                let (owner, name) = split_repo(&args, repo)?;
+                self.check_repo(&args, repo)?;
+                vec![format!("{owner}/{name}")]
+            }
+            None => self.repos.clone(),
+        };
+        if repos.is_empty() {
+            return Err(args.reject("repo", "one of the configured repositories (none is)"));
+        }
+        for repo in &repos {
+            query.push_str(&format!(" repo:{repo}"));
         }
         let mut url = http::endpoint(&self.base, &["search", "code"]);
         url.query_pairs_mut()
@@ -83,6 +137,11 @@ impl GithubConnector {
             .as_array()
             .into_iter()
             .flatten()
+            .filter(|item| {
+                item["repository"]["full_name"]
+                    .as_str()
+                    .is_some_and(|r| self.allows_repo(r))
+            })
             .map(|item| {
                 json!({
                     "name": item["name"],
@@ -103,6 +162,7 @@ impl GithubConnector {
     async fn get_file(&self, args: &Value) -> Result<Value, ConnectorError> {
         let args = Args::new("github.get_file", args, &["repo", "path", "ref"])?;
         let (owner, name) = split_repo(&args, args.str("repo")?)?;
+        self.check_repo(&args, args.str("repo")?)?;
         let path = args.str("path")?;
         let path_segments: Vec<&str> = path.trim_matches('/').split('/').collect();
         if path_segments
@@ -128,6 +188,7 @@ impl GithubConnector {
             &["repo", "title", "body", "labels"],
         )?;
         let (owner, name) = split_repo(&args, args.str("repo")?)?;
+        self.check_repo(&args, args.str("repo")?)?;
         let mut issue = json!({"title": args.str("title")?});
         if let Some(body) = args.opt_str("body")? {
             issue["body"] = json!(body);
@@ -143,6 +204,56 @@ impl GithubConnector {
             "html_url": created["html_url"],
             "title": created["title"],
         }))
+    }
+
+    /// Opens a draft pull request from `head` (a branch of `repo`) into `base`, or, when
+    /// an open one from `head` exists, updates its title and description. Idempotent:
+    /// running it again (after a restart too) never opens a second one.
+    pub async fn upsert_draft_pull(
+        &self,
+        repo: &str,
+        head: &str,
+        base: &str,
+        title: &str,
+        body: &str,
+    ) -> Result<PullRequest, ConnectorError> {
+        let value = json!({"repo": repo});
+        let args = Args::new("github.pull_request", &value, &["repo"])?;
+        let (owner, name) = split_repo(&args, repo)?;
+        self.check_repo(&args, repo)?;
+        let pulls = http::endpoint(&self.base, &["repos", owner, name, "pulls"]);
+        let mut find = pulls.clone();
+        find.query_pairs_mut()
+            .append_pair("head", &format!("{owner}:{head}"))
+            .append_pair("state", "open");
+        let open = self.send(self.client.get(find)).await?;
+        let existing = open
+            .as_array()
+            .and_then(|list| list.first())
+            .and_then(|pull| pull["number"].as_u64());
+        let (answer, created) = match existing {
+            Some(number) => {
+                let url = http::endpoint(
+                    &self.base,
+                    &["repos", owner, name, "pulls", &number.to_string()],
+                );
+                let patch = json!({"title": title, "body": body});
+                (self.send(self.client.patch(url).json(&patch)).await?, false)
+            }
+            None => {
+                let create = json!({"title": title, "head": head, "base": base,
+                                    "body": body, "draft": true});
+                (
+                    self.send(self.client.post(pulls).json(&create)).await?,
+                    true,
+                )
+            }
+        };
+        Ok(PullRequest {
+            number: answer["number"].as_u64().unwrap_or_default(),
+            html_url: answer["html_url"].as_str().unwrap_or_default().to_owned(),
+            created,
+        })
     }
 
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<Value, ConnectorError> {
@@ -179,6 +290,17 @@ impl Connector for GithubConnector {
     fn supports_idempotency(&self) -> bool {
         false
     }
+}
+
+/// The first search qualifier in `query` that would widen a search beyond the
+/// configured repositories (`repo:`, `org:`, `user:`), if any.
+pub fn scope_qualifier(query: &str) -> Option<&'static str> {
+    let lower = query.to_ascii_lowercase();
+    ["repo:", "org:", "user:"].into_iter().find(|q| {
+        lower
+            .split(|c: char| c.is_whitespace() || c == '(' || c == '-' || c == '"')
+            .any(|word| word.starts_with(q))
+    })
 }
 
 /// `owner/name`, each part made of letters, digits, `-`, `_` and `.`.

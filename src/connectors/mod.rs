@@ -24,6 +24,7 @@ mod rate_limit;
 pub mod setup;
 pub mod stripe;
 
+pub use args::is_plain_id;
 pub use credential::{Credential, CredentialSource};
 pub use error::{ConfigError, ConnectorError};
 pub use github::GithubConnector;

@@ -68,7 +68,8 @@ pub async fn build(
         &github.api_url,
         credential("github", "key_secret", &github.key_secret)?,
     )
-    .map_err(url_error("github"))?;
+    .map_err(url_error("github"))?
+    .with_repos(&github.repos);
     for (name, secret) in [
         ("stripe", &stripe.key_secret),
         ("helpdesk", &plain.api_key_secret),

@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, broadcast};
 
 use super::complete::{self, CompleteError};
+use super::scope::{self, ScopeError};
 use crate::approvals::store::{self as exec_store, Execution, Status};
 use crate::audit::AuditEvent;
 use crate::connectors::{
@@ -240,6 +241,12 @@ impl Gate {
             };
         }
         let is_write = spec.risk != Risk::Read;
+        if let Err(e) = self
+            .check_scope(&req.tool, &mut args, scope, is_write)
+            .await
+        {
+            return self.refuse_scope(scope, &req.tool, e, &redactor).await;
+        }
         let wanted = self.current_policy().policy.evidence_wanted(&req.tool);
         let completion = match complete::complete(
             &req.tool,
@@ -513,6 +520,15 @@ impl Gate {
             tokio::time::sleep(std::time::Duration::from_millis(200 * retries)).await;
             outcome = connector.call(&exec.tool, &args, &ctx).await;
         }
+        if let Ok(result) = &outcome
+            && let Err(message) = scope::check_result(&exec.tool, &args, result)
+        {
+            // The answer is dropped, never stored nor returned.
+            self.record_outcome(&exec, Err((message.clone(), true)), started)
+                .await;
+            self.notify(&exec.id);
+            return refused(403, "out_of_scope", message);
+        }
         self.refresh_redactor().await;
         let redactor = self.current_redactor();
         let reply = match outcome {
@@ -626,6 +642,49 @@ impl Gate {
             .await;
         if let Err(e) = written {
             tracing::error!(error = %e, "cannot record a call's outcome");
+        }
+    }
+
+    /// Scope checks before the policy: Stripe reads against the thread's customer,
+    /// GitHub calls against the configured repositories.
+    async fn check_scope(
+        &self,
+        tool: &str,
+        args: &mut Map<String, Value>,
+        scope: &SessionScope,
+        is_write: bool,
+    ) -> Result<(), ScopeError> {
+        if tool.starts_with("github.") {
+            return scope::check_github(tool, args, self.connectors.github.as_deref());
+        }
+        if tool.starts_with("stripe.") && !is_write {
+            return scope::check_stripe_read(tool, args, scope, self.connectors.stripe.as_deref())
+                .await;
+        }
+        Ok(())
+    }
+
+    async fn refuse_scope(
+        &self,
+        scope: &SessionScope,
+        tool: &str,
+        error: ScopeError,
+        redactor: &Redactor,
+    ) -> CallReply {
+        match error {
+            ScopeError::OutOfScope(message) => {
+                self.audit_refusal(scope, tool, &message).await;
+                refused(403, "out_of_scope", message)
+            }
+            ScopeError::Lookup { what, source } => {
+                let status = if source.is_definite() { 422 } else { 502 };
+                let message = format!(
+                    "cannot look up {what}: {}",
+                    redactor.redact(&source.to_string())
+                );
+                self.audit_refusal(scope, tool, &message).await;
+                refused(status, "lookup_failed", message)
+            }
         }
     }
 

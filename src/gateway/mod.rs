@@ -8,6 +8,7 @@ pub mod gate;
 pub mod note;
 pub mod routes;
 pub mod sandbox_api;
+mod scope;
 pub mod socket;
 
 pub use audit_log::record_with_policy as audit_execution;

@@ -12,6 +12,7 @@
 //! never touches one without it.
 
 pub mod agents;
+pub mod publish;
 pub mod store;
 mod supervisor;
 mod workspace;
@@ -22,6 +23,7 @@ mod tests;
 use std::path::PathBuf;
 
 pub use agents::{AgentBook, AgentDefinition};
+pub use publish::{BranchPublisher, GithubPublisher};
 pub use store::{SessionRow, SessionState};
 pub use supervisor::{Clock, Supervisor, SupervisorHandle, SupervisorParts};
 pub use workspace::{CommitReport, PreparedWorktree, WorkspaceOps};

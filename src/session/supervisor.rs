@@ -36,6 +36,9 @@ pub struct SupervisorParts {
     pub settings: SessionSettings,
     pub default_agent: String,
     pub clock: Clock,
+    /// Opens or updates a draft pull request when a session ends with pushed changes;
+    /// `None` without a remote or a GitHub repository.
+    pub publisher: Option<Arc<dyn super::BranchPublisher>>,
 }
 
 enum Msg {
@@ -795,7 +798,7 @@ async fn stop_session(parts: &SupervisorParts, row: &SessionRow, end: bool) -> a
     let secrets = parts.secrets.all().await?;
     let workspaces = parts.workspaces.clone();
     let thread = row.thread_id.clone();
-    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+    let published = tokio::task::spawn_blocking(move || -> anyhow::Result<Option<_>> {
         let path = PathBuf::from(&worktree);
         if path.exists() {
             let report = workspaces.commit(&thread, &path, &secrets)?;
@@ -806,12 +809,46 @@ async fn stop_session(parts: &SupervisorParts, row: &SessionRow, end: bool) -> a
                 tracing::info!(thread, commit, "committed the session's work");
             }
         }
-        if end {
-            workspaces.push(&thread)?;
-            workspaces.remove_worktree(&thread)?;
+        if !end {
+            return Ok(None);
         }
-        Ok(())
+        // Only a branch with changes is pushed and published; without a remote, push
+        // does nothing and the branch stays local.
+        let changed = workspaces.has_changes(&thread)?;
+        let message = if changed {
+            workspaces.push(&thread)?;
+            Some(workspaces.tip_message(&thread)?)
+        } else {
+            None
+        };
+        workspaces.remove_worktree(&thread)?;
+        Ok(message)
     })
     .await??;
+    if let (Some(message), Some(publisher)) = (published, &parts.publisher) {
+        publish(publisher.as_ref(), row, message.as_deref()).await;
+    }
     Ok(())
+}
+
+/// Opens or updates the ended session's draft pull request. A failure is logged and
+/// does not keep the session from ending: its branch is already pushed, and the next
+/// end of the thread's session updates the same pull request.
+async fn publish(publisher: &dyn super::BranchPublisher, row: &SessionRow, message: Option<&str>) {
+    match publisher
+        .publish(&row.thread_id, &row.branch, message)
+        .await
+    {
+        Ok(pull) => tracing::info!(
+            thread = %row.thread_id,
+            number = pull.number,
+            created = pull.created,
+            "published the session's draft pull request"
+        ),
+        Err(e) => tracing::error!(
+            thread = %row.thread_id,
+            error = %e,
+            "cannot open the session's draft pull request"
+        ),
+    }
 }

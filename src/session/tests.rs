@@ -148,6 +148,7 @@ fn harness_with(
         settings: settings(max_live),
         default_agent: "support".into(),
         clock: Arc::new(move || clock_now.load(Ordering::SeqCst)),
+        publisher: None,
     });
     Harness {
         _dir: dir,

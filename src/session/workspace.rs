@@ -41,6 +41,15 @@ pub trait WorkspaceOps: Send + Sync {
     fn remove_worktree(&self, thread_id: &str) -> anyhow::Result<()>;
     /// Pushes the thread's branch (only it) when a remote is configured.
     fn push(&self, thread_id: &str) -> anyhow::Result<()>;
+    /// Whether the thread's branch holds commits the default branch does not; only then
+    /// is it pushed and published when the session ends.
+    fn has_changes(&self, _thread_id: &str) -> anyhow::Result<bool> {
+        Ok(true)
+    }
+    /// The message of the branch's tip commit, when it has changes.
+    fn tip_message(&self, _thread_id: &str) -> anyhow::Result<Option<String>> {
+        Ok(None)
+    }
 }
 
 impl WorkspaceOps for crate::workspace::Workspaces {
@@ -85,5 +94,13 @@ impl WorkspaceOps for crate::workspace::Workspaces {
 
     fn push(&self, thread_id: &str) -> anyhow::Result<()> {
         Ok(crate::workspace::Workspaces::push(self, thread_id)?)
+    }
+
+    fn has_changes(&self, thread_id: &str) -> anyhow::Result<bool> {
+        Ok(crate::workspace::Workspaces::has_changes(self, thread_id)?)
+    }
+
+    fn tip_message(&self, thread_id: &str) -> anyhow::Result<Option<String>> {
+        Ok(crate::workspace::Workspaces::tip_message(self, thread_id)?)
     }
 }

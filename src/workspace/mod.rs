@@ -243,6 +243,40 @@ impl Workspaces {
         remove::remove_worktree(&self.settings, thread_id)
     }
 
+    /// Whether the thread's branch holds commits the default branch does not (the
+    /// session changed something). A missing branch has none.
+    pub fn has_changes(&self, thread_id: &str) -> Result<bool, WorkspaceError> {
+        let thread_ref = self.settings.thread_ref(thread_id)?;
+        let repo = self.settings.open_repository()?;
+        let Some(tip) = prepare::branch_tip(&repo, thread_id, &thread_ref)? else {
+            return Ok(false);
+        };
+        let base = repo
+            .refname_to_id(&self.settings.default_ref)
+            .map_err(WorkspaceError::git(thread_id, "reading the default branch"))?;
+        let (ahead, _) = repo
+            .graph_ahead_behind(tip, base)
+            .map_err(WorkspaceError::git(
+                thread_id,
+                "comparing with the default branch",
+            ))?;
+        Ok(ahead > 0)
+    }
+
+    /// The message of the thread branch's tip commit, when the branch has changes.
+    pub fn tip_message(&self, thread_id: &str) -> Result<Option<String>, WorkspaceError> {
+        if !self.has_changes(thread_id)? {
+            return Ok(None);
+        }
+        let thread_ref = self.settings.thread_ref(thread_id)?;
+        let repo = self.settings.open_repository()?;
+        let commit = repo
+            .find_reference(&thread_ref)
+            .and_then(|r| r.peel_to_commit())
+            .map_err(WorkspaceError::git(thread_id, "reading the branch"))?;
+        Ok(commit.message().ok().map(str::to_owned))
+    }
+
     /// Pushes `refs/heads/threadgate/<thread-id>` (and nothing else) to the configured
     /// remote as a fast-forward. Does nothing when no remote is configured.
     pub fn push(&self, thread_id: &str) -> Result<(), WorkspaceError> {

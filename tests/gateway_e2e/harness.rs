@@ -35,6 +35,8 @@ pub const SIGNING_SECRET: &str = "plain_whsec_e2e_gateway_5d81c0f2a4b7";
 /// The Stripe key threadgate holds (localstripe accepts any `sk_` key). The fixtures
 /// made directly on localstripe use another key.
 pub const STRIPE_KEY: &str = "sk_test_e2e_gateway_9d2f71c3b8a54e06";
+/// The one GitHub repository the test apps may reach.
+pub const GITHUB_REPO: &str = "acme/billing";
 /// Where approval links point.
 pub const PUBLIC_URL: &str = "http://threadgate.reviewers.test";
 
@@ -149,6 +151,7 @@ impl World {
         settings.plain.api_url = plain.base_url().to_owned();
         settings.stripe.api_url = stripe.base_url();
         settings.github.api_url = github.base_url().to_owned();
+        settings.github.repos = vec![GITHUB_REPO.to_owned()];
         settings.repo.path = repo;
         settings.repo.default_branch = Some("main".into());
         settings.sandbox.secrets_root = root.join("secrets");
@@ -337,6 +340,7 @@ pub fn sign(body: &[u8]) -> String {
     threadgate::webhook::sign(SIGNING_SECRET.as_bytes(), body)
 }
 
+/// The shared directory (Plain's examples and test vectors).
 pub fn shared_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("THREADGATE_SHARED") {
         return PathBuf::from(dir);

@@ -43,6 +43,8 @@ struct StubState {
     /// (repo, ref, path) -> content.
     files: Mutex<BTreeMap<(String, String, String), Vec<u8>>>,
     issues: Mutex<Vec<Value>>,
+    /// Pull requests, with `repo`, `head` and `base` as plain strings.
+    pulls: Mutex<Vec<Value>>,
     requests: Mutex<Vec<Recorded>>,
     failures: Mutex<VecDeque<Failure>>,
 }
@@ -68,6 +70,14 @@ impl GithubStub {
             .route("/search/code", get(search_code))
             .route("/repos/{owner}/{repo}/contents/{*path}", get(contents))
             .route("/repos/{owner}/{repo}/issues", post(create_issue))
+            .route(
+                "/repos/{owner}/{repo}/pulls",
+                get(list_pulls).post(create_pull),
+            )
+            .route(
+                "/repos/{owner}/{repo}/pulls/{number}",
+                axum::routing::patch(update_pull),
+            )
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -100,6 +110,11 @@ impl GithubStub {
     /// Issues created so far.
     pub fn issues(&self) -> Vec<Value> {
         self.state.issues.lock().expect("lock").clone()
+    }
+
+    /// Pull requests opened so far (with their latest title and body).
+    pub fn pulls(&self) -> Vec<Value> {
+        self.state.pulls.lock().expect("lock").clone()
     }
 
     /// Requests received so far.
@@ -285,4 +300,108 @@ async fn create_issue(
     });
     issues.push(issue.clone());
     (StatusCode::CREATED, Json(issue)).into_response()
+}
+
+async fn list_pulls(
+    State(state): State<Arc<StubState>>,
+    headers: HeaderMap,
+    Path((owner, repo)): Path<(String, String)>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let path = format!("/repos/{owner}/{repo}/pulls");
+    if let Some(response) = admit(&state, &headers, "GET", path, &query) {
+        return response;
+    }
+    let full = format!("{owner}/{repo}");
+    let head = query.get("head").cloned();
+    let wanted_state = query.get("state").cloned().unwrap_or_else(|| "open".into());
+    let pulls = state.pulls.lock().expect("lock");
+    let found: Vec<Value> = pulls
+        .iter()
+        .filter(|p| p["repo"] == full.as_str() && p["state"] == wanted_state.as_str())
+        .filter(|p| {
+            head.as_deref()
+                .is_none_or(|h| Some(h) == p["head_label"].as_str())
+        })
+        .cloned()
+        .collect();
+    Json(Value::Array(found)).into_response()
+}
+
+async fn create_pull(
+    State(state): State<Arc<StubState>>,
+    headers: HeaderMap,
+    Path((owner, repo)): Path<(String, String)>,
+    Json(body): Json<Value>,
+) -> Response {
+    let path = format!("/repos/{owner}/{repo}/pulls");
+    if let Some(response) = admit(&state, &headers, "POST", path, &HashMap::new()) {
+        return response;
+    }
+    let (Some(head), Some(base)) = (body["head"].as_str(), body["base"].as_str()) else {
+        let errors = json!([{"resource": "PullRequest", "field": "head", "code": "missing_field"}]);
+        return error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Validation Failed",
+            errors,
+        );
+    };
+    let mut pulls = state.pulls.lock().expect("lock");
+    let label = format!("{owner}:{head}");
+    if pulls
+        .iter()
+        .any(|p| p["head_label"] == label.as_str() && p["state"] == "open")
+    {
+        let errors = json!([{"resource": "PullRequest", "code": "custom",
+                             "message": format!("A pull request already exists for {label}.")}]);
+        return error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Validation Failed",
+            errors,
+        );
+    }
+    let number = pulls.len() + 1;
+    let pull = json!({
+        "id": 2000 + number,
+        "number": number,
+        "repo": format!("{owner}/{repo}"),
+        "head_label": label,
+        "head": head,
+        "base": base,
+        "title": body["title"],
+        "body": body["body"],
+        "draft": body["draft"].as_bool().unwrap_or(false),
+        "state": "open",
+        "updates": 0,
+        "html_url": format!("https://github.test/{owner}/{repo}/pull/{number}"),
+    });
+    pulls.push(pull.clone());
+    (StatusCode::CREATED, Json(pull)).into_response()
+}
+
+async fn update_pull(
+    State(state): State<Arc<StubState>>,
+    headers: HeaderMap,
+    Path((owner, repo, number)): Path<(String, String, u64)>,
+    Json(body): Json<Value>,
+) -> Response {
+    let path = format!("/repos/{owner}/{repo}/pulls/{number}");
+    if let Some(response) = admit(&state, &headers, "PATCH", path, &HashMap::new()) {
+        return response;
+    }
+    let mut pulls = state.pulls.lock().expect("lock");
+    let full = format!("{owner}/{repo}");
+    let Some(pull) = pulls
+        .iter_mut()
+        .find(|p| p["repo"] == full.as_str() && p["number"] == number)
+    else {
+        return error(StatusCode::NOT_FOUND, "Not Found", json!([]));
+    };
+    for key in ["title", "body"] {
+        if let Some(v) = body.get(key) {
+            pull[key] = v.clone();
+        }
+    }
+    pull["updates"] = json!(pull["updates"].as_u64().unwrap_or(0) + 1);
+    Json(pull.clone()).into_response()
 }

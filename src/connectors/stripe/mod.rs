@@ -246,12 +246,21 @@ impl StripeConnector {
     }
 
     async fn get(&self, tool: &str, args: &Value, key: &str) -> Result<Value, ConnectorError> {
-        let args = Args::new(tool, args, &[key])?;
+        // `get_charge` also carries the `customer` the gateway checked it belongs to.
+        let allowed: &[&str] = if key == "charge" {
+            &["charge", "customer"]
+        } else {
+            &[key]
+        };
+        let args = Args::new(tool, args, allowed)?;
         let resource = if key == "charge" {
             "charges"
         } else {
             "customers"
         };
+        if key == "charge" {
+            args.opt_id("customer")?;
+        }
         let id = args.id(key)?;
         self.request(&["v1", resource, id], Request::Get(Vec::new()), None)
             .await

@@ -1,0 +1,157 @@
+//! What the engineers see (issue 8): a session that ends with changes pushes its branch
+//! to the configured remote (a real bare repository in the test's temp dir) and opens a
+//! draft pull request on the configured GitHub repository (the stub) whose description
+//! links the Plain thread and carries the agent's latest note; ending the thread again
+//! updates that pull request instead of opening another. A session without changes
+//! pushes nothing, and without a remote the branch stays local.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+use threadgate::session::{SessionState, store as sessions};
+
+use crate::harness::{GITHUB_REPO, Running, World, email_received, eventually, plain_id};
+
+/// A `thread.status_transitioned` delivery to DONE for `thread_id`, a second after now.
+fn done(thread_id: &str) -> Vec<u8> {
+    let path = crate::harness::shared_dir().join("plain/examples/thread-status-transitioned.json");
+    let mut event: Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("example")).expect("json");
+    let at = (chrono::Utc::now() + chrono::Duration::seconds(1))
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    event["id"] = json!(format!("pEv_{}", uuid::Uuid::new_v4().simple()));
+    event["timestamp"] = json!(at);
+    event["webhookMetadata"]["webhookDeliveryAttemptTimestamp"] = json!(at);
+    event["payload"]["thread"]["id"] = json!(thread_id);
+    event["payload"]["previousThread"]["id"] = json!(thread_id);
+    serde_json::to_vec(&event).expect("serialize")
+}
+
+async fn end(app: &Running, thread: &str) {
+    assert_eq!(app.send_webhook(&done(thread)).await, 200);
+    eventually("the session ends", || {
+        let t = thread.to_owned();
+        async move {
+            let row = app
+                .db
+                .read(move |c| sessions::get(c, &t))
+                .await
+                .expect("read");
+            row.is_some_and(|r| r.state == SessionState::Ended)
+        }
+    })
+    .await;
+}
+
+fn branch_tip(repo: &Path, thread: &str) -> Option<git2::Oid> {
+    let repo = git2::Repository::open(repo).expect("open");
+    repo.refname_to_id(&format!("refs/heads/threadgate/{thread}"))
+        .ok()
+}
+
+fn bare_remote(world: &World) -> std::path::PathBuf {
+    let path = world.dir.path().join("remote.git");
+    git2::Repository::init_bare(&path).expect("bare remote");
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_session_pushes_its_branch_and_opens_one_draft_pull_request() {
+    let mut world = World::new().await;
+    let remote = bare_remote(&world);
+    world.settings.repo.remote = Some(remote.display().to_string());
+    let app = world.start().await;
+    let ada = world.customer_session(&app, "ada@example.com", &[]).await;
+    let thread = ada.session.thread_id.clone();
+    let worktree = world.settings.worktrees_dir().join(&thread);
+    std::fs::write(worktree.join("FINDINGS.md"), "rounding twice\n").expect("write");
+    let (status, body) = ada
+        .session
+        .call(
+            "helpdesk.add_note",
+            json!({"text": "The invoice total is rounded twice in src/invoice.rs."}),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    end(&app, &thread).await;
+
+    // The branch is on the remote, at the local tip.
+    let local = branch_tip(&world.settings.repo.path, &thread).expect("local branch");
+    assert_eq!(branch_tip(&remote, &thread), Some(local));
+    // One draft pull request from it into main, linking the thread and the finding.
+    let pulls = world.github.pulls();
+    assert_eq!(pulls.len(), 1, "{pulls:#?}");
+    let pull = &pulls[0];
+    assert_eq!(pull["repo"], GITHUB_REPO);
+    assert_eq!(pull["head"], format!("threadgate/{thread}"));
+    assert_eq!(pull["base"], "main");
+    assert_eq!(pull["draft"], true);
+    let text = pull["body"].as_str().expect("body");
+    assert!(
+        text.contains(&format!(
+            "https://app.plain.com/workspace/w_01FXQ6A83FXNN9XA00415VR1XP/thread/{thread}"
+        )),
+        "{text}"
+    );
+    assert!(text.contains("rounded twice in src/invoice.rs"), "{text}");
+
+    // The customer writes again, the agent changes more, the thread ends again: the
+    // same pull request is updated, none is added.
+    // (After the DONE, which is dated a second ahead: an older message reopens nothing.)
+    let mut reopen: Value =
+        serde_json::from_slice(&email_received(&thread, &plain_id("c"), "ada@example.com"))
+            .expect("json");
+    let at = (chrono::Utc::now() + chrono::Duration::seconds(2))
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    reopen["timestamp"] = json!(at);
+    let reopen = serde_json::to_vec(&reopen).expect("serialize");
+    assert_eq!(app.send_webhook(&reopen).await, 200);
+    let again = world.session_of(&app, &thread).await;
+    std::fs::write(worktree.join("FIX.md"), "round once\n").expect("write");
+    let (status, body) = again
+        .call(
+            "helpdesk.add_note",
+            json!({"text": "Second look: the fix is to round once."}),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    end(&app, &thread).await;
+    let pulls = world.github.pulls();
+    assert_eq!(pulls.len(), 1, "{pulls:#?}");
+    assert_eq!(pulls[0]["updates"], 1);
+    assert!(
+        pulls[0]["body"]
+            .as_str()
+            .expect("body")
+            .contains("round once")
+    );
+    let local = branch_tip(&world.settings.repo.path, &thread).expect("local branch");
+    assert_eq!(branch_tip(&remote, &thread), Some(local));
+
+    // A session that changed nothing pushes nothing and opens nothing.
+    let bob = world.customer_session(&app, "bob@example.com", &[]).await;
+    end(&app, &bob.session.thread_id).await;
+    assert_eq!(branch_tip(&remote, &bob.session.thread_id), None);
+    assert_eq!(world.github.pulls().len(), 1);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_remote_the_branch_stays_local() {
+    let world = World::new().await;
+    let app = world.start().await;
+    let ada = world.customer_session(&app, "ada@example.com", &[]).await;
+    let thread = ada.session.thread_id.clone();
+    let worktree = world.settings.worktrees_dir().join(&thread);
+    std::fs::write(worktree.join("FINDINGS.md"), "rounding twice\n").expect("write");
+    end(&app, &thread).await;
+    let repo = git2::Repository::open(&world.settings.repo.path).expect("open");
+    let tip = branch_tip(&world.settings.repo.path, &thread).expect("local branch");
+    let tree = repo.find_commit(tip).expect("commit").tree().expect("tree");
+    assert!(tree.get_name("FINDINGS.md").is_some());
+    assert!(world.github.pulls().is_empty());
+    assert!(world.github.requests().is_empty());
+    app.stop().await;
+}
