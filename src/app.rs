@@ -14,7 +14,9 @@ use crate::approvals::{self, Approvals};
 use crate::config::Settings;
 use crate::connectors::helpdesk::EscalationRouting;
 use crate::connectors::{Credential, GithubConnector, HelpdeskConnector, StripeConnector};
-use crate::gateway::{Connectors, Gate, LoadedPolicy, SandboxApi, SandboxRouter, SocketHost};
+use crate::gateway::{
+    ConnLimits, Connectors, Gate, LoadedPolicy, SandboxApi, SandboxRouter, SocketHost,
+};
 use crate::policy::{Catalog, Policy};
 use crate::sandbox::{DockerRuntime, Limits, SandboxRuntime};
 use crate::secrets::{MasterKey, Redactor, SecretStore};
@@ -38,6 +40,7 @@ pub struct Application {
     pub gate: Arc<Gate>,
     pub supervisor: SupervisorHandle,
     pub instance_id: String,
+    limits: ConnLimits,
     sockets: Arc<SocketHost>,
     background: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -73,6 +76,11 @@ pub fn open_db(settings: &Settings) -> anyhow::Result<Db> {
             settings.data_dir.display()
         )
     })?;
+    // The data directory holds the database, the master key and the sockets: this
+    // user's only.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&settings.data_dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("cannot restrict {}", settings.data_dir.display()))?;
     Ok(Db::open(&settings.database_path())?)
 }
 
@@ -137,6 +145,10 @@ impl Application {
             "refusing to start without a Plain signing secret: set THREADGATE_PLAIN_SIGNING_SECRET \
              (or plain.signing_secret_file); an unsigned webhook endpoint would let anyone open sessions",
         )?;
+        match crate::gateway::raise_open_file_limit() {
+            Ok(n) => tracing::debug!(open_files = n, "open-file limit"),
+            Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+        }
         let db = open_db(&settings)?;
         let instance_id = instance_id(&db, settings.instance_id.as_deref()).await?;
         let loaded = load_policy(&settings.policy_file)?;
@@ -176,7 +188,15 @@ impl Application {
         // Before the supervisor can open a session socket: only calls a previous run
         // left behind are recovered, never one a session makes now.
         let leftovers = approvals.leftovers().await;
-        let sockets = Arc::new(SocketHost::new());
+        let limits = ConnLimits {
+            max_connections: settings.server.max_connections,
+            header_timeout: settings.server.header_timeout,
+            body_timeout: settings.server.body_timeout,
+        };
+        let sockets = Arc::new(SocketHost::new().with_limits(ConnLimits {
+            max_connections: settings.sessions.socket_max_connections,
+            ..limits
+        }));
         let sandbox_api = Arc::new(SandboxApi {
             db: db.clone(),
             agents: agents.clone(),
@@ -268,6 +288,7 @@ impl Application {
             gate,
             supervisor: handle,
             instance_id,
+            limits,
             sockets,
             background,
         })
@@ -280,9 +301,7 @@ impl Application {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         tracing::info!(addr = %self.addr, instance = %self.instance_id, "threadgate serving");
-        axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(shutdown)
-            .await?;
+        crate::gateway::serve::serve(self.listener, self.router, self.limits, shutdown).await;
         self.supervisor.shutdown();
         for task in self.background {
             task.abort();

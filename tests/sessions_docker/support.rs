@@ -137,6 +137,7 @@ impl World {
                 max_live: opts.max_live,
                 idle_timeout: opts.idle_timeout,
                 reconcile_every: Duration::from_secs(1),
+                ..SessionSettings::default()
             },
             ..defaults
         }
