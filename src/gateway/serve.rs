@@ -179,3 +179,19 @@ pub fn raise_open_file_limit() -> std::io::Result<u64> {
     }
     Ok(limit.current.unwrap_or(u64::MAX))
 }
+
+#[cfg(test)]
+mod tests {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+
+    #[test]
+    fn the_open_file_soft_limit_is_raised_to_the_hard_limit() {
+        let mut limit = getrlimit(Resource::Nofile);
+        let hard = limit.maximum;
+        limit.current = Some(256.min(hard.unwrap_or(256)));
+        setrlimit(Resource::Nofile, limit).expect("lower the soft limit");
+        let raised = super::raise_open_file_limit().expect("raise");
+        assert_eq!(getrlimit(Resource::Nofile).current, hard);
+        assert_eq!(Some(raised), hard.or(Some(u64::MAX)));
+    }
+}
