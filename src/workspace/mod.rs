@@ -41,6 +41,7 @@ mod names;
 mod prepare;
 mod remove;
 mod snapshot;
+pub mod volume;
 
 #[cfg(test)]
 mod tests;

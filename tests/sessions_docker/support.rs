@@ -44,6 +44,10 @@ pub struct AppOptions {
     pub agents_dir: Option<PathBuf>,
     /// Replaces the real Docker runtime (the burst benchmark's fake).
     pub sandbox: Option<Arc<dyn SandboxRuntime>>,
+    /// Size of each session's workspace filesystem (0: unlimited).
+    pub workspace_bytes: u64,
+    /// Free space the data disk keeps for the database.
+    pub disk_reserve_bytes: u64,
 }
 
 impl Default for AppOptions {
@@ -54,6 +58,8 @@ impl Default for AppOptions {
             idle_timeout: Duration::from_secs(600),
             agents_dir: None,
             sandbox: None,
+            workspace_bytes: 64 << 20,
+            disk_reserve_bytes: 0,
         }
     }
 }
@@ -137,6 +143,8 @@ impl World {
                 max_live: opts.max_live,
                 idle_timeout: opts.idle_timeout,
                 reconcile_every: Duration::from_secs(1),
+                workspace_bytes: opts.workspace_bytes,
+                disk_reserve_bytes: opts.disk_reserve_bytes,
                 ..SessionSettings::default()
             },
             ..defaults
