@@ -860,8 +860,14 @@ async fn stop_session(parts: &SupervisorParts, row: &SessionRow, end: bool) -> a
         }
         if end {
             workspaces.push(&thread)?;
+            // On a workspace filesystem, removing empties it and then cannot remove the
+            // mount point: unmount only then (never before the work is gone, so no later
+            // commit can see the checkout under the mount), and remove what is left.
+            if workspaces.remove_worktree(&thread).is_err() {
+                volume::release(&path)?;
+                workspaces.remove_worktree(&thread)?;
+            }
             volume::release(&path)?;
-            workspaces.remove_worktree(&thread)?;
         }
         Ok(())
     })
