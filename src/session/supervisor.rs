@@ -849,7 +849,9 @@ async fn stop_session(parts: &SupervisorParts, row: &SessionRow, end: bool) -> a
     let thread = row.thread_id.clone();
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let path = PathBuf::from(&worktree);
-        if path.exists() {
+        // An unmounted workspace image: a stop that crashed after committing, pushing
+        // and unmounting; what the directory shows now is not the session's work.
+        if path.exists() && !volume::is_unmounted(&path) {
             let report = workspaces.commit(&thread, &path, &secrets)?;
             for skipped in &report.skipped {
                 tracing::warn!(thread, file = %skipped, "left a file out of the commit");
@@ -864,10 +866,11 @@ async fn stop_session(parts: &SupervisorParts, row: &SessionRow, end: bool) -> a
             // mount point: unmount only then (never before the work is gone, so no later
             // commit can see the checkout under the mount), and remove what is left.
             if workspaces.remove_worktree(&thread).is_err() {
-                volume::release(&path)?;
+                volume::unmount(&path)?;
                 workspaces.remove_worktree(&thread)?;
             }
-            volume::release(&path)?;
+            volume::unmount(&path)?;
+            volume::remove_image(&path)?;
         }
         Ok(())
     })

@@ -78,12 +78,18 @@ pub fn limit(worktree: &Path, bytes: u64) -> anyhow::Result<bool> {
     Ok(true)
 }
 
-/// Unmounts the workspace filesystem of `worktree` (if any) and deletes its image; the
-/// worktree directory then shows the original checkout, removed with the worktree.
-pub fn release(worktree: &Path) -> anyhow::Result<()> {
+/// Unmounts the workspace filesystem of `worktree`, if mounted. Its image stays until
+/// [`remove_image`]: while it does, [`is_unmounted`] tells a later stop (after a crash)
+/// that the directory shows only the checkout hidden under the mount, not the work.
+pub fn unmount(worktree: &Path) -> anyhow::Result<()> {
     if is_mountpoint(worktree)? {
         run(Command::new("umount").arg(worktree))?;
     }
+    Ok(())
+}
+
+/// Deletes the image of `worktree`'s filesystem (after [`unmount`]).
+pub fn remove_image(worktree: &Path) -> anyhow::Result<()> {
     let image = image_of(worktree);
     match std::fs::remove_file(&image) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -91,6 +97,12 @@ pub fn release(worktree: &Path) -> anyhow::Result<()> {
         }
         _ => Ok(()),
     }
+}
+
+/// Whether `worktree` has a filesystem image that is not mounted: its contents are then
+/// not the session's work (which is in the image) and must not be committed.
+pub fn is_unmounted(worktree: &Path) -> bool {
+    image_of(worktree).exists() && !matches!(is_mountpoint(worktree), Ok(true))
 }
 
 /// Whether the workspace filesystem at `worktree` is full (less than 1 MiB free).
