@@ -197,6 +197,13 @@ impl Drop for World {
     fn drop(&mut self) {
         remove_instance_containers(&self.instance);
         let _ = std::fs::remove_dir_all(&self.secrets_root);
+        // Workspace filesystems of sessions the test left running.
+        let worktrees = self.data_dir().join("worktrees");
+        if let Ok(entries) = std::fs::read_dir(&worktrees) {
+            for entry in entries.flatten() {
+                let _ = threadgate::workspace::volume::unmount(&entry.path());
+            }
+        }
     }
 }
 
