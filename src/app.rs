@@ -12,7 +12,7 @@ use tokio::sync::{Notify, broadcast};
 
 use crate::approvals::{self, Approvals};
 use crate::config::Settings;
-use crate::gateway::{Gate, LoadedPolicy, SandboxApi, SandboxRouter, SocketHost};
+use crate::gateway::{ConnLimits, Gate, LoadedPolicy, SandboxApi, SandboxRouter, SocketHost};
 use crate::model::{ModelProxy, Upstream};
 use crate::policy::{Catalog, Policy};
 use crate::sandbox::{DockerRuntime, Limits, SandboxRuntime};
@@ -39,6 +39,7 @@ pub struct Application {
     pub hasher: Arc<crate::approvals::hasher::Hasher>,
     pub supervisor: SupervisorHandle,
     pub instance_id: String,
+    limits: ConnLimits,
     sockets: Arc<SocketHost>,
     background: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -74,6 +75,11 @@ pub fn open_db(settings: &Settings) -> anyhow::Result<Db> {
             settings.data_dir.display()
         )
     })?;
+    // The data directory holds the database, the master key and the sockets: this
+    // user's only.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&settings.data_dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("cannot restrict {}", settings.data_dir.display()))?;
     Ok(Db::open(&settings.database_path())?)
 }
 
@@ -150,6 +156,10 @@ impl Application {
             "refusing to start without a Plain signing secret: set THREADGATE_PLAIN_SIGNING_SECRET \
              (or plain.signing_secret_file); an unsigned webhook endpoint would let anyone open sessions",
         )?;
+        match crate::gateway::raise_open_file_limit() {
+            Ok(n) => tracing::debug!(open_files = n, "open-file limit"),
+            Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+        }
         let db = open_db(&settings)?;
         let instance_id = instance_id(&db, settings.instance_id.as_deref()).await?;
         let loaded = load_policy(&settings.policy_file)?;
@@ -203,7 +213,15 @@ impl Application {
         // Before the supervisor can open a session socket: only calls a previous run
         // left behind are recovered, never one a session makes now.
         let leftovers = approvals.leftovers().await;
-        let sockets = Arc::new(SocketHost::new());
+        let limits = ConnLimits {
+            max_connections: settings.server.max_connections,
+            header_timeout: settings.server.header_timeout,
+            body_timeout: settings.server.body_timeout,
+        };
+        let sockets = Arc::new(SocketHost::new().with_limits(ConnLimits {
+            max_connections: settings.sessions.socket_max_connections,
+            ..limits
+        }));
         let sandbox_api = Arc::new(SandboxApi {
             db: db.clone(),
             agents: agents.clone(),
@@ -307,6 +325,7 @@ impl Application {
             hasher: approvals.hasher.clone(),
             supervisor: handle,
             instance_id,
+            limits,
             sockets,
             background,
         })
@@ -319,13 +338,7 @@ impl Application {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
         tracing::info!(addr = %self.addr, instance = %self.instance_id, "threadgate serving");
-        // Peers' addresses feed the sign-in and credential throttles.
-        let service = self
-            .router
-            .into_make_service_with_connect_info::<SocketAddr>();
-        axum::serve(self.listener, service)
-            .with_graceful_shutdown(shutdown)
-            .await?;
+        crate::gateway::serve::serve(self.listener, self.router, self.limits, shutdown).await;
         self.supervisor.shutdown();
         for task in self.background {
             task.abort();

@@ -68,6 +68,32 @@ pub struct Settings {
     pub sessions: SessionSettings,
     /// The model proxy on the session socket (`[model]`).
     pub model: crate::model::ModelSettings,
+    pub server: ServerSettings,
+}
+
+/// Limits on the people's listener (`listen`); session sockets use the same timeouts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSettings {
+    /// Open connections at most on `listen`; further ones are closed at once.
+    pub max_connections: usize,
+    /// Time a client has to send a request's headers, counted from connecting or from
+    /// the end of its previous response (so also the keep-alive idle timeout).
+    #[serde(with = "humantime_serde_compat")]
+    pub header_timeout: Duration,
+    /// Time a client has to send a request's body.
+    #[serde(with = "humantime_serde_compat")]
+    pub body_timeout: Duration,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        ServerSettings {
+            max_connections: 1024,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+        }
+    }
 }
 
 /// Plain: the webhook intake and the helpdesk connector.
@@ -141,6 +167,15 @@ pub struct SessionSettings {
     /// How often containers and sessions are reconciled.
     #[serde(with = "humantime_serde_compat")]
     pub reconcile_every: Duration,
+    /// Open connections at most on each session's socket: a session that opens more
+    /// exhausts only itself.
+    pub socket_max_connections: usize,
+    /// Size of each session's workspace filesystem (enforced when threadgate runs as
+    /// root; see the README). 0 turns the limit off.
+    pub workspace_bytes: u64,
+    /// Free space kept for the database on the data directory's disk: below it, new
+    /// sessions wait (webhooks are still stored).
+    pub disk_reserve_bytes: u64,
 }
 
 impl Default for Settings {
@@ -163,6 +198,7 @@ impl Default for Settings {
             sandbox: SandboxSettings::default(),
             sessions: SessionSettings::default(),
             model: crate::model::ModelSettings::default(),
+            server: ServerSettings::default(),
         }
     }
 }
@@ -226,6 +262,9 @@ impl Default for SessionSettings {
             max_live: 16,
             idle_timeout: Duration::from_secs(15 * 60),
             reconcile_every: Duration::from_secs(30),
+            socket_max_connections: 32,
+            workspace_bytes: 2 << 30,
+            disk_reserve_bytes: 1 << 30,
         }
     }
 }

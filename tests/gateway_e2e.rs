@@ -19,6 +19,8 @@ mod unix_http;
 
 #[path = "gateway_e2e/approvals.rs"]
 mod approvals;
+#[path = "gateway_e2e/floods.rs"]
+mod floods;
 #[path = "gateway_e2e/leaks.rs"]
 mod leaks;
 #[path = "gateway_e2e/limits.rs"]

@@ -8,6 +8,8 @@
 //!
 //! [`Application`]: threadgate::app::Application
 
+#[path = "sessions_docker/disk.rs"]
+mod disk;
 #[path = "sessions_docker/support.rs"]
 mod support;
 

@@ -9,9 +9,11 @@ pub mod note;
 pub mod routes;
 pub mod sandbox_api;
 mod scope;
+pub mod serve;
 pub mod socket;
 
 pub use audit_log::record_with_policy as audit_execution;
 pub use gate::{CallReply, CallRequest, Connectors, Gate, LoadedPolicy};
 pub use sandbox_api::SandboxApi;
+pub use serve::{ConnLimits, raise_open_file_limit};
 pub use socket::{SOCKET_NAME, SandboxRouter, SocketHost};

@@ -6,6 +6,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -20,6 +21,11 @@ use crate::store::Db;
 
 /// The longest a long poll waits.
 const MAX_WAIT: Duration = Duration::from_secs(60);
+/// The most events a page holds.
+const MAX_PAGE_EVENTS: i64 = 1000;
+/// The most bytes of event bodies a page holds, beyond its first event (whose size the
+/// webhook body limit bounds): forty parallel pages cost at most ~80 MiB, not gigabytes.
+pub const MAX_PAGE_BYTES: usize = 1 << 20;
 
 /// Shared by every session's router.
 pub struct SandboxApi {
@@ -87,12 +93,12 @@ async fn events(State(s): State<SessionState>, Query(q): Query<EventsQuery>) -> 
     }
     loop {
         let thread = s.scope.thread_id.clone();
-        let limit = q.limit.clamp(1, 1000);
+        let limit = q.limit.clamp(1, MAX_PAGE_EVENTS);
         let after = q.after;
         let found = s
             .api
             .db
-            .read(move |c| store::feed(c, &thread, after, limit))
+            .read(move |c| store::feed_page(c, &thread, after, limit, MAX_PAGE_BYTES))
             .await;
         let events = match found {
             Ok(events) => events,
@@ -102,8 +108,7 @@ async fn events(State(s): State<SessionState>, Query(q): Query<EventsQuery>) -> 
             }
         };
         if !events.is_empty() || tokio::time::Instant::now() >= deadline {
-            let next = events.last().map_or(q.after, |e| e.position);
-            return Json(json!({ "events": events, "next": next })).into_response();
+            return stream_page(events, q.after);
         }
         let Some(rx) = feed.as_mut() else {
             tokio::time::sleep_until(deadline).await;
@@ -125,6 +130,45 @@ async fn events(State(s): State<SessionState>, Query(q): Query<EventsQuery>) -> 
             continue;
         }
     }
+}
+
+/// Writes `{"events": [...], "next": N}` one event at a time, each event's stored JSON
+/// spliced in as it is (no second copy of the page is built), dropping each event once
+/// written.
+fn stream_page(events: Vec<store::RawFeedEvent>, after: i64) -> Response {
+    let next = events.last().map_or(after, |e| e.position);
+    let count = events.len();
+    let head = std::iter::once(Bytes::from_static(b"{\"events\":["));
+    let rows = events.into_iter().enumerate().map(move |(i, e)| {
+        let meta = json!({
+            "position": e.position,
+            "event_id": e.event_id,
+            "type": e.event_type,
+            "occurred_at_ms": e.occurred_at_ms,
+        })
+        .to_string();
+        // `{...meta,"event":<stored JSON>}`: the meta object without its closing brace.
+        let mut out = String::with_capacity(meta.len() + e.event_json.len() + 12);
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&meta[..meta.len() - 1]);
+        out.push_str(",\"event\":");
+        out.push_str(&e.event_json);
+        out.push('}');
+        Bytes::from(out)
+    });
+    let tail = std::iter::once(Bytes::from(format!("],\"next\":{next}}}")));
+    let chunks = head
+        .chain(rows)
+        .chain(tail)
+        .map(Ok::<_, std::convert::Infallible>);
+    tracing::trace!(count, "streaming an events page");
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        axum::body::Body::from_stream(futures::stream::iter(chunks)),
+    )
+        .into_response()
 }
 
 /// `GET /v1/agent`: the session's agent definition (model, limits, instructions) and

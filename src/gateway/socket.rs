@@ -3,14 +3,16 @@
 //! session it belongs to; nothing for people is routed here.
 
 use std::collections::HashMap;
-use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use axum::Router;
 use tokio::net::UnixListener;
 use tokio::sync::oneshot;
 
+use super::serve::{ConnLimits, serve};
 use crate::session::{SessionApi, SessionScope};
 
 /// The file name of a session's socket inside its socket directory (mounted at
@@ -31,7 +33,15 @@ struct Listener {
 pub struct SocketHost {
     routes: OnceLock<Arc<dyn SandboxRouter>>,
     listeners: Mutex<HashMap<String, Listener>>,
+    limits: ConnLimits,
 }
+
+/// The limits each session's socket gets unless told otherwise.
+pub const DEFAULT_SOCKET_LIMITS: ConnLimits = ConnLimits {
+    max_connections: 32,
+    header_timeout: Duration::from_secs(10),
+    body_timeout: Duration::from_secs(30),
+};
 
 impl Default for SocketHost {
     fn default() -> Self {
@@ -44,7 +54,14 @@ impl SocketHost {
         SocketHost {
             routes: OnceLock::new(),
             listeners: Mutex::new(HashMap::new()),
+            limits: DEFAULT_SOCKET_LIMITS,
         }
+    }
+
+    /// Sets the connection cap and timeouts of every session's socket.
+    pub fn with_limits(mut self, limits: ConnLimits) -> SocketHost {
+        self.limits = limits;
+        self
     }
 
     /// Sets what the sockets serve; done once, before the first session opens.
@@ -75,29 +92,17 @@ impl SessionApi for SocketHost {
             .routes
             .get()
             .ok_or_else(|| anyhow::anyhow!("the sandbox API router is not set"))?;
-        std::fs::create_dir_all(&socket_dir)?;
-        let path = socket_dir.join(SOCKET_NAME);
-        // A socket left by an earlier run of threadgate: the container keeps the
-        // directory mounted, so a new socket at the same path reaches it again.
-        if path.exists() {
-            std::fs::remove_file(&path)?;
-        }
-        let listener = UnixListener::bind(&path)?;
-        // The container's user must be able to connect; the directory's owner and mode
-        // keep everyone else out.
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
+        let listener = bind_private(&socket_dir)?;
         let app = routes.router(scope.clone());
         let (shutdown, stopped) = oneshot::channel::<()>();
         let session = scope.session_id.clone();
+        let limits = self.limits;
         let task = tokio::spawn(async move {
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.await;
-                })
-                .await;
-            if let Err(e) = served {
-                tracing::error!(session, error = %e, "session socket failed");
-            }
+            serve(listener, app, limits, async move {
+                let _ = stopped.await;
+            })
+            .await;
+            tracing::debug!(session, "session socket closed");
         });
         lock(&self.listeners).insert(scope.session_id, Listener { shutdown, task });
         Ok(())
@@ -111,4 +116,31 @@ impl SessionApi for SocketHost {
             l.task.abort();
         }
     }
+}
+
+/// Binds `dir/api.sock`, reachable only by the directory's owner (the container's user,
+/// to whom the sandbox runtime gives the directory) and threadgate: the directory is
+/// 0700 and the socket 0600, owned like the directory.
+fn bind_private(dir: &Path) -> anyhow::Result<UnixListener> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    let path = dir.join(SOCKET_NAME);
+    // A socket left by an earlier run of threadgate: the container keeps the
+    // directory mounted, so a new socket at the same path reaches it again.
+    if path.exists() {
+        std::fs::remove_file(&path)?;
+    }
+    let listener = UnixListener::bind(&path)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    let owner = std::fs::metadata(dir)?;
+    let me = rustix::process::geteuid().as_raw();
+    if owner.uid() != me && me == 0 {
+        // Rebound after a restart: hand the socket to the container's user again.
+        rustix::fs::chown(
+            &path,
+            Some(rustix::fs::Uid::from_raw(owner.uid())),
+            Some(rustix::fs::Gid::from_raw(owner.gid())),
+        )?;
+    }
+    Ok(listener)
 }

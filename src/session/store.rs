@@ -345,6 +345,55 @@ pub struct FeedEvent {
     pub event: serde_json::Value,
 }
 
+/// One event of a feed page, its body kept as the stored JSON text.
+#[derive(Debug, Clone)]
+pub struct RawFeedEvent {
+    pub position: i64,
+    pub event_id: String,
+    pub event_type: String,
+    pub occurred_at_ms: i64,
+    /// The stored event, as JSON text (`null` when the stored text is not JSON).
+    pub event_json: String,
+}
+
+/// The thread's feed after `after`: at most `limit` events whose bodies add up to at
+/// most `max_bytes`, and always the first one, whatever its size (the webhook body
+/// limit bounds each event). Rows are read one at a time and reading stops at the
+/// budget, so a page never holds more than `max_bytes` plus one event.
+pub fn feed_page(
+    conn: &Connection,
+    thread_id: &str,
+    after: i64,
+    limit: i64,
+    max_bytes: usize,
+) -> rusqlite::Result<Vec<RawFeedEvent>> {
+    let mut stmt = conn.prepare(
+        "SELECT thread_pos, event_id, event_type, occurred_at_ms, \
+                length(CAST(body AS BLOB)), body FROM events \
+         WHERE thread_id = ?1 AND thread_pos > ?2 ORDER BY thread_pos LIMIT ?3",
+    )?;
+    let mut rows = stmt.query(params![thread_id, after, limit])?;
+    let mut page = Vec::new();
+    let mut used = 0usize;
+    while let Some(r) = rows.next()? {
+        let size = usize::try_from(r.get::<_, i64>(4)?).unwrap_or(usize::MAX);
+        if !page.is_empty() && used.saturating_add(size) > max_bytes {
+            break;
+        }
+        used = used.saturating_add(size);
+        let body: String = r.get(5)?;
+        let valid = serde_json::from_str::<serde::de::IgnoredAny>(&body).is_ok();
+        page.push(RawFeedEvent {
+            position: r.get(0)?,
+            event_id: r.get(1)?,
+            event_type: r.get(2)?,
+            occurred_at_ms: r.get(3)?,
+            event_json: if valid { body } else { "null".to_owned() },
+        });
+    }
+    Ok(page)
+}
+
 /// The thread's feed after `after`, at most `limit` events.
 pub fn feed(
     conn: &Connection,

@@ -13,6 +13,7 @@ use super::{AgentBook, SecretSource, SessionApi, SessionError, SessionScope, Wor
 use crate::config::SessionSettings;
 use crate::sandbox::{Limits, SandboxRuntime, SandboxSpec};
 use crate::store::Db;
+use crate::workspace::volume;
 
 /// The clock the supervisor reads, in unix milliseconds (tests pass a fake one).
 pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
@@ -350,6 +351,45 @@ impl Supervisor {
         }
     }
 
+    /// Whether the data disk is below its reserve: new sessions then wait, so the
+    /// database (webhooks, decisions) keeps room to write.
+    fn disk_low(&self) -> bool {
+        let reserve = self.parts.settings.disk_reserve_bytes;
+        let data_dir = self
+            .parts
+            .sockets_dir
+            .parent()
+            .unwrap_or(&self.parts.sockets_dir);
+        let low = reserve > 0 && volume::free_bytes(data_dir).is_ok_and(|free| free < reserve);
+        if low {
+            tracing::warn!(
+                reserve,
+                "data disk below its free-space reserve; new sessions wait"
+            );
+        }
+        low
+    }
+
+    /// Ends the running sessions whose workspace filesystem is full.
+    async fn stop_full_workspaces(&mut self) {
+        let mut full = Vec::new();
+        for thread in self.slots.iter().filter(|t| !self.busy.contains_key(*t)) {
+            if let Some(row) = self.session(thread).await
+                && row.state == SessionState::Running
+                && let Some(worktree) = &row.worktree
+                && volume::is_full(std::path::Path::new(worktree))
+            {
+                full.push(thread.clone());
+            }
+        }
+        for thread in full {
+            tracing::warn!(thread, "workspace full; stopping the session");
+            if let Err(e) = self.stop_thread(&thread).await {
+                tracing::warn!(thread, error = %e, "cannot stop a session with a full workspace");
+            }
+        }
+    }
+
     async fn paused(&self) -> bool {
         self.parts.db.read(store::paused).await.unwrap_or(true)
     }
@@ -361,7 +401,10 @@ impl Supervisor {
         if self.busy.contains_key(&thread) {
             return;
         }
-        if self.slots.len() >= self.parts.settings.max_live || self.paused().await {
+        if self.slots.len() >= self.parts.settings.max_live
+            || self.paused().await
+            || self.disk_low()
+        {
             if row.state != SessionState::Queued {
                 self.set_state(&thread, SessionState::Queued, None).await;
             }
@@ -477,7 +520,10 @@ impl Supervisor {
     /// Starts queued sessions while slots are free (oldest first), skipping those
     /// still backing off after a failed start.
     async fn start_queued(&mut self) {
-        if self.slots.len() >= self.parts.settings.max_live || self.paused().await {
+        if self.slots.len() >= self.parts.settings.max_live
+            || self.paused().await
+            || self.disk_low()
+        {
             return;
         }
         let queued = self
@@ -535,6 +581,7 @@ impl Supervisor {
                 self.spawn_stop(row, false);
             }
         }
+        self.stop_full_workspaces().await;
         self.start_queued().await;
         let every = self.parts.settings.reconcile_every.as_millis() as i64;
         if now - self.last_reconcile_ms >= every {
@@ -751,6 +798,11 @@ async fn start_session(
     let workspaces = parts.workspaces.clone();
     let thread = row.thread_id.clone();
     let prepared = tokio::task::spawn_blocking(move || workspaces.prepare(&thread)).await??;
+    let (path, bytes) = (prepared.path.clone(), parts.settings.workspace_bytes);
+    let limited = tokio::task::spawn_blocking(move || volume::limit(&path, bytes)).await??;
+    if !limited && bytes > 0 {
+        tracing::warn!(thread = %row.thread_id, "workspace not size-limited (threadgate is not root)");
+    }
     let socket_dir = parts.sockets_dir.join(&row.session_id);
     std::fs::create_dir_all(&socket_dir)?;
     parts.api.open(scope_of(row), socket_dir.clone()).await?;
@@ -800,7 +852,9 @@ async fn stop_session(parts: &SupervisorParts, row: &SessionRow, end: bool) -> a
     let thread = row.thread_id.clone();
     let published = tokio::task::spawn_blocking(move || -> anyhow::Result<Option<_>> {
         let path = PathBuf::from(&worktree);
-        if path.exists() {
+        // An unmounted workspace image: a stop that crashed after committing, pushing
+        // and unmounting; what the directory shows now is not the session's work.
+        if path.exists() && !volume::is_unmounted(&path) {
             let report = workspaces.commit(&thread, &path, &secrets)?;
             for skipped in &report.skipped {
                 tracing::warn!(thread, file = %skipped, "left a file out of the commit");
@@ -821,7 +875,15 @@ async fn stop_session(parts: &SupervisorParts, row: &SessionRow, end: bool) -> a
         } else {
             None
         };
-        workspaces.remove_worktree(&thread)?;
+        // On a workspace filesystem, removing empties it and then cannot remove the
+        // mount point: unmount only then (never before the work is gone, so no later
+        // commit can see the checkout under the mount), and remove what is left.
+        if workspaces.remove_worktree(&thread).is_err() {
+            volume::unmount(&path)?;
+            workspaces.remove_worktree(&thread)?;
+        }
+        volume::unmount(&path)?;
+        volume::remove_image(&path)?;
         Ok(message)
     })
     .await??;

@@ -107,6 +107,8 @@ fn settings(max_live: usize) -> SessionSettings {
         max_live,
         idle_timeout: Duration::from_secs(60),
         reconcile_every: Duration::from_secs(3600),
+        workspace_bytes: 0,
+        ..SessionSettings::default()
     }
 }
 

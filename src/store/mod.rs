@@ -41,12 +41,40 @@ pub enum StoreError {
         #[source]
         source: rusqlite::Error,
     },
+    #[error("cannot restrict the permissions of {path}: {source}")]
+    Permissions {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("database error: {0}")]
     Sql(#[from] rusqlite::Error),
     #[error("database commit failed: {0}")]
     Commit(String),
     #[error("the database writer has stopped")]
     WriterGone,
+}
+
+/// Makes the database file (created empty if missing) and any `-wal`/`-shm` beside it
+/// readable by this user only: they hold customers' messages. SQLite creates its WAL
+/// and shared-memory files with the database file's mode.
+fn restrict_files(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)?;
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        match std::fs::set_permissions(&name, std::fs::Permissions::from_mode(0o600)) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            other => other?,
+        }
+    }
+    Ok(())
 }
 
 type Finish = Box<dyn FnOnce(Result<(), String>) + Send>;
@@ -72,6 +100,10 @@ impl Db {
             path: path.to_owned(),
             source,
         };
+        restrict_files(path).map_err(|source| StoreError::Permissions {
+            path: path.to_owned(),
+            source,
+        })?;
         let mut writer = Connection::open(path).map_err(open_err)?;
         configure(&writer).map_err(open_err)?;
         migrations::apply(&mut writer)?;

@@ -42,6 +42,7 @@ mod names;
 mod prepare;
 mod remove;
 mod snapshot;
+pub mod volume;
 
 #[cfg(test)]
 mod tests;

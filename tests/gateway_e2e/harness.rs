@@ -155,6 +155,8 @@ impl World {
         settings.repo.path = repo;
         settings.repo.default_branch = Some("main".into());
         settings.sandbox.secrets_root = root.join("secrets");
+        // Workspace filesystems are tested on their own (sessions_docker).
+        settings.sessions.workspace_bytes = 0;
         std::fs::create_dir_all(&settings.data_dir).expect("data dir");
         let db = Db::open(&settings.database_path()).expect("open db");
         let secrets = app::open_secrets(&db, &settings).expect("open secrets");

@@ -44,6 +44,10 @@ pub struct AppOptions {
     pub agents_dir: Option<PathBuf>,
     /// Replaces the real Docker runtime (the burst benchmark's fake).
     pub sandbox: Option<Arc<dyn SandboxRuntime>>,
+    /// Size of each session's workspace filesystem (0: unlimited).
+    pub workspace_bytes: u64,
+    /// Free space the data disk keeps for the database.
+    pub disk_reserve_bytes: u64,
 }
 
 impl Default for AppOptions {
@@ -54,6 +58,8 @@ impl Default for AppOptions {
             idle_timeout: Duration::from_secs(600),
             agents_dir: None,
             sandbox: None,
+            workspace_bytes: 64 << 20,
+            disk_reserve_bytes: 0,
         }
     }
 }
@@ -137,6 +143,9 @@ impl World {
                 max_live: opts.max_live,
                 idle_timeout: opts.idle_timeout,
                 reconcile_every: Duration::from_secs(1),
+                workspace_bytes: opts.workspace_bytes,
+                disk_reserve_bytes: opts.disk_reserve_bytes,
+                ..SessionSettings::default()
             },
             ..defaults
         }
@@ -188,6 +197,13 @@ impl Drop for World {
     fn drop(&mut self) {
         remove_instance_containers(&self.instance);
         let _ = std::fs::remove_dir_all(&self.secrets_root);
+        // Workspace filesystems of sessions the test left running.
+        let worktrees = self.data_dir().join("worktrees");
+        if let Ok(entries) = std::fs::read_dir(&worktrees) {
+            for entry in entries.flatten() {
+                let _ = threadgate::workspace::volume::unmount(&entry.path());
+            }
+        }
     }
 }
 

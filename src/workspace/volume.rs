@@ -1,0 +1,144 @@
+//! A size limit for each session's workspace, and the free-space reserve of the data
+//! disk.
+//!
+//! When threadgate runs as root, a session's worktree is moved onto its own ext4
+//! filesystem: a sparse image file beside the worktree (`<worktree>.img`, at most
+//! `workspace_bytes` on the data disk), loop-mounted over the worktree directory. A
+//! container writing past the limit gets `ENOSPC` and cannot touch the rest of the
+//! disk. The mount outlives a threadgate restart; after a host reboot the image is
+//! mounted again when the session resumes. Not root: no mount is possible, the
+//! workspace is not limited (logged once per session), and only the disk reserve
+//! protects the database.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+/// Free bytes below which a workspace filesystem counts as full.
+const FULL_MARGIN: u64 = 1 << 20;
+
+/// The image file holding the workspace filesystem of `worktree`.
+pub fn image_of(worktree: &Path) -> PathBuf {
+    let mut name = worktree.as_os_str().to_owned();
+    name.push(".img");
+    PathBuf::from(name)
+}
+
+/// Whether this process can mount workspace filesystems (it runs as root).
+pub fn can_limit() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Puts `worktree` on its own filesystem of `bytes` (see the module docs). Returns
+/// whether the workspace is limited; `bytes == 0` or not root leaves it as it is.
+pub fn limit(worktree: &Path, bytes: u64) -> anyhow::Result<bool> {
+    if bytes == 0 || !can_limit() {
+        return Ok(false);
+    }
+    if is_mountpoint(worktree)? {
+        return Ok(true);
+    }
+    let image = image_of(worktree);
+    let fresh = !image.exists();
+    if fresh {
+        let file = std::fs::File::create(&image)
+            .with_context(|| format!("cannot create {}", image.display()))?;
+        file.set_len(bytes)?;
+        run(Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-m", "0", "-E", "root_owner=0:0"])
+            .arg(&image))?;
+    }
+    let staging = worktree.with_extension("mnt");
+    let target = if fresh { staging.as_path() } else { worktree };
+    std::fs::create_dir_all(target)?;
+    run(Command::new("mount")
+        .args(["-o", "loop,nosuid,nodev"])
+        .arg(&image)
+        .arg(target))?;
+    if fresh {
+        // Copy the checkout in, then mount the filesystem over the worktree directory.
+        let _ = std::fs::remove_dir(staging.join("lost+found"));
+        let copied = run(Command::new("cp")
+            .arg("-a")
+            .arg(format!("{}/.", worktree.display()))
+            .arg(&staging));
+        let unmounted = run(Command::new("umount").arg(&staging));
+        let _ = std::fs::remove_dir(&staging);
+        if let Err(e) = copied.and(unmounted).and_then(|()| {
+            run(Command::new("mount")
+                .args(["-o", "loop,nosuid,nodev"])
+                .arg(&image)
+                .arg(worktree))
+        }) {
+            let _ = std::fs::remove_file(&image);
+            return Err(e);
+        }
+    }
+    Ok(true)
+}
+
+/// Unmounts the workspace filesystem of `worktree`, if mounted. Its image stays until
+/// [`remove_image`]: while it does, [`is_unmounted`] tells a later stop (after a crash)
+/// that the directory shows only the checkout hidden under the mount, not the work.
+pub fn unmount(worktree: &Path) -> anyhow::Result<()> {
+    if is_mountpoint(worktree)? {
+        run(Command::new("umount").arg(worktree))?;
+    }
+    Ok(())
+}
+
+/// Deletes the image of `worktree`'s filesystem (after [`unmount`]).
+pub fn remove_image(worktree: &Path) -> anyhow::Result<()> {
+    let image = image_of(worktree);
+    match std::fs::remove_file(&image) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("cannot remove {}", image.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Whether `worktree` has a filesystem image that is not mounted: its contents are then
+/// not the session's work (which is in the image) and must not be committed.
+pub fn is_unmounted(worktree: &Path) -> bool {
+    image_of(worktree).exists() && !matches!(is_mountpoint(worktree), Ok(true))
+}
+
+/// Whether the workspace filesystem at `worktree` is full (less than 1 MiB free).
+pub fn is_full(worktree: &Path) -> bool {
+    matches!(is_mountpoint(worktree), Ok(true))
+        && free_bytes(worktree).is_ok_and(|f| f < FULL_MARGIN)
+}
+
+/// Bytes available to unprivileged writers on the filesystem holding `path`.
+pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    let s = rustix::fs::statvfs(path)?;
+    Ok(s.f_bavail.saturating_mul(s.f_frsize))
+}
+
+fn is_mountpoint(path: &Path) -> anyhow::Result<bool> {
+    let Ok(canonical) = path.canonicalize() else {
+        return Ok(false);
+    };
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let wanted = canonical.to_string_lossy();
+    Ok(info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|p| p.replace("\\040", " ") == wanted))
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
+    if !out.status.success() {
+        bail!(
+            "{:?} failed: {}",
+            cmd.get_program(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
