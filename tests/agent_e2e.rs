@@ -148,11 +148,8 @@ async fn a_goodwill_refund_waits_for_a_person_then_runs_once() {
     app.stop().await;
 }
 
-// Fails on today's policies/support.yaml, which runs every refund whose `reason` is
-// `duplicate` (seen: the $5,000 refund went to localstripe, which refused it for the
-// amount). Issue 7 item 1 (refund cap, evidence conditions; branch policy-semantics)
-// makes it hold; run with `--run-ignored all` once that is merged.
-#[ignore = "needs issue 7 item 1's refund cap / evidence conditions in the policy"]
+// Before the refund cap and the duplicate-charge evidence (issue 7 item 1) the $5,000
+// "duplicate" refund went straight to Stripe.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_injected_approval_runs_nothing_without_a_person() {
     let w = AgentWorld::new(Provider::Scripted).await;
