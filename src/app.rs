@@ -1,6 +1,8 @@
 //! The application: builds every part from [`Settings`] and runs them until shutdown.
 //! `main` and the integration tests build it the same way (tests on port 0).
 
+mod connector_setup;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, OnceLock, RwLock};
@@ -166,8 +168,7 @@ impl Application {
         let secrets = open_secrets(&db, &settings)?;
         let generation = secrets.generation().await?;
         let redactor = Redactor::new(secrets.all_values().await?)?;
-        let connectors =
-            crate::connectors::setup::build(&settings, Arc::new(secrets.clone())).await?;
+        let connectors = connector_setup::build(&settings, Arc::new(secrets.clone())).await?;
         // Refused here, at start, never at the first webhook.
         let agents = Arc::new(AgentBook::load_checked(
             &settings.agents_dir,

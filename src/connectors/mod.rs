@@ -21,7 +21,6 @@ pub mod github;
 pub mod helpdesk;
 mod http;
 mod rate_limit;
-pub mod setup;
 pub mod stripe;
 
 pub use args::is_plain_id;

@@ -1,7 +1,7 @@
 //! Building the connectors from the settings at start.
 //!
 //! Every connector whose table is valid is built, each with a live [`Credential`] that
-//! reads its stored secret at each call (see [`super::credential`]): a secret stored or
+//! reads its stored secret at each call (see [`crate::connectors::Credential`]): a secret stored or
 //! replaced while the server runs is used by the next call, and a connector whose secret
 //! is not stored yet answers its calls with a clear "not set" error instead of being
 //! silently absent. A table that cannot give a connector (a bad base URL, an empty or
@@ -9,9 +9,11 @@
 
 use std::sync::Arc;
 
-use super::helpdesk::EscalationRouting;
-use super::{Credential, CredentialSource, GithubConnector, HelpdeskConnector, StripeConnector};
 use crate::config::Settings;
+use crate::connectors::helpdesk::EscalationRouting;
+use crate::connectors::{
+    ConfigError, Credential, CredentialSource, GithubConnector, HelpdeskConnector, StripeConnector,
+};
 use crate::gateway::Connectors;
 
 /// A connector's table in the settings cannot give a connector.
@@ -42,7 +44,7 @@ pub async fn build(
         Ok(Credential::live(secret, store.clone()))
     };
     let url_error = |table: &'static str| {
-        move |e: super::ConfigError| SetupError {
+        move |e: ConfigError| SetupError {
             key: format!("{table}.api_url"),
             message: e.to_string(),
         }
