@@ -6,17 +6,8 @@
 //! Custom harness: `cargo bench --bench gateway_call`. Needs `.venv-peers`
 //! (`scripts/localstripe.sh setup`).
 
-#[path = "../tests/support/github_stub.rs"]
-mod github_stub;
-#[path = "../tests/support/localstripe.rs"]
-mod localstripe;
-#[path = "../tests/support/plain_fake.rs"]
-mod plain_fake;
-
-#[path = "../tests/gateway_e2e/harness.rs"]
-mod harness;
-#[path = "../tests/gateway_e2e/unix_http.rs"]
-mod unix_http;
+#[path = "../tests/support/mod.rs"]
+pub mod support;
 
 use std::time::{Duration, Instant};
 
@@ -49,7 +40,7 @@ fn main() {
 }
 
 async fn run() {
-    let world = harness::World::new().await;
+    let world = support::world::World::new().await;
     let app = world.start().await;
     let ada = world
         .customer_session(&app, "ada@example.com", &[4900])
@@ -78,7 +69,7 @@ async fn run() {
             let started = Instant::now();
             let response = http
                 .get(url)
-                .bearer_auth(harness::STRIPE_KEY)
+                .bearer_auth(support::world::STRIPE_KEY)
                 .send()
                 .await
                 .expect("localstripe");

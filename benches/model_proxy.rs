@@ -7,17 +7,8 @@
 //! `cargo bench --bench model_proxy`. Needs `.venv-peers` (`scripts/localstripe.sh
 //! setup`): the harness starts the gateway's peers too.
 
-#[path = "../tests/support/github_stub.rs"]
-mod github_stub;
-#[path = "../tests/support/localstripe.rs"]
-mod localstripe;
-#[path = "../tests/support/plain_fake.rs"]
-mod plain_fake;
-
-#[path = "../tests/gateway_e2e/harness.rs"]
-mod harness;
-#[path = "../tests/gateway_e2e/unix_http.rs"]
-mod unix_http;
+#[path = "../tests/support/mod.rs"]
+pub mod support;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::json;
@@ -31,7 +22,7 @@ fn bench(c: &mut Criterion) {
         .build()
         .expect("runtime");
     let (world, app, session, model) = rt.block_on(async {
-        let mut world = harness::World::new().await;
+        let mut world = support::world::World::new().await;
         let model = ScriptedModel::start("127.0.0.1:0".parse().expect("addr"))
             .await
             .expect("scripted model");
@@ -39,7 +30,7 @@ fn bench(c: &mut Criterion) {
         world.settings.model.base_url = model.openai_base();
         let agents = world.dir.path().join("agents");
         std::fs::create_dir_all(&agents).expect("agents dir");
-        let text = std::fs::read_to_string(harness::repo_root().join("agents/support.md"))
+        let text = std::fs::read_to_string(support::plain::repo_root().join("agents/support.md"))
             .expect("support.md")
             .replace("max_tokens: 200000", "max_tokens: 1000000000000")
             .replace("max_turns: 40", "max_turns: 1000000000");
@@ -68,7 +59,7 @@ fn bench(c: &mut Criterion) {
     group.bench_function("through_proxy_socket", |b| {
         b.iter(|| {
             rt.block_on(async {
-                let (status, body) = unix_http::unix_request(
+                let (status, body) = support::unix_http::unix_request(
                     &session.socket,
                     "POST",
                     "/v1/model/chat/completions",

@@ -14,14 +14,18 @@
 //! `SESSIONS_BENCH_BURST` (default 100) change the sizes. Under `cargo test
 //! --all-targets` it is a smoke run (2 starts, a burst of 12).
 
-#[path = "../tests/sessions_docker/support.rs"]
-mod support;
+#[path = "../tests/support/mod.rs"]
+pub mod support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use support::{AppOptions, TestApp, World, docker, event_id, eventually, plain_event, retry_of};
+use support::app::TestApp;
+use support::docker::docker;
+use support::plain::{event_id, plain_event, retry_of, thread_id};
+use support::sessions::{AppOptions, DockerWorld};
+use support::wait::wait_for;
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -104,7 +108,7 @@ fn bare_docker_run(label: &str, workspace: &std::path::Path) -> Duration {
         &mount,
         "-w",
         "/workspace",
-        support::IMAGE,
+        &support::docker::image(),
         "/usr/local/bin/threadgate-agent-runner",
     ]);
     let took = started.elapsed();
@@ -114,26 +118,24 @@ fn bare_docker_run(label: &str, workspace: &std::path::Path) -> Duration {
 
 async fn start_latency(n: usize) {
     println!("== webhook to container running, {n} new threads ==");
-    let world = World::new();
-    let app = support::spawn_app(
-        &world,
-        AppOptions {
+    let world = DockerWorld::new();
+    let app = world
+        .start(AppOptions {
             max_live: n + 1,
             ..AppOptions::default()
-        },
-    )
-    .await;
+        })
+        .await;
     let bare_label = format!("threadgate.bench={}", world.instance);
     let bare_workspace = world.root.path().join("bare-workspace");
     std::fs::create_dir_all(&bare_workspace).expect("bare workspace");
     // One warm-up of each, not counted.
     bare_docker_run(&bare_label, &bare_workspace);
-    one_session(&world, &app).await;
+    one_session(&app).await;
 
     let (mut bare, mut session, mut ack) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..n {
         bare.push(ms(bare_docker_run(&bare_label, &bare_workspace)));
-        let (answered, running) = one_session(&world, &app).await;
+        let (answered, running) = one_session(&app).await;
         ack.push(ms(answered));
         session.push(ms(running));
     }
@@ -154,11 +156,11 @@ async fn start_latency(n: usize) {
 }
 
 /// Opens one new thread and returns (time to the 2xx, time until the session runs).
-async fn one_session(world: &World, app: &TestApp) -> (Duration, Duration) {
-    let thread = support::thread_id();
+async fn one_session(app: &TestApp) -> (Duration, Duration) {
+    let thread = thread_id();
     let body = plain_event("thread-created.json", &thread, &event_id(), Utc::now()).to_string();
     let started = Instant::now();
-    let (status, answer) = world.deliver(app, body.as_bytes()).await;
+    let (status, answer) = app.deliver(body.as_bytes()).await;
     let answered = started.elapsed();
     assert_eq!(status, 200, "{answer}");
     loop {
@@ -188,16 +190,14 @@ async fn burst(n: usize, max_live: usize) {
     println!(
         "== burst: {n} new threads in one second, each delivered twice, max_live {max_live} =="
     );
-    let world = World::new();
-    let app = support::spawn_app(
-        &world,
-        AppOptions {
+    let world = DockerWorld::new();
+    let app = world
+        .start(AppOptions {
             max_live,
             ..AppOptions::default()
-        },
-    )
-    .await;
-    let threads: Vec<String> = (0..n).map(|_| support::thread_id()).collect();
+        })
+        .await;
+    let threads: Vec<String> = (0..n).map(|_| thread_id()).collect();
     let bodies: Vec<serde_json::Value> = threads
         .iter()
         .map(|t| plain_event("thread-created.json", t, &event_id(), Utc::now()))
@@ -210,11 +210,11 @@ async fn burst(n: usize, max_live: usize) {
         [first, retry]
     });
     let results = futures::future::join_all(deliveries.map(|(offset, body)| {
-        let (world, app) = (&world, &app);
+        let app = &app;
         async move {
             tokio::time::sleep_until((started + offset).into()).await;
             let t = Instant::now();
-            let (status, answer) = world.deliver(app, body.as_bytes()).await;
+            let (status, answer) = app.deliver(body.as_bytes()).await;
             (
                 status,
                 answer["status"].as_str().unwrap_or("").to_owned(),
@@ -241,7 +241,7 @@ async fn burst(n: usize, max_live: usize) {
     );
     summary("burst delivery -> 2xx", &mut latencies);
 
-    let full = eventually(Duration::from_secs(120), || async {
+    let full = wait_for(Duration::from_secs(120), || async {
         let counts = states(&app).await;
         let running = counts.get("running").copied().unwrap_or(0);
         (running == max_live.min(n) && world.containers().len() == running).then_some(counts)
@@ -266,12 +266,9 @@ async fn burst(n: usize, max_live: usize) {
     for thread in &running {
         let at = Utc::now() + chrono::Duration::seconds(1);
         let body = plain_event("thread-status-transitioned.json", thread, &event_id(), at);
-        assert_eq!(
-            world.deliver(&app, body.to_string().as_bytes()).await.0,
-            200
-        );
+        assert_eq!(app.deliver(body.to_string().as_bytes()).await.0, 200);
     }
-    let refilled = eventually(Duration::from_secs(120), || async {
+    let refilled = wait_for(Duration::from_secs(120), || async {
         let counts = states(&app).await;
         let ok = counts.get("ended") == Some(&running.len())
             && counts.get("running") == Some(&max_live.min(n - running.len()))
@@ -291,7 +288,7 @@ async fn burst(n: usize, max_live: usize) {
 
 /// Every thread: one stored event, one session, at most `max_live` containers, each
 /// belonging to a running session.
-async fn check_burst(world: &World, app: &TestApp, threads: &[String], max_live: usize) {
+async fn check_burst(world: &DockerWorld, app: &TestApp, threads: &[String], max_live: usize) {
     let per_thread: Vec<(String, i64, i64)> = app
         .db
         .read(|c| {

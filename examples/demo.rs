@@ -9,20 +9,8 @@
 //! `--first-call N` instead measures webhook → the agent's first tool call over N
 //! threads and prints the median with the load average.
 
-#[path = "../tests/support/github_stub.rs"]
-mod github_stub;
-#[path = "../tests/support/localstripe.rs"]
-mod localstripe;
-#[path = "../tests/support/plain_fake.rs"]
-mod plain_fake;
-
-#[path = "../tests/gateway_e2e/harness.rs"]
-mod harness;
-#[path = "../tests/gateway_e2e/unix_http.rs"]
-mod unix_http;
-
-#[path = "../tests/agent_e2e/support.rs"]
-mod support;
+#[path = "../tests/support/mod.rs"]
+pub mod support;
 
 use std::time::{Duration, Instant};
 
@@ -30,8 +18,10 @@ use threadgate::model::Provider;
 use threadgate::model::scripted::MODEL_LABEL;
 use threadgate::session::store as sessions;
 
-use harness::{ExecRow, PUBLIC_URL, Running};
-use support::AgentWorld;
+use support::agent::AgentWorld;
+use support::app::TestApp;
+use support::rows::ExecRow;
+use support::world::PUBLIC_URL;
 
 /// The three threads of the demo: (title, customer's message, charges in cents).
 const THREADS: [(&str, &str, &[u64]); 3] = [
@@ -86,13 +76,13 @@ async fn demo() {
 }
 
 /// The session id of `thread`.
-async fn session_of(app: &Running, thread: &str) -> Option<String> {
+async fn session_of(app: &TestApp, thread: &str) -> Option<String> {
     let t = thread.to_owned();
     let row = app.db.read(move |c| sessions::get(c, &t)).await.ok()??;
     Some(row.session_id)
 }
 
-async fn executions_of(app: &Running, thread: &str) -> Vec<ExecRow> {
+async fn executions_of(app: &TestApp, thread: &str) -> Vec<ExecRow> {
     let Some(session) = session_of(app, thread).await else {
         return Vec::new();
     };
@@ -102,7 +92,7 @@ async fn executions_of(app: &Running, thread: &str) -> Vec<ExecRow> {
 }
 
 /// Waits (at most a minute) until the thread has a reply or a held call.
-async fn settle(w: &AgentWorld, app: &Running, thread: &str) {
+async fn settle(w: &AgentWorld, app: &TestApp, thread: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
         let replied = !w.world.plain.thread(thread).replies().is_empty();
@@ -120,7 +110,7 @@ async fn settle(w: &AgentWorld, app: &Running, thread: &str) {
     println!("(thread {thread} did not settle within a minute)");
 }
 
-async fn summary(w: &AgentWorld, app: &Running, title: &str, thread: &str) {
+async fn summary(w: &AgentWorld, app: &TestApp, title: &str, thread: &str) {
     println!("== {title}: thread {thread}");
     for e in executions_of(app, thread).await {
         let what = match e.status.as_str() {

@@ -41,6 +41,9 @@ pub struct Application {
     pub hasher: Arc<crate::approvals::hasher::Hasher>,
     pub supervisor: SupervisorHandle,
     pub instance_id: String,
+    /// Turns `true` once the calls a previous run left behind have been recovered (an
+    /// event tests wait on instead of sleeping).
+    pub recovered: tokio::sync::watch::Receiver<bool>,
     limits: ConnLimits,
     sockets: Arc<SocketHost>,
     background: Vec<tokio::task::JoinHandle<()>>,
@@ -298,8 +301,10 @@ impl Application {
             Duration::from_secs(60),
         )));
         let a = approvals.clone();
+        let (recovery_done, recovered) = tokio::sync::watch::channel(false);
         background.push(tokio::spawn(async move {
             a.recover(leftovers).await;
+            let _ = recovery_done.send(true);
             loop {
                 a.expire_due().await;
                 tokio::time::sleep(Duration::from_secs(1)).await;
@@ -326,6 +331,7 @@ impl Application {
             hasher: approvals.hasher.clone(),
             supervisor: handle,
             instance_id,
+            recovered,
             limits,
             sockets,
             background,

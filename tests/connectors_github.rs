@@ -1,10 +1,9 @@
 //! The GitHub connector against a local stub of GitHub's REST API.
 
-#[path = "support/github_stub.rs"]
-mod github_stub;
+pub mod support;
 
-use github_stub::{Failure, GithubStub, TOKEN};
 use serde_json::{Value, json};
+use support::github_stub::{Failure, GithubStub, TOKEN};
 use threadgate::connectors::{CallContext, Connector, ConnectorError, Credential, GithubConnector};
 
 const REPO: &str = "acme/shop";

@@ -1,13 +1,12 @@
 //! The helpdesk connector against a fake Plain endpoint that validates every query and
 //! mutation against Plain's GraphQL schema.
 
-#[path = "support/plain_fake.rs"]
-mod plain_fake;
+pub mod support;
 
 use std::time::Duration;
 
-use plain_fake::{API_KEY, Failure, MutationErrorSpec, PlainFake};
 use serde_json::{Value, json};
+use support::plain_fake::{API_KEY, Failure, MutationErrorSpec, PlainFake};
 use threadgate::connectors::helpdesk::{EscalationRouting, ThreadCustomer, documents};
 use threadgate::connectors::{
     CallContext, Connector, ConnectorError, Credential, HelpdeskConnector, RateLimitRetry,
@@ -57,15 +56,15 @@ fn assert_all_valid(fake: &PlainFake) {
 #[test]
 fn every_document_validates_against_plains_schema() {
     for document in documents::ALL {
-        if let Err(errors) = plain_fake::validate(document) {
+        if let Err(errors) = support::plain_fake::validate(document) {
             panic!("{document}\n{errors}");
         }
     }
     let wrong_field =
         r#"mutation { replyToThread(input: {threadId: "t", textContent: "x"}) { ok } }"#;
-    assert!(plain_fake::validate(wrong_field).is_err());
+    assert!(support::plain_fake::validate(wrong_field).is_err());
     let wrong_argument = r#"query { thread(id: "t") { id } }"#;
-    assert!(plain_fake::validate(wrong_argument).is_err());
+    assert!(support::plain_fake::validate(wrong_argument).is_err());
 }
 
 #[tokio::test]

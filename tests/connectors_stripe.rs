@@ -2,13 +2,12 @@
 //!
 //! Needs `.venv-peers`: run `scripts/localstripe.sh setup` once.
 
-#[path = "support/localstripe.rs"]
-mod localstripe;
+pub mod support;
 
 use std::collections::HashSet;
 
-use localstripe::{LocalStripe, TEST_KEY};
 use serde_json::{Value, json};
+use support::localstripe::{LocalStripe, TEST_KEY};
 use threadgate::connectors::stripe::{ChargeFacts, EXECUTION_METADATA_KEY};
 use threadgate::connectors::{CallContext, Connector, ConnectorError, Credential, StripeConnector};
 

@@ -5,17 +5,7 @@
 //!
 //! Needs `.venv-peers`: run `scripts/localstripe.sh setup` once.
 
-#[path = "support/github_stub.rs"]
-mod github_stub;
-#[path = "support/localstripe.rs"]
-mod localstripe;
-#[path = "support/plain_fake.rs"]
-mod plain_fake;
-
-#[path = "gateway_e2e/harness.rs"]
-mod harness;
-#[path = "gateway_e2e/unix_http.rs"]
-mod unix_http;
+pub mod support;
 
 #[path = "gateway_e2e/approvals.rs"]
 mod approvals;

@@ -5,17 +5,7 @@
 //!
 //! Needs `.venv-peers`: run `scripts/localstripe.sh setup` once.
 
-#[path = "support/github_stub.rs"]
-mod github_stub;
-#[path = "support/localstripe.rs"]
-mod localstripe;
-#[path = "support/plain_fake.rs"]
-mod plain_fake;
-
-#[path = "gateway_e2e/harness.rs"]
-mod harness;
-#[path = "gateway_e2e/unix_http.rs"]
-mod unix_http;
+pub mod support;
 
 #[path = "model_proxy/adapters.rs"]
 mod adapters;
@@ -35,7 +25,8 @@ use threadgate::model::scripted::ScriptedModel;
 use threadgate::secrets::SecretString;
 use threadgate::store::Db;
 
-use harness::{Session, World, unix_request};
+use support::unix_http::unix_request;
+use support::world::{Session, World};
 
 /// The model key threadgate holds; never sent anywhere but the upstream.
 pub const MODEL_KEY: &str = "sk-model-e2e-4f1c9a7d2b6e8035";
@@ -78,7 +69,7 @@ impl ModelWorld {
     pub fn with_limits(mut self, max_tokens: u64, max_turns: u64) -> ModelWorld {
         let dir = self.world.dir.path().join("agents");
         std::fs::create_dir_all(&dir).expect("agents dir");
-        let text = std::fs::read_to_string(harness::repo_root().join("agents/support.md"))
+        let text = std::fs::read_to_string(support::plain::repo_root().join("agents/support.md"))
             .expect("support.md");
         let text = text
             .replace("max_tokens: 200000", &format!("max_tokens: {max_tokens}"))

@@ -5,20 +5,10 @@
 //! Needs `.venv-peers` (`scripts/localstripe.sh setup`) and Chromium with chromedriver
 //! (`scripts/browser-up.sh`). Screenshots land in `target/tmp/review-screenshots/`.
 
-#[path = "support/github_stub.rs"]
-mod github_stub;
-#[path = "support/localstripe.rs"]
-mod localstripe;
-#[path = "support/plain_fake.rs"]
-mod plain_fake;
-
-#[path = "gateway_e2e/harness.rs"]
-mod harness;
-#[path = "gateway_e2e/unix_http.rs"]
-mod unix_http;
+pub mod support;
 
 #[path = "review_web/web.rs"]
-mod web;
+pub mod web;
 
 #[path = "review_web/browser.rs"]
 mod browser;

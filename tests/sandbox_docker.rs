@@ -3,8 +3,7 @@
 //! tests running in parallel (and other threadgate instances) never see each other's
 //! containers; each stops what it started.
 
-#[path = "support/sandbox_helpers.rs"]
-mod helpers;
+pub mod support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -14,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bollard::query_parameters::RemoveContainerOptionsBuilder;
-use helpers::{TestEnv, exec, host_ipv4_addresses, sh};
+use support::sandbox::{TestEnv, exec, host_ipv4_addresses, sh};
 use threadgate::sandbox::{SandboxError, SandboxRuntime, SecretBytes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
@@ -23,6 +22,9 @@ const SECRET: &str = "sk_test_9f8e7d6c5b4a-not-for-inspect";
 
 #[tokio::test]
 async fn container_is_locked_down_and_the_secret_is_only_a_file() {
+    if support::docker::skip() {
+        return;
+    }
     let env = TestEnv::new().await;
     let handle = env
         .runtime
@@ -115,6 +117,9 @@ async fn container_is_locked_down_and_the_secret_is_only_a_file() {
 
 #[tokio::test]
 async fn nothing_outside_the_container_is_reachable() {
+    if support::docker::skip() {
+        return;
+    }
     let env = TestEnv::new().await;
     let listener = TcpListener::bind("0.0.0.0:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -176,6 +181,9 @@ async fn nothing_outside_the_container_is_reachable() {
 
 #[tokio::test]
 async fn the_session_socket_is_reachable_from_inside() {
+    if support::docker::skip() {
+        return;
+    }
     let env = TestEnv::new().await;
     let socket = env.socket_dir.path().join("api.sock");
     let listener = UnixListener::bind(&socket).unwrap();
@@ -241,6 +249,9 @@ async fn the_session_socket_is_reachable_from_inside() {
 
 #[tokio::test]
 async fn list_is_per_instance_and_stop_is_complete_and_idempotent() {
+    if support::docker::skip() {
+        return;
+    }
     let ours = TestEnv::new().await;
     let theirs = TestEnv::new().await;
     let a = ours.runtime.start(&ours.spec("s-a", SECRET)).await.unwrap();
@@ -293,6 +304,9 @@ async fn list_is_per_instance_and_stop_is_complete_and_idempotent() {
 
 #[tokio::test]
 async fn failed_or_duplicate_starts_leave_nothing_behind() {
+    if support::docker::skip() {
+        return;
+    }
     let env = TestEnv::new().await;
     let mut missing = env.spec("noimage", SECRET);
     missing.image = format!("threadgate-no-such-image:{}", env.instance);
@@ -330,6 +344,9 @@ async fn failed_or_duplicate_starts_leave_nothing_behind() {
 
 #[tokio::test]
 async fn orphaned_secrets_are_reaped_and_a_stale_dir_does_not_block_a_restart() {
+    if support::docker::skip() {
+        return;
+    }
     let env = TestEnv::new().await;
     let handle = env
         .runtime

@@ -8,10 +8,10 @@
 //!
 //! [`Application`]: threadgate::app::Application
 
+pub mod support;
+
 #[path = "sessions_docker/disk.rs"]
 mod disk;
-#[path = "sessions_docker/support.rs"]
-mod support;
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::{SocketAddr, TcpListener};
@@ -20,35 +20,36 @@ use std::time::Duration;
 use chrono::Utc;
 use git2::ObjectType;
 use serde_json::Value;
-use support::{
-    AppOptions, World, branch_tip, docker, event_id, eventually, exec, plain_event, retry_of,
-    spawn_app, thread_id,
-};
+use support::app::TestApp;
+use support::docker::{docker, exec};
+use support::plain::{event_id, plain_event, retry_of, thread_id};
+use support::sessions::{AppOptions, DockerWorld, branch_tip};
+use support::wait::wait_for;
 use threadgate::sandbox::{LABEL_INSTANCE, LABEL_SESSION, LABEL_THREAD};
 
 const WAIT: Duration = Duration::from_secs(60);
 
 /// Delivers a new thread (`thread-created.json`) and returns its event id and body.
-async fn open_thread(world: &World, app: &support::TestApp, thread: &str) -> (String, Value) {
+async fn open_thread(app: &TestApp, thread: &str) -> (String, Value) {
     let id = event_id();
     let body = plain_event("thread-created.json", thread, &id, Utc::now());
-    let (status, answer) = world.deliver(app, body.to_string().as_bytes()).await;
+    let (status, answer) = app.deliver(body.to_string().as_bytes()).await;
     assert_eq!(status, 200, "{answer}");
     (id, body)
 }
 
 /// Delivers `thread-status-transitioned.json` with status DONE, after everything else.
-async fn mark_done(world: &World, app: &support::TestApp, thread: &str) {
+async fn mark_done(app: &TestApp, thread: &str) {
     let at = Utc::now() + chrono::Duration::seconds(1);
     let body = plain_event("thread-status-transitioned.json", thread, &event_id(), at);
     assert_eq!(body["payload"]["thread"]["status"], "DONE");
-    let (status, answer) = world.deliver(app, body.to_string().as_bytes()).await;
+    let (status, answer) = app.deliver(body.to_string().as_bytes()).await;
     assert_eq!(status, 200, "{answer}");
 }
 
 /// Waits until the thread's session has ended and no container of the world is left.
-async fn ended_and_gone(world: &World, app: &support::TestApp, thread: &str) {
-    let done = eventually(WAIT, || async {
+async fn ended_and_gone(world: &DockerWorld, app: &TestApp, thread: &str) {
+    let done = wait_for(WAIT, || async {
         let state = app.session(thread).await.map(|s| s.0);
         (state.as_deref() == Some("ended") && world.containers().is_empty()).then_some(())
     })
@@ -63,10 +64,13 @@ async fn ended_and_gone(world: &World, app: &support::TestApp, thread: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_webhook_opens_one_container_and_one_branch_per_thread() {
-    let world = World::new();
-    let app = spawn_app(&world, AppOptions::default()).await;
+    if support::docker::skip() {
+        return;
+    }
+    let world = DockerWorld::new();
+    let app = world.start(AppOptions::default()).await;
     let thread_a = thread_id();
-    let (event_a, body_a) = open_thread(&world, &app, &thread_a).await;
+    let (event_a, body_a) = open_thread(&app, &thread_a).await;
 
     let container_a = app.running(&thread_a).await;
     let (_, _, session_a) = app.session(&thread_a).await.expect("session a");
@@ -102,7 +106,7 @@ async fn a_webhook_opens_one_container_and_one_branch_per_thread() {
     // Plain retries with the same id, a new body and a new signature: nothing happens.
     let retry = retry_of(&body_a);
     assert_ne!(retry.to_string(), body_a.to_string());
-    let (status, answer) = world.deliver(&app, retry.to_string().as_bytes()).await;
+    let (status, answer) = app.deliver(retry.to_string().as_bytes()).await;
     assert_eq!(status, 200, "{answer}");
     app.supervisor.quiet().await;
     assert_eq!(app.event_rows(&event_a).await, 1);
@@ -114,7 +118,7 @@ async fn a_webhook_opens_one_container_and_one_branch_per_thread() {
     // A second thread, opened by a customer's email: a second container.
     let thread_b = thread_id();
     let body_b = plain_event("email-received.json", &thread_b, &event_id(), Utc::now());
-    let (status, answer) = world.deliver(&app, body_b.to_string().as_bytes()).await;
+    let (status, answer) = app.deliver(body_b.to_string().as_bytes()).await;
     assert_eq!(status, 200, "{answer}");
     let container_b = app.running(&thread_b).await;
     assert_ne!(container_b, container_a);
@@ -125,7 +129,10 @@ async fn a_webhook_opens_one_container_and_one_branch_per_thread() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inside_the_container_only_the_socket_and_the_secret_file_are_there() {
-    let world = World::new();
+    if support::docker::skip() {
+        return;
+    }
+    let world = DockerWorld::new();
     let secret_value = format!("demo-{}", uuid::Uuid::new_v4().simple());
     world
         .grant_secret("demo_token", &secret_value, "support")
@@ -142,20 +149,18 @@ async fn inside_the_container_only_the_socket_and_the_secret_file_are_there() {
     )
     .expect("write agent");
     // The people's listener on every address of the host, and one more of the test's.
-    let app = spawn_app(
-        &world,
-        AppOptions {
+    let app = world
+        .start(AppOptions {
             listen: SocketAddr::from(([0, 0, 0, 0], 0)),
             agents_dir: Some(agents),
             ..AppOptions::default()
-        },
-    )
-    .await;
+        })
+        .await;
     let outside = TcpListener::bind("0.0.0.0:0").expect("bind");
     let ports = [app.addr.port(), outside.local_addr().expect("addr").port()];
 
     let thread = thread_id();
-    let (event, _) = open_thread(&world, &app, &thread).await;
+    let (event, _) = open_thread(&app, &thread).await;
     let container = app.running(&thread).await;
 
     // The probes can fail: the same probe from a container on Docker's default bridge
@@ -172,7 +177,7 @@ async fn inside_the_container_only_the_socket_and_the_secret_file_are_there() {
         "--rm",
         "--label",
         &format!("{LABEL_INSTANCE}={}", world.instance),
-        support::IMAGE,
+        &support::docker::image(),
         "bash",
         "-c",
         &control,
@@ -212,7 +217,7 @@ async fn inside_the_container_only_the_socket_and_the_secret_file_are_there() {
         events[0]["event"]["payload"]["thread"]["id"],
         thread.as_str()
     );
-    let seen = eventually(WAIT, || async {
+    let seen = wait_for(WAIT, || async {
         let (code, out, _) = exec(&container, "cat /tmp/threadgate/events.jsonl");
         (code == 0 && out.contains(&event)).then_some(())
     })
@@ -255,11 +260,14 @@ fn docker_host_ips() -> (i32, Vec<String>, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn done_removes_the_container_and_commits_the_work_on_the_branch() {
-    let world = World::new();
-    let app = spawn_app(&world, AppOptions::default()).await;
+    if support::docker::skip() {
+        return;
+    }
+    let world = DockerWorld::new();
+    let app = world.start(AppOptions::default()).await;
     let main_before = branch_tip(&world.repo(), "main").expect("main");
     let thread = thread_id();
-    open_thread(&world, &app, &thread).await;
+    open_thread(&app, &thread).await;
     let container = app.running(&thread).await;
 
     let (code, _, err) = exec(
@@ -267,7 +275,7 @@ async fn done_removes_the_container_and_commits_the_work_on_the_branch() {
         "mkdir -p notes && printf 'svc-8af1e3: log tail times out\\n' > notes/finding.md",
     );
     assert_eq!(code, 0, "{err}");
-    mark_done(&world, &app, &thread).await;
+    mark_done(&app, &thread).await;
     ended_and_gone(&world, &app, &thread).await;
 
     let repo = world.repo();
@@ -294,10 +302,13 @@ async fn done_removes_the_container_and_commits_the_work_on_the_branch() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hostile_worktree_cannot_make_threadgate_write_outside_its_branch() {
-    let world = World::new();
-    let app = spawn_app(&world, AppOptions::default()).await;
+    if support::docker::skip() {
+        return;
+    }
+    let world = DockerWorld::new();
+    let app = world.start(AppOptions::default()).await;
     let thread = thread_id();
-    open_thread(&world, &app, &thread).await;
+    open_thread(&app, &thread).await;
     let container = app.running(&thread).await;
     let refs_before = world.refs();
     let host_repo = world.repo_path();
@@ -328,7 +339,7 @@ printf 'found it\n' > notes.txt
     );
     let (code, _, err) = exec(&container, &script);
     assert_eq!(code, 0, "{err}");
-    mark_done(&world, &app, &thread).await;
+    mark_done(&app, &thread).await;
     ended_and_gone(&world, &app, &thread).await;
 
     let branch = format!("refs/heads/threadgate/{thread}");
@@ -395,11 +406,14 @@ printf 'found it\n' > notes.txt
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_restart_containers_and_sessions_match() {
-    let world = World::new();
-    let first = spawn_app(&world, AppOptions::default()).await;
+    if support::docker::skip() {
+        return;
+    }
+    let world = DockerWorld::new();
+    let first = world.start(AppOptions::default()).await;
     let (thread_a, thread_b) = (thread_id(), thread_id());
-    open_thread(&world, &first, &thread_a).await;
-    open_thread(&world, &first, &thread_b).await;
+    open_thread(&first, &thread_a).await;
+    open_thread(&first, &thread_b).await;
     let container_a = first.running(&thread_a).await;
     let container_b = first.running(&thread_b).await;
 
@@ -418,7 +432,7 @@ async fn after_a_restart_containers_and_sessions_match() {
         &format!("{LABEL_SESSION}=s-stray"),
         "--label",
         &format!("{LABEL_THREAD}=th_STRAY"),
-        support::IMAGE,
+        &support::docker::image(),
         "sleep",
         "infinity",
     ]);
@@ -430,8 +444,8 @@ async fn after_a_restart_containers_and_sessions_match() {
     std::fs::create_dir_all(secrets_dir.join("s-crashed-start")).expect("stale secrets dir");
     std::fs::write(secrets_dir.join("s-crashed-start/token"), "stale").expect("stale secret");
 
-    let second = spawn_app(&world, AppOptions::default()).await;
-    let matched = eventually(WAIT, || async {
+    let second = world.start(AppOptions::default()).await;
+    let matched = wait_for(WAIT, || async {
         let containers = world.containers();
         let sessions = second.sessions().await;
         let live: BTreeMap<String, String> = sessions
@@ -481,7 +495,7 @@ async fn after_a_restart_containers_and_sessions_match() {
         .filter(|s| s.1 == "running")
         .map(|s| s.3)
         .collect();
-    let reaped = eventually(WAIT, || async {
+    let reaped = wait_for(WAIT, || async {
         let dirs: HashSet<String> = std::fs::read_dir(&secrets_dir)
             .expect("secrets dir")
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
@@ -502,15 +516,18 @@ async fn after_a_restart_containers_and_sessions_match() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn done_right_after_the_first_event_leaves_no_container() {
-    let world = World::new();
-    let app = spawn_app(&world, AppOptions::default()).await;
+    if support::docker::skip() {
+        return;
+    }
+    let world = DockerWorld::new();
+    let app = world.start(AppOptions::default()).await;
     let thread = thread_id();
     // DONE arrives while the container is still being started.
-    open_thread(&world, &app, &thread).await;
-    mark_done(&world, &app, &thread).await;
+    open_thread(&app, &thread).await;
+    mark_done(&app, &thread).await;
     ended_and_gone(&world, &app, &thread).await;
-    // And stays gone: nothing restarts it.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // And stays gone: nothing restarts it, not even a reconcile pass run after it ended.
+    app.supervisor.reconcile();
     app.supervisor.quiet().await;
     assert!(world.containers().is_empty());
     assert_eq!(
@@ -521,22 +538,23 @@ async fn done_right_after_the_first_event_leaves_no_container() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_session_gives_up_its_container_and_resumes_with_its_files() {
-    let world = World::new();
-    let app = spawn_app(
-        &world,
-        AppOptions {
+    if support::docker::skip() {
+        return;
+    }
+    let world = DockerWorld::new();
+    let app = world
+        .start(AppOptions {
             idle_timeout: Duration::from_secs(6),
             ..AppOptions::default()
-        },
-    )
-    .await;
+        })
+        .await;
     let thread = thread_id();
-    open_thread(&world, &app, &thread).await;
+    open_thread(&app, &thread).await;
     let first = app.running(&thread).await;
     let (code, _, err) = exec(&first, "printf 'draft\\n' > draft.md");
     assert_eq!(code, 0, "{err}");
 
-    let idle = eventually(WAIT, || async {
+    let idle = wait_for(WAIT, || async {
         let state = app.session(&thread).await.map(|s| s.0);
         (state.as_deref() == Some("idle") && world.containers().is_empty()).then_some(())
     })
@@ -552,7 +570,7 @@ async fn a_quiet_session_gives_up_its_container_and_resumes_with_its_files() {
 
     // The customer writes again: the same session resumes on the same worktree.
     let email = plain_event("email-received.json", &thread, &event_id(), Utc::now());
-    let (status, answer) = world.deliver(&app, email.to_string().as_bytes()).await;
+    let (status, answer) = app.deliver(email.to_string().as_bytes()).await;
     assert_eq!(status, 200, "{answer}");
     let second = app.running(&thread).await;
     assert_ne!(second, first);
@@ -569,10 +587,13 @@ async fn a_quiet_session_gives_up_its_container_and_resumes_with_its_files() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_while_done_is_being_applied_still_ends_the_session() {
-    let world = World::new();
-    let first = spawn_app(&world, AppOptions::default()).await;
+    if support::docker::skip() {
+        return;
+    }
+    let world = DockerWorld::new();
+    let first = world.start(AppOptions::default()).await;
     let thread = thread_id();
-    open_thread(&world, &first, &thread).await;
+    open_thread(&first, &thread).await;
     let container = first.running(&thread).await;
     let (code, _, err) = exec(&container, "printf 'half done\\n' > notes.md");
     assert_eq!(code, 0, "{err}");
@@ -581,11 +602,8 @@ async fn a_crash_while_done_is_being_applied_still_ends_the_session() {
     let done = event_id();
     let at = Utc::now() + chrono::Duration::seconds(1);
     let body = plain_event("thread-status-transitioned.json", &thread, &done, at);
-    assert_eq!(
-        world.deliver(&first, body.to_string().as_bytes()).await.0,
-        200
-    );
-    let applied = eventually(WAIT, || async {
+    assert_eq!(first.deliver(body.to_string().as_bytes()).await.0, 200);
+    let applied = wait_for(WAIT, || async {
         let id = done.clone();
         let at: Option<i64> = first
             .db
@@ -605,7 +623,7 @@ async fn a_crash_while_done_is_being_applied_still_ends_the_session() {
     let db = first.db.clone();
     first.crash();
 
-    let second = spawn_app(&world, AppOptions::default()).await;
+    let second = world.start(AppOptions::default()).await;
     drop(db);
     ended_and_gone(&world, &second, &thread).await;
     let repo = world.repo();

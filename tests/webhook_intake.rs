@@ -1,162 +1,21 @@
 //! `POST /webhooks/plain` end to end: the real router on a loopback port, a temporary
 //! SQLite file, a fixed clock, and Plain's own example payloads and test vectors.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+pub mod support;
 
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::sync::mpsc::error::TryRecvError;
-use tokio::sync::mpsc::{self, UnboundedReceiver};
 
+use support::intake::{EventRow, IntakeApp, spawn_intake};
+use support::plain::{example, examples_dir};
 use threadgate::store::Db;
-use threadgate::webhook::{
-    EventClass, IntakeConfig, IntakeState, SigningSecret, StoredEvent, router, sign,
-    verify_signature,
-};
+use threadgate::webhook::{EventClass, IntakeConfig, StoredEvent, sign, verify_signature};
 
 const SECRET: &[u8] = b"whsec-test-secret";
 /// The fixed "now" for synthetic deliveries: 2024-03-06T12:37:11.577Z.
 const NOW_MS: i64 = 1_709_728_631_577;
 
-/// Plain's reference files: `$THREADGATE_SHARED/plain/examples`, by default next to the
-/// repository.
-fn examples_dir() -> PathBuf {
-    let shared = std::env::var_os("THREADGATE_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"));
-    let dir = shared.join("plain/examples");
-    assert!(
-        dir.is_dir(),
-        "{} not found: set THREADGATE_SHARED to the shared directory",
-        dir.display()
-    );
-    dir
-}
-
-fn example(name: &str) -> Vec<u8> {
-    std::fs::read(examples_dir().join(name)).expect("read example")
-}
-
-struct TestApp {
-    url: String,
-    db: Db,
-    db_path: PathBuf,
-    events: UnboundedReceiver<StoredEvent>,
-    client: reqwest::Client,
-    _dir: tempfile::TempDir,
-}
-
-/// Starts the intake router on 127.0.0.1:0 with its own database and a clock fixed at
-/// `now_ms`; `configure` may change the limits.
-async fn spawn_app_with(now_ms: i64, configure: impl FnOnce(&mut IntakeConfig)) -> TestApp {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let db_path = dir.path().join("state.db");
-    let db = Db::open(&db_path).expect("open db");
-    let mut config = IntakeConfig::new(SigningSecret::new(SECRET).expect("secret"));
-    configure(&mut config);
-    let (notify, events) = mpsc::unbounded_channel();
-    let state = IntakeState {
-        db: db.clone(),
-        config,
-        clock: Arc::new(move || now_ms),
-        notify,
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        axum::serve(listener, router(state)).await.expect("serve");
-    });
-    TestApp {
-        url: format!("http://{addr}/webhooks/plain"),
-        db,
-        db_path,
-        events,
-        client: reqwest::Client::new(),
-        _dir: dir,
-    }
-}
-
-async fn spawn_app(now_ms: i64) -> TestApp {
-    spawn_app_with(now_ms, |_| {}).await
-}
-
-/// A stored row, as the orchestrator would read it.
-#[derive(Debug, PartialEq)]
-struct Row {
-    event_id: String,
-    event_type: String,
-    class: String,
-    thread_id: Option<String>,
-    thread_status: Option<String>,
-    customer_id: Option<String>,
-    customer_email: Option<String>,
-    actor: String,
-}
-
-impl TestApp {
-    /// Posts `body` with `signature` as `Plain-Request-Signature` (none if `None`).
-    async fn post(&self, body: Vec<u8>, signature: Option<String>) -> (u16, Value) {
-        let mut request = self.client.post(&self.url).body(body);
-        if let Some(signature) = signature {
-            request = request.header("Plain-Request-Signature", signature);
-        }
-        let response = request.send().await.expect("send");
-        let status = response.status().as_u16();
-        let body = response.json().await.unwrap_or(Value::Null);
-        (status, body)
-    }
-
-    async fn post_signed(&self, body: Vec<u8>) -> (u16, Value) {
-        let signature = sign(SECRET, &body);
-        self.post(body, Some(signature)).await
-    }
-
-    async fn rows(&self) -> Vec<Row> {
-        self.db
-            .read(|c| {
-                let mut s = c.prepare(
-                    "SELECT event_id, event_type, class, thread_id, thread_status, customer_id, \
-                     customer_email, actor FROM events ORDER BY seq",
-                )?;
-                let rows = s.query_map([], |r| {
-                    Ok(Row {
-                        event_id: r.get(0)?,
-                        event_type: r.get(1)?,
-                        class: r.get(2)?,
-                        thread_id: r.get(3)?,
-                        thread_status: r.get(4)?,
-                        customer_id: r.get(5)?,
-                        customer_email: r.get(6)?,
-                        actor: r.get(7)?,
-                    })
-                })?;
-                rows.collect()
-            })
-            .await
-            .expect("read rows")
-    }
-
-    async fn row_count(&self) -> i64 {
-        self.db
-            .read(|c| c.query_row("SELECT count(*) FROM events", [], |r| r.get(0)))
-            .await
-            .expect("count")
-    }
-
-    /// Every notification sent so far (each is sent before its 200).
-    fn notifications(&mut self) -> Vec<StoredEvent> {
-        let mut out = Vec::new();
-        loop {
-            match self.events.try_recv() {
-                Ok(event) => out.push(event),
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => return out,
-            }
-        }
-    }
+async fn spawn_app(now_ms: i64) -> IntakeApp {
+    spawn_intake(SECRET, now_ms, |_| {}).await
 }
 
 /// A synthetic `thread.email_received` delivery built from Plain's example.
@@ -287,7 +146,7 @@ async fn every_plain_example_is_accepted_with_its_class() {
         assert_eq!(status, 200, "{}: {answer}", case.file);
         assert_eq!(answer["status"], "stored", "{}", case.file);
         let rows = app.rows().await;
-        let expected = Row {
+        let expected = EventRow {
             event_id: value["id"].as_str().expect("id").to_owned(),
             event_type: value["type"].as_str().expect("type").to_owned(),
             class: case.class.as_str().to_owned(),
@@ -475,31 +334,9 @@ async fn an_oversized_body_is_413_and_stores_nothing() {
     assert_eq!(app.row_count().await, 0);
 }
 
-/// Sends raw HTTP/1.1 and returns the status code of the answer.
-async fn raw_status(app: &TestApp, head: &str, body: &[u8]) -> u16 {
-    let addr = app
-        .url
-        .trim_start_matches("http://")
-        .split('/')
-        .next()
-        .expect("host");
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    stream.write_all(head.as_bytes()).await.expect("head");
-    // The server may answer and close before reading everything: ignore write errors.
-    let _ = stream.write_all(body).await;
-    let mut answer = Vec::new();
-    let _ = stream.read_to_end(&mut answer).await;
-    let answer = String::from_utf8_lossy(&answer);
-    answer
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("no HTTP answer: {answer:?}"))
-}
-
 #[tokio::test]
 async fn the_body_limit_holds_for_chunked_bodies_and_false_lengths() {
-    let app = spawn_app_with(NOW_MS, |c| c.max_body_bytes = 4096).await;
+    let app = spawn_intake(SECRET, NOW_MS, |c| c.max_body_bytes = 4096).await;
     let mut value = email_delivery("pEv_chunked", "th_chunked", NOW_MS);
     value["payload"]["email"]["textContent"] = json!("y".repeat(8192));
     let body = bytes(&value);
@@ -517,14 +354,14 @@ async fn the_body_limit_holds_for_chunked_bodies_and_false_lengths() {
         "POST /webhooks/plain HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
          Plain-Request-Signature: {signature}\r\nTransfer-Encoding: chunked\r\n\r\n"
     );
-    assert_eq!(raw_status(&app, &head, &chunked).await, 413);
+    assert_eq!(app.raw_status(&head, &chunked).await, 413);
 
     // A Content-Length far larger than what is sent: refused once the limit is passed.
     let head = format!(
         "POST /webhooks/plain HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
          Plain-Request-Signature: {signature}\r\nContent-Length: 100000000\r\n\r\n"
     );
-    assert_eq!(raw_status(&app, &head, &body).await, 413);
+    assert_eq!(app.raw_status(&head, &body).await, 413);
     assert_eq!(app.row_count().await, 0);
 }
 

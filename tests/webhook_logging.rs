@@ -2,32 +2,16 @@
 //! the logs never carry the signing secret or the delivery's body. A binary of its own
 //! because it installs the process-wide tracing subscriber.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+pub mod support;
 
 use serde_json::json;
-use tokio::sync::mpsc;
 
-use threadgate::store::Db;
-use threadgate::webhook::{IntakeConfig, IntakeState, SigningSecret, router, sign};
+use support::intake::spawn_intake;
+use threadgate::webhook::sign;
 
 const SECRET: &str = "whsec-logging-secret-4f1c";
 const NOW_MS: i64 = 1_709_728_631_577;
 const BODY_MARKER: &str = "customer-private-text-9d2e";
-
-/// Collects everything the subscriber writes.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("log buffer").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 fn delivery(id: &str, attempt: &str) -> Vec<u8> {
     serde_json::to_vec(&json!({
@@ -42,35 +26,13 @@ fn delivery(id: &str, attempt: &str) -> Vec<u8> {
 
 #[tokio::test]
 async fn refusals_are_logged_with_their_reason_and_without_secrets_or_bodies() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::DEBUG)
-        .init();
+    support::logs::capture_logs();
 
-    let dir = tempfile::tempdir().expect("tempdir");
-    let db = Db::open(&dir.path().join("state.db")).expect("db");
-    let (notify, _events) = mpsc::unbounded_channel();
-    let state = IntakeState {
-        db,
-        config: IntakeConfig::new(SigningSecret::new(SECRET).expect("secret")),
-        clock: Arc::new(|| NOW_MS),
-        notify,
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!(
-        "http://{}/webhooks/plain",
-        listener.local_addr().expect("addr")
-    );
-    tokio::spawn(async move { axum::serve(listener, router(state)).await });
-    let client = reqwest::Client::new();
+    let app = spawn_intake(SECRET.as_bytes(), NOW_MS, |_| {}).await;
+    let (client, url) = (&app.client, &app.url);
     let post = |body: Vec<u8>, signature: String| {
         client
-            .post(&url)
+            .post(url)
             .header("Plain-Request-Signature", signature)
             .body(body)
             .send()
@@ -88,7 +50,7 @@ async fn refusals_are_logged_with_their_reason_and_without_secrets_or_bodies() {
     let signature = sign(SECRET.as_bytes(), &fresh);
     assert_eq!(post(fresh, signature).await.expect("send").status(), 200);
 
-    let logs = String::from_utf8(captured.0.lock().expect("logs").clone()).expect("utf-8");
+    let logs = support::logs::captured_text();
     let refusals: Vec<&str> = logs
         .lines()
         .filter(|l| l.contains("webhook delivery refused"))

@@ -6,7 +6,12 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::harness::{World, refunds, repo_root, unix_request};
+use threadgate::app::Overrides;
+
+use crate::support::clock::TestClock;
+use crate::support::plain::repo_root;
+use crate::support::unix_http::unix_request;
+use crate::support::world::{World, refunds};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_concurrent_approvals_make_exactly_one_refund() {
@@ -122,7 +127,10 @@ async fn twenty_concurrent_approvals_make_exactly_one_refund() {
     assert_eq!(seen["reviewer"], "alice");
     let (status, _) = app.decide(&second, &bob, "approve", "").await;
     assert_eq!(status, 409, "a denied call cannot be approved afterwards");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Denied is final (every move of a call is a compare-and-set from the state before),
+    // and the refused approval left no trace: nothing can run it now.
+    assert_eq!(app.execution(&second).await.status, "denied");
+    assert_never_approved_or_ran(&app.audit_events_of(&second).await, "denied");
     assert_eq!(refunds(&world.stripe).await.len(), 1);
     let charge_now = world.stripe.get(&format!("charges/{charge}")).await;
     assert_eq!(charge_now["amount_refunded"], 1000);
@@ -138,7 +146,13 @@ async fn an_expired_approval_answers_410_and_never_runs() {
         .replace("ttl: 4h", "ttl: 1s");
     assert!(policy.contains("ttl: 1s"));
     let world = World::with_policy_text(&policy).await;
-    let app = world.start().await;
+    let clock = TestClock::new();
+    let app = world
+        .start_with(Overrides {
+            sandbox: Some(world.sandbox.clone()),
+            clock: Some(clock.clock()),
+        })
+        .await;
     let ada = world
         .customer_session(&app, "ada@example.com", &[5000])
         .await;
@@ -147,7 +161,8 @@ async fn an_expired_approval_answers_410_and_never_runs() {
     assert_eq!(status, 202, "{held}");
     let id = held["execution_id"].as_str().expect("id").to_owned();
     let alice = app.add_reviewer("alice").await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Past the ttl on threadgate's clock, without waiting for it.
+    clock.advance(Duration::from_secs(2));
 
     let (status, body) = app.decide(&id, &alice, "approve", "too late").await;
     assert_eq!(status, 410, "{body}");
@@ -155,11 +170,20 @@ async fn an_expired_approval_answers_410_and_never_runs() {
     assert_eq!(seen["status"], "expired", "{seen}");
     let (status, _) = app.decide(&id, &alice, "approve", "again").await;
     assert_eq!(status, 410);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(refunds(&world.stripe).await.is_empty());
     let row = app.execution(&id).await;
     assert_eq!(row.status, "expired");
+    assert_never_approved_or_ran(&app.audit_events_of(&id).await, "expired");
+    assert!(refunds(&world.stripe).await.is_empty());
 
     assert!(app.verify_audit().await > 0);
     app.stop().await;
+}
+
+/// A call's audit trail ends in `last` and never shows an approval or a run.
+fn assert_never_approved_or_ran(events: &[String], last: &str) {
+    assert_eq!(events.last().map(String::as_str), Some(last), "{events:?}");
+    assert!(
+        !events.iter().any(|e| e == "approved" || e == "ran"),
+        "{events:?}"
+    );
 }

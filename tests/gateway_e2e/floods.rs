@@ -10,7 +10,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpStream, UnixStream};
 
-use crate::harness::{World, email_received, plain_id};
+use crate::support::plain::{email_received, plain_id};
+use crate::support::world::World;
 
 /// Waits until the server closes `stream` (EOF or reset); panics after `limit`.
 async fn closed_by_server<S: tokio::io::AsyncRead + Unpin>(mut stream: S, limit: Duration) {

@@ -7,8 +7,10 @@
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-use crate::harness::{SIGNING_SECRET, World, captured_logs, eventually, stored_secrets};
-use crate::plain_fake::Failure;
+use crate::support::logs::captured_logs;
+use crate::support::plain_fake::Failure;
+use crate::support::wait::eventually;
+use crate::support::world::{SIGNING_SECRET, World, stored_secrets};
 
 /// The forms a value is searched in.
 fn forms(value: &str) -> Vec<String> {
@@ -89,7 +91,7 @@ async fn no_secret_value_reaches_logs_database_notes_or_the_agent() {
     let (status, refused) = session
         .call(
             "helpdesk.reply_to_thread",
-            json!({"text": format!("token {}", crate::github_stub::TOKEN)}),
+            json!({"text": format!("token {}", crate::support::github_stub::TOKEN)}),
             None,
         )
         .await;

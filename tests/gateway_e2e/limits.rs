@@ -4,7 +4,8 @@
 
 use serde_json::json;
 
-use crate::harness::{World, refunds, repo_root};
+use crate::support::plain::repo_root;
+use crate::support::world::{World, refunds};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_concurrent_small_refunds_run_at_most_the_daily_limit() {

@@ -10,7 +10,8 @@ use threadgate::app;
 use threadgate::secrets::{SecretStore, SecretString};
 use threadgate::store::Db;
 
-use crate::harness::{STRIPE_KEY, World, plain_id};
+use crate::support::plain::plain_id;
+use crate::support::world::{STRIPE_KEY, World};
 
 /// A second handle on the world's secret store, as `threadgate secrets set` opens it
 /// from another process.
@@ -157,7 +158,7 @@ async fn the_server_keeps_the_audit_anchor_and_reports_deleted_rows() {
 
     // The next start checks the anchor and advances it to the current head.
     let app = world.start().await;
-    crate::harness::eventually("the anchor file advances", || async {
+    crate::support::wait::eventually("the anchor file advances", || async {
         matches!(threadgate::audit::anchor::read_file(&anchor_file), Ok(Some(a)) if a.count == rows)
     })
     .await;
@@ -171,8 +172,8 @@ async fn the_server_keeps_the_audit_anchor_and_reports_deleted_rows() {
     drop(db);
     let app = world.start().await;
     let path = anchor_file.display().to_string();
-    crate::harness::eventually("the divergence is logged", || async {
-        let logs = String::from_utf8_lossy(&crate::harness::captured_logs()).into_owned();
+    crate::support::wait::eventually("the divergence is logged", || async {
+        let logs = String::from_utf8_lossy(&crate::support::logs::captured_logs()).into_owned();
         logs.lines().any(|l| {
             l.contains("audit anchor check failed")
                 && l.contains(&path)

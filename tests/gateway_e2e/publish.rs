@@ -10,11 +10,15 @@ use std::path::Path;
 use serde_json::{Value, json};
 use threadgate::session::{SessionState, store as sessions};
 
-use crate::harness::{GITHUB_REPO, Running, World, email_received, eventually, plain_id};
+use crate::support::app::TestApp;
+use crate::support::plain::{email_received, plain_id};
+use crate::support::wait::eventually;
+use crate::support::world::{GITHUB_REPO, World};
 
 /// A `thread.status_transitioned` delivery to DONE for `thread_id`, a second after now.
 fn done(thread_id: &str) -> Vec<u8> {
-    let path = crate::harness::shared_dir().join("plain/examples/thread-status-transitioned.json");
+    let path =
+        crate::support::plain::shared_dir().join("plain/examples/thread-status-transitioned.json");
     let mut event: Value =
         serde_json::from_str(&std::fs::read_to_string(path).expect("example")).expect("json");
     let at = (chrono::Utc::now() + chrono::Duration::seconds(1))
@@ -27,7 +31,7 @@ fn done(thread_id: &str) -> Vec<u8> {
     serde_json::to_vec(&event).expect("serialize")
 }
 
-async fn end(app: &Running, thread: &str) {
+async fn end(app: &TestApp, thread: &str) {
     assert_eq!(app.send_webhook(&done(thread)).await, 200);
     eventually("the session ends", || {
         let t = thread.to_owned();

@@ -7,11 +7,14 @@ use std::collections::HashMap;
 use serde_json::Value;
 use threadgate::gateway::note::marker;
 
-use crate::harness::{PUBLIC_URL, World, eventually, plain_id, refunds};
+use crate::support::plain::plain_id;
+use crate::support::wait::eventually;
+use crate::support::world::{PUBLIC_URL, World, refunds};
 
 /// The calls of a calls file, with the file's placeholder ids replaced by real ones.
 pub fn load_calls(file: &str, ids: &HashMap<&str, String>) -> Vec<(String, Value)> {
-    let text = std::fs::read_to_string(crate::harness::repo_root().join(file)).expect("calls");
+    let text =
+        std::fs::read_to_string(crate::support::plain::repo_root().join(file)).expect("calls");
     let doc: Value = serde_norway::from_str(&text).expect("calls yaml");
     doc["calls"]
         .as_array()
@@ -33,7 +36,8 @@ pub fn load_calls(file: &str, ids: &HashMap<&str, String>) -> Vec<(String, Value
 
 /// The decision column of an expected file (indented lines detail the row above).
 pub fn load_expected(file: &str) -> Vec<String> {
-    let text = std::fs::read_to_string(crate::harness::repo_root().join(file)).expect("expected");
+    let text =
+        std::fs::read_to_string(crate::support::plain::repo_root().join(file)).expect("expected");
     text.lines()
         .skip(1)
         .take_while(|l| !l.trim().is_empty())

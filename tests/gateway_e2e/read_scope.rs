@@ -6,7 +6,7 @@
 
 use serde_json::{Value, json};
 
-use crate::harness::{GITHUB_REPO, World};
+use crate::support::world::{GITHUB_REPO, World};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_customers_objects_are_never_read() {

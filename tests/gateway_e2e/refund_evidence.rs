@@ -5,7 +5,7 @@
 
 use serde_json::json;
 
-use crate::harness::{World, refunds};
+use crate::support::world::{World, refunds};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_huge_duplicate_refund_is_held_even_when_the_duplicate_exists() {

@@ -8,7 +8,9 @@ use serde_json::{Value, json};
 use threadgate::connectors::{CallContext, Connector, Credential, StripeConnector};
 use threadgate::store::rusqlite;
 
-use crate::harness::{Running, STRIPE_KEY, World, eventually, refunds};
+use crate::support::app::TestApp;
+use crate::support::wait::eventually;
+use crate::support::world::{STRIPE_KEY, World, refunds};
 
 /// Sets an execution's status behind threadgate's back (it is stopped).
 fn force_status(world: &World, id: &str, status: &str) {
@@ -24,7 +26,7 @@ fn force_status(world: &World, id: &str, status: &str) {
     assert_eq!(changed, 1);
 }
 
-async fn status_becomes(app: &Running, id: &str, want: &str) {
+async fn status_becomes(app: &TestApp, id: &str, want: &str) {
     eventually(&format!("{id} becomes {want}"), || async {
         app.execution(id).await.status == want
     })
@@ -64,7 +66,7 @@ async fn an_approved_call_left_by_a_crash_runs_once_after_restart() {
 
     // Another restart finds nothing left to run.
     let app = world.start().await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    app.recovered().await;
     assert_eq!(refunds(&world.stripe).await.len(), 1);
     assert_eq!(app.execution(&id).await.status, "succeeded");
     assert!(app.verify_audit().await > 0);
@@ -141,7 +143,7 @@ async fn a_plain_call_in_flight_at_a_crash_is_marked_for_a_person_not_resent() {
     force_status(&world, &id, "running");
     let app = world.start().await;
     status_becomes(&app, &id, "needs_check").await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    app.recovered().await;
     assert_eq!(
         world.plain.thread(&ada.session.thread_id).notes().len(),
         notes_before,
@@ -319,9 +321,10 @@ async fn recovery_leaves_alone_the_calls_made_after_the_restart() {
     // calls a crash left running.
     let reset = (chrono::Utc::now() + chrono::Duration::milliseconds(2500))
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    world
-        .plain
-        .fail_next(1, crate::plain_fake::Failure::RateLimited { reset });
+    world.plain.fail_next(
+        1,
+        crate::support::plain_fake::Failure::RateLimited { reset },
+    );
     let app = world.start().await;
     let session = world.session_of(&app, &thread).await;
     let (status, body) = session
@@ -337,7 +340,8 @@ async fn recovery_leaves_alone_the_calls_made_after_the_restart() {
         status_becomes(&app, id, "succeeded").await;
     }
     assert_eq!(refunds(&world.stripe).await.len(), 10);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Recovery is over: whatever it would do to the note call, it has done.
+    app.recovered().await;
     let row = app.execution(&note_id).await;
     assert_eq!(row.status, "succeeded", "{row:?}");
     let audit = app.audit_rows().await;

@@ -6,8 +6,9 @@
 use base64::Engine as _;
 use serde_json::json;
 
-use crate::harness::{STRIPE_KEY, World, plain_id, refunds};
-use crate::plain_fake;
+use crate::support::plain::plain_id;
+use crate::support::plain_fake;
+use crate::support::world::{STRIPE_KEY, World, refunds};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_cannot_leave_its_thread_or_its_customer() {
@@ -82,7 +83,7 @@ async fn a_session_cannot_leave_its_thread_or_its_customer() {
     let url_encoded = STRIPE_KEY.replace('_', "%5F");
     let basic = base64::engine::general_purpose::STANDARD.encode(format!(
         "Authorization: Bearer {}",
-        crate::github_stub::TOKEN
+        crate::support::github_stub::TOKEN
     ));
     for text in [format!("key={url_encoded}"), format!("header {basic}")] {
         let (status, body) = session
@@ -96,8 +97,13 @@ async fn a_session_cannot_leave_its_thread_or_its_customer() {
         .map(|c| format!("\\u{:04x}", c as u32))
         .collect();
     let raw = format!(r#"{{"tool": "helpdesk.add_note", "args": {{"text": "{escaped}"}}}}"#);
-    let (status, body) =
-        crate::unix_http::unix_request_raw(&session.socket, "POST", "/v1/calls", Some(&raw)).await;
+    let (status, body) = crate::support::unix_http::unix_request_raw(
+        &session.socket,
+        "POST",
+        "/v1/calls",
+        Some(&raw),
+    )
+    .await;
     assert_eq!(status, 403, "{body}");
     assert_eq!(body["status"], "secret_in_arguments");
     assert!(world.plain.thread(&session.thread_id).replies().is_empty());

@@ -5,12 +5,14 @@
 use threadgate::model::Provider;
 use threadgate::session::{SessionState, store as sessions};
 
-use crate::harness::{Running, Session, World, eventually};
+use crate::support::app::TestApp;
+use crate::support::wait::eventually;
+use crate::support::world::{Session, World};
 use crate::{ModelWorld, chat, customer_says};
 
 /// Waits for the budget note on the thread and the session's stop; returns the notes
 /// that speak of the budget.
-async fn note_and_stop(world: &World, app: &Running, s: &Session) -> usize {
+async fn note_and_stop(world: &World, app: &TestApp, s: &Session) -> usize {
     eventually("the budget note reaches the thread", || async {
         world
             .plain

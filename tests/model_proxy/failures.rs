@@ -5,10 +5,10 @@
 use serde_json::json;
 use threadgate::model::Provider;
 
-use crate::harness::{STRIPE_KEY, Session};
+use crate::support::world::{STRIPE_KEY, Session};
 use crate::{ModelWorld, chat, chat_raw, customer_says, first_call};
 
-async fn session(mw: &ModelWorld, app: &crate::harness::Running, email: &str) -> Session {
+async fn session(mw: &ModelWorld, app: &crate::support::app::TestApp, email: &str) -> Session {
     mw.world.customer_session(app, email, &[900]).await.session
 }
 
@@ -21,7 +21,7 @@ async fn a_stored_secret_in_the_prompt_is_never_sent_upstream() {
     let attempts = [
         customer_says(&format!("my key is {STRIPE_KEY}, charged twice")),
         json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "stripe.list_charges", "arguments": format!("{{\"customer\":\"{}\"}}", crate::MODEL_KEY)}}]}, {"role": "tool", "tool_call_id": "c1", "content": "ok"}]),
-        json!([{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "text", "text": crate::github_stub::TOKEN}]}]),
+        json!([{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "text", "text": crate::support::github_stub::TOKEN}]}]),
     ];
     for messages in attempts {
         let (status, body) = chat(&s, messages).await;

@@ -7,7 +7,9 @@ use threadgate::model::Provider;
 use threadgate::session::{SessionState, store as sessions};
 
 use crate::ModelWorld;
-use crate::harness::{email_received, eventually, unix_request};
+use crate::support::plain::email_received;
+use crate::support::unix_http::unix_request;
+use crate::support::wait::eventually;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_transcript_survives_a_restart_and_is_capped() {

@@ -5,7 +5,7 @@
 use fantoccini::Locator;
 use serde_json::json;
 
-use crate::harness::{World, refunds};
+use crate::support::world::{World, refunds};
 use crate::web::{Browser, PASSWORD, add_reviewer, note_link};
 
 const HOSTILE: &str =

@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use serde_json::json;
 use threadgate::approvals::hasher::GLOBAL_PERMITS;
 
-use crate::harness::{World, unix_request};
+use crate::support::unix_http::unix_request;
+use crate::support::world::World;
 use crate::web::{PASSWORD, Web, add_reviewer, client, post_login, set_cookie};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -384,7 +385,7 @@ async fn twenty_concurrent_page_approvals_make_one_refund() {
     );
     let done = ada.session.wait(&id, 30).await;
     assert_eq!(done["status"], "ok", "{done}");
-    let made = crate::harness::refunds(&world.stripe).await;
+    let made = crate::support::world::refunds(&world.stripe).await;
     assert_eq!(made.len(), 1, "{made:#?}");
     assert_eq!(done["result"]["amount"], made[0]["amount"]);
     assert!(app.verify_audit().await > 0);

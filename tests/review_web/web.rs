@@ -2,7 +2,6 @@
 //! (cookies handled by hand, so the tests see every attribute), the note's approval
 //! link, and a headless Chromium driven over WebDriver (Debian's `chromium` and
 //! `chromedriver`, installed by `scripts/browser-up.sh`).
-#![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -14,13 +13,15 @@ use threadgate::approvals::hasher::Hasher;
 use threadgate::approvals::reviewers;
 use threadgate::secrets::SecretString;
 
-use crate::harness::{PUBLIC_URL, Running, World, eventually};
+use crate::support::app::TestApp;
+use crate::support::wait::eventually;
+use crate::support::world::{PUBLIC_URL, World};
 
 /// Every test reviewer's password.
 pub const PASSWORD: &str = "correct horse battery staple";
 
 /// Adds reviewer `name` with [`PASSWORD`].
-pub async fn add_reviewer(app: &Running, name: &str) {
+pub async fn add_reviewer(app: &TestApp, name: &str) {
     reviewers::add(&app.db, name).await.expect("add reviewer");
     // A pool of its own, so the app's counters count only the app's hashes.
     reviewers::set_password(
@@ -37,7 +38,7 @@ pub async fn add_reviewer(app: &Running, name: &str) {
 /// at the app's address.
 pub async fn note_link(
     world: &World,
-    app: &Running,
+    app: &TestApp,
     thread_id: &str,
     execution_id: &str,
 ) -> String {
@@ -92,7 +93,7 @@ pub fn client() -> reqwest::Client {
 }
 
 /// Posts the sign-in form as a browser would; returns the response.
-pub async fn post_login(app: &Running, name: &str, password: &str) -> reqwest::Response {
+pub async fn post_login(app: &TestApp, name: &str, password: &str) -> reqwest::Response {
     let (base, http) = (format!("http://{}", app.addr), client());
     let form = http
         .get(format!("{base}/login"))
@@ -116,7 +117,7 @@ pub async fn post_login(app: &Running, name: &str, password: &str) -> reqwest::R
 
 impl Web {
     /// Signs `name` in with [`PASSWORD`].
-    pub async fn sign_in(app: &Running, name: &str) -> Web {
+    pub async fn sign_in(app: &TestApp, name: &str) -> Web {
         let resp = post_login(app, name, PASSWORD).await;
         assert_eq!(resp.status().as_u16(), 303, "sign-in redirects");
         let (cookie, _) = set_cookie(&resp, "tg_review").expect("session cookie");

@@ -7,26 +7,28 @@ use std::time::Duration;
 
 use chrono::Utc;
 
-use crate::support::{
-    AppOptions, World, event_id, eventually, exec, plain_event, spawn_app, thread_id,
-};
+use crate::support::docker::exec;
+use crate::support::plain::{event_id, plain_event, thread_id};
+use crate::support::sessions::{AppOptions, DockerWorld};
+use crate::support::wait::wait_for;
 
 const WAIT: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_container_writing_past_its_workspace_limit_fails_and_its_session_stops() {
-    let world = World::new();
-    let app = spawn_app(
-        &world,
-        AppOptions {
+    if crate::support::docker::skip() {
+        return;
+    }
+    let world = DockerWorld::new();
+    let app = world
+        .start(AppOptions {
             workspace_bytes: 64 << 20,
             ..AppOptions::default()
-        },
-    )
-    .await;
+        })
+        .await;
     let thread = thread_id();
     let body = plain_event("thread-created.json", &thread, &event_id(), Utc::now());
-    let (status, answer) = world.deliver(&app, body.to_string().as_bytes()).await;
+    let (status, answer) = app.deliver(body.to_string().as_bytes()).await;
     assert_eq!(status, 200, "{answer}");
     let container = app.running(&thread).await;
 
@@ -59,7 +61,7 @@ async fn a_container_writing_past_its_workspace_limit_fails_and_its_session_stop
     assert!(used <= 66 << 20, "the image takes {used} bytes");
 
     // The supervisor sees the full workspace and ends the session (its container goes).
-    let ended = eventually(WAIT, || async {
+    let ended = wait_for(WAIT, || async {
         let state = app.session(&thread).await.map(|s| s.0);
         (state.as_deref() == Some("ended") && world.containers().is_empty()).then_some(())
     })
@@ -76,23 +78,24 @@ async fn a_container_writing_past_its_workspace_limit_fails_and_its_session_stop
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn below_the_disk_reserve_sessions_wait_and_webhooks_are_still_stored() {
-    let world = World::new();
+    if crate::support::docker::skip() {
+        return;
+    }
+    let world = DockerWorld::new();
     // A reserve larger than any disk: the data disk is always "below" it.
-    let app = spawn_app(
-        &world,
-        AppOptions {
+    let app = world
+        .start(AppOptions {
             disk_reserve_bytes: u64::MAX / 2,
             ..AppOptions::default()
-        },
-    )
-    .await;
+        })
+        .await;
     let thread = thread_id();
     let first = event_id();
     let body = plain_event("thread-created.json", &thread, &first, Utc::now());
-    let (status, answer) = world.deliver(&app, body.to_string().as_bytes()).await;
+    let (status, answer) = app.deliver(body.to_string().as_bytes()).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(app.event_rows(&first).await, 1, "the webhook is stored");
-    let queued = eventually(WAIT, || async {
+    let queued = wait_for(WAIT, || async {
         let state = app.session(&thread).await.map(|s| s.0);
         (state.as_deref() == Some("queued")).then_some(())
     })
@@ -102,7 +105,7 @@ async fn below_the_disk_reserve_sessions_wait_and_webhooks_are_still_stored() {
     let second = event_id();
     let at = Utc::now() + chrono::Duration::seconds(1);
     let body = plain_event("thread-created.json", &thread, &second, at);
-    let (status, answer) = world.deliver(&app, body.to_string().as_bytes()).await;
+    let (status, answer) = app.deliver(body.to_string().as_bytes()).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(app.event_rows(&second).await, 1, "the webhook is stored");
     app.supervisor.reconcile();

@@ -1,9 +1,6 @@
 //! A local stand-in for GitHub's REST API (search code, repository contents, issues),
 //! answering as GitHub does: JSON shapes, base64 file content wrapped at 60 columns,
 //! `{"message", "errors"}` errors, and rate limits as 403 with `x-ratelimit-remaining: 0`.
-//!
-//! Include with `#[path = "support/github_stub.rs"] mod github_stub;`.
-#![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};

@@ -5,9 +5,6 @@
 //! Needs `.venv-peers` at the repository root: `scripts/localstripe.sh setup` creates it.
 //! `localstripe_plus.py` is found in `$THREADGATE_SHARED/peers`, else in the first
 //! `shared/peers` beside the repository or one of its parents.
-//!
-//! Include with `#[path = "support/localstripe.rs"] mod localstripe;`.
-#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -16,6 +13,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+use super::plain::shared_dir;
 
 /// A key localstripe accepts (any `sk_…` key does).
 pub const TEST_KEY: &str = "sk_test_threadgate_localstripe_4f9c2";
@@ -39,7 +38,7 @@ impl LocalStripe {
             "localstripe is not installed: run `scripts/localstripe.sh setup` \
              (it creates .venv-peers at the repository root)"
         );
-        let script = shared_dir(repo).join("peers/localstripe_plus.py");
+        let script = shared_dir().join("peers/localstripe_plus.py");
         assert!(
             script.exists(),
             "{} not found: set THREADGATE_SHARED to the shared/ directory",
@@ -200,17 +199,6 @@ fn id_of(object: &Value) -> String {
         .as_str()
         .unwrap_or_else(|| panic!("localstripe object without id: {object}"))
         .to_owned()
-}
-
-fn shared_dir(repo: &Path) -> PathBuf {
-    if let Some(dir) = std::env::var_os("THREADGATE_SHARED") {
-        return PathBuf::from(dir);
-    }
-    repo.ancestors()
-        .skip(1)
-        .map(|dir| dir.join("shared"))
-        .find(|shared| shared.join("peers/localstripe_plus.py").exists())
-        .unwrap_or_else(|| repo.join("../shared"))
 }
 
 fn free_port() -> u16 {

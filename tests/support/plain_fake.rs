@@ -12,15 +12,11 @@
 //! `x-ratelimit-reset`, or an error echoing the `Authorization` header, and to answer
 //! one mutation with a `MutationError`.
 //!
-//! Include with `#[path = "support/plain_fake.rs"] mod plain_fake;`.
-#![allow(dead_code)]
-
-#[path = "plain_fake_model.rs"]
-mod model;
+//! Part of the shared harness (`tests/support`).
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
+
 use std::sync::{Arc, Mutex, OnceLock};
 
 use apollo_compiler::executable::{OperationType, Selection};
@@ -35,6 +31,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{Value, json};
+
+use super::plain::shared_dir;
+use super::plain_fake_model as model;
 
 pub use model::{Customer, Entry, MutationErrorSpec, Thread};
 
@@ -212,18 +211,6 @@ pub fn schema() -> &'static Valid<Schema> {
 pub fn validate(document: &str) -> Result<Valid<ExecutableDocument>, String> {
     ExecutableDocument::parse_and_validate(schema(), document, "request.graphql")
         .map_err(|with_errors| with_errors.errors.to_string())
-}
-
-fn shared_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("THREADGATE_SHARED") {
-        return PathBuf::from(dir);
-    }
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    repo.ancestors()
-        .skip(1)
-        .map(|dir| dir.join("shared"))
-        .find(|shared| shared.join("plain/schema.graphql").exists())
-        .unwrap_or_else(|| repo.join("../shared"))
 }
 
 fn graphql_error(status: StatusCode, message: &str, code: &str) -> Response {

@@ -2,27 +2,27 @@
 //! the Plain fake, the GitHub stub) and a real threadgate running real Docker sessions
 //! from the sandbox image, its model proxy pointed at a fresh scripted model server.
 //! Dropping the world force-removes its containers. Shared with `examples/demo.rs`.
-#![allow(dead_code)]
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use threadgate::app::{self, Overrides};
 use threadgate::model::Provider;
 use threadgate::model::scripted::ScriptedModel;
-use threadgate::sandbox::LABEL_INSTANCE;
 use threadgate::secrets::SecretString;
 use threadgate::store::Db;
 
-use crate::harness::{self, Running, World, plain_id};
+use super::app::TestApp;
+use super::docker;
+use super::plain::{self, plain_id};
+use super::world::World;
 
 /// The model key threadgate holds for the Anthropic run.
 const MODEL_KEY: &str = "sk-ant-agent-e2e-6c1d0b9e3f2a";
 
 /// How long a scenario may take to reach what it waits for (a container starts, the
 /// runner asks the model several times).
-const WAIT: Duration = Duration::from_secs(60);
+pub const WAIT: Duration = Duration::from_secs(60);
 
 /// One test's world.
 pub struct AgentWorld {
@@ -41,15 +41,7 @@ pub struct Customer {
 
 impl Drop for AgentWorld {
     fn drop(&mut self) {
-        let filter = format!("label={LABEL_INSTANCE}={}", self.instance);
-        if let Ok(out) = Command::new("docker")
-            .args(["ps", "-aq", "--filter", &filter])
-            .output()
-        {
-            for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                let _ = Command::new("docker").args(["rm", "-f", id]).output();
-            }
-        }
+        docker::remove_instance_containers(&self.instance);
         let _ = std::fs::remove_dir_all(&self.world.settings.sandbox.secrets_root);
     }
 }
@@ -64,8 +56,7 @@ impl AgentWorld {
         let instance = format!("ag{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
         let s = &mut world.settings;
         s.instance_id = Some(instance.clone());
-        s.sandbox.image = std::env::var("THREADGATE_SANDBOX_IMAGE")
-            .unwrap_or_else(|_| "threadgate-sandbox:latest".into());
+        s.sandbox.image = docker::image();
         s.sandbox.secrets_root = format!("/dev/shm/threadgate-{instance}").into();
         s.model.provider = provider;
         s.model.base_url = match provider {
@@ -92,7 +83,7 @@ impl AgentWorld {
     pub fn with_limits(mut self, max_tokens: u64, max_turns: u64) -> AgentWorld {
         let dir = self.world.dir.path().join("agents");
         std::fs::create_dir_all(&dir).expect("agents dir");
-        let text = std::fs::read_to_string(harness::repo_root().join("agents/support.md"))
+        let text = std::fs::read_to_string(plain::repo_root().join("agents/support.md"))
             .expect("support.md");
         let text = text
             .replace("max_tokens: 200000", &format!("max_tokens: {max_tokens}"))
@@ -103,7 +94,7 @@ impl AgentWorld {
     }
 
     /// Serves threadgate with the real Docker runtime.
-    pub async fn start(&self) -> Running {
+    pub async fn start(&self) -> TestApp {
         self.world
             .start_with(Overrides {
                 sandbox: None,
@@ -135,12 +126,12 @@ impl AgentWorld {
 
     /// A new thread of `customer` whose first email says `text` (with the customer's
     /// Stripe id, as a signature would carry it), delivered as a signed webhook.
-    pub async fn open_thread(&self, app: &Running, customer: &Customer, text: &str) -> String {
+    pub async fn open_thread(&self, app: &TestApp, customer: &Customer, text: &str) -> String {
         let thread = plain_id("th");
         self.world
             .plain
             .add_thread(&thread, &customer.plain_id, &customer.email);
-        let body = harness::email_received(&thread, &customer.plain_id, &customer.email);
+        let body = plain::email_received(&thread, &customer.plain_id, &customer.email);
         let mut event: Value = serde_json::from_slice(&body).expect("json");
         event["payload"]["email"]["textContent"] =
             json!(format!("{text}\n\n-- account {}", customer.stripe_id));
@@ -154,8 +145,8 @@ impl AgentWorld {
     }
 
     /// A further email of `customer` on `thread`, as a signed webhook.
-    pub async fn message(&self, app: &Running, thread: &str, customer: &Customer, text: &str) {
-        let body = harness::email_received(thread, &customer.plain_id, &customer.email);
+    pub async fn message(&self, app: &TestApp, thread: &str, customer: &Customer, text: &str) {
+        let body = plain::email_received(thread, &customer.plain_id, &customer.email);
         let mut event: Value = serde_json::from_slice(&body).expect("json");
         event["payload"]["email"]["textContent"] = json!(text);
         let body = serde_json::to_vec(&event).expect("json");
@@ -163,7 +154,7 @@ impl AgentWorld {
     }
 
     /// Waits for a held `stripe.create_refund` and answers its execution id.
-    pub async fn held_refund(&self, app: &Running) -> String {
+    pub async fn held_refund(&self, app: &TestApp) -> String {
         let deadline = Instant::now() + WAIT;
         loop {
             let held = app
@@ -188,10 +179,10 @@ impl AgentWorld {
     }
 
     /// Delivers the thread's move to DONE (Plain's example, re-aimed at `thread`).
-    pub async fn mark_done(&self, app: &Running, thread: &str) {
-        let body = harness::email_received(thread, "c_x", "x@x.test");
+    pub async fn mark_done(&self, app: &TestApp, thread: &str) {
+        let body = plain::email_received(thread, "c_x", "x@x.test");
         let created: Value = serde_json::from_slice(&body).expect("json");
-        let example = harness::shared_dir().join("plain/examples/thread-status-transitioned.json");
+        let example = plain::shared_dir().join("plain/examples/thread-status-transitioned.json");
         let mut event: Value =
             serde_json::from_str(&std::fs::read_to_string(example).expect("example"))
                 .expect("json");
@@ -233,26 +224,6 @@ impl AgentWorld {
 
     /// How many containers of this world run.
     pub async fn running_containers(&self) -> usize {
-        let filter = format!("label={LABEL_INSTANCE}={}", self.instance);
-        let out = Command::new("docker")
-            .args(["ps", "-q", "--filter", &filter])
-            .output()
-            .expect("docker ps");
-        String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .count()
-    }
-}
-
-/// Waits until `check` holds, polling; panics with `what` after [`WAIT`].
-pub async fn until<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + WAIT;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        docker::running_count(&self.instance)
     }
 }

@@ -1,7 +1,6 @@
 //! A minimal HTTP/1.1 client over a unix socket, as an agent in its sandbox talks to
 //! `/run/threadgate/api.sock`: one request per connection (`Connection: close`), the
 //! status line and the JSON body.
-#![allow(dead_code)]
 
 use std::io::Write as _;
 use std::path::Path;

@@ -1,0 +1,179 @@
+//! Docker for the tests: whether it is there, and its CLI.
+//!
+//! A test that needs Docker starts with `if support::docker::skip() { return; }`. Without
+//! a Docker engine answering, or without the sandbox image, [`skip`] prints one line to
+//! the terminal (past the test harness's output capture) naming the test, the reason and
+//! how many tests this binary has skipped so far, and the test returns. With
+//! `THREADGATE_REQUIRE_DOCKER=1` (set by `scripts/test.sh`, so in CI) a missing Docker
+//! fails the test instead.
+
+use std::io::Write as _;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::Value;
+use threadgate::sandbox::LABEL_INSTANCE;
+
+/// The image sessions run in (built by `scripts/build-sandbox-image.sh`); another with
+/// `THREADGATE_SANDBOX_IMAGE`.
+pub fn image() -> String {
+    std::env::var("THREADGATE_SANDBOX_IMAGE").unwrap_or_else(|_| "threadgate-sandbox:latest".into())
+}
+
+static MISSING: OnceLock<Option<String>> = OnceLock::new();
+static SKIPPED: AtomicUsize = AtomicUsize::new(0);
+
+/// Why Docker tests cannot run here (`None`: they can). Asked once per process.
+pub fn missing() -> Option<String> {
+    MISSING
+        .get_or_init(|| {
+            let engine = Command::new("docker")
+                .args(["version", "--format", "{{.Server.Version}}"])
+                .output();
+            match engine {
+                Err(e) => return Some(format!("no docker CLI ({e}); run scripts/docker-up.sh")),
+                Ok(out) if !out.status.success() => {
+                    let err = String::from_utf8_lossy(&out.stderr);
+                    let first = err.lines().next().unwrap_or("no answer").trim().to_owned();
+                    return Some(format!(
+                        "the Docker engine does not answer ({first}); run scripts/docker-up.sh"
+                    ));
+                }
+                Ok(_) => {}
+            }
+            let image = image();
+            let found = Command::new("docker")
+                .args(["image", "inspect", &image])
+                .output()
+                .is_ok_and(|o| o.status.success());
+            (!found)
+                .then(|| format!("image {image} is missing; run scripts/build-sandbox-image.sh"))
+        })
+        .clone()
+}
+
+/// Whether Docker is required (`THREADGATE_REQUIRE_DOCKER=1`): then nothing is skipped.
+pub fn required() -> bool {
+    std::env::var("THREADGATE_REQUIRE_DOCKER").is_ok_and(|v| v == "1")
+}
+
+/// `true` when this test must be skipped for want of Docker, after saying so on the
+/// terminal; panics instead when Docker is [`required`].
+pub fn skip() -> bool {
+    let Some(reason) = missing() else {
+        return false;
+    };
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("a Docker test");
+    assert!(
+        !required(),
+        "{test} needs Docker, which THREADGATE_REQUIRE_DOCKER=1 requires: {reason}"
+    );
+    let count = SKIPPED.fetch_add(1, Ordering::SeqCst) + 1;
+    let binary = std::env::args()
+        .next()
+        .and_then(|a| {
+            std::path::Path::new(&a)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default();
+    // Straight to the file descriptor: the test harness captures `eprintln!`.
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED {test} ({binary}: {count} Docker test(s) skipped so far): {reason}"
+    );
+    true
+}
+
+/// One container as `docker inspect` shows it.
+#[derive(Debug, Clone)]
+pub struct Container {
+    pub id: String,
+    pub running: bool,
+    pub inspect: Value,
+}
+
+impl Container {
+    /// The value of label `name`.
+    pub fn label(&self, name: &str) -> Option<String> {
+        self.inspect["Config"]["Labels"][name]
+            .as_str()
+            .map(str::to_owned)
+    }
+}
+
+/// Runs `docker ARGS`, returning (exit code, stdout, stderr).
+pub fn docker(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new("docker")
+        .args(args)
+        .output()
+        .expect("run docker");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs a bash script in a container as its own user.
+pub fn exec(container: &str, script: &str) -> (i32, String, String) {
+    docker(&["exec", container, "bash", "-c", script])
+}
+
+/// `docker inspect` of a container, as JSON.
+pub fn inspect(container: &str) -> Value {
+    let (code, out, err) = docker(&["inspect", container]);
+    assert_eq!(code, 0, "docker inspect {container}: {err}");
+    let list: Value = serde_json::from_str(&out).expect("inspect json");
+    list[0].clone()
+}
+
+/// Every container labelled with `instance`, inspected.
+pub fn containers_of(instance: &str) -> Vec<Container> {
+    let filter = format!("label={LABEL_INSTANCE}={instance}");
+    let (code, out, err) = docker(&["ps", "-aq", "--no-trunc", "--filter", &filter]);
+    assert_eq!(code, 0, "docker ps: {err}");
+    out.split_whitespace()
+        .filter_map(|id| {
+            // A container removed between `ps` and `inspect` is simply gone.
+            let (code, out, _) = docker(&["inspect", id]);
+            if code != 0 {
+                return None;
+            }
+            let list: Value = serde_json::from_str(&out).ok()?;
+            let inspect = list[0].clone();
+            Some(Container {
+                id: id.to_owned(),
+                running: inspect["State"]["Running"].as_bool() == Some(true),
+                inspect,
+            })
+        })
+        .collect()
+}
+
+/// How many containers labelled with `instance` run.
+pub fn running_count(instance: &str) -> usize {
+    let filter = format!("label={LABEL_INSTANCE}={instance}");
+    let (_, out, _) = docker(&["ps", "-q", "--filter", &filter]);
+    out.split_whitespace().count()
+}
+
+/// Force-removes every container labelled with `instance` (a world's cleanup).
+pub fn remove_instance_containers(instance: &str) {
+    let filter = format!("label={LABEL_INSTANCE}={instance}");
+    let Ok(out) = Command::new("docker")
+        .args(["ps", "-aq", "--filter", &filter])
+        .output()
+    else {
+        return;
+    };
+    let out = String::from_utf8_lossy(&out.stdout);
+    let ids: Vec<&str> = out.split_whitespace().collect();
+    if !ids.is_empty() {
+        let mut args = vec!["rm", "-f"];
+        args.extend(ids);
+        let _ = docker(&args);
+    }
+}

@@ -1,0 +1,289 @@
+//! The gateway's world: a temporary data directory and git repository, the repository's
+//! policies, agents and skills, a [`FakeRuntime`] sandbox, and the providers pointed at
+//! localstripe, the Plain fake and the GitHub stub. A session is opened the way Plain
+//! opens one (a signed `thread.email_received` webhook) and driven the way an agent
+//! drives it (HTTP/1.1 over the session's unix socket).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use threadgate::app::{self, Overrides};
+use threadgate::config::Settings;
+use threadgate::sandbox::FakeRuntime;
+use threadgate::secrets::SecretString;
+use threadgate::session::{SessionState, store as sessions};
+use threadgate::store::Db;
+
+use super::app::{TestApp, spawn_app};
+use super::github_stub::{self, GithubStub};
+use super::localstripe::LocalStripe;
+use super::logs;
+use super::plain::{email_received, plain_id, repo_root};
+use super::plain_fake::{self, PlainFake};
+use super::unix_http::unix_request;
+use super::wait::wait_for;
+
+/// The Plain webhook signing secret of every gateway test app.
+pub const SIGNING_SECRET: &str = "plain_whsec_e2e_gateway_5d81c0f2a4b7";
+/// The Stripe key threadgate holds (localstripe accepts any `sk_` key). The fixtures
+/// made directly on localstripe use another key.
+pub const STRIPE_KEY: &str = "sk_test_e2e_gateway_9d2f71c3b8a54e06";
+/// The one GitHub repository the test apps may reach.
+pub const GITHUB_REPO: &str = "acme/billing";
+/// Where approval links point.
+pub const PUBLIC_URL: &str = "http://threadgate.reviewers.test";
+
+/// Every stored secret value the apps hold, by name.
+pub fn stored_secrets() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("stripe_api_key", STRIPE_KEY),
+        ("plain_api_key", plain_fake::API_KEY),
+        ("github_token", github_stub::TOKEN),
+    ]
+}
+
+/// The peers and directories one test's threadgate runs against.
+pub struct World {
+    pub dir: TempDir,
+    pub stripe: LocalStripe,
+    pub plain: PlainFake,
+    pub github: GithubStub,
+    pub sandbox: Arc<FakeRuntime>,
+    pub settings: Settings,
+}
+
+impl World {
+    /// A world under `policies/support.yaml`.
+    pub async fn new() -> World {
+        World::with_policy(&repo_root().join("policies/support.yaml")).await
+    }
+
+    /// A world under a policy file holding `text`.
+    pub async fn with_policy_text(text: &str) -> World {
+        let file = tempfile::NamedTempFile::new().expect("policy file");
+        std::fs::write(file.path(), text).expect("write policy");
+        World::with_policy(file.path()).await
+    }
+
+    /// A world under a copy of `policy` (in the temp dir), with the stored secrets set.
+    pub async fn with_policy(policy: &Path) -> World {
+        logs::capture_logs();
+        let dir = TempDir::new().expect("tempdir");
+        let root = dir.path().canonicalize().expect("canonical tempdir");
+        let repo = root.join("repo");
+        init_repo(&repo);
+        let policy_file = root.join("policy.yaml");
+        std::fs::copy(policy, &policy_file).expect("copy the policy");
+        let stripe = tokio::task::spawn_blocking(LocalStripe::start)
+            .await
+            .expect("localstripe starts");
+        let plain = PlainFake::start().await;
+        let github = GithubStub::start().await;
+        let settings = settings(&root, repo, policy_file, &stripe, &plain, &github);
+        std::fs::create_dir_all(&settings.data_dir).expect("data dir");
+        let db = Db::open(&settings.database_path()).expect("open db");
+        let secrets = app::open_secrets(&db, &settings).expect("open secrets");
+        for (name, value) in stored_secrets() {
+            secrets
+                .set(name, SecretString::new(value.to_owned()))
+                .await
+                .expect("set secret");
+        }
+        drop(secrets);
+        drop(db);
+        World {
+            dir,
+            stripe,
+            plain,
+            github,
+            sandbox: Arc::new(FakeRuntime::new()),
+            settings,
+        }
+    }
+
+    /// Builds the real application on this world's data directory and serves it.
+    pub async fn start(&self) -> TestApp {
+        self.start_with(Overrides {
+            sandbox: Some(self.sandbox.clone()),
+            clock: None,
+        })
+        .await
+    }
+
+    /// As [`World::start`] with `overrides` (`sandbox: None` runs real Docker).
+    pub async fn start_with(&self, overrides: Overrides) -> TestApp {
+        spawn_app(self.settings.clone(), overrides).await
+    }
+
+    /// The master key file's contents (a secret too).
+    pub fn master_key_text(&self) -> String {
+        std::fs::read_to_string(self.settings.master_key_path()).expect("master key")
+    }
+
+    /// Opens a session the way Plain does: the thread exists in Plain, then a signed
+    /// `thread.email_received` webhook arrives. Waits until its container runs and its
+    /// socket answers.
+    pub async fn open_session(
+        &self,
+        app: &TestApp,
+        thread_id: &str,
+        customer_id: &str,
+        email: &str,
+    ) -> Session {
+        self.plain.add_thread(thread_id, customer_id, email);
+        let body = email_received(thread_id, customer_id, email);
+        let status = app.send_webhook(&body).await;
+        assert_eq!(status, 200, "the signed webhook is accepted");
+        self.session_of(app, thread_id).await
+    }
+
+    /// The running session of `thread_id`, once its socket is up.
+    pub async fn session_of(&self, app: &TestApp, thread_id: &str) -> Session {
+        let found = wait_for(Duration::from_secs(30), || async {
+            let t = thread_id.to_owned();
+            let row = app
+                .db
+                .read(move |c| sessions::get(c, &t))
+                .await
+                .expect("read sessions")?;
+            if row.state != SessionState::Running {
+                return None;
+            }
+            let socket = self
+                .settings
+                .sockets_dir()
+                .join(&row.session_id)
+                .join("api.sock");
+            let session = Session {
+                id: row.session_id,
+                thread_id: thread_id.to_owned(),
+                socket,
+            };
+            (session.get("/v1/agent").await.0 == 200).then_some(session)
+        })
+        .await;
+        found.unwrap_or_else(|| panic!("the session of {thread_id} did not start"))
+    }
+
+    /// Creates a localstripe customer with `email` and one USD charge per amount, then
+    /// opens a session on a new thread of that customer.
+    pub async fn customer_session(&self, app: &TestApp, email: &str, charges: &[u64]) -> Customer {
+        let id = self.stripe.create_customer(email).await;
+        let mut made = Vec::new();
+        for amount in charges {
+            made.push(self.stripe.create_charge(&id, *amount, "usd").await);
+        }
+        let session = self
+            .open_session(app, &plain_id("th"), &plain_id("c"), email)
+            .await;
+        Customer {
+            id,
+            email: email.to_owned(),
+            charges: made,
+            session,
+        }
+    }
+}
+
+/// The settings of a gateway world rooted at `root`.
+fn settings(
+    root: &Path,
+    repo: PathBuf,
+    policy_file: PathBuf,
+    stripe: &LocalStripe,
+    plain: &PlainFake,
+    github: &GithubStub,
+) -> Settings {
+    let mut settings = Settings {
+        data_dir: root.join("data"),
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        public_url: PUBLIC_URL.into(),
+        policy_file,
+        agents_dir: repo_root().join("agents"),
+        skills_dir: repo_root().join("skills"),
+        master_key_file: root.join("master.key"),
+        ..Settings::default()
+    };
+    settings.plain.signing_secret = Some(SecretString::new(SIGNING_SECRET.to_owned()));
+    settings.plain.api_url = plain.base_url().to_owned();
+    settings.stripe.api_url = stripe.base_url();
+    settings.github.api_url = github.base_url().to_owned();
+    settings.github.repos = vec![GITHUB_REPO.to_owned()];
+    settings.repo.path = repo;
+    settings.repo.default_branch = Some("main".into());
+    settings.sandbox.secrets_root = root.join("secrets");
+    // Workspace filesystems are tested on their own (sessions_docker).
+    settings.sessions.workspace_bytes = 0;
+    settings
+}
+
+/// A Stripe customer of the thread, with charges, and the thread's running session.
+pub struct Customer {
+    pub id: String,
+    pub email: String,
+    pub charges: Vec<String>,
+    pub session: Session,
+}
+
+/// A git repository with a `main` branch and one file.
+fn init_repo(path: &Path) {
+    let mut opts = git2::RepositoryInitOptions::new();
+    opts.initial_head("main");
+    let repo = git2::Repository::init_opts(path, &opts).expect("git init");
+    let blob = repo.blob(b"# billing\n").expect("blob");
+    let mut tree = repo.treebuilder(None).expect("treebuilder");
+    tree.insert("README.md", blob, 0o100644).expect("insert");
+    let tree = repo
+        .find_tree(tree.write().expect("tree"))
+        .expect("find tree");
+    let sig = git2::Signature::now("test", "test@example.com").expect("signature");
+    repo.commit(Some("refs/heads/main"), &sig, &sig, "first", &tree, &[])
+        .expect("commit");
+}
+
+/// A running session and its socket, driven as its agent drives it.
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub id: String,
+    pub thread_id: String,
+    pub socket: PathBuf,
+}
+
+impl Session {
+    /// `POST /v1/calls`.
+    pub async fn call(&self, tool: &str, args: Value, diagnosis: Option<&str>) -> (u16, Value) {
+        let mut body = json!({"tool": tool, "args": args});
+        if let Some(d) = diagnosis {
+            body["diagnosis"] = json!(d);
+        }
+        unix_request(&self.socket, "POST", "/v1/calls", Some(&body)).await
+    }
+
+    /// `GET path`.
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        unix_request(&self.socket, "GET", path, None).await
+    }
+
+    /// `GET /v1/executions/{id}/wait?timeout=S`.
+    pub async fn wait(&self, execution_id: &str, timeout_s: u64) -> Value {
+        let (status, body) = self
+            .get(&format!(
+                "/v1/executions/{execution_id}/wait?timeout={timeout_s}"
+            ))
+            .await;
+        assert_eq!(status, 200, "wait answered {status}: {body}");
+        body
+    }
+}
+
+/// Every refund localstripe holds (oldest first).
+pub async fn refunds(stripe: &LocalStripe) -> Vec<Value> {
+    stripe.get("refunds?limit=100").await["data"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
