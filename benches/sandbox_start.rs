@@ -15,6 +15,9 @@
 //! the medians are printed at the end. Criterion warns that 20 samples do not fit in
 //! its 1 s target: that is on purpose, so that each sample is exactly one start.
 
+#[path = "../tests/support/docker.rs"]
+pub mod docker;
+
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::process::Command;
@@ -45,6 +48,9 @@ fn median(recorded: &Recorded) -> Duration {
 }
 
 fn sandbox_start(c: &mut Criterion) {
+    if docker::skip() {
+        return;
+    }
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let docker = rt.block_on(async {
         let docker = Docker::connect_with_defaults()

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Runs threadgate's whole test suite on this machine, installing and starting what the
 # tests need first: a Docker engine, the sandbox image, the localstripe venv, and
-# ripgrep (the agent runner's code search, tested on the host).
+# ripgrep (the agent runner's code search, tested on the host), and
 # headless Chromium with chromedriver (the review page's browser tests).
+#
+# Docker is required here (THREADGATE_REQUIRE_DOCKER=1): a Docker test that cannot run
+# fails instead of skipping, as it may under a bare `cargo test`. Prints the suite's wall
+# time (setup apart) with the load average at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+started_setup=$(date +%s)
 scripts/docker-up.sh
 scripts/build-sandbox-image.sh
 scripts/localstripe.sh setup
@@ -13,4 +18,12 @@ if ! command -v rg >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends ripgrep
 fi
 scripts/browser-up.sh
-exec cargo test --all-targets "$@"
+export THREADGATE_REQUIRE_DOCKER=1
+started=$(date +%s)
+status=0
+cargo test --all-targets "$@" || status=$?
+finished=$(date +%s)
+read -r load1 load5 load15 _ < /proc/loadavg
+echo "test.sh: suite wall time $((finished - started)) s (setup $((started - started_setup)) s);" \
+    "load average $load1 $load5 $load15; exit status $status" >&2
+exit "$status"

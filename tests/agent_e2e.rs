@@ -13,7 +13,7 @@ pub mod support;
 use threadgate::model::Provider;
 
 use support::agent::{AgentWorld, WAIT};
-use support::wait::{eventually, eventually_within};
+use support::wait::{eventually, eventually_within, wait_for};
 use support::world::refunds;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -225,15 +225,30 @@ async fn a_looping_model_stops_at_the_budget_with_a_note() {
         .filter(|e| e.tool == "stripe.list_charges")
         .count();
     assert!((1..=4).contains(&calls), "{calls} list calls for 4 turns");
-    // The runner stopped: it says so on its stderr (the container's log), then only
-    // waits, and the model was not asked again meanwhile.
+    // The runner stopped: either it says so on its stderr (the container's log) and then
+    // only waits, or its session ended and took the container with it. Either way it
+    // cannot ask the model again, and it did not meanwhile.
     let before = w.model.seen().len();
-    let container = app.running(&thread).await;
-    eventually_within(WAIT, "the runner says it stopped", || async {
-        let (_, out, err) = support::docker::docker(&["logs", &container]);
-        format!("{out}{err}").contains("threadgate-agent-runner: stopped")
+    let stopped = wait_for(WAIT, || async {
+        match app.session(&thread).await {
+            Some((state, Some(container), _)) if state == "running" => {
+                let (_, out, err) = support::docker::docker(&["logs", &container]);
+                let log = format!("{out}{err}");
+                log.contains("threadgate-agent-runner: stopped")
+                    .then_some(())
+            }
+            Some((state, _, _)) if state == "ended" || state == "idle" => {
+                (w.running_containers().await == 0).then_some(())
+            }
+            _ => None,
+        }
     })
     .await;
+    assert!(
+        stopped.is_some(),
+        "the runner neither stopped nor went away: {:?}",
+        app.session(&thread).await
+    );
     assert_eq!(w.model.seen().len(), before, "the model is not asked again");
     app.stop().await;
 }

@@ -21,6 +21,7 @@ use chrono::Utc;
 use git2::ObjectType;
 use serde_json::Value;
 use support::app::TestApp;
+use support::clock::TestClock;
 use support::docker::{docker, exec};
 use support::plain::{event_id, plain_event, retry_of, thread_id};
 use support::sessions::{AppOptions, DockerWorld, branch_tip};
@@ -542,9 +543,11 @@ async fn a_quiet_session_gives_up_its_container_and_resumes_with_its_files() {
         return;
     }
     let world = DockerWorld::new();
+    let clock = TestClock::new();
     let app = world
         .start(AppOptions {
-            idle_timeout: Duration::from_secs(6),
+            idle_timeout: Duration::from_secs(60),
+            clock: Some(clock.clock()),
             ..AppOptions::default()
         })
         .await;
@@ -553,6 +556,9 @@ async fn a_quiet_session_gives_up_its_container_and_resumes_with_its_files() {
     let first = app.running(&thread).await;
     let (code, _, err) = exec(&first, "printf 'draft\\n' > draft.md");
     assert_eq!(code, 0, "{err}");
+    // A quiet minute passes on threadgate's clock (not on the test's), still within the
+    // webhook window for the customer's next email.
+    clock.advance(Duration::from_secs(61));
 
     let idle = wait_for(WAIT, || async {
         let state = app.session(&thread).await.map(|s| s.0);

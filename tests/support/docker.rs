@@ -74,9 +74,15 @@ pub fn skip() -> bool {
     let binary = std::env::args()
         .next()
         .and_then(|a| {
-            std::path::Path::new(&a)
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
+            let name = std::path::Path::new(&a)
+                .file_name()?
+                .to_string_lossy()
+                .into_owned();
+            // Cargo names test binaries `NAME-HASH`.
+            Some(match name.rsplit_once('-') {
+                Some((binary, _hash)) => binary.to_owned(),
+                None => name,
+            })
         })
         .unwrap_or_default();
     // Straight to the file descriptor: the test harness captures `eprintln!`.

@@ -14,6 +14,7 @@ use threadgate::app::Overrides;
 use threadgate::config::{PlainSettings, RepoSettings, SandboxSettings, SessionSettings, Settings};
 use threadgate::sandbox::SandboxRuntime;
 use threadgate::secrets::{MasterKey, SecretStore, SecretString};
+use threadgate::session::Clock;
 use threadgate::store::Db;
 
 use super::app::{TestApp, spawn_app};
@@ -35,6 +36,8 @@ pub struct AppOptions {
     pub workspace_bytes: u64,
     /// Free space the data disk keeps for the database.
     pub disk_reserve_bytes: u64,
+    /// threadgate's clock (the wall clock when `None`); see [`super::clock::TestClock`].
+    pub clock: Option<Clock>,
 }
 
 impl Default for AppOptions {
@@ -47,6 +50,7 @@ impl Default for AppOptions {
             sandbox: None,
             workspace_bytes: 64 << 20,
             disk_reserve_bytes: 0,
+            clock: None,
         }
     }
 }
@@ -169,7 +173,7 @@ impl DockerWorld {
     pub async fn start(&self, opts: AppOptions) -> TestApp {
         let overrides = Overrides {
             sandbox: opts.sandbox.clone(),
-            clock: None,
+            clock: opts.clock.clone(),
         };
         spawn_app(self.settings(&opts), overrides).await
     }
