@@ -256,6 +256,9 @@ impl Application {
             default_agent: settings.default_agent.clone(),
             clock: clock.clone(),
             publisher: publisher(&settings, &gate, &db, base_branch),
+            notes: Some(Arc::new(approvals::stop_note::OutboxStopNotes::new(
+                gate.clone(),
+            ))),
         });
         let _ = sandbox_api.supervisor.set(handle.clone());
         let _ = gate.supervisor.set(handle.clone());
