@@ -191,6 +191,8 @@ impl ModelProxy {
                 Err(ProxyError::Malformed(e)),
             ),
         };
+        let took = std::time::Duration::from_millis(latency_ms.max(0) as u64);
+        crate::metrics::model_call(&agent.model, tokens, took, answer.is_ok());
         let record = AuditRecord {
             args: Some(
                 json!({"model": agent.model, "provider": self.settings.provider.as_str(), "tokens": tokens}),
