@@ -391,7 +391,10 @@ impl Application {
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        tracing::info!(addr = %self.addr, metrics = ?self.metrics_addr, instance = %self.instance_id, "threadgate serving");
+        let metrics = self
+            .metrics_addr
+            .map_or("off".to_owned(), |a| a.to_string());
+        tracing::info!(addr = %self.addr, metrics = %metrics, instance = %self.instance_id, "threadgate serving");
         crate::gateway::serve::serve(self.listener, self.router, self.limits, shutdown).await;
         self.supervisor.shutdown();
         for task in self.background {
