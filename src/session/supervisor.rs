@@ -446,30 +446,25 @@ impl Supervisor {
         let parts = self.parts.clone();
         let tx = self.tx.clone();
         let span = tracing::info_span!("session_start", thread_id = %row.thread_id, session_id = %row.session_id);
-        tokio::spawn(tracing::Instrument::instrument(
-            async move {
-                let began = std::time::Instant::now();
-                let outcome = match start_session(&parts, &row).await {
-                    Ok((container_id, worktree)) => Outcome::Started {
-                        container_id,
-                        worktree,
-                    },
-                    Err(e) => Outcome::StartFailed(format!("{e:#}")),
-                };
-                let ok = matches!(outcome, Outcome::Started { .. });
-                crate::metrics::session_start(ok, began.elapsed());
-                tracing::info!(
-                    ok,
-                    took_ms = began.elapsed().as_millis() as u64,
-                    "session start finished"
-                );
-                let _ = tx.send(Msg::Done {
-                    thread: row.thread_id,
-                    outcome,
-                });
-            },
-            span,
-        ));
+        let start = async move {
+            let began = std::time::Instant::now();
+            let outcome = match start_session(&parts, &row).await {
+                Ok((container_id, worktree)) => Outcome::Started {
+                    container_id,
+                    worktree,
+                },
+                Err(e) => Outcome::StartFailed(format!("{e:#}")),
+            };
+            let ok = matches!(outcome, Outcome::Started { .. });
+            crate::metrics::session_start(ok, began.elapsed());
+            let took_ms = began.elapsed().as_millis() as u64;
+            tracing::info!(ok, took_ms, "session start finished");
+            let _ = tx.send(Msg::Done {
+                thread: row.thread_id,
+                outcome,
+            });
+        };
+        tokio::spawn(tracing::Instrument::instrument(start, span));
     }
 
     /// Stops the thread's container (if any), commits its worktree and ends the session.
