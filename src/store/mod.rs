@@ -268,6 +268,7 @@ fn writer_loop(
                 Err(_) => break,
             }
         }
+        let (began, jobs_in_batch) = (std::time::Instant::now(), batch.len());
         let mut finishers = Vec::with_capacity(batch.len());
         // INVARIANT: a job runs only inside its own savepoint of an open transaction, so
         // a failing job never leaves partial changes in the batch. A job that cannot be
@@ -292,8 +293,9 @@ fn writer_loop(
             let _ = conn.execute_batch("ROLLBACK");
             e.to_string()
         });
+        crate::metrics::db_commit(jobs_in_batch, began.elapsed(), committed.is_ok());
         if committed.is_ok() {
-            checkpointer.committed(finishers.len());
+            checkpointer.committed(jobs_in_batch);
         }
         for finish in finishers {
             finish(committed.clone());
