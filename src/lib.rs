@@ -12,6 +12,8 @@ pub mod cli;
 pub mod config;
 pub mod connectors;
 pub mod gateway;
+pub mod health;
+pub mod metrics;
 pub mod model;
 pub mod policy;
 pub mod review;

@@ -21,6 +21,8 @@ mod ops;
 mod publish;
 #[path = "gateway_e2e/queue.rs"]
 mod queue;
+#[path = "gateway_e2e/read_commit.rs"]
+mod read_commit;
 #[path = "gateway_e2e/read_scope.rs"]
 mod read_scope;
 #[path = "gateway_e2e/refund_evidence.rs"]
@@ -29,3 +31,5 @@ mod refund_evidence;
 mod restart;
 #[path = "gateway_e2e/scope.rs"]
 mod scope;
+#[path = "gateway_e2e/telemetry.rs"]
+mod telemetry;

@@ -25,6 +25,8 @@ use super::logs;
 pub struct TestApp {
     /// The people's listener (webhooks, approvals, the review page), on 127.0.0.1.
     pub addr: SocketAddr,
+    /// The metrics listener, when the settings turn it on.
+    pub metrics_addr: Option<SocketAddr>,
     pub db: Db,
     pub gate: Arc<Gate>,
     /// The reviewers' password-hashing pool of this application.
@@ -66,7 +68,7 @@ pub async fn spawn_app(settings: Settings, overrides: Overrides) -> TestApp {
             }
         };
         let parts = (
-            app.addr,
+            (app.addr, app.metrics_addr),
             app.db.clone(),
             app.gate.clone(),
             app.hasher.clone(),
@@ -79,7 +81,7 @@ pub async fn spawn_app(settings: Settings, overrides: Overrides) -> TestApp {
         })
         .await
     });
-    let (addr, db, gate, hasher, supervisor, recovered) = built_rx
+    let ((addr, metrics_addr), db, gate, hasher, supervisor, recovered) = built_rx
         .await
         .expect("the app task answers")
         .unwrap_or_else(|e| panic!("cannot build the application: {e}"));
@@ -90,6 +92,7 @@ pub async fn spawn_app(settings: Settings, overrides: Overrides) -> TestApp {
     };
     TestApp {
         addr,
+        metrics_addr,
         db,
         gate,
         hasher,

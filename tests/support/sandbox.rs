@@ -13,11 +13,7 @@ use futures::StreamExt;
 use tempfile::TempDir;
 use threadgate::sandbox::{DockerRuntime, LABEL_INSTANCE, Limits, SandboxSpec, SecretBytes};
 
-/// The image the tests run, overridable with `THREADGATE_SANDBOX_IMAGE`.
-pub fn image() -> String {
-    std::env::var("THREADGATE_SANDBOX_IMAGE")
-        .unwrap_or_else(|_| "threadgate-sandbox:latest".to_string())
-}
+pub use super::docker::image;
 
 /// Where the tests put secrets directories (a tmpfs).
 pub fn secrets_root() -> PathBuf {
