@@ -12,6 +12,7 @@ pub mod cli;
 pub mod config;
 pub mod connectors;
 pub mod gateway;
+pub mod mcp;
 pub mod model;
 pub mod policy;
 pub mod review;
