@@ -27,3 +27,8 @@ mod client;
 mod elicitation;
 #[path = "mcp_e2e/gated.rs"]
 mod gated;
+#[path = "agent_e2e/support.rs"]
+mod support;
+
+#[path = "mcp_e2e/in_container.rs"]
+mod in_container;
