@@ -73,7 +73,7 @@ impl SessionTools {
         let tool = params.name.into_owned();
         let digest = request_digest(&tool, &args);
         if let Some(sealed) = params.request_state {
-            return self.redeem(&tool, &sealed, &digest).await.into();
+            return self.redeem(&tool, &sealed, &digest).await;
         }
         let reply = gate
             .call(
@@ -132,8 +132,9 @@ impl SessionTools {
 
     /// A retry with a request state: the state must be this server's, for this
     /// session and this exact call, unexpired and unused; then it waits on the
-    /// execution like `threadgate_wait`.
-    async fn redeem(&self, tool: &str, sealed: &str, digest: &str) -> CallToolResult {
+    /// execution like `threadgate_wait`. Still undecided at the wait's end, the client
+    /// gets a fresh input request (the redeemed state is spent).
+    async fn redeem(&self, tool: &str, sealed: &str, digest: &str) -> CallToolResponse {
         let gate = &self.server.gate;
         let state = match self.server.sealer.redeem(
             &self.scope.session_id,
@@ -144,21 +145,32 @@ impl SessionTools {
             Ok(state) => state,
             Err(e) => {
                 tracing::warn!(session = %self.scope.session_id, error = %e, "request state refused");
-                return refused("invalid_request_state", &e.to_string());
+                return refused("invalid_request_state", &e.to_string()).into();
             }
         };
         let exec = match self.load(&state.execution_id).await {
             Ok(e) => e,
-            Err(r) => return r,
+            Err(r) => return r.into(),
         };
         if exec.binding_hash != state.binding_hash || exec.tool != tool {
             return refused(
                 "invalid_request_state",
                 "the request state does not match this call",
-            );
+            )
+            .into();
         }
-        self.wait_for(exec, Duration::from_secs(DEFAULT_WAIT_SECONDS))
+        match self
+            .settle(exec, Duration::from_secs(DEFAULT_WAIT_SECONDS))
             .await
+        {
+            Ok((exec, false)) if !exec.status.is_final() => {
+                let url = gate.approval_url(&exec.id);
+                self.input_required(&exec, &url, state.request_digest)
+                    .into()
+            }
+            Ok((exec, expired)) => execution_result(&exec, expired).into(),
+            Err(r) => r.into(),
+        }
     }
 
     async fn wait(&self, args: &JsonObject) -> CallToolResult {
@@ -183,8 +195,21 @@ impl SessionTools {
         }
     }
 
-    /// Waits until `exec` is final, `timeout` passes, or its approval expires.
-    async fn wait_for(&self, mut exec: Execution, timeout: Duration) -> CallToolResult {
+    /// Waits on `exec` and answers it as `threadgate_wait` does.
+    async fn wait_for(&self, exec: Execution, timeout: Duration) -> CallToolResult {
+        match self.settle(exec, timeout).await {
+            Ok((exec, expired)) => execution_result(&exec, expired),
+            Err(r) => r,
+        }
+    }
+
+    /// Waits until `exec` is final, `timeout` passes, or its approval expires; answers
+    /// the execution as it then is and whether its approval ran out.
+    async fn settle(
+        &self,
+        mut exec: Execution,
+        timeout: Duration,
+    ) -> Result<(Execution, bool), CallToolResult> {
         let gate = &self.server.gate;
         let mut changes = gate.changes.subscribe();
         let deadline = tokio::time::Instant::now() + timeout;
@@ -192,11 +217,11 @@ impl SessionTools {
             let expired =
                 !exec.status.is_final() && exec.expires_at_ms.is_some_and(|at| at <= gate.now());
             if exec.status.is_final() || expired || tokio::time::Instant::now() >= deadline {
-                return execution_result(&exec, expired);
+                return Ok((exec, expired));
             }
             let until_expiry = exec
                 .expires_at_ms
-                .map(|at| Duration::from_millis((at - gate.now()).max(0) as u64))
+                .map(|at| Duration::from_millis(u64::try_from(at - gate.now()).unwrap_or(0)))
                 .unwrap_or(timeout);
             let wake = deadline.min(tokio::time::Instant::now() + until_expiry);
             let id = exec.id.clone();
@@ -210,10 +235,7 @@ impl SessionTools {
                 }
             })
             .await;
-            exec = match self.load(&exec.id).await {
-                Ok(e) => e,
-                Err(r) => return r,
-            };
+            exec = self.load(&exec.id).await?;
         }
     }
 

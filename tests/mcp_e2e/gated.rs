@@ -249,3 +249,45 @@ async fn an_unknown_tool_is_refused_by_the_gate() {
     client.cancel().await.expect("close");
     app.stop().await;
 }
+
+/// A wait ends at the approval's expiry, whatever timeout the agent asks for, and says
+/// `expired`; nothing runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_is_bounded_by_the_approvals_ttl() {
+    let policy = std::fs::read_to_string(crate::harness::repo_root().join("policies/support.yaml"))
+        .expect("policy")
+        .replace("ttl: 4h", "ttl: 2s");
+    assert!(policy.contains("ttl: 2s"));
+    let world = World::with_policy_text(&policy).await;
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[5000])
+        .await;
+    let client = connect(&ada.session.socket, false).await;
+    let args = json!({"charge": ada.charges[0], "amount": 1000, "reason": "requested_by_customer"});
+    let held = body(&call(&client, "stripe.create_refund", args).await);
+    assert_eq!(held["status"], "pending_approval", "{held}");
+    let id = held["execution_id"].as_str().expect("id").to_owned();
+    let started = std::time::Instant::now();
+    let waited = call(
+        &client,
+        "threadgate_wait",
+        json!({"execution_id": id, "timeout_seconds": 300}),
+    )
+    .await;
+    assert_eq!(body(&waited)["status"], "expired", "{waited:?}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "ended at the expiry"
+    );
+    let too_long = call(
+        &client,
+        "threadgate_wait",
+        json!({"execution_id": id, "timeout_seconds": 0}),
+    )
+    .await;
+    assert_eq!(body(&too_long)["error"], "invalid_arguments");
+    assert!(refunds(&world.stripe).await.is_empty());
+    client.cancel().await.expect("close");
+    app.stop().await;
+}

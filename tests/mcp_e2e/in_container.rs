@@ -98,22 +98,32 @@ async fn an_mcp_client_in_a_real_container_gets_the_gated_tools_through_the_brid
     app.stop().await;
 }
 
-/// `examples/mcp_probe.rs`, built by this test's cargo and stripped into `dir`.
+/// `examples/mcp_probe.rs`, stripped into `dir`. `cargo test --all-targets` (as
+/// `scripts/test.sh` runs it) has built it; under nextest, which releases cargo's
+/// build lock while tests run, it is built here, so it is never stale.
 fn built_probe(dir: &Path) -> PathBuf {
-    let status = Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "--example", "mcp_probe"])
-        .current_dir(repo_root())
-        .status()
-        .expect("run cargo");
-    assert!(status.success(), "cargo build --example mcp_probe");
+    if std::env::var_os("NEXTEST").is_some() {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--quiet", "--example", "mcp_probe"])
+            .current_dir(repo_root())
+            .status()
+            .expect("run cargo");
+        assert!(status.success(), "cargo build --example mcp_probe");
+    }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join("target"));
+    let built = target.join("debug/examples/mcp_probe");
+    assert!(
+        built.exists(),
+        "{} is missing: run `cargo build --example mcp_probe` (or `cargo test --all-targets`)",
+        built.display()
+    );
     let stripped = dir.join("mcp-probe");
     let status = Command::new("strip")
         .arg("-o")
         .arg(&stripped)
-        .arg(target.join("debug/examples/mcp_probe"))
+        .arg(&built)
         .status()
         .expect("run strip");
     assert!(status.success(), "strip the probe");
