@@ -216,6 +216,7 @@ impl Application {
         let leftovers = approvals.leftovers().await;
         let limits = ConnLimits {
             max_connections: settings.server.max_connections,
+            max_per_address: settings.server.max_connections_per_address,
             header_timeout: settings.server.header_timeout,
             body_timeout: settings.server.body_timeout,
         };

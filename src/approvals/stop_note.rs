@@ -137,7 +137,7 @@ fn blocked_execution(
 
 fn human_bytes(bytes: u64) -> String {
     const MIB: u64 = 1 << 20;
-    if bytes >= 1 << 30 && bytes % (1 << 30) == 0 {
+    if bytes >= 1 << 30 && bytes.is_multiple_of(1 << 30) {
         format!("{} GiB", bytes >> 30)
     } else if bytes >= MIB {
         format!("{} MiB", bytes / MIB)
