@@ -227,10 +227,14 @@ fn the_harness_choice_is_checked_with_its_line() {
     ] {
         let (_dir, agents) = tree(|t| t.replacen("limits:\n", bad, 1));
         let (ok, out) = lint(&agents);
+        let text = std::fs::read_to_string(agents.join("support.md")).expect("read");
+        let key_line = 1 + text
+            .lines()
+            .position(|l| l == "harness:")
+            .expect("the harness key");
         let expected = format!(
-            "{}:{}: harness: command must name a program",
+            "{}:{key_line}: harness: command must name a program",
             agents.join("support.md").display(),
-            line_of(&agents, "harness:")
         );
         assert!(!ok && out.contains(&expected), "{bad}: {out}");
     }
