@@ -84,6 +84,21 @@ async fn with_state(
     call(client, p).await
 }
 
+/// One chat completion through the model proxy, as an OpenAI-compatible harness asks.
+async fn ask_model() -> anyhow::Result<Value> {
+    let base = std::env::var("OPENAI_BASE_URL")?;
+    let model = std::env::var("THREADGATE_MODEL")?;
+    let answer = reqwest::Client::new()
+        .post(format!("{base}/chat/completions"))
+        .bearer_auth(std::env::var("OPENAI_API_KEY").unwrap_or_default())
+        .json(&json!({"model": model, "messages": [{"role": "user", "content": "hello"}]}))
+        .send()
+        .await?;
+    let status = answer.status().as_u16();
+    let body: Value = answer.json().await.unwrap_or(Value::Null);
+    Ok(json!({"status": status, "object": body["object"], "model": body["model"]}))
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let url = std::env::var("THREADGATE_MCP_URL")?;
@@ -96,6 +111,7 @@ async fn main() -> anyhow::Result<()> {
         json!({"mcp_url": url, "model_base_url": std::env::var("OPENAI_BASE_URL").ok()}),
     );
 
+    say("model", ask_model().await?);
     let plain = connect(&url, false).await?;
     let tools = plain.list_all_tools().await?;
     say(

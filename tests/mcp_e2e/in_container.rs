@@ -57,6 +57,12 @@ async fn an_mcp_client_in_a_real_container_gets_the_gated_tools_through_the_brid
         step("env")["model_base_url"],
         "http://127.0.0.1:7345/v1/model"
     );
+    let model = step("model");
+    assert_eq!(
+        model["status"], 200,
+        "the model proxy through the bridge: {model}"
+    );
+    assert_eq!(model["object"], "chat.completion", "{model}");
     let tools = step("tools");
     assert!(
         tools
