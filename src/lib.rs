@@ -13,6 +13,7 @@ pub mod config;
 pub mod connectors;
 pub mod gateway;
 pub mod health;
+pub mod mcp;
 pub mod metrics;
 pub mod model;
 pub mod policy;
