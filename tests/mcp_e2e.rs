@@ -9,17 +9,7 @@
 //! Needs `.venv-peers` (`scripts/localstripe.sh setup`); `in_container` also needs
 //! Docker and the sandbox image (see `tests/agent_e2e.rs`).
 
-#[path = "support/github_stub.rs"]
-mod github_stub;
-#[path = "support/localstripe.rs"]
-mod localstripe;
-#[path = "support/plain_fake.rs"]
-mod plain_fake;
-
-#[path = "gateway_e2e/harness.rs"]
-mod harness;
-#[path = "gateway_e2e/unix_http.rs"]
-mod unix_http;
+pub mod support;
 
 #[path = "mcp_e2e/client.rs"]
 mod client;
@@ -27,8 +17,6 @@ mod client;
 mod elicitation;
 #[path = "mcp_e2e/gated.rs"]
 mod gated;
-#[path = "agent_e2e/support.rs"]
-mod support;
 
 #[path = "mcp_e2e/in_container.rs"]
 mod in_container;

@@ -5,7 +5,7 @@ use rmcp::model::{CallToolRequestParams, CallToolResponse, InputRequest, InputRe
 use serde_json::{Value, json};
 
 use crate::client::{Client, body, call_once, connect, connect_legacy};
-use crate::harness::{World, refunds};
+use crate::support::world::{World, refunds};
 
 async fn retry(client: &Client, tool: &str, args: &Value, state: &str) -> Value {
     let Value::Object(args) = args.clone() else {

@@ -4,7 +4,8 @@ use rmcp::model::CallToolResponse;
 use serde_json::{Value, json};
 
 use crate::client::{body, call, call_once, connect, raw_post, text};
-use crate::harness::{STRIPE_KEY, World, plain_id, refunds};
+use crate::support::plain::plain_id;
+use crate::support::world::{STRIPE_KEY, World, refunds};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tools_are_listed_with_schemas_and_annotations_in_a_stable_order() {
@@ -254,9 +255,10 @@ async fn an_unknown_tool_is_refused_by_the_gate() {
 /// `expired`; nothing runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_is_bounded_by_the_approvals_ttl() {
-    let policy = std::fs::read_to_string(crate::harness::repo_root().join("policies/support.yaml"))
-        .expect("policy")
-        .replace("ttl: 4h", "ttl: 2s");
+    let policy =
+        std::fs::read_to_string(crate::support::plain::repo_root().join("policies/support.yaml"))
+            .expect("policy")
+            .replace("ttl: 4h", "ttl: 2s");
     assert!(policy.contains("ttl: 2s"));
     let world = World::with_policy_text(&policy).await;
     let app = world.start().await;
