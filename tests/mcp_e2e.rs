@@ -12,7 +12,7 @@
 pub mod support;
 
 #[path = "mcp_e2e/client.rs"]
-mod client;
+pub mod client;
 #[path = "mcp_e2e/elicitation.rs"]
 mod elicitation;
 #[path = "mcp_e2e/gated.rs"]

@@ -1,6 +1,5 @@
 //! rmcp's own client on a session's socket (or on the runner's bridge), as an agent
 //! harness would use it, and a raw HTTP request for what a client never sends.
-#![allow(dead_code)]
 
 use std::path::Path;
 
