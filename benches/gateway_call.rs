@@ -6,6 +6,9 @@
 //! Custom harness: `cargo bench --bench gateway_call`. Needs `.venv-peers`
 //! (`scripts/localstripe.sh setup`).
 
+// Benchmark code: an unwrap or expect that fails stops the run with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../tests/support/github_stub.rs"]
 mod github_stub;
 #[path = "../tests/support/localstripe.rs"]

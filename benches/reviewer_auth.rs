@@ -3,6 +3,9 @@
 //! sign-in password (argon2id through the bounded pool), each including its database
 //! read.
 
+// Benchmark code: an unwrap or expect that fails stops the run with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};

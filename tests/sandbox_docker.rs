@@ -3,6 +3,9 @@
 //! tests running in parallel (and other threadgate instances) never see each other's
 //! containers; each stops what it started.
 
+// Test code: an unwrap or expect that fails is a failed test, with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "support/sandbox_helpers.rs"]
 mod helpers;
 
