@@ -7,10 +7,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::arg_path::ArgPath;
 use super::evidence::{EvidenceCondition, EvidenceKind};
 use super::limits::Limit;
 use super::pattern::Pattern;
-use super::rule::{ArgPath, Comparison, Condition, Rule, Test};
+use super::rule::{Comparison, Condition, Rule, Test};
 use super::yaml::{self, Kind, Node, Pos, Problem};
 use super::{Action, DEFAULT_APPROVAL_TTL, DefaultMode, decimal};
 
