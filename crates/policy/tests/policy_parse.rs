@@ -46,12 +46,16 @@ fn malformed_files_report_every_problem_with_its_position() {
             ],
         ),
         (
-            "approvals:\n  ttl: 4 hours\n",
-            &["p.yaml:2:8: `ttl` must be a duration like 4h, 30m or 1h30m, not `4 hours`"],
+            "approvals:\n  ttl: four hours\n",
+            &["p.yaml:2:8: `ttl` must be a duration like 4h, 30m or 1h30m, not `four hours`"],
         ),
         (
             "approvals:\n  ttl: 0m\n",
             &["p.yaml:2:8: `ttl` must be a duration like 4h, 30m or 1h30m, not `0m`"],
+        ),
+        (
+            "approvals:\n  ttl: 500us\n",
+            &["p.yaml:2:8: `ttl` must be a duration like 4h, 30m or 1h30m, not `500us`"],
         ),
         (
             "policies:\n  - match: a.b\n    action: always\n  - match: c.d\n    action: block\n    action: block\n",
@@ -186,6 +190,16 @@ fn settings_and_their_defaults() {
             "approvals:\n  ttl: 45s\n",
             DefaultMode::Risk,
             Duration::from_secs(45),
+        ),
+        (
+            "approvals:\n  ttl: 4 hours\n",
+            DefaultMode::Risk,
+            Duration::from_secs(4 * 3600),
+        ),
+        (
+            "approvals:\n  ttl: 1500ms\n",
+            DefaultMode::Risk,
+            Duration::from_millis(1500),
         ),
     ];
     for (source, mode, ttl) in cases {
