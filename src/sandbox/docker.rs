@@ -67,7 +67,7 @@ impl DockerRuntime {
             .negotiate_version()
             .await
             .map_err(SandboxError::Connect)?;
-        let me = host::process_owner()?;
+        let me = host::process_owner();
         let (container_owner, chown_mounts) = if me.uid == 0 {
             let agent = Owner {
                 uid: SANDBOX_UID,

@@ -91,24 +91,6 @@ fn validate_secrets_refuses_values_in_env_or_command_and_bad_names() {
 }
 
 #[test]
-fn mount_fs_type_picks_the_deepest_latest_mount() {
-    let mountinfo = "\
-22 1 8:1 / / rw - ext4 /dev/sda1 rw
-30 22 0:5 / /dev rw - devtmpfs udev rw
-31 30 0:6 / /dev/shm rw - tmpfs tmpfs rw
-40 22 0:7 / /mnt/with\\040space rw - tmpfs none rw
-41 22 0:8 / /srv rw - ext4 /dev/sdb1 rw
-42 41 0:9 / /srv rw shared:1 - tmpfs none rw
-";
-    let check = |path: &str| host::mount_fs_type(mountinfo, Path::new(path));
-    assert_eq!(check("/dev/shm/threadgate/x").as_deref(), Some("tmpfs"));
-    assert_eq!(check("/dev/shmx").as_deref(), Some("devtmpfs"));
-    assert_eq!(check("/home/user").as_deref(), Some("ext4"));
-    assert_eq!(check("/mnt/with space/a").as_deref(), Some("tmpfs"));
-    assert_eq!(check("/srv/data").as_deref(), Some("tmpfs"));
-}
-
-#[test]
 fn require_tmpfs_accepts_dev_shm_and_refuses_a_disk() {
     if Path::new("/dev/shm").is_dir() {
         host::require_tmpfs(Path::new("/dev/shm/threadgate/not/yet/there")).unwrap();
@@ -151,7 +133,7 @@ fn write_secrets_creates_private_files_and_cleans_up() {
 
 #[test]
 fn write_secrets_hands_files_to_the_owner_when_root() {
-    let me = host::process_owner().unwrap();
+    let me = host::process_owner();
     if me.uid != 0 {
         return; // chown to another uid needs root; covered by the docker tests there.
     }
@@ -195,7 +177,7 @@ fn write_secrets_removes_its_directory_when_a_file_fails() {
 
 #[test]
 fn chown_tree_does_not_follow_symlinks() {
-    let me = host::process_owner().unwrap();
+    let me = host::process_owner();
     if me.uid != 0 {
         return; // Only root can give files away.
     }
