@@ -12,6 +12,7 @@ use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
 use base64::Engine as _;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 use super::ConnectorError;
 
@@ -158,18 +159,17 @@ impl fmt::Display for Credential {
     }
 }
 
-/// Percent-encodes every byte outside RFC 3986's unreserved set, as URL and form
-/// encoders do.
+/// Every byte outside RFC 3986's unreserved set (`A-Z a-z 0-9 - . _ ~`): what URL and
+/// form encoders escape.
+const NOT_UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Percent-encodes `value` as URL and form encoders do.
 fn url_encode(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for byte in value.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(byte));
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
+    utf8_percent_encode(value, NOT_UNRESERVED).to_string()
 }
 
 #[cfg(test)]
