@@ -373,7 +373,9 @@ pub fn audit(config: &ConfigArgs, args: &AuditArgs) -> ExitCode {
         }
         let event = match &args.event {
             Some(name) => Some(
-                AuditEvent::parse(name).with_context(|| format!("unknown audit event {name:?}"))?,
+                name.parse::<AuditEvent>()
+                    .ok()
+                    .with_context(|| format!("unknown audit event {name:?}"))?,
             ),
             None => None,
         };
