@@ -216,6 +216,7 @@ impl Application {
         let leftovers = approvals.leftovers().await;
         let limits = ConnLimits {
             max_connections: settings.server.max_connections,
+            max_per_address: settings.server.max_connections_per_address,
             header_timeout: settings.server.header_timeout,
             body_timeout: settings.server.body_timeout,
         };
@@ -256,6 +257,9 @@ impl Application {
             default_agent: settings.default_agent.clone(),
             clock: clock.clone(),
             publisher: publisher(&settings, &gate, &db, base_branch),
+            notes: Some(Arc::new(approvals::stop_note::OutboxStopNotes::new(
+                gate.clone(),
+            ))),
         });
         let _ = sandbox_api.supervisor.set(handle.clone());
         let _ = gate.supervisor.set(handle.clone());

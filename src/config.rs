@@ -77,6 +77,10 @@ pub struct Settings {
 pub struct ServerSettings {
     /// Open connections at most on `listen`; further ones are closed at once.
     pub max_connections: usize,
+    /// Open connections at most from one client address (an IPv6 /64 counts as one),
+    /// so one address cannot fill `max_connections`; 0 turns the per-address cap off
+    /// (e.g. behind a reverse proxy that connects from one address).
+    pub max_connections_per_address: usize,
     /// Time a client has to send a request's headers, counted from connecting or from
     /// the end of its previous response (so also the keep-alive idle timeout).
     #[serde(with = "humantime_serde_compat")]
@@ -90,6 +94,7 @@ impl Default for ServerSettings {
     fn default() -> Self {
         ServerSettings {
             max_connections: 1024,
+            max_connections_per_address: 64,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
         }

@@ -13,6 +13,7 @@ pub mod http;
 pub mod narrow;
 pub mod outbox;
 pub mod reviewers;
+pub mod stop_note;
 pub mod store;
 pub mod throttle;
 

@@ -12,6 +12,7 @@
 //! never touches one without it.
 
 pub mod agents;
+pub mod notes;
 pub mod publish;
 pub mod store;
 mod supervisor;
@@ -23,6 +24,7 @@ mod tests;
 use std::path::PathBuf;
 
 pub use agents::{AgentBook, AgentDefinition};
+pub use notes::{StopNotes, StopReason};
 pub use publish::{BranchPublisher, GithubPublisher};
 pub use store::{SessionRow, SessionState};
 pub use supervisor::{Clock, Supervisor, SupervisorHandle, SupervisorParts};

@@ -40,6 +40,9 @@ pub struct SupervisorParts {
     /// Opens or updates a draft pull request when a session ends with pushed changes;
     /// `None` without a remote or a GitHub repository.
     pub publisher: Option<Arc<dyn super::BranchPublisher>>,
+    /// Leaves a note on the thread when the supervisor stops a session on its own
+    /// (a full workspace); `None` in tests that do not look at notes.
+    pub notes: Option<Arc<dyn super::StopNotes>>,
 }
 
 enum Msg {
@@ -384,9 +387,35 @@ impl Supervisor {
         }
         for thread in full {
             tracing::warn!(thread, "workspace full; stopping the session");
+            self.note_stop(
+                &thread,
+                &super::StopReason::WorkspaceFull {
+                    limit_bytes: self.parts.settings.workspace_bytes,
+                },
+            )
+            .await;
             if let Err(e) = self.stop_thread(&thread).await {
                 tracing::warn!(thread, error = %e, "cannot stop a session with a full workspace");
             }
+        }
+    }
+
+    /// Queues the note saying why the supervisor stops `thread`'s session. A note that
+    /// cannot be queued is logged; the stop goes ahead (a full disk must not keep a
+    /// session running).
+    async fn note_stop(&self, thread: &str, reason: &super::StopReason) {
+        let (Some(notes), Some(row)) = (&self.parts.notes, self.session(thread).await) else {
+            return;
+        };
+        let scope = super::SessionScope {
+            session_id: row.session_id,
+            thread_id: row.thread_id,
+            agent: row.agent,
+            customer_id: row.customer_id,
+            customer_email: row.customer_email,
+        };
+        if let Err(e) = notes.stopped(&scope, reason).await {
+            tracing::warn!(thread, error = %e, "cannot queue the note for a stopped session");
         }
     }
 

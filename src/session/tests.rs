@@ -151,6 +151,7 @@ fn harness_with(
         default_agent: "support".into(),
         clock: Arc::new(move || clock_now.load(Ordering::SeqCst)),
         publisher: None,
+        notes: None,
     });
     Harness {
         _dir: dir,

@@ -257,6 +257,20 @@ impl TestApp {
             .expect("read sessions")
     }
 
+    /// The texts of the internal notes queued for a thread, oldest first.
+    pub async fn notes(&self, thread: &str) -> Vec<String> {
+        let thread = thread.to_owned();
+        self.db
+            .read(move |c| {
+                let mut stmt =
+                    c.prepare("SELECT text FROM note_outbox WHERE thread_id = ?1 ORDER BY rowid")?;
+                let rows = stmt.query_map([&thread], |r| r.get(0))?;
+                rows.collect()
+            })
+            .await
+            .expect("read notes")
+    }
+
     /// How many stored events carry `event_id`.
     pub async fn event_rows(&self, event_id: &str) -> i64 {
         let id = event_id.to_owned();
