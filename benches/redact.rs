@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::hint::black_box;
+use threadgate::secrets::ExposeSecret as _;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
@@ -58,7 +59,7 @@ fn bench(c: &mut Criterion) {
     let secrets = secrets();
     let redactor = Redactor::new(secrets.clone()).expect("redactor");
     let miss = blob();
-    let last = secrets[19].1.expose().to_owned();
+    let last = secrets[19].1.expose_secret().to_owned();
     let hit = format!("{}{}", &miss[..miss.len() - 80], STANDARD.encode(&last));
     let escaped = miss.replace("Refund for", "Refund%20for");
     let json: serde_json::Value = serde_json::from_str(&miss).expect("json");

@@ -28,7 +28,8 @@ use bollard::Docker;
 use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::RemoveContainerOptionsBuilder;
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
-use threadgate::sandbox::{DockerRuntime, Limits, SandboxRuntime, SandboxSpec, SecretBytes};
+use threadgate::sandbox::{DockerRuntime, Limits, SandboxRuntime, SandboxSpec};
+use threadgate::secrets::secret_bytes;
 
 const SAMPLES: usize = 20;
 
@@ -92,7 +93,7 @@ fn sandbox_start(c: &mut Criterion) {
                     image: image(),
                     workspace_dir: workspace.path().to_path_buf(),
                     socket_dir: socket_dir.path().to_path_buf(),
-                    secrets: vec![("API_TOKEN".into(), SecretBytes::new("bench-secret"))],
+                    secrets: vec![("API_TOKEN".into(), secret_bytes("bench-secret"))],
                     limits: Limits::default(),
                     command: None,
                     env: vec![],

@@ -332,7 +332,7 @@ impl Settings {
             self.master_key_file = PathBuf::from(v);
         }
         if let Some(v) = get("THREADGATE_PLAIN_SIGNING_SECRET") {
-            self.plain.signing_secret = Some(SecretString::new(v));
+            self.plain.signing_secret = Some(SecretString::from(v));
         }
         if let Some(v) = get("THREADGATE_MAX_LIVE_SESSIONS") {
             self.sessions.max_live = v.parse().map_err(|e| ConfigError::Env {
@@ -354,7 +354,7 @@ impl Settings {
             path: path.clone(),
             source,
         })?;
-        self.plain.signing_secret = Some(SecretString::new(text.trim().to_owned()));
+        self.plain.signing_secret = Some(SecretString::from(text.trim().to_owned()));
         Ok(())
     }
 

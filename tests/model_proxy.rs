@@ -54,7 +54,7 @@ pub async fn store_secret(world: &World, name: &str, value: &str) {
     let db = Db::open(&world.settings.database_path()).expect("open db");
     let secrets = app::open_secrets(&db, &world.settings).expect("open secrets");
     secrets
-        .set(name, SecretString::new(value.to_owned()))
+        .set(name, SecretString::from(value.to_owned()))
         .await
         .expect("set secret");
 }

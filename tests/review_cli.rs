@@ -60,7 +60,7 @@ async fn reviewers_passwords_are_set_from_stdin() {
 
     let db = Db::open(&dir.path().join("data/threadgate.db")).expect("db");
     let hasher = Hasher::new(1, 1);
-    let who = reviewers::verify_password(&db, &hasher, "alice", SecretString::new(pw.into()))
+    let who = reviewers::verify_password(&db, &hasher, "alice", SecretString::from(pw))
         .await
         .expect("verify");
     assert_eq!(who.map(|r| r.name), Some("alice".to_owned()));
@@ -76,11 +76,11 @@ async fn reviewers_passwords_are_set_from_stdin() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let old = reviewers::verify_password(&db, &hasher, "alice", SecretString::new(pw.into()))
+    let old = reviewers::verify_password(&db, &hasher, "alice", SecretString::from(pw))
         .await
         .expect("verify");
     assert_eq!(old, None, "the old password no longer works");
-    let new = reviewers::verify_password(&db, &hasher, "alice", SecretString::new(new_pw.into()))
+    let new = reviewers::verify_password(&db, &hasher, "alice", SecretString::from(new_pw))
         .await
         .expect("verify");
     assert!(new.is_some());

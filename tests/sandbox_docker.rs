@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use bollard::query_parameters::RemoveContainerOptionsBuilder;
 use helpers::{TestEnv, exec, host_ipv4_addresses, sh};
-use threadgate::sandbox::{SandboxError, SandboxRuntime, SecretBytes};
+use threadgate::sandbox::{SandboxError, SandboxRuntime};
+use threadgate::secrets::secret_bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
 
@@ -309,7 +310,7 @@ async fn failed_or_duplicate_starts_leave_nothing_behind() {
     // A second start of a live session is refused without touching the first.
     let first = env.runtime.start(&env.spec("dup", SECRET)).await.unwrap();
     let mut again = env.spec("dup", "another-value");
-    again.secrets.push(("EXTRA".into(), SecretBytes::new("x")));
+    again.secrets.push(("EXTRA".into(), secret_bytes("x")));
     let err = env.runtime.start(&again).await.unwrap_err();
     assert!(matches!(err, SandboxError::AlreadyExists { .. }), "{err}");
     let cat = exec(

@@ -1,6 +1,7 @@
 //! [`DockerRuntime`]: the real [`SandboxRuntime`], driving the Docker engine through
 //! bollard with the API version negotiated (Debian 12's engine stops at 1.41).
 
+use crate::secrets::ExposeSecret as _;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
@@ -421,7 +422,7 @@ pub(super) fn validate_secrets(spec: &SandboxSpec) -> Result<(), String> {
         if !names.insert(name.as_str()) {
             return Err(format!("secret name {name:?} is given twice"));
         }
-        let needle = value.expose();
+        let needle = value.expose_secret();
         if needle.is_empty() {
             continue;
         }

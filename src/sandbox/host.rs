@@ -4,6 +4,7 @@
 //!
 //! All functions here block; callers run them on tokio's blocking pool.
 
+use crate::secrets::ExposeSecret as _;
 use std::fs::{self, DirBuilder, OpenOptions, Permissions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt, lchown};
@@ -128,7 +129,7 @@ fn fill_secrets_dir(
             .mode(0o400)
             .open(&path)
             .map_err(io_err("create secret file", &path))?;
-        file.write_all(value.expose())
+        file.write_all(value.expose_secret())
             .map_err(io_err("write secret file", &path))?;
         if let Some(owner) = owner {
             lchown(&path, Some(owner.uid), Some(owner.gid))

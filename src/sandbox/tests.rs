@@ -2,6 +2,7 @@
 //! directory, and the fake runtime. The Docker runtime itself is tested for real in
 //! `tests/sandbox_docker.rs`.
 
+use crate::secrets::{ExposeSecret as _, secret_bytes};
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
@@ -17,7 +18,7 @@ fn spec(session: &str) -> SandboxSpec {
         image: "threadgate-sandbox:latest".to_string(),
         workspace_dir: PathBuf::from("/nonexistent/workspace"),
         socket_dir: PathBuf::from("/nonexistent/socket"),
-        secrets: vec![("API_TOKEN".to_string(), SecretBytes::new("s3cr3t-value"))],
+        secrets: vec![("API_TOKEN".to_string(), secret_bytes("s3cr3t-value"))],
         limits: Limits::default(),
         command: None,
         env: vec![("MODE".to_string(), "test".to_string())],
@@ -46,8 +47,8 @@ fn secret_bytes_debug_is_redacted_everywhere() {
     let spec = spec("s1");
     let printed = format!("{spec:?}");
     assert!(!printed.contains("s3cr3t-value"), "{printed}");
-    assert!(printed.contains("[redacted]"));
-    assert_eq!(spec.secrets[0].1.expose(), b"s3cr3t-value");
+    assert!(printed.contains("[REDACTED]"), "{printed}");
+    assert_eq!(spec.secrets[0].1.expose_secret(), b"s3cr3t-value");
 }
 
 #[test]
@@ -86,7 +87,7 @@ fn validate_secrets_refuses_values_in_env_or_command_and_bad_names() {
     let mut twice = spec("s");
     twice
         .secrets
-        .push(("API_TOKEN".into(), SecretBytes::new("other")));
+        .push(("API_TOKEN".into(), secret_bytes("other")));
     assert!(validate_secrets(&twice).is_err());
 }
 
@@ -108,8 +109,8 @@ fn write_secrets_creates_private_files_and_cleans_up() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("inst").join("sess");
     let secrets = vec![
-        ("ONE".to_string(), SecretBytes::new("first")),
-        ("two.txt".to_string(), SecretBytes::new(vec![0u8, 1, 2])),
+        ("ONE".to_string(), secret_bytes("first")),
+        ("two.txt".to_string(), secret_bytes(vec![0u8, 1, 2])),
     ];
     let written = host::write_secrets(&dir, &secrets, None).unwrap();
     assert!(matches!(written, WriteSecrets::Written));
@@ -120,7 +121,7 @@ fn write_secrets_creates_private_files_and_cleans_up() {
     assert_eq!(mode(&dir.join("ONE")), 0o400);
 
     // An existing directory is reported and left exactly as it was.
-    let again = vec![("OTHER".to_string(), SecretBytes::new("x"))];
+    let again = vec![("OTHER".to_string(), secret_bytes("x"))];
     let second = host::write_secrets(&dir, &again, None).unwrap();
     assert!(matches!(second, WriteSecrets::AlreadyExists));
     assert!(!dir.join("OTHER").exists());
@@ -143,7 +144,7 @@ fn write_secrets_hands_files_to_the_owner_when_root() {
         uid: 10001,
         gid: 10001,
     };
-    let secrets = vec![("K".to_string(), SecretBytes::new("v"))];
+    let secrets = vec![("K".to_string(), secret_bytes("v"))];
     host::write_secrets(&dir, &secrets, Some(agent)).unwrap();
     for path in [dir.clone(), dir.join("K")] {
         let meta = fs::metadata(&path).unwrap();
@@ -158,8 +159,8 @@ fn write_secrets_removes_its_directory_when_a_file_fails() {
     let dir = root.path().join("sess");
     // A name given twice fails on the second create_new.
     let secrets = vec![
-        ("K".to_string(), SecretBytes::new("a")),
-        ("K".to_string(), SecretBytes::new("b")),
+        ("K".to_string(), secret_bytes("a")),
+        ("K".to_string(), secret_bytes("b")),
     ];
     let err = host::write_secrets(&dir, &secrets, None).unwrap_err();
     assert!(

@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+use threadgate::secrets::ExposeSecret as _;
 
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -147,7 +148,7 @@ impl World {
             master_key_file: root.join("master.key"),
             ..Settings::default()
         };
-        settings.plain.signing_secret = Some(SecretString::new(SIGNING_SECRET.to_owned()));
+        settings.plain.signing_secret = Some(SecretString::from(SIGNING_SECRET.to_owned()));
         settings.plain.api_url = plain.base_url().to_owned();
         settings.stripe.api_url = stripe.base_url();
         settings.github.api_url = github.base_url().to_owned();
@@ -162,7 +163,7 @@ impl World {
         let secrets = app::open_secrets(&db, &settings).expect("open secrets");
         for (name, value) in stored_secrets() {
             secrets
-                .set(name, SecretString::new(value.to_owned()))
+                .set(name, SecretString::from(value.to_owned()))
                 .await
                 .expect("set secret");
         }
@@ -433,7 +434,7 @@ impl Running {
         let created = threadgate::approvals::reviewers::add(&self.db, name)
             .await
             .expect("add reviewer");
-        created.token.expose().to_owned()
+        created.token.expose_secret().to_owned()
     }
 
     /// Every execution, oldest first.

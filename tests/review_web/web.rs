@@ -27,7 +27,7 @@ pub async fn add_reviewer(app: &Running, name: &str) {
         &app.db,
         &Hasher::new(1, 1),
         name,
-        SecretString::new(PASSWORD.into()),
+        SecretString::from(PASSWORD),
     )
     .await
     .expect("set password");

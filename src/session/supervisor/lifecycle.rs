@@ -1,6 +1,7 @@
 //! The slow work of a session's life, run off the actor in spawned tasks: starting its
 //! container (branch, socket, sandbox) and stopping it (commit, push, publish).
 
+use crate::secrets::ExposeSecret as _;
 use std::path::PathBuf;
 
 use super::parts::SupervisorParts;
@@ -52,7 +53,7 @@ pub(super) async fn start_session(
             .map(|(name, value)| {
                 (
                     name,
-                    crate::sandbox::SecretBytes::new(value.expose().as_bytes()),
+                    crate::secrets::secret_bytes(value.expose_secret().as_bytes()),
                 )
             })
             .collect(),
