@@ -42,6 +42,8 @@ pub struct Application {
     pub hasher: Arc<crate::approvals::hasher::Hasher>,
     pub supervisor: SupervisorHandle,
     pub instance_id: String,
+    /// Where `GET /metrics` is served, when `[telemetry] metrics_listen` is set.
+    pub metrics_addr: Option<SocketAddr>,
     limits: ConnLimits,
     sockets: Arc<SocketHost>,
     background: Vec<tokio::task::JoinHandle<()>>,
@@ -152,6 +154,40 @@ fn publisher(
     }))
 }
 
+/// The running policy's file and hash, for `/readyz`.
+fn policy_info(gate: &Arc<Gate>) -> crate::health::LoadedPolicyInfo {
+    let gate = gate.clone();
+    Arc::new(move || {
+        let p = gate.current_policy();
+        (std::path::PathBuf::from(&p.file), p.hash_hex.clone())
+    })
+}
+
+/// Binds the metrics listener and serves `GET /metrics` on it in the background.
+async fn serve_metrics(
+    at: SocketAddr,
+    db: &Db,
+    clock: &Clock,
+    limits: ConnLimits,
+    background: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind(at)
+        .await
+        .with_context(|| format!("cannot listen for metrics on {at}"))?;
+    let addr = listener.local_addr()?;
+    let router = crate::metrics::router(crate::metrics::MetricsState {
+        db: db.clone(),
+        clock: clock.clone(),
+    });
+    background.push(tokio::spawn(crate::gateway::serve::serve(
+        listener,
+        router,
+        limits,
+        std::future::pending(),
+    )));
+    Ok(addr)
+}
+
 impl Application {
     /// Builds every part and binds the people's listener.
     pub async fn build(settings: Settings, overrides: Overrides) -> anyhow::Result<Application> {
@@ -240,6 +276,14 @@ impl Application {
             .model
             .set(Arc::new(model_proxy) as Arc<dyn SandboxRouter>);
         sockets.set_router(Arc::new(sandbox_api.clone()));
+        let readiness = crate::health::Readiness {
+            db: db.clone(),
+            sandbox: sandbox.clone(),
+            image: settings.sandbox.image.clone(),
+            policy: policy_info(&gate),
+            timeout: settings.telemetry.ready_timeout,
+            clock: clock.clone(),
+        };
         let (handle, _task) = Supervisor::spawn(SupervisorParts {
             db: db.clone(),
             sandbox,
@@ -280,7 +324,7 @@ impl Application {
             notify: notify_tx,
         });
         let router = axum::Router::new()
-            .route("/healthz", axum::routing::get(|| async { "ok" }))
+            .merge(crate::health::router(readiness))
             .merge(intake_router)
             .merge(approvals::http::router(approvals.clone()))
             .merge(crate::review::router(crate::review::ReviewState::new(
@@ -318,6 +362,10 @@ impl Application {
             }
         }));
 
+        let metrics_addr = match settings.telemetry.metrics_listen {
+            Some(at) => Some(serve_metrics(at, &db, &clock, limits, &mut background).await?),
+            None => None,
+        };
         let listener = TcpListener::bind(settings.listen)
             .await
             .with_context(|| format!("cannot listen on {}", settings.listen))?;
@@ -331,6 +379,7 @@ impl Application {
             hasher: approvals.hasher.clone(),
             supervisor: handle,
             instance_id,
+            metrics_addr,
             limits,
             sockets,
             background,
@@ -343,7 +392,10 @@ impl Application {
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        tracing::info!(addr = %self.addr, instance = %self.instance_id, "threadgate serving");
+        let metrics = self
+            .metrics_addr
+            .map_or("off".to_owned(), |a| a.to_string());
+        tracing::info!(addr = %self.addr, metrics = %metrics, instance = %self.instance_id, "threadgate serving");
         crate::gateway::serve::serve(self.listener, self.router, self.limits, shutdown).await;
         self.supervisor.shutdown();
         for task in self.background {

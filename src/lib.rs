@@ -12,6 +12,8 @@ pub mod cli;
 pub mod config;
 pub mod connectors;
 pub mod gateway;
+pub mod health;
+pub mod metrics;
 pub mod model;
 /// The policy engine, a crate of its own (`crates/policy`) so its purity is checked by
 /// the compiler: re-exported here so `threadgate::policy` stays its path.

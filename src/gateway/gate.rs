@@ -34,12 +34,13 @@ impl Connectors {
     /// The connector serving `tool` (by its prefix).
     pub fn for_tool(&self, tool: &str) -> Option<Arc<dyn Connector>> {
         let prefix = tool.split('.').next().unwrap_or_default();
-        match prefix {
+        let connector = match prefix {
             "stripe" => self.stripe.clone().map(|c| c as Arc<dyn Connector>),
             "helpdesk" => self.helpdesk.clone().map(|c| c as Arc<dyn Connector>),
             "github" => self.github.clone().map(|c| c as Arc<dyn Connector>),
             _ => None,
-        }
+        };
+        connector.map(crate::metrics::metered)
     }
 }
 
@@ -190,6 +191,7 @@ impl Gate {
     }
 
     /// Decides and, when allowed, runs one call of a session.
+    #[tracing::instrument(name = "gate", skip_all, fields(thread_id = %scope.thread_id, session_id = %scope.session_id))]
     pub async fn call(&self, scope: &SessionScope, req: CallRequest) -> CallReply {
         let started = Instant::now();
         let Some(agent) = self.agents.get(&scope.agent) else {
@@ -493,6 +495,7 @@ impl Gate {
 
     /// Runs a call decided `run` (status `running`) through its connector, records the
     /// outcome and its audit row in one transaction, and answers the agent.
+    #[tracing::instrument(name = "execute", skip_all, fields(execution_id = %exec.id, thread_id = %exec.thread_id, session_id = %exec.session_id, tool = %exec.tool))]
     pub async fn execute(&self, exec: Execution, started: Instant) -> CallReply {
         let id = exec.id.clone();
         let Some(connector) = self.connectors.for_tool(&exec.tool) else {
