@@ -270,7 +270,7 @@ impl Application {
         });
         let _ = sandbox_api
             .calls
-            .set(Arc::new(gate.clone()) as Arc<dyn SandboxRouter>);
+            .set(Arc::new(crate::mcp::CallsWithMcp::new(gate.clone())) as Arc<dyn SandboxRouter>);
         let model_proxy = model_proxy(&settings, &secrets, gate.clone()).await?;
         let _ = sandbox_api
             .model

@@ -13,6 +13,7 @@ pub mod config;
 pub mod connectors;
 pub mod gateway;
 pub mod health;
+pub mod mcp;
 pub mod metrics;
 pub mod model;
 /// The policy engine, a crate of its own (`crates/policy`) so its purity is checked by

@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, broadcast};
 
 use super::complete::{self, CompleteError};
+use super::read_call::{Framed, Judged, ReadDecision, judge};
 use super::scope::{self, ScopeError};
 use crate::approvals::store::{self as exec_store, Execution, Status};
 use crate::audit::AuditEvent;
@@ -128,7 +129,7 @@ pub struct Gate {
 }
 
 /// Limits read from the charges table inside the deciding transaction.
-struct SqlHistory<'c>(&'c rusqlite::Connection);
+pub(super) struct SqlHistory<'c>(pub(super) &'c rusqlite::Connection);
 
 impl LimitHistory for SqlHistory<'_> {
     fn total(&self, key: &str, since_unix_ms: i64) -> u128 {
@@ -186,7 +187,7 @@ impl Gate {
         )
     }
 
-    fn notify(&self, execution_id: &str) {
+    pub(super) fn notify(&self, execution_id: &str) {
         let _ = self.changes.send(execution_id.to_owned());
     }
 
@@ -282,17 +283,37 @@ impl Gate {
         let canonical = args.to_string();
         let account = format!("{}:default", spec.connector());
         let binding_hash = binding_hash(&req.tool, &canonical, &account, &scope.session_id);
+        let mut framed = Framed {
+            tool: req.tool.clone(),
+            args,
+            canonical,
+            account,
+            binding_hash,
+            diagnosis: req.diagnosis,
+            evidence: completion.evidence,
+        };
+        if !is_write && completion.forced_hold.is_none() {
+            // A read runs before its one commit (see `read_call`).
+            match self.decide_read(scope, framed).await {
+                Ok(ReadDecision::Run(exec)) => return self.run_read(exec, started).await,
+                Ok(ReadDecision::Undecided(back)) => framed = back,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot decide a read");
+                    return refused(500, "internal", "internal error".into());
+                }
+            }
+        }
         let decided = self
             .decide(
                 scope,
                 &req.tool,
-                args,
-                canonical,
-                account,
-                binding_hash,
-                req.diagnosis,
+                framed.args,
+                framed.canonical,
+                framed.account,
+                framed.binding_hash,
+                framed.diagnosis,
                 completion.forced_hold,
-                completion.evidence,
+                framed.evidence,
                 is_write,
             )
             .await;
@@ -363,32 +384,22 @@ impl Gate {
                 {
                     return Ok(Decided::Pending(pending));
                 }
-                let decision = loaded.policy.decide_with_evidence(
+                let Judged {
+                    verdict,
+                    because,
+                    rule_line,
+                    charges,
+                } = judge(
+                    conn,
+                    &loaded,
+                    &catalog,
+                    &scope,
                     &tool,
                     &args,
-                    &catalog,
-                    &SqlHistory(conn),
                     now,
                     &evidence,
-                );
-                let mut verdict = decision.verdict;
-                let mut because = decision.because.to_string();
-                for check in &decision.evidence {
-                    because.push_str(&format!("; evidence {check}"));
-                }
-                let mut rule_line = decision.rule_line.map(i64::from);
-                if verdict == Verdict::Run {
-                    let earlier = exec_store::held_for_tool(conn, &scope.session_id, &tool, now)?;
-                    let reason = forced_hold.or_else(|| {
-                        earlier
-                            .map(|id| format!("another {tool} call ({id}) is waiting for a person"))
-                    });
-                    if let Some(reason) = reason {
-                        verdict = Verdict::Hold;
-                        because = reason;
-                        rule_line = None;
-                    }
-                }
+                    forced_hold,
+                )?;
                 let id = new_execution_id();
                 let ttl_ms =
                     i64::try_from(loaded.policy.approval_ttl().as_millis()).unwrap_or(i64::MAX);
@@ -441,7 +452,7 @@ impl Gate {
                 )?;
                 match verdict {
                     Verdict::Run => {
-                        for charge in &decision.charges {
+                        for charge in &charges {
                             let amount = i64::try_from(charge.amount).unwrap_or(i64::MAX);
                             exec_store::charge(conn, &id, &charge.key, amount, now)?;
                         }
@@ -497,15 +508,25 @@ impl Gate {
     /// outcome and its audit row in one transaction, and answers the agent.
     #[tracing::instrument(name = "execute", skip_all, fields(execution_id = %exec.id, thread_id = %exec.thread_id, session_id = %exec.session_id, tool = %exec.tool))]
     pub async fn execute(&self, exec: Execution, started: Instant) -> CallReply {
+        let ran = self.run_decided(&exec).await;
+        self.record_outcome(&exec, ran.record, started).await;
+        self.notify(&exec.id);
+        ran.reply
+    }
+
+    /// Runs a decided call through its connector and says what to record and what to
+    /// answer; records nothing itself.
+    pub(super) async fn run_decided(&self, exec: &Execution) -> Ran {
         let id = exec.id.clone();
         let Some(connector) = self.connectors.for_tool(&exec.tool) else {
             let error = format!("no connector is configured for {}", exec.tool);
-            self.record_outcome(&exec, Err((error.clone(), true)), started)
-                .await;
-            return CallReply::Failed {
-                execution_id: id,
-                error,
-                retry_after_ms: None,
+            return Ran {
+                record: Err((error.clone(), true)),
+                reply: CallReply::Failed {
+                    execution_id: id,
+                    error,
+                    retry_after_ms: None,
+                },
             };
         };
         let args: Value = serde_json::from_str(&exec.args).unwrap_or(Value::Null);
@@ -527,22 +548,23 @@ impl Gate {
             && let Err(message) = scope::check_result(&exec.tool, &args, result)
         {
             // The answer is dropped, never stored nor returned.
-            self.record_outcome(&exec, Err((message.clone(), true)), started)
-                .await;
-            self.notify(&exec.id);
-            return refused(403, "out_of_scope", message);
+            return Ran {
+                record: Err((message.clone(), true)),
+                reply: refused(403, "out_of_scope", message),
+            };
         }
         self.refresh_redactor().await;
         let redactor = self.current_redactor();
-        let reply = match outcome {
+        match outcome {
             Ok(mut result) => {
                 redactor.redact_json(&mut result);
-                self.record_outcome(&exec, Ok(result.clone()), started)
-                    .await;
-                CallReply::Ran {
-                    execution_id: id,
-                    result,
-                    replayed: false,
+                Ran {
+                    record: Ok(result.clone()),
+                    reply: CallReply::Ran {
+                        execution_id: id,
+                        result,
+                        replayed: false,
+                    },
                 }
             }
             Err(e) => {
@@ -561,87 +583,26 @@ impl Gate {
                         "{error}; the outcome is unknown and the call will not be re-sent: a person must check the provider"
                     )
                 };
-                self.record_outcome(&exec, Err((final_error.clone(), definite)), started)
-                    .await;
-                CallReply::Failed {
-                    execution_id: id,
-                    error: final_error,
-                    retry_after_ms,
+                Ran {
+                    record: Err((final_error.clone(), definite)),
+                    reply: CallReply::Failed {
+                        execution_id: id,
+                        error: final_error,
+                        retry_after_ms,
+                    },
                 }
             }
-        };
-        self.notify(&exec.id);
-        reply
+        }
     }
 
-    async fn record_outcome(
-        &self,
-        exec: &Execution,
-        outcome: Result<Value, (String, bool)>,
-        started: Instant,
-    ) {
+    async fn record_outcome(&self, exec: &Execution, outcome: Outcome, started: Instant) {
         let redactor = self.current_redactor();
         let now = self.now();
         let exec = exec.clone();
         let duration = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
         let written = self
             .db
-            .write(move |conn| {
-                match &outcome {
-                    Ok(result) => {
-                        exec_store::finish(
-                            conn,
-                            &exec.id,
-                            Status::Succeeded,
-                            Some(&result.to_string()),
-                            None,
-                            now,
-                        )?;
-                        super::audit_log::record(
-                            conn,
-                            &redactor,
-                            &exec,
-                            AuditEvent::Ran,
-                            Some("ok"),
-                            None,
-                            Some(duration),
-                        )?;
-                    }
-                    Err((error, true)) => {
-                        exec_store::finish(conn, &exec.id, Status::Failed, None, Some(error), now)?;
-                        exec_store::release_charges(conn, &exec.id)?;
-                        super::audit_log::record(
-                            conn,
-                            &redactor,
-                            &exec,
-                            AuditEvent::Failed,
-                            Some(error),
-                            None,
-                            Some(duration),
-                        )?;
-                    }
-                    Err((error, false)) => {
-                        exec_store::finish(
-                            conn,
-                            &exec.id,
-                            Status::NeedsCheck,
-                            None,
-                            Some(error),
-                            now,
-                        )?;
-                        super::audit_log::record(
-                            conn,
-                            &redactor,
-                            &exec,
-                            AuditEvent::Failed,
-                            Some(error),
-                            None,
-                            Some(duration),
-                        )?;
-                    }
-                }
-                Ok(())
-            })
+            .write(move |conn| write_outcome(conn, &redactor, &exec, &outcome, duration, now))
             .await;
         if let Err(e) = written {
             tracing::error!(error = %e, "cannot record a call's outcome");
@@ -716,7 +677,66 @@ impl Gate {
     }
 }
 
-fn refused(status: u16, error: &'static str, message: String) -> CallReply {
+/// What a call's run produced, as recorded: the (redacted) result, or the error and
+/// whether it is definite (the call did not happen).
+pub(super) type Outcome = Result<Value, (String, bool)>;
+
+/// A decided call's run: what to record and what to answer.
+pub(super) struct Ran {
+    pub record: Outcome,
+    pub reply: CallReply,
+}
+
+/// Writes a call's outcome (the execution's final status, its result or error, released
+/// limit charges on a definite failure) and its audit row, inside the caller's
+/// transaction.
+pub(super) fn write_outcome(
+    conn: &rusqlite::Connection,
+    redactor: &Redactor,
+    exec: &Execution,
+    outcome: &Outcome,
+    duration: i64,
+    now: i64,
+) -> rusqlite::Result<()> {
+    let (status, result, error, event, audit_outcome) = match outcome {
+        Ok(result) => (
+            Status::Succeeded,
+            Some(result.to_string()),
+            None,
+            AuditEvent::Ran,
+            Some("ok"),
+        ),
+        Err((error, true)) => (
+            Status::Failed,
+            None,
+            Some(error.as_str()),
+            AuditEvent::Failed,
+            Some(error.as_str()),
+        ),
+        Err((error, false)) => (
+            Status::NeedsCheck,
+            None,
+            Some(error.as_str()),
+            AuditEvent::Failed,
+            Some(error.as_str()),
+        ),
+    };
+    exec_store::finish(conn, &exec.id, status, result.as_deref(), error, now)?;
+    if status == Status::Failed {
+        exec_store::release_charges(conn, &exec.id)?;
+    }
+    super::audit_log::record(
+        conn,
+        redactor,
+        exec,
+        event,
+        audit_outcome,
+        None,
+        Some(duration),
+    )
+}
+
+pub(super) fn refused(status: u16, error: &'static str, message: String) -> CallReply {
     CallReply::Refused {
         status,
         error,
@@ -805,6 +825,6 @@ pub fn binding_hash(tool: &str, canonical_args: &str, account: &str, session_id:
     hex::encode(h.finalize())
 }
 
-fn new_execution_id() -> String {
+pub(super) fn new_execution_id() -> String {
     format!("ex_{}", uuid::Uuid::now_v7().simple())
 }

@@ -6,6 +6,7 @@ mod audit_log;
 mod complete;
 pub mod gate;
 pub mod note;
+mod read_call;
 pub mod routes;
 pub mod sandbox_api;
 mod scope;

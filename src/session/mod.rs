@@ -23,7 +23,7 @@ mod tests;
 
 use std::path::PathBuf;
 
-pub use agents::{AgentBook, AgentDefinition};
+pub use agents::{AgentBook, AgentDefinition, HarnessCommand};
 pub use notes::{StopNotes, StopReason};
 pub use publish::{BranchPublisher, GithubPublisher};
 pub use store::{SessionRow, SessionState};
