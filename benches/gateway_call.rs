@@ -14,6 +14,9 @@
 //! kind, default 400), `GATEWAY_BENCH_LOGS=capture` (keep the test harness's debug-level
 //! log capture instead of the production default, `info` to stderr).
 
+// Benchmark code: an unwrap or expect that fails stops the run with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../tests/support/mod.rs"]
 pub mod support;
 

@@ -7,6 +7,9 @@
 //! `cargo bench --bench model_proxy`. Needs `.venv-peers` (`scripts/localstripe.sh
 //! setup`): the harness starts the gateway's peers too.
 
+// Benchmark code: an unwrap or expect that fails stops the run with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../tests/support/mod.rs"]
 pub mod support;
 

@@ -3,7 +3,11 @@
 //! sign-in password (argon2id through the bounded pool), each including its database
 //! read.
 
+// Benchmark code: an unwrap or expect that fails stops the run with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::hint::black_box;
+use threadgate::secrets::ExposeSecret as _;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use threadgate::approvals::hasher::Hasher;
@@ -23,10 +27,10 @@ fn bench(c: &mut Criterion) {
     let password = "correct horse battery staple";
     let token = rt.block_on(async {
         let added = reviewers::add(&db, "alice").await.expect("add");
-        reviewers::set_password(&db, &hasher, "alice", SecretString::new(password.into()))
+        reviewers::set_password(&db, &hasher, "alice", SecretString::from(password))
             .await
             .expect("password");
-        added.token.expose().to_owned()
+        added.token.expose_secret().to_owned()
     });
     let made_up = format!("tgr_999_{}", "A".repeat(43));
     let mut group = c.benchmark_group("reviewer_auth");
@@ -55,7 +59,7 @@ fn bench(c: &mut Criterion) {
                 &db,
                 &hasher,
                 "alice",
-                SecretString::new(password.into()),
+                SecretString::from(password),
             ))
         })
     });

@@ -15,6 +15,9 @@
 //! the medians are printed at the end. Criterion warns that 20 samples do not fit in
 //! its 1 s target: that is on purpose, so that each sample is exactly one start.
 
+// Benchmark code: an unwrap or expect that fails stops the run with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../tests/support/docker.rs"]
 pub mod docker;
 
@@ -28,7 +31,8 @@ use bollard::Docker;
 use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::RemoveContainerOptionsBuilder;
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
-use threadgate::sandbox::{DockerRuntime, Limits, SandboxRuntime, SandboxSpec, SecretBytes};
+use threadgate::sandbox::{DockerRuntime, Limits, SandboxRuntime, SandboxSpec};
+use threadgate::secrets::secret_bytes;
 
 const SAMPLES: usize = 20;
 
@@ -95,7 +99,7 @@ fn sandbox_start(c: &mut Criterion) {
                     image: image(),
                     workspace_dir: workspace.path().to_path_buf(),
                     socket_dir: socket_dir.path().to_path_buf(),
-                    secrets: vec![("API_TOKEN".into(), SecretBytes::new("bench-secret"))],
+                    secrets: vec![("API_TOKEN".into(), secret_bytes("bench-secret"))],
                     limits: Limits::default(),
                     command: None,
                     env: vec![],

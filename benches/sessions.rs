@@ -14,6 +14,9 @@
 //! `SESSIONS_BENCH_BURST` (default 100) change the sizes. Under `cargo test
 //! --all-targets` it is a smoke run (2 starts, a burst of 12).
 
+// Benchmark code: an unwrap or expect that fails stops the run with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../tests/support/mod.rs"]
 pub mod support;
 

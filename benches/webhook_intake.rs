@@ -9,6 +9,9 @@
 //! after another, default `2000,5000`), `WEBHOOK_BENCH_SKIP_PARSE` (skip the CPU
 //! microbenchmark), `THREADGATE_SHARED` (the shared directory with Plain's examples).
 
+// Benchmark code: an unwrap or expect that fails stops the run with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -9,6 +9,9 @@
 //! `--first-call N` instead measures webhook → the agent's first tool call over N
 //! threads and prints the median with the load average.
 
+// Demo code, run by hand: an unwrap or expect that fails stops it with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../tests/support/mod.rs"]
 pub mod support;
 

@@ -3,6 +3,7 @@
 
 mod connector_setup;
 
+use crate::secrets::ExposeSecret as _;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, OnceLock, RwLock};
@@ -315,7 +316,7 @@ impl Application {
             tokio::sync::mpsc::unbounded_channel::<webhook::StoredEvent>();
         let intake_clock = clock.clone();
         let mut intake = webhook::IntakeConfig::new(webhook::SigningSecret::new(
-            signing_secret.expose().as_bytes().to_vec(),
+            signing_secret.expose_secret().as_bytes().to_vec(),
         )?);
         intake.max_body_bytes = settings.plain.max_body_bytes;
         intake.max_skew = settings.plain.max_skew;

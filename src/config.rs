@@ -360,7 +360,7 @@ impl Settings {
             self.master_key_file = PathBuf::from(v);
         }
         if let Some(v) = get("THREADGATE_PLAIN_SIGNING_SECRET") {
-            self.plain.signing_secret = Some(SecretString::new(v));
+            self.plain.signing_secret = Some(SecretString::from(v));
         }
         if let Some(v) = get("THREADGATE_METRICS_LISTEN") {
             self.telemetry.metrics_listen = match v.trim() {
@@ -394,7 +394,7 @@ impl Settings {
             path: path.clone(),
             source,
         })?;
-        self.plain.signing_secret = Some(SecretString::new(text.trim().to_owned()));
+        self.plain.signing_secret = Some(SecretString::from(text.trim().to_owned()));
         Ok(())
     }
 

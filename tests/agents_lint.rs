@@ -2,6 +2,9 @@
 //! by `threadgate lint agents/` and when `threadgate serve` builds the application,
 //! never at the first webhook.
 
+// Test code: an unwrap or expect that fails is a failed test, with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -185,9 +188,7 @@ async fn serve_refuses_to_start_with_a_bad_agent() {
         master_key_file: dir.path().join("master.key"),
         ..Settings::default()
     };
-    settings.plain.signing_secret = Some(SecretString::new(
-        "whsec_agents_lint_test_0123456789".into(),
-    ));
+    settings.plain.signing_secret = Some(SecretString::from("whsec_agents_lint_test_0123456789"));
     settings.repo.path = dir.path().to_owned();
     let overrides = Overrides {
         sandbox: Some(std::sync::Arc::new(FakeRuntime::new())),

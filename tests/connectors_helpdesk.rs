@@ -1,6 +1,9 @@
 //! The helpdesk connector against a fake Plain endpoint that validates every query and
 //! mutation against Plain's GraphQL schema.
 
+// Test code: an unwrap or expect that fails is a failed test, with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 pub mod support;
 
 use std::time::Duration;

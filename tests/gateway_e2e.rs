@@ -5,6 +5,9 @@
 //!
 //! Needs `.venv-peers`: run `scripts/localstripe.sh setup` once.
 
+// Test code: an unwrap or expect that fails is a failed test, with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 pub mod support;
 
 #[path = "gateway_e2e/approvals.rs"]

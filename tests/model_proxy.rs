@@ -5,6 +5,9 @@
 //!
 //! Needs `.venv-peers`: run `scripts/localstripe.sh setup` once.
 
+// Test code: an unwrap or expect that fails is a failed test, with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 pub mod support;
 
 #[path = "model_proxy/adapters.rs"]
@@ -42,7 +45,7 @@ pub async fn store_secret(world: &World, name: &str, value: &str) {
     let db = Db::open(&world.settings.database_path()).expect("open db");
     let secrets = app::open_secrets(&db, &world.settings).expect("open secrets");
     secrets
-        .set(name, SecretString::new(value.to_owned()))
+        .set(name, SecretString::from(value.to_owned()))
         .await
         .expect("set secret");
 }

@@ -2,6 +2,9 @@
 //! reaches the database as an argon2id hash that signs the reviewer in; a short one or an
 //! unknown name is a clear error.
 
+// Test code: an unwrap or expect that fails is a failed test, with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::Write as _;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -57,7 +60,7 @@ async fn reviewers_passwords_are_set_from_stdin() {
 
     let db = Db::open(&dir.path().join("data/threadgate.db")).expect("db");
     let hasher = Hasher::new(1, 1);
-    let who = reviewers::verify_password(&db, &hasher, "alice", SecretString::new(pw.into()))
+    let who = reviewers::verify_password(&db, &hasher, "alice", SecretString::from(pw))
         .await
         .expect("verify");
     assert_eq!(who.map(|r| r.name), Some("alice".to_owned()));
@@ -73,11 +76,11 @@ async fn reviewers_passwords_are_set_from_stdin() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let old = reviewers::verify_password(&db, &hasher, "alice", SecretString::new(pw.into()))
+    let old = reviewers::verify_password(&db, &hasher, "alice", SecretString::from(pw))
         .await
         .expect("verify");
     assert_eq!(old, None, "the old password no longer works");
-    let new = reviewers::verify_password(&db, &hasher, "alice", SecretString::new(new_pw.into()))
+    let new = reviewers::verify_password(&db, &hasher, "alice", SecretString::from(new_pw))
         .await
         .expect("verify");
     assert!(new.is_some());

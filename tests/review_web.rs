@@ -5,6 +5,9 @@
 //! Needs `.venv-peers` (`scripts/localstripe.sh setup`) and Chromium with chromedriver
 //! (`scripts/browser-up.sh`). Screenshots land in `target/tmp/review-screenshots/`.
 
+// Test code: an unwrap or expect that fails is a failed test, with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 pub mod support;
 
 #[path = "review_web/web.rs"]

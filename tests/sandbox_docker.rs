@@ -3,6 +3,9 @@
 //! tests running in parallel (and other threadgate instances) never see each other's
 //! containers; each stops what it started.
 
+// Test code: an unwrap or expect that fails is a failed test, with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 pub mod support;
 
 use std::io::{Read, Write};
@@ -14,7 +17,8 @@ use std::time::Duration;
 
 use bollard::query_parameters::RemoveContainerOptionsBuilder;
 use support::sandbox::{TestEnv, exec, host_ipv4_addresses, image, sh};
-use threadgate::sandbox::{SandboxError, SandboxRuntime, SecretBytes};
+use threadgate::sandbox::{SandboxError, SandboxRuntime};
+use threadgate::secrets::secret_bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
 
@@ -320,7 +324,7 @@ async fn failed_or_duplicate_starts_leave_nothing_behind() {
     // A second start of a live session is refused without touching the first.
     let first = env.runtime.start(&env.spec("dup", SECRET)).await.unwrap();
     let mut again = env.spec("dup", "another-value");
-    again.secrets.push(("EXTRA".into(), SecretBytes::new("x")));
+    again.secrets.push(("EXTRA".into(), secret_bytes("x")));
     let err = env.runtime.start(&again).await.unwrap_err();
     assert!(matches!(err, SandboxError::AlreadyExists { .. }), "{err}");
     let cat = exec(

@@ -1,6 +1,10 @@
 //! The encrypted secret store, its grants and the master key, against a real database.
 
+// Test code: an unwrap or expect that fails is a failed test, with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Arc;
+use threadgate::secrets::ExposeSecret as _;
 
 use threadgate::secrets::{
     KeyError, KeySource, MasterKey, SecretStore, SecretString, SecretsError, Written,
@@ -58,7 +62,11 @@ async fn a_value_set_is_read_back_and_listed_without_it() {
         .expect("set");
     assert_eq!(written, Written::Created);
     assert_eq!(
-        f.store.get("stripe_key").await.expect("get").expose(),
+        f.store
+            .get("stripe_key")
+            .await
+            .expect("get")
+            .expose_secret(),
         STRIPE_KEY
     );
     let listed = f.store.list().await.expect("list");
@@ -87,7 +95,10 @@ async fn setting_again_replaces_the_value_with_a_fresh_nonce_and_keeps_grants() 
     assert_ne!(first.1, second.1, "same value, new ciphertext");
 
     f.store.set("k", PLAIN_KEY.into()).await.expect("replace");
-    assert_eq!(f.store.get("k").await.expect("get").expose(), PLAIN_KEY);
+    assert_eq!(
+        f.store.get("k").await.expect("get").expose_secret(),
+        PLAIN_KEY
+    );
     let meta = &f.store.list().await.expect("list")[0];
     assert_eq!(meta.created_at, created);
     assert!(meta.updated_at >= created);
@@ -314,8 +325,8 @@ async fn an_agent_gets_only_what_it_asks_for_and_is_granted() {
         .await
         .expect("resolve");
     assert_eq!(names(&got), ["plain_key", "stripe_key"]);
-    assert_eq!(got[0].1.expose(), PLAIN_KEY);
-    assert_eq!(got[1].1.expose(), STRIPE_KEY);
+    assert_eq!(got[0].1.expose_secret(), PLAIN_KEY);
+    assert_eq!(got[1].1.expose_secret(), STRIPE_KEY);
 
     let only_one = f
         .store
@@ -377,12 +388,15 @@ fn the_blocking_api_serves_the_cli() {
     );
     f.store.grant_blocking("k", "billing").expect("grant");
     assert_eq!(f.store.granted_blocking("billing").expect("granted"), ["k"]);
-    assert_eq!(f.store.get_blocking("k").expect("get").expose(), STRIPE_KEY);
+    assert_eq!(
+        f.store.get_blocking("k").expect("get").expose_secret(),
+        STRIPE_KEY
+    );
     let got = f
         .store
         .resolve_for_agent_blocking("billing", &["k".to_owned()])
         .expect("resolve");
-    assert_eq!(got[0].1.expose(), STRIPE_KEY);
+    assert_eq!(got[0].1.expose_secret(), STRIPE_KEY);
     assert_eq!(f.store.all_values_blocking().expect("all").len(), 1);
     f.store.revoke_blocking("k", "billing").expect("revoke");
     assert_eq!(f.store.list_blocking().expect("list")[0].grants.len(), 0);
@@ -394,9 +408,9 @@ fn the_blocking_api_serves_the_cli() {
 fn nothing_prints_a_value_or_the_key() {
     let f = fixture();
     let value = SecretString::from(STRIPE_KEY);
-    let shown = format!("{value} {value:?} {:?} {:?}", f.key, f.store);
+    let shown = format!("{value:?} {:?} {:?}", f.key, f.store);
     assert!(!shown.contains(STRIPE_KEY));
-    assert!(shown.contains("[redacted]"));
+    assert!(shown.contains("[REDACTED]"), "{shown}");
 }
 
 #[test]
@@ -414,7 +428,7 @@ fn a_generated_key_written_to_a_file_loads_back_and_opens_secrets() {
     let loaded = MasterKey::from_file(&path).expect("load");
     let reopened = SecretStore::new(f.db.clone(), Arc::new(loaded));
     assert_eq!(
-        reopened.get_blocking("k").expect("get").expose(),
+        reopened.get_blocking("k").expect("get").expose_secret(),
         STRIPE_KEY
     );
 
@@ -479,5 +493,5 @@ fn a_key_parses_with_or_without_padding_and_whitespace() {
     let got = SecretStore::new(db, Arc::new(unpadded))
         .get_blocking("k")
         .expect("get");
-    assert_eq!(got.expose(), STRIPE_KEY);
+    assert_eq!(got.expose_secret(), STRIPE_KEY);
 }

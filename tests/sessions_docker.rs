@@ -8,6 +8,9 @@
 //!
 //! [`Application`]: threadgate::app::Application
 
+// Test code: an unwrap or expect that fails is a failed test, with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 pub mod support;
 
 #[path = "sessions_docker/disk.rs"]

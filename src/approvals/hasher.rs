@@ -8,6 +8,7 @@
 //! told [`HashError::Busy`] at once instead of queueing. Counters make the bound
 //! observable to tests and operators.
 
+use crate::secrets::ExposeSecret as _;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -96,7 +97,7 @@ impl Hasher {
     pub async fn hash(&self, password: SecretString) -> Result<String, HashError> {
         self.run(move || {
             Argon2::default()
-                .hash_password(password.expose().as_bytes())
+                .hash_password(password.expose_secret().as_bytes())
                 .map(|h| h.to_string())
                 .map_err(|e| HashError::Failed(e.to_string()))
         })
@@ -107,7 +108,7 @@ impl Hasher {
     pub async fn verify(&self, password: SecretString, phc: String) -> Result<bool, HashError> {
         self.run(move || {
             Ok(Argon2::default()
-                .verify_password(password.expose().as_bytes(), phc.as_str())
+                .verify_password(password.expose_secret().as_bytes(), phc.as_str())
                 .is_ok())
         })
         .await
@@ -150,14 +151,15 @@ mod tests {
     async fn a_flood_of_verifications_never_runs_more_hashes_than_permits() {
         let hasher = std::sync::Arc::new(Hasher::new(2, 1000));
         let phc = hasher
-            .hash(SecretString::new("correct horse battery".into()))
+            .hash(SecretString::from("correct horse battery"))
             .await
             .expect("hash");
         let mut tasks = Vec::new();
         for i in 0..60 {
             let (h, phc) = (hasher.clone(), phc.clone());
             tasks.push(tokio::spawn(async move {
-                h.verify(SecretString::new(format!("guess {i}")), phc).await
+                h.verify(SecretString::from(format!("guess {i}")), phc)
+                    .await
             }));
         }
         for t in tasks {
@@ -171,15 +173,12 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn callers_beyond_the_queue_are_told_busy_without_hashing() {
         let hasher = std::sync::Arc::new(Hasher::new(1, 3));
-        let phc = hasher
-            .hash(SecretString::new("pw".into()))
-            .await
-            .expect("hash");
+        let phc = hasher.hash(SecretString::from("pw")).await.expect("hash");
         let mut tasks = Vec::new();
         for _ in 0..400 {
             let (h, phc) = (hasher.clone(), phc.clone());
             tasks.push(tokio::spawn(async move {
-                h.verify(SecretString::new("wrong".into()), phc).await
+                h.verify(SecretString::from("wrong"), phc).await
             }));
         }
         let mut busy = 0;

@@ -12,6 +12,7 @@
 //! low-entropy: they are stored as argon2id PHC hashes (migration 0008) and checked
 //! only through the bounded [`Hasher`], behind the caller's throttle.
 
+use crate::secrets::ExposeSecret as _;
 use std::sync::OnceLock;
 
 use argon2::{Argon2, PasswordHasher as _};
@@ -150,7 +151,7 @@ pub async fn authenticate_with(
 
 /// Whether `secret`'s SHA-256 is the hex `digest`, compared in constant time.
 fn digest_matches(secret: &SecretString, digest: &str) -> bool {
-    let mine = hex::encode(Sha256::digest(secret.expose().as_bytes()));
+    let mine = hex::encode(Sha256::digest(secret.expose_secret().as_bytes()));
     mine.as_bytes().ct_eq(digest.as_bytes()).into()
 }
 
@@ -189,7 +190,7 @@ pub fn set_password_blocking(
 ) -> Result<(), ReviewerError> {
     check_password(password)?;
     let phc = Argon2::default()
-        .hash_password(password.expose().as_bytes())
+        .hash_password(password.expose_secret().as_bytes())
         .map_err(|e| ReviewerError::Hash(e.to_string()))?
         .to_string();
     let owned = name.to_owned();
@@ -198,7 +199,7 @@ pub fn set_password_blocking(
 }
 
 fn check_password(password: &SecretString) -> Result<(), ReviewerError> {
-    let len = password.expose().chars().count();
+    let len = password.expose_secret().chars().count();
     if (MIN_PASSWORD..=MAX_PASSWORD).contains(&len) {
         Ok(())
     } else {
@@ -222,7 +223,7 @@ pub async fn verify_password(
     name: &str,
     password: SecretString,
 ) -> Result<Option<Reviewer>, ReviewerError> {
-    if password.expose().len() > MAX_PASSWORD * 4 {
+    if password.expose_secret().len() > MAX_PASSWORD * 4 {
         return Ok(None);
     }
     let owned = name.to_owned();
@@ -289,8 +290,8 @@ fn validate_name(name: &str) -> Result<(), ReviewerError> {
 fn new_secret() -> Result<(SecretString, String), ReviewerError> {
     let mut bytes = zeroize::Zeroizing::new([0u8; SECRET_BYTES]);
     rand::rng().fill_bytes(bytes.as_mut());
-    let secret = SecretString::new(URL_SAFE_NO_PAD.encode(bytes.as_ref()));
-    let digest = hex::encode(Sha256::digest(secret.expose().as_bytes()));
+    let secret = SecretString::from(URL_SAFE_NO_PAD.encode(bytes.as_ref()));
+    let digest = hex::encode(Sha256::digest(secret.expose_secret().as_bytes()));
     Ok((secret, format!("{DIGEST_PREFIX}{digest}")))
 }
 
@@ -325,7 +326,11 @@ fn finish_add(
     secret: &SecretString,
 ) -> Result<ReviewerToken, ReviewerError> {
     let reviewer = inserted.ok_or_else(|| ReviewerError::DuplicateName(name.to_owned()))?;
-    let token = SecretString::new(format!("{TOKEN_PREFIX}{}_{}", reviewer.id, secret.expose()));
+    let token = SecretString::from(format!(
+        "{TOKEN_PREFIX}{}_{}",
+        reviewer.id,
+        secret.expose_secret()
+    ));
     Ok(ReviewerToken { reviewer, token })
 }
 

@@ -4,9 +4,11 @@
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
-/// Where an execution stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// Where an execution stands. Stored as snake_case text; unknown text read back is an
+/// error (`FromStr`), never a status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::IntoStaticStr, strum::EnumString)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum Status {
     /// Decided `run` (directly or after approval) and handed to the connector.
     Running,
@@ -24,32 +26,9 @@ pub enum Status {
 }
 
 impl Status {
+    /// The name stored in the `status` column.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Running => "running",
-            Status::Succeeded => "succeeded",
-            Status::Failed => "failed",
-            Status::NeedsCheck => "needs_check",
-            Status::Held => "held",
-            Status::Approved => "approved",
-            Status::Denied => "denied",
-            Status::Expired => "expired",
-            Status::Blocked => "blocked",
-        }
-    }
-
-    fn parse(text: &str) -> Status {
-        match text {
-            "running" => Status::Running,
-            "succeeded" => Status::Succeeded,
-            "failed" => Status::Failed,
-            "held" => Status::Held,
-            "approved" => Status::Approved,
-            "denied" => Status::Denied,
-            "expired" => Status::Expired,
-            "blocked" => Status::Blocked,
-            _ => Status::NeedsCheck,
-        }
+        self.into()
     }
 
     /// Whether nothing more will happen to the execution.
@@ -108,7 +87,7 @@ fn row_to_execution(r: &rusqlite::Row<'_>) -> rusqlite::Result<Execution> {
         because: r.get(10)?,
         rule_line: r.get(11)?,
         policy_hash: r.get(12)?,
-        status: Status::parse(&r.get::<_, String>(13)?),
+        status: crate::store::named(r, 13)?,
         summary: r.get(14)?,
         expires_at_ms: r.get(15)?,
         reviewer: r.get(16)?,
@@ -420,4 +399,30 @@ pub fn for_thread(
     ))?;
     let rows = stmt.query_map(params![thread_id, limit], row_to_execution)?;
     rows.collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Status;
+
+    #[test]
+    fn statuses_round_trip_and_unknown_text_is_an_error() {
+        for status in [
+            Status::Running,
+            Status::Succeeded,
+            Status::Failed,
+            Status::NeedsCheck,
+            Status::Held,
+            Status::Approved,
+            Status::Denied,
+            Status::Expired,
+            Status::Blocked,
+        ] {
+            assert_eq!(status.as_str().parse::<Status>().ok(), Some(status));
+        }
+        assert_eq!(Status::NeedsCheck.as_str(), "needs_check");
+        // Unknown text used to read as `needs_check`; it must not become any status.
+        assert!("exploded".parse::<Status>().is_err());
+        assert!("".parse::<Status>().is_err());
+    }
 }

@@ -24,8 +24,11 @@ pub use table::format_table;
 
 use crate::secrets::Redactor;
 
-/// What happened to an execution.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// What happened to an execution. Stored by name (`as_str`, read back with `FromStr`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString, strum::Display,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum AuditEvent {
     /// A tool call arrived.
     Requested,
@@ -79,33 +82,7 @@ impl AuditEvent {
 
     /// The name stored in the `event` column.
     pub fn as_str(self) -> &'static str {
-        match self {
-            AuditEvent::Requested => "requested",
-            AuditEvent::Decided => "decided",
-            AuditEvent::Held => "held",
-            AuditEvent::Blocked => "blocked",
-            AuditEvent::Refused => "refused",
-            AuditEvent::Approved => "approved",
-            AuditEvent::Denied => "denied",
-            AuditEvent::Expired => "expired",
-            AuditEvent::Rechecked => "rechecked",
-            AuditEvent::Ran => "ran",
-            AuditEvent::Failed => "failed",
-            AuditEvent::OutcomeUnknown => "outcome_unknown",
-            AuditEvent::Replayed => "replayed",
-            AuditEvent::ModelCall => "model_call",
-        }
-    }
-
-    /// The event stored as `name`, if it is one of these.
-    pub fn parse(name: &str) -> Option<AuditEvent> {
-        AuditEvent::ALL.into_iter().find(|e| e.as_str() == name)
-    }
-}
-
-impl std::fmt::Display for AuditEvent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        self.into()
     }
 }
 

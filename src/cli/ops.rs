@@ -3,6 +3,7 @@
 //! on the same database; `sessions stop` and `sessions pause` are picked up by a
 //! running server within a second.
 
+use crate::secrets::ExposeSecret as _;
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -252,7 +253,7 @@ pub fn secrets(config: &ConfigArgs, cmd: &SecretsCommand) -> ExitCode {
                     .context("cannot read the secret from standard input")?;
                 let value = value.trim_end_matches(['\n', '\r']).to_owned();
                 anyhow::ensure!(!value.is_empty(), "the value on standard input is empty");
-                store.set_blocking(name, SecretString::new(value))?;
+                store.set_blocking(name, SecretString::from(value))?;
                 println!("stored secret {name}");
             }
             SecretsCommand::List => {
@@ -304,7 +305,7 @@ pub fn reviewers(config: &ConfigArgs, cmd: &ReviewersCommand) -> ExitCode {
                 println!(
                     "reviewer {name} added. Their API credential (shown once; send it as `Authorization: Bearer ...`):"
                 );
-                println!("{}", created.token.expose());
+                println!("{}", created.token.expose_secret());
             }
             ReviewersCommand::Passwd { name } => {
                 let pw = read_password()?;
@@ -361,7 +362,7 @@ fn read_password() -> anyhow::Result<SecretString> {
     std::io::stdin()
         .read_line(&mut line)
         .context("cannot read the password from standard input")?;
-    Ok(SecretString::new(
+    Ok(SecretString::from(
         line.trim_end_matches(['\r', '\n']).to_owned(),
     ))
 }
@@ -375,7 +376,9 @@ pub fn audit(config: &ConfigArgs, args: &AuditArgs) -> ExitCode {
         }
         let event = match &args.event {
             Some(name) => Some(
-                AuditEvent::parse(name).with_context(|| format!("unknown audit event {name:?}"))?,
+                name.parse::<AuditEvent>()
+                    .ok()
+                    .with_context(|| format!("unknown audit event {name:?}"))?,
             ),
             None => None,
         };

@@ -7,11 +7,13 @@
 //! counter), so a key changed with `threadgate secrets set` is used by the next call,
 //! without a restart.
 
+use crate::secrets::{ExposeSecret as _, SecretString};
 use std::fmt;
 use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
 use base64::Engine as _;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 use super::ConnectorError;
 
@@ -39,7 +41,7 @@ struct Inner {
     source: Option<Arc<dyn CredentialSource>>,
     /// The generation the cached value was read at (`None`: never read) and the value
     /// (empty when the secret is not stored).
-    cache: RwLock<(Option<u64>, Arc<str>)>,
+    cache: RwLock<(Option<u64>, Arc<SecretString>)>,
 }
 
 impl Credential {
@@ -48,7 +50,7 @@ impl Credential {
         Self(Arc::new(Inner {
             secret: None,
             source: None,
-            cache: RwLock::new((Some(0), Arc::from(value.into()))),
+            cache: RwLock::new((Some(0), Arc::new(SecretString::from(value.into())))),
         }))
     }
 
@@ -58,13 +60,13 @@ impl Credential {
         Self(Arc::new(Inner {
             secret: Some(secret.to_owned()),
             source: Some(source),
-            cache: RwLock::new((None, Arc::from(""))),
+            cache: RwLock::new((None, Arc::new(SecretString::default()))),
         }))
     }
 
     /// The current value, refreshed from the source when its generation moved. Fails
     /// (before anything is sent) when no value is stored or the store cannot be read.
-    pub(crate) async fn resolve(&self) -> Result<Arc<str>, ConnectorError> {
+    pub(crate) async fn resolve(&self) -> Result<Arc<SecretString>, ConnectorError> {
         if let Some(source) = &self.0.source {
             let unreachable = |message: String| ConnectorError::Unreachable { message };
             let generation = source.generation().await.map_err(|e| {
@@ -76,13 +78,13 @@ impl Credential {
                     .value(name)
                     .await
                     .map_err(|e| unreachable(format!("cannot read stored secret {name}: {e}")))?;
-                let value: Arc<str> = Arc::from(value.as_ref().map_or("", |v| v.expose()));
+                let value = Arc::new(value.unwrap_or_default());
                 *self.0.cache.write().unwrap_or_else(|p| p.into_inner()) =
                     (Some(generation), value);
             }
         }
-        let value = self.expose();
-        if value.is_empty() {
+        let value = self.current();
+        if value.expose_secret().is_empty() {
             let name = self.0.secret.as_deref().unwrap_or("the credential");
             return Err(ConnectorError::Unreachable {
                 message: format!(
@@ -95,11 +97,11 @@ impl Credential {
 
     /// The last value read (empty before the first [`Credential::resolve`] of a live
     /// credential, or when the secret is not stored).
-    pub(crate) fn expose(&self) -> Arc<str> {
+    pub(crate) fn current(&self) -> Arc<SecretString> {
         self.cached().1
     }
 
-    fn cached(&self) -> (Option<u64>, Arc<str>) {
+    fn cached(&self) -> (Option<u64>, Arc<SecretString>) {
         self.0
             .cache
             .read()
@@ -110,13 +112,14 @@ impl Credential {
     /// Replaces every occurrence of the credential in `text` (raw, URL-encoded and
     /// base64-encoded) with [`REDACTED`].
     pub fn redact(&self, text: &str) -> String {
-        let current = self.expose();
+        let current = self.current();
+        let current = current.expose_secret();
         if current.is_empty() {
             return text.to_owned();
         }
-        let mut out = text.replace(&*current, REDACTED);
+        let mut out = text.replace(current, REDACTED);
         let encoded: Vec<String> = vec![
-            url_encode(&current),
+            url_encode(current),
             base64::engine::general_purpose::STANDARD.encode(current.as_bytes()),
             base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(current.as_bytes()),
         ];
@@ -158,18 +161,17 @@ impl fmt::Display for Credential {
     }
 }
 
-/// Percent-encodes every byte outside RFC 3986's unreserved set, as URL and form
-/// encoders do.
+/// Every byte outside RFC 3986's unreserved set (`A-Z a-z 0-9 - . _ ~`): what URL and
+/// form encoders escape.
+const NOT_UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// Percent-encodes `value` as URL and form encoders do.
 fn url_encode(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for byte in value.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(byte));
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
+    utf8_percent_encode(value, NOT_UNRESERVED).to_string()
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The HTTP plumbing the connectors share: base URLs, the client, and the mapping of
 //! transport failures to [`ConnectorError`].
 
+use crate::secrets::ExposeSecret as _;
 use std::time::Duration;
 
 use reqwest::header::HeaderMap;
@@ -68,7 +69,7 @@ pub(crate) async fn send(
 ) -> Result<HttpResponse, ConnectorError> {
     let key = secret.resolve().await?;
     let response = request
-        .bearer_auth(&*key)
+        .bearer_auth(key.expose_secret())
         .send()
         .await
         .map_err(|error| classify_send_error(&error, secret))?;

@@ -6,8 +6,9 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer};
 
 /// Which wire format the upstream speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, strum::IntoStaticStr)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum Provider {
     /// OpenAI chat completions (also vLLM, llama.cpp's server, Ollama, LiteLLM,
     /// OpenRouter): `POST {base_url}/chat/completions` with a bearer key.
@@ -22,11 +23,7 @@ pub enum Provider {
 impl Provider {
     /// The name used in config and audit rows.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Provider::Openai => "openai",
-            Provider::Anthropic => "anthropic",
-            Provider::Scripted => "scripted",
-        }
+        self.into()
     }
 }
 

@@ -2,6 +2,7 @@
 //! with the stored key, retries timeouts, 429s (honouring `Retry-After`) and 5xx with
 //! backoff, and reads a bounded answer.
 
+use crate::secrets::ExposeSecret as _;
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -120,11 +121,11 @@ impl Upstream {
             (Provider::Anthropic, key) => {
                 let http = http.header("anthropic-version", &self.settings.anthropic_version);
                 match key {
-                    Some(key) => http.header("x-api-key", key.expose()),
+                    Some(key) => http.header("x-api-key", key.expose_secret()),
                     None => http,
                 }
             }
-            (_, Some(key)) => http.bearer_auth(key.expose()),
+            (_, Some(key)) => http.bearer_auth(key.expose_secret()),
             (_, None) => http,
         }
     }

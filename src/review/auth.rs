@@ -284,7 +284,7 @@ pub async fn login(
             &text,
         );
     }
-    let password = SecretString::new(form.password);
+    let password = SecretString::from(form.password);
     match reviewers::verify_password(&state.approvals.gate.db, &state.hasher, name, password).await
     {
         Ok(Some(reviewer)) => {

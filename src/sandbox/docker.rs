@@ -1,6 +1,7 @@
 //! [`DockerRuntime`]: the real [`SandboxRuntime`], driving the Docker engine through
 //! bollard with the API version negotiated (Debian 12's engine stops at 1.41).
 
+use crate::secrets::ExposeSecret as _;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
@@ -23,8 +24,9 @@ use super::{
     SandboxRuntime, SandboxSpec, container_name, sanitise_id,
 };
 
-/// Default size of the tmpfs mounted at `/tmp` in each container.
-const DEFAULT_TMP_BYTES: u64 = 256 << 20;
+/// Size of the tmpfs mounted at `/tmp` in each container; its pages count against the
+/// container's memory limit.
+const TMP_BYTES: u64 = 256 << 20;
 /// Default grace period between SIGTERM and SIGKILL when a container is stopped.
 const DEFAULT_STOP_TIMEOUT_SECS: i32 = 5;
 
@@ -43,7 +45,6 @@ pub struct DockerRuntime {
     /// Whether workspace and socket directories must be handed to `container_owner`
     /// (threadgate runs as root and the container does not).
     chown_mounts: bool,
-    tmp_bytes: u64,
     stop_timeout_secs: i32,
     /// Held shared by every `start` and exclusively by `reap_orphan_secrets`, so the
     /// reaper never sees a secrets directory whose container is still being created.
@@ -67,7 +68,7 @@ impl DockerRuntime {
             .negotiate_version()
             .await
             .map_err(SandboxError::Connect)?;
-        let me = host::process_owner()?;
+        let me = host::process_owner();
         let (container_owner, chown_mounts) = if me.uid == 0 {
             let agent = Owner {
                 uid: SANDBOX_UID,
@@ -83,17 +84,9 @@ impl DockerRuntime {
             secrets_root,
             container_owner,
             chown_mounts,
-            tmp_bytes: DEFAULT_TMP_BYTES,
             stop_timeout_secs: DEFAULT_STOP_TIMEOUT_SECS,
             start_gate: RwLock::new(()),
         })
-    }
-
-    /// Sets the size of each container's `/tmp` tmpfs (default 256 MiB). Its pages
-    /// count against the container's memory limit.
-    pub fn with_tmp_bytes(mut self, bytes: u64) -> Self {
-        self.tmp_bytes = bytes;
-        self
     }
 
     /// Sets how long `stop` waits after SIGTERM before killing (default 5 s).
@@ -191,7 +184,7 @@ impl DockerRuntime {
         ];
         let tmpfs = HashMap::from([(
             "/tmp".to_string(),
-            format!("rw,exec,nosuid,nodev,mode=1777,size={}", self.tmp_bytes),
+            format!("rw,exec,nosuid,nodev,mode=1777,size={TMP_BYTES}"),
         )]);
         let host_config = HostConfig {
             network_mode: Some("none".to_string()),
@@ -443,7 +436,7 @@ pub(super) fn validate_secrets(spec: &SandboxSpec) -> Result<(), String> {
         if !names.insert(name.as_str()) {
             return Err(format!("secret name {name:?} is given twice"));
         }
-        let needle = value.expose();
+        let needle = value.expose_secret();
         if needle.is_empty() {
             continue;
         }

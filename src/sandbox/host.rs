@@ -4,6 +4,7 @@
 //!
 //! All functions here block; callers run them on tokio's blocking pool.
 
+use crate::secrets::ExposeSecret as _;
 use std::fs::{self, DirBuilder, OpenOptions, Permissions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt, lchown};
@@ -18,14 +19,18 @@ pub(crate) struct Owner {
     pub gid: u32,
 }
 
-/// The effective uid and gid of this process (the owner of `/proc/self`).
-pub(crate) fn process_owner() -> Result<Owner, SandboxError> {
-    let meta = fs::metadata("/proc/self").map_err(io_err("stat", "/proc/self"))?;
-    Ok(Owner {
-        uid: meta.uid(),
-        gid: meta.gid(),
-    })
+/// The effective uid and gid of this process.
+pub(crate) fn process_owner() -> Owner {
+    Owner {
+        uid: rustix::process::geteuid().as_raw(),
+        gid: rustix::process::getegid().as_raw(),
+    }
 }
+
+/// `TMPFS_MAGIC` and `RAMFS_MAGIC` from `linux/magic.h`: the `f_type` of a memory-backed
+/// filesystem in `statfs(2)`.
+const TMPFS_MAGIC: u64 = 0x0102_1994;
+const RAMFS_MAGIC: u64 = 0x8584_58f6;
 
 /// Fails unless `path` (or, if it does not exist yet, its nearest existing ancestor)
 /// lives on a tmpfs or ramfs, so that secret files never reach a disk.
@@ -36,73 +41,29 @@ pub(crate) fn require_tmpfs(path: &Path) -> Result<(), SandboxError> {
             break;
         }
     }
-    let canonical = existing
-        .canonicalize()
-        .map_err(io_err("resolve", &existing))?;
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo")
-        .map_err(io_err("read", "/proc/self/mountinfo"))?;
-    let fs_type = mount_fs_type(&mountinfo, &canonical).unwrap_or_default();
-    if fs_type == "tmpfs" || fs_type == "ramfs" {
-        return Ok(());
+    let stat = rustix::fs::statfs(&existing)
+        .map_err(|e| io_err("statfs", &existing)(io::Error::from(e)))?;
+    // `f_type` is signed on some targets; the magic numbers are read as unsigned words.
+    #[allow(clippy::unnecessary_cast)]
+    let magic = stat.f_type as u64 & 0xffff_ffff;
+    match magic {
+        TMPFS_MAGIC | RAMFS_MAGIC => Ok(()),
+        other => Err(SandboxError::SecretsRootNotTmpfs {
+            path: path.to_path_buf(),
+            fs_type: fs_type_name(other),
+        }),
     }
-    Err(SandboxError::SecretsRootNotTmpfs {
-        path: path.to_path_buf(),
-        fs_type,
-    })
 }
 
-/// The filesystem type of the mount that holds `path` (the last-listed mount whose
-/// mount point is the longest prefix of `path`), read from `/proc/self/mountinfo` text.
-pub(crate) fn mount_fs_type(mountinfo: &str, path: &Path) -> Option<String> {
-    let mut best: Option<(usize, String)> = None;
-    for line in mountinfo.lines() {
-        let fields: Vec<&str> = line.split(' ').collect();
-        let Some(mount_point) = fields.get(4) else {
-            continue;
-        };
-        let mount_point = unescape_mount_path(mount_point);
-        let Some(separator) = fields.iter().position(|f| *f == "-") else {
-            continue;
-        };
-        let Some(fs_type) = fields.get(separator + 1) else {
-            continue;
-        };
-        if !path.starts_with(&mount_point) {
-            continue;
-        }
-        let depth = Path::new(&mount_point).components().count();
-        // `>=`: a later mount on the same point hides the earlier one.
-        if best.as_ref().is_none_or(|(d, _)| depth >= *d) {
-            best = Some((depth, (*fs_type).to_string()));
-        }
+/// A readable name for common filesystem magic numbers, the number otherwise.
+fn fs_type_name(magic: u64) -> String {
+    match magic {
+        0xef53 => "ext4".to_string(),
+        0x794c_7630 => "overlay".to_string(),
+        0x5846_5342 => "xfs".to_string(),
+        0x9123_683e => "btrfs".to_string(),
+        other => format!("filesystem magic {other:#x}"),
     }
-    best.map(|(_, fs_type)| fs_type)
-}
-
-/// Undoes the octal escapes (`\040` for a space, ...) of a mountinfo path.
-fn unescape_mount_path(raw: &str) -> String {
-    let bytes = raw.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes.get(i + 1..i + 4);
-        if bytes[i] == b'\\'
-            && let Some(digits) = octal.filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)))
-        {
-            let value = digits
-                .iter()
-                .fold(0u32, |acc, d| acc * 8 + u32::from(d - b'0'));
-            // Three octal digits fit in a byte only up to \377; anything larger is kept as is.
-            if let Ok(value) = u8::try_from(value) {
-                out.push(value);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Whether `name` can be a secret's file name: `[A-Za-z0-9_.-]{1,128}`, not starting
@@ -168,7 +129,7 @@ fn fill_secrets_dir(
             .mode(0o400)
             .open(&path)
             .map_err(io_err("create secret file", &path))?;
-        file.write_all(value.expose())
+        file.write_all(value.expose_secret())
             .map_err(io_err("write secret file", &path))?;
         if let Some(owner) = owner {
             lchown(&path, Some(owner.uid), Some(owner.gid))

@@ -2,6 +2,7 @@
 //! directory, and the fake runtime. The Docker runtime itself is tested for real in
 //! `tests/sandbox_docker.rs`.
 
+use crate::secrets::{ExposeSecret as _, secret_bytes};
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
@@ -17,7 +18,7 @@ fn spec(session: &str) -> SandboxSpec {
         image: "threadgate-sandbox:latest".to_string(),
         workspace_dir: PathBuf::from("/nonexistent/workspace"),
         socket_dir: PathBuf::from("/nonexistent/socket"),
-        secrets: vec![("API_TOKEN".to_string(), SecretBytes::new("s3cr3t-value"))],
+        secrets: vec![("API_TOKEN".to_string(), secret_bytes("s3cr3t-value"))],
         limits: Limits::default(),
         command: None,
         env: vec![("MODE".to_string(), "test".to_string())],
@@ -46,8 +47,8 @@ fn secret_bytes_debug_is_redacted_everywhere() {
     let spec = spec("s1");
     let printed = format!("{spec:?}");
     assert!(!printed.contains("s3cr3t-value"), "{printed}");
-    assert!(printed.contains("[redacted]"));
-    assert_eq!(spec.secrets[0].1.expose(), b"s3cr3t-value");
+    assert!(printed.contains("[REDACTED]"), "{printed}");
+    assert_eq!(spec.secrets[0].1.expose_secret(), b"s3cr3t-value");
 }
 
 #[test]
@@ -86,26 +87,8 @@ fn validate_secrets_refuses_values_in_env_or_command_and_bad_names() {
     let mut twice = spec("s");
     twice
         .secrets
-        .push(("API_TOKEN".into(), SecretBytes::new("other")));
+        .push(("API_TOKEN".into(), secret_bytes("other")));
     assert!(validate_secrets(&twice).is_err());
-}
-
-#[test]
-fn mount_fs_type_picks_the_deepest_latest_mount() {
-    let mountinfo = "\
-22 1 8:1 / / rw - ext4 /dev/sda1 rw
-30 22 0:5 / /dev rw - devtmpfs udev rw
-31 30 0:6 / /dev/shm rw - tmpfs tmpfs rw
-40 22 0:7 / /mnt/with\\040space rw - tmpfs none rw
-41 22 0:8 / /srv rw - ext4 /dev/sdb1 rw
-42 41 0:9 / /srv rw shared:1 - tmpfs none rw
-";
-    let check = |path: &str| host::mount_fs_type(mountinfo, Path::new(path));
-    assert_eq!(check("/dev/shm/threadgate/x").as_deref(), Some("tmpfs"));
-    assert_eq!(check("/dev/shmx").as_deref(), Some("devtmpfs"));
-    assert_eq!(check("/home/user").as_deref(), Some("ext4"));
-    assert_eq!(check("/mnt/with space/a").as_deref(), Some("tmpfs"));
-    assert_eq!(check("/srv/data").as_deref(), Some("tmpfs"));
 }
 
 #[test]
@@ -126,8 +109,8 @@ fn write_secrets_creates_private_files_and_cleans_up() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("inst").join("sess");
     let secrets = vec![
-        ("ONE".to_string(), SecretBytes::new("first")),
-        ("two.txt".to_string(), SecretBytes::new(vec![0u8, 1, 2])),
+        ("ONE".to_string(), secret_bytes("first")),
+        ("two.txt".to_string(), secret_bytes(vec![0u8, 1, 2])),
     ];
     let written = host::write_secrets(&dir, &secrets, None).unwrap();
     assert!(matches!(written, WriteSecrets::Written));
@@ -138,7 +121,7 @@ fn write_secrets_creates_private_files_and_cleans_up() {
     assert_eq!(mode(&dir.join("ONE")), 0o400);
 
     // An existing directory is reported and left exactly as it was.
-    let again = vec![("OTHER".to_string(), SecretBytes::new("x"))];
+    let again = vec![("OTHER".to_string(), secret_bytes("x"))];
     let second = host::write_secrets(&dir, &again, None).unwrap();
     assert!(matches!(second, WriteSecrets::AlreadyExists));
     assert!(!dir.join("OTHER").exists());
@@ -151,7 +134,7 @@ fn write_secrets_creates_private_files_and_cleans_up() {
 
 #[test]
 fn write_secrets_hands_files_to_the_owner_when_root() {
-    let me = host::process_owner().unwrap();
+    let me = host::process_owner();
     if me.uid != 0 {
         return; // chown to another uid needs root; covered by the docker tests there.
     }
@@ -161,7 +144,7 @@ fn write_secrets_hands_files_to_the_owner_when_root() {
         uid: 10001,
         gid: 10001,
     };
-    let secrets = vec![("K".to_string(), SecretBytes::new("v"))];
+    let secrets = vec![("K".to_string(), secret_bytes("v"))];
     host::write_secrets(&dir, &secrets, Some(agent)).unwrap();
     for path in [dir.clone(), dir.join("K")] {
         let meta = fs::metadata(&path).unwrap();
@@ -176,8 +159,8 @@ fn write_secrets_removes_its_directory_when_a_file_fails() {
     let dir = root.path().join("sess");
     // A name given twice fails on the second create_new.
     let secrets = vec![
-        ("K".to_string(), SecretBytes::new("a")),
-        ("K".to_string(), SecretBytes::new("b")),
+        ("K".to_string(), secret_bytes("a")),
+        ("K".to_string(), secret_bytes("b")),
     ];
     let err = host::write_secrets(&dir, &secrets, None).unwrap_err();
     assert!(
@@ -195,7 +178,7 @@ fn write_secrets_removes_its_directory_when_a_file_fails() {
 
 #[test]
 fn chown_tree_does_not_follow_symlinks() {
-    let me = host::process_owner().unwrap();
+    let me = host::process_owner();
     if me.uid != 0 {
         return; // Only root can give files away.
     }

@@ -2,6 +2,8 @@
 //! 192-bit nonce per write, and the secret's name in the associated data so that a
 //! ciphertext moved to another name's row fails to open.
 
+use super::value::secret_from_utf8;
+use crate::secrets::ExposeSecret as _;
 use chacha20poly1305::aead::{Aead as _, Payload};
 use chacha20poly1305::{Key, KeyInit as _, XChaCha20Poly1305, XNonce};
 use rand::Rng as _;
@@ -37,14 +39,14 @@ pub(crate) fn seal(
         .encrypt(
             &XNonce::from(nonce),
             Payload {
-                msg: value.expose().as_bytes(),
+                msg: value.expose_secret().as_bytes(),
                 aad: &aad,
             },
         )
         // Only inputs beyond 256 GiB fail; the store caps values far below that.
         .map_err(|_| SecretsError::TooLarge {
             name: name.to_owned(),
-            len: value.len(),
+            len: value.expose_secret().len(),
         })?;
     Ok(Sealed { nonce, ciphertext })
 }
@@ -77,7 +79,7 @@ pub(crate) fn open(
             },
         )
         .map_err(|_| undecryptable())?;
-    SecretString::from_utf8(plaintext).ok_or_else(undecryptable)
+    secret_from_utf8(plaintext).ok_or_else(undecryptable)
 }
 
 fn cipher(key: &MasterKey) -> XChaCha20Poly1305 {

@@ -1,7 +1,7 @@
 //! Secrets: values that never print, the master key, the encrypted store with grants to
 //! agents, and the redactor that finds stored values in outgoing text.
 //!
-//! - [`SecretString`] / [`SecretBytes`]: `Debug`/`Display` print `[redacted]`, wiped on
+//! - [`SecretString`] / [`SecretBytes`] (from `secrecy`): `Debug` prints `[REDACTED]`, wiped on
 //!   drop. Every credential in the crate travels in one of these.
 //! - [`MasterKey`]: 32 bytes from a file or an environment variable (base64).
 //! - [`SecretStore`]: secrets encrypted at rest (XChaCha20-Poly1305, the name bound as
@@ -23,7 +23,7 @@ pub use key::{KeyError, KeySource, MASTER_KEY_LEN, MasterKey};
 pub use live::RedactorSource;
 pub use redact::{MIN_SECRET_LEN, Redactor};
 pub use store::{MAX_SECRET_LEN, SecretMeta, SecretStore, Written};
-pub use value::{SecretBytes, SecretString};
+pub use value::{ExposeSecret, SecretBytes, SecretString, secret_bytes, secret_from_utf8};
 
 use crate::store::StoreError;
 

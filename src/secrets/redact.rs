@@ -25,6 +25,7 @@
 //! Not covered: hex of mixed case, double URL encoding, and other transformations (compression,
 //! encryption, splitting a value across fields).
 
+use crate::secrets::ExposeSecret as _;
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt;
@@ -73,14 +74,14 @@ impl Redactor {
         let mut needles: Vec<Vec<u8>> = Vec::new();
         let mut seen: HashSet<Vec<u8>> = HashSet::new();
         for (name, value) in secrets {
-            if value.len() < MIN_SECRET_LEN {
+            if value.expose_secret().len() < MIN_SECRET_LEN {
                 redactor.too_short.push(name);
                 continue;
             }
             let owner = redactor.names.len();
             redactor.names.push(name);
-            redactor.decode_plus |= value.expose().contains(' ');
-            for (needle, base64) in needles_for(value.expose()) {
+            redactor.decode_plus |= value.expose_secret().contains(' ');
+            for (needle, base64) in needles_for(value.expose_secret()) {
                 if seen.insert(needle.clone()) {
                     needles.push(needle);
                     redactor.needles.push(Needle { owner, base64 });

@@ -5,6 +5,7 @@
 //! so the database only ever sees ciphertext. Each operation exists as an async method
 //! for the server and a `_blocking` twin for the CLI.
 
+use crate::secrets::ExposeSecret as _;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
@@ -199,15 +200,15 @@ impl SecretStore {
         value: &SecretString,
     ) -> Result<impl FnOnce(&Connection) -> Job<Written> + Send + 'static, SecretsError> {
         validate_name("secret", name)?;
-        if value.is_empty() {
+        if value.expose_secret().is_empty() {
             return Err(SecretsError::Empty {
                 name: name.to_owned(),
             });
         }
-        if value.len() > MAX_SECRET_LEN {
+        if value.expose_secret().len() > MAX_SECRET_LEN {
             return Err(SecretsError::TooLarge {
                 name: name.to_owned(),
-                len: value.len(),
+                len: value.expose_secret().len(),
             });
         }
         let sealed = cipher::seal(&self.key, name, value)?;

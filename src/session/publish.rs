@@ -164,7 +164,7 @@ mod tests {
         let key = "sk_live_publish_test_5f1e9a7c3b2d";
         let redactor = Redactor::new(vec![(
             "stripe_api_key".to_owned(),
-            SecretString::new(key.to_owned()),
+            SecretString::from(key.to_owned()),
         )])
         .expect("redactor");
         let body = redacted_description(

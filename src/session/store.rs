@@ -4,9 +4,11 @@
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
-/// Where a session stands. Stored as lowercase text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// Where a session stands. Stored as lowercase text; unknown text read back is an
+/// error (`FromStr`), never a state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::IntoStaticStr, strum::EnumString)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum SessionState {
     /// Wants a container and is waiting for a slot (or for the pause to lift).
     Queued,
@@ -22,24 +24,9 @@ pub enum SessionState {
 }
 
 impl SessionState {
+    /// The name stored in the `state` column.
     pub fn as_str(self) -> &'static str {
-        match self {
-            SessionState::Queued => "queued",
-            SessionState::Starting => "starting",
-            SessionState::Running => "running",
-            SessionState::Idle => "idle",
-            SessionState::Ended => "ended",
-        }
-    }
-
-    fn parse(text: &str) -> SessionState {
-        match text {
-            "starting" => SessionState::Starting,
-            "running" => SessionState::Running,
-            "idle" => SessionState::Idle,
-            "ended" => SessionState::Ended,
-            _ => SessionState::Queued,
-        }
+        self.into()
     }
 }
 
@@ -72,7 +59,7 @@ fn row_to_session(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
         thread_id: row.get(0)?,
         session_id: row.get(1)?,
         agent: row.get(2)?,
-        state: SessionState::parse(&row.get::<_, String>(3)?),
+        state: crate::store::named(row, 3)?,
         container_id: row.get(4)?,
         branch: row.get(5)?,
         worktree: row.get(6)?,
@@ -92,16 +79,6 @@ pub fn get(conn: &Connection, thread_id: &str) -> rusqlite::Result<Option<Sessio
     conn.query_row(
         &format!("SELECT {COLUMNS} FROM sessions WHERE thread_id = ?1"),
         [thread_id],
-        row_to_session,
-    )
-    .optional()
-}
-
-/// The session whose id is `session_id`.
-pub fn by_session_id(conn: &Connection, session_id: &str) -> rusqlite::Result<Option<SessionRow>> {
-    conn.query_row(
-        &format!("SELECT {COLUMNS} FROM sessions WHERE session_id = ?1"),
-        [session_id],
         row_to_session,
     )
     .optional()
@@ -416,4 +393,53 @@ pub fn feed(
         })
     })?;
     rows.collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Db;
+
+    #[tokio::test]
+    async fn an_unknown_state_in_the_database_is_an_error_not_a_queued_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("t.db")).unwrap();
+        let row = SessionRow {
+            thread_id: "th_1".into(),
+            session_id: "s_1".into(),
+            agent: "support".into(),
+            state: SessionState::Idle,
+            container_id: None,
+            branch: "threadgate/th_1".into(),
+            worktree: None,
+            customer_id: None,
+            customer_email: None,
+            created_at_ms: 1,
+            updated_at_ms: 1,
+            last_event_ms: 1,
+            attempts: 0,
+            last_error: None,
+            stop_requested: false,
+        };
+        db.write(move |c| insert(c, &row)).await.unwrap();
+        let read = db.read(|c| get(c, "th_1")).await.unwrap();
+        assert_eq!(read.map(|r| r.state), Some(SessionState::Idle));
+
+        // The table's CHECK refuses it; a database written by a newer version (or edited
+        // by hand) can still hold it.
+        db.write(|c| {
+            c.execute_batch(
+                "PRAGMA ignore_check_constraints = ON; \
+                 UPDATE sessions SET state = 'paused'; \
+                 PRAGMA ignore_check_constraints = OFF;",
+            )
+        })
+        .await
+        .unwrap();
+        let err = db.read(|c| get(c, "th_1")).await.unwrap_err();
+        assert!(
+            err.to_string().contains("unknown SessionState \"paused\""),
+            "{err}"
+        );
+    }
 }

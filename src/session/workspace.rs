@@ -2,6 +2,7 @@
 //! logic is tested with an in-memory fake, implemented for real by
 //! [`crate::workspace::Workspaces`].
 
+use crate::secrets::ExposeSecret as _;
 use std::path::{Path, PathBuf};
 
 use crate::secrets::SecretString;
@@ -73,7 +74,7 @@ impl WorkspaceOps for crate::workspace::Workspaces {
     ) -> anyhow::Result<CommitReport> {
         let pairs: Vec<(&str, &[u8])> = secrets
             .iter()
-            .map(|(name, value)| (name.as_str(), value.expose().as_bytes()))
+            .map(|(name, value)| (name.as_str(), value.expose_secret().as_bytes()))
             .collect();
         let outcome = crate::workspace::Workspaces::commit(self, thread_id, &pairs)?;
         Ok(CommitReport {

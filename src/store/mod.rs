@@ -303,5 +303,23 @@ fn writer_loop(
     }
 }
 
+/// Reads column `idx` as the name of a `T` (an enum stored by its name, parsed with its
+/// `FromStr`). Unknown text is an error naming the type and the text, never a default
+/// state.
+pub fn named<T: std::str::FromStr>(row: &rusqlite::Row<'_>, idx: usize) -> rusqlite::Result<T> {
+    let text: String = row.get(idx)?;
+    text.parse().map_err(|_| {
+        let name = std::any::type_name::<T>()
+            .rsplit("::")
+            .next()
+            .unwrap_or("value");
+        rusqlite::Error::FromSqlConversionFailure(
+            idx,
+            rusqlite::types::Type::Text,
+            format!("unknown {name} {text:?} in the database").into(),
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests;

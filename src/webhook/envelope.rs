@@ -45,7 +45,8 @@ pub struct Customer {
 }
 
 /// The kind of actor behind an event, from Plain's `actorType`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum ActorKind {
     /// A customer (`customer`, or `deletedCustomer` on emails).
     Customer,
@@ -73,18 +74,14 @@ impl ActorKind {
 
     /// The name stored in the `events.actor` column.
     pub fn as_str(self) -> &'static str {
-        match self {
-            ActorKind::Customer => "customer",
-            ActorKind::User => "user",
-            ActorKind::MachineUser => "machine_user",
-            ActorKind::System => "system",
-            ActorKind::Unknown => "unknown",
-        }
+        self.into()
     }
 }
 
-/// What an event means for the thread's session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// What an event means for the thread's session. Stored by name in `events.class`
+/// (`as_str`, read back with `FromStr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
+#[strum(serialize_all = "snake_case")]
 pub enum EventClass {
     /// A customer-side message or a new thread: starts the thread's session or feeds
     /// the running one.
@@ -102,23 +99,7 @@ pub enum EventClass {
 impl EventClass {
     /// The name stored in the `events.class` column.
     pub fn as_str(self) -> &'static str {
-        match self {
-            EventClass::Customer => "customer",
-            EventClass::Done => "done",
-            EventClass::Info => "info",
-            EventClass::Ignored => "ignored",
-        }
-    }
-
-    /// Reads a name stored by [`EventClass::as_str`].
-    pub fn from_stored(name: &str) -> Option<EventClass> {
-        match name {
-            "customer" => Some(EventClass::Customer),
-            "done" => Some(EventClass::Done),
-            "info" => Some(EventClass::Info),
-            "ignored" => Some(EventClass::Ignored),
-            _ => None,
-        }
+        self.into()
     }
 }
 

@@ -15,6 +15,7 @@
 //! Only then is the answer 200, and only then is the event sent on `notify` (never
 //! for a duplicate or an [`EventClass::Ignored`] event).
 
+use crate::secrets::ExposeSecret as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -179,7 +180,11 @@ async fn receive(
     let signature = headers
         .get(SIGNATURE_HEADER)
         .map(|value| value.to_str().unwrap_or_default());
-    if let Err(e) = verify_signature(state.config.signing_secret.expose(), &body, signature) {
+    if let Err(e) = verify_signature(
+        state.config.signing_secret.expose_secret(),
+        &body,
+        signature,
+    ) {
         return Refusal::from(e).into_answer(None);
     }
     let envelope = match Envelope::parse(&body) {

@@ -1,9 +1,8 @@
 //! Plain's request signature: the lowercase hex HMAC-SHA256 of the raw body bytes,
 //! keyed with the workspace's signing secret, sent in `Plain-Request-Signature`.
 
-use std::fmt;
-
 use hmac::{Hmac, KeyInit, Mac};
+use secrecy::{ExposeSecret, SecretSlice};
 use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
@@ -11,10 +10,10 @@ type HmacSha256 = Hmac<Sha256>;
 /// The header Plain puts the signature in.
 pub const SIGNATURE_HEADER: &str = "Plain-Request-Signature";
 
-/// The workspace's request-signing secret. It never prints: `Debug` shows a placeholder
-/// and there is no `Display`.
-#[derive(Clone)]
-pub struct SigningSecret(Vec<u8>);
+/// The workspace's request-signing secret: never empty, and (through `secrecy`) never
+/// printed (`Debug` shows `[REDACTED]`, there is no `Display`) and wiped on drop.
+#[derive(Clone, Debug)]
+pub struct SigningSecret(SecretSlice<u8>);
 
 /// Why a signing secret was refused.
 #[derive(Debug, thiserror::Error)]
@@ -27,22 +26,18 @@ pub enum SigningSecretError {
 impl SigningSecret {
     /// Wraps the secret as configured (the bytes Plain shows under request signing).
     pub fn new(secret: impl Into<Vec<u8>>) -> Result<SigningSecret, SigningSecretError> {
-        let secret = secret.into();
-        if secret.is_empty() {
+        let secret = SecretSlice::from(secret.into());
+        if secret.expose_secret().is_empty() {
             return Err(SigningSecretError::Empty);
         }
         Ok(SigningSecret(secret))
     }
-
-    /// The secret's bytes, for computing a signature.
-    pub fn expose(&self) -> &[u8] {
-        &self.0
-    }
 }
 
-impl fmt::Debug for SigningSecret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("SigningSecret(<redacted>)")
+impl ExposeSecret<[u8]> for SigningSecret {
+    /// The secret's bytes, for computing a signature.
+    fn expose_secret(&self) -> &[u8] {
+        self.0.expose_secret()
     }
 }
 
@@ -85,7 +80,8 @@ pub fn sign(secret: &[u8], body: &[u8]) -> String {
 
 fn mac(secret: &[u8], body: &[u8]) -> HmacSha256 {
     // HMAC takes keys of any length (a long key is hashed first): `new_from_slice`
-    // never fails for it.
+    // never fails for it, so this `expect` cannot fire.
+    #[allow(clippy::expect_used)]
     let mut mac = HmacSha256::new_from_slice(secret).expect("hmac accepts keys of any length");
     mac.update(body);
     mac

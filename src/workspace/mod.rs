@@ -204,12 +204,6 @@ impl Workspaces {
         Ok(format!("{}{thread_id}", names::BRANCH_PREFIX))
     }
 
-    /// The directory a thread's worktree lives in (whether or not it exists).
-    pub fn worktree_path(&self, thread_id: &str) -> Result<PathBuf, WorkspaceError> {
-        names::validate_thread_id(thread_id)?;
-        Ok(self.settings.worktrees_dir.join(thread_id))
-    }
-
     /// The default branch's full ref name, e.g. `refs/heads/main`.
     pub fn default_ref(&self) -> &str {
         &self.settings.default_ref

@@ -118,15 +118,27 @@ pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
 }
 
 fn is_mountpoint(path: &Path) -> anyhow::Result<bool> {
-    let Ok(canonical) = path.canonicalize() else {
-        return Ok(false);
+    use rustix::fs::{AtFlags, CWD, StatxAttributes, StatxFlags, statx};
+    let stat = match statx(
+        CWD,
+        path,
+        AtFlags::SYMLINK_NOFOLLOW,
+        StatxFlags::BASIC_STATS,
+    ) {
+        Ok(stat) => stat,
+        Err(rustix::io::Errno::NOENT) => return Ok(false),
+        Err(e) => return Err(std::io::Error::from(e).into()),
     };
-    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
-    let wanted = canonical.to_string_lossy();
-    Ok(info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .any(|p| p.replace("\\040", " ") == wanted))
+    if !stat
+        .stx_attributes_mask
+        .contains(StatxAttributes::MOUNT_ROOT)
+    {
+        anyhow::bail!(
+            "the kernel does not say whether {} is a mount point",
+            path.display()
+        );
+    }
+    Ok(stat.stx_attributes.contains(StatxAttributes::MOUNT_ROOT))
 }
 
 fn run(cmd: &mut Command) -> anyhow::Result<()> {
@@ -141,4 +153,18 @@ fn run(cmd: &mut Command) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_mountpoint;
+
+    #[test]
+    fn mount_points_are_told_from_plain_directories() {
+        // `/proc` is its own mount everywhere threadgate runs; a fresh directory is not.
+        assert!(is_mountpoint(std::path::Path::new("/proc")).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!is_mountpoint(dir.path()).unwrap());
+        assert!(!is_mountpoint(&dir.path().join("missing")).unwrap());
+    }
 }

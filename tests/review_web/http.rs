@@ -302,7 +302,7 @@ async fn approve_is_refused_when_arguments_are_left_out_and_a_policy_change_is_f
 
     let redactor = threadgate::secrets::Redactor::new([(
         "rotated_key".to_owned(),
-        threadgate::secrets::SecretString::new(charge.clone()),
+        threadgate::secrets::SecretString::from(charge.clone()),
     )])
     .expect("redactor");
     *app.gate.redactor.write().expect("lock") = std::sync::Arc::new(redactor);

@@ -28,7 +28,7 @@ pub async fn add_reviewer(app: &TestApp, name: &str) {
         &app.db,
         &Hasher::new(1, 1),
         name,
-        SecretString::new(PASSWORD.into()),
+        SecretString::from(PASSWORD),
     )
     .await
     .expect("set password");

@@ -69,7 +69,7 @@ impl AgentWorld {
         let db = Db::open(&world.settings.database_path()).expect("open db");
         let secrets = app::open_secrets(&db, &world.settings).expect("open secrets");
         secrets
-            .set("model_api_key", SecretString::new(MODEL_KEY.to_owned()))
+            .set("model_api_key", SecretString::from(MODEL_KEY.to_owned()))
             .await
             .expect("set the model key");
         AgentWorld {

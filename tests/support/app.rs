@@ -10,6 +10,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use threadgate::secrets::ExposeSecret as _;
 
 use serde_json::{Value, json};
 use threadgate::app::{Application, Overrides};
@@ -49,7 +50,7 @@ pub async fn spawn_app(settings: Settings, overrides: Overrides) -> TestApp {
         .plain
         .signing_secret
         .as_ref()
-        .map(|s| s.expose().as_bytes().to_vec())
+        .map(|s| s.expose_secret().as_bytes().to_vec())
         .unwrap_or_default();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -192,6 +193,6 @@ impl TestApp {
         let created = threadgate::approvals::reviewers::add(&self.db, name)
             .await
             .expect("add reviewer");
-        created.token.expose().to_owned()
+        created.token.expose_secret().to_owned()
     }
 }

@@ -11,7 +11,8 @@ use bollard::exec::{CreateExecOptions, StartExecResults};
 use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveContainerOptionsBuilder};
 use futures::StreamExt;
 use tempfile::TempDir;
-use threadgate::sandbox::{DockerRuntime, LABEL_INSTANCE, Limits, SandboxSpec, SecretBytes};
+use threadgate::sandbox::{DockerRuntime, LABEL_INSTANCE, Limits, SandboxSpec};
+use threadgate::secrets::secret_bytes;
 
 pub use super::docker::image;
 
@@ -76,7 +77,7 @@ impl TestEnv {
             image: image(),
             workspace_dir: self.workspace.path().to_path_buf(),
             socket_dir: self.socket_dir.path().to_path_buf(),
-            secrets: vec![("API_TOKEN".to_string(), SecretBytes::new(secret))],
+            secrets: vec![("API_TOKEN".to_string(), secret_bytes(secret))],
             limits: Limits {
                 memory_bytes: 256 << 20,
                 nano_cpus: 500_000_000,

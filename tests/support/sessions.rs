@@ -122,7 +122,7 @@ impl DockerWorld {
                 .unwrap_or_else(|| crate_dir.join("agents")),
             skills_dir: crate_dir.join("skills"),
             plain: PlainSettings {
-                signing_secret: Some(SecretString::new(self.signing_secret.clone())),
+                signing_secret: Some(SecretString::from(self.signing_secret.clone())),
                 ..defaults.plain
             },
             repo: RepoSettings {
@@ -162,7 +162,7 @@ impl DockerWorld {
         let key = MasterKey::from_file(&key_file).expect("read master key");
         let store = SecretStore::new(db, Arc::new(key));
         store
-            .set(name, SecretString::new(value.to_owned()))
+            .set(name, SecretString::from(value.to_owned()))
             .await
             .expect("set secret");
         store.grant(name, agent).await.expect("grant secret");

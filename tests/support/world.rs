@@ -89,7 +89,7 @@ impl World {
         let secrets = app::open_secrets(&db, &settings).expect("open secrets");
         for (name, value) in stored_secrets() {
             secrets
-                .set(name, SecretString::new(value.to_owned()))
+                .set(name, SecretString::from(value.to_owned()))
                 .await
                 .expect("set secret");
         }
@@ -208,7 +208,7 @@ fn settings(
         master_key_file: root.join("master.key"),
         ..Settings::default()
     };
-    settings.plain.signing_secret = Some(SecretString::new(SIGNING_SECRET.to_owned()));
+    settings.plain.signing_secret = Some(SecretString::from(SIGNING_SECRET.to_owned()));
     settings.plain.api_url = plain.base_url().to_owned();
     settings.stripe.api_url = stripe.base_url();
     settings.github.api_url = github.base_url().to_owned();

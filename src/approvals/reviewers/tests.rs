@@ -16,8 +16,8 @@ fn with_secret(token: &str, secret: &str) -> String {
 async fn the_returned_token_authenticates_its_reviewer() {
     let (_dir, db) = open_temp();
     let added = add(&db, "alice").await.expect("add");
-    assert!(added.token.expose().starts_with("tgr_"));
-    let who = authenticate(&db, added.token.expose())
+    assert!(added.token.expose_secret().starts_with("tgr_"));
+    let who = authenticate(&db, added.token.expose_secret())
         .await
         .expect("authenticate");
     assert_eq!(who, Some(added.reviewer.clone()));
@@ -28,7 +28,7 @@ async fn the_returned_token_authenticates_its_reviewer() {
 async fn the_token_is_stored_only_as_its_sha256_digest() {
     let (_dir, db) = open_temp();
     let added = add(&db, "alice").await.expect("add");
-    let (_, secret) = parse_token(added.token.expose()).expect("parse");
+    let (_, secret) = parse_token(added.token.expose_secret()).expect("parse");
     let stored: String = db
         .read(|c| c.query_row("SELECT token_hash FROM reviewers", [], |r| r.get(0)))
         .await
@@ -49,7 +49,10 @@ async fn the_token_is_stored_only_as_its_sha256_digest() {
 async fn a_wrong_secret_is_refused() {
     let (_dir, db) = open_temp();
     let added = add(&db, "alice").await.expect("add");
-    let wrong = with_secret(added.token.expose(), &URL_SAFE_NO_PAD.encode([7u8; 32]));
+    let wrong = with_secret(
+        added.token.expose_secret(),
+        &URL_SAFE_NO_PAD.encode([7u8; 32]),
+    );
     assert_eq!(authenticate(&db, &wrong).await.expect("auth"), None);
 }
 
@@ -57,7 +60,7 @@ async fn a_wrong_secret_is_refused() {
 async fn a_tampered_secret_is_refused() {
     let (_dir, db) = open_temp();
     let added = add(&db, "alice").await.expect("add");
-    let token = added.token.expose();
+    let token = added.token.expose_secret();
     let mut chars: Vec<char> = token.chars().collect();
     let last = chars.len() - 1;
     chars[last] = if chars[last] == 'A' { 'B' } else { 'A' };
@@ -74,12 +77,14 @@ async fn one_reviewers_secret_does_not_work_under_anothers_id() {
     let (_dir, db) = open_temp();
     let alice = add(&db, "alice").await.expect("add alice");
     let bob = add(&db, "bob").await.expect("add bob");
-    let (_, alice_secret) = parse_token(alice.token.expose()).expect("parse");
-    let as_bob = with_secret(bob.token.expose(), alice_secret);
+    let (_, alice_secret) = parse_token(alice.token.expose_secret()).expect("parse");
+    let as_bob = with_secret(bob.token.expose_secret(), alice_secret);
     assert_eq!(authenticate(&db, &as_bob).await.expect("auth"), None);
     // Each still works on its own.
     assert_eq!(
-        authenticate(&db, bob.token.expose()).await.expect("auth"),
+        authenticate(&db, bob.token.expose_secret())
+            .await
+            .expect("auth"),
         Some(bob.reviewer)
     );
 }
@@ -88,7 +93,7 @@ async fn one_reviewers_secret_does_not_work_under_anothers_id() {
 async fn unknown_ids_and_malformed_tokens_are_refused() {
     let (_dir, db) = open_temp();
     let alice = add(&db, "alice").await.expect("add");
-    let (_, secret) = parse_token(alice.token.expose()).expect("parse");
+    let (_, secret) = parse_token(alice.token.expose_secret()).expect("parse");
     let unknown = format!("{TOKEN_PREFIX}999_{secret}");
     for presented in [
         unknown.as_str(),
@@ -115,13 +120,17 @@ async fn a_removed_reviewers_token_stops_working_and_its_id_is_not_reused() {
     let alice = add(&db, "alice").await.expect("add");
     remove(&db, "alice").await.expect("remove");
     assert_eq!(
-        authenticate(&db, alice.token.expose()).await.expect("auth"),
+        authenticate(&db, alice.token.expose_secret())
+            .await
+            .expect("auth"),
         None
     );
     let again = add(&db, "alice").await.expect("add again");
     assert_ne!(again.reviewer.id, alice.reviewer.id);
     assert_eq!(
-        authenticate(&db, alice.token.expose()).await.expect("auth"),
+        authenticate(&db, alice.token.expose_secret())
+            .await
+            .expect("auth"),
         None
     );
 }
@@ -166,10 +175,10 @@ fn blocking_variants_add_list_and_remove() {
 fn the_token_never_prints() {
     let (_dir, db) = open_temp();
     let added = add_blocking(&db, "carol").expect("add");
-    let (_, secret) = parse_token(added.token.expose()).expect("parse");
-    let shown = format!("{added:?} {}", added.token);
+    let (_, secret) = parse_token(added.token.expose_secret()).expect("parse");
+    let shown = format!("{added:?} {:?}", added.token);
     assert!(!shown.contains(secret), "{shown}");
-    assert!(shown.contains("[redacted]"));
+    assert!(shown.contains("[REDACTED]"), "{shown}");
 }
 
 /// Issue 7 item 5: 400 parallel made-up tokens, for a real reviewer's id and for
@@ -199,7 +208,7 @@ async fn a_flood_of_made_up_tokens_computes_no_argon2_hash() {
         assert_eq!(t.await.expect("task").expect("auth"), None);
     }
     assert_eq!(hasher.started(), 0, "a made-up token cost an argon2 hash");
-    let real = authenticate_with(&db, &hasher, alice.token.expose())
+    let real = authenticate_with(&db, &hasher, alice.token.expose_secret())
         .await
         .expect("auth");
     assert_eq!(real.map(|r| r.name), Some("alice".to_owned()));
@@ -212,7 +221,7 @@ async fn a_flood_of_made_up_tokens_computes_no_argon2_hash() {
 async fn a_legacy_argon2_token_is_verified_through_the_pool() {
     let (_dir, db) = open_temp();
     let alice = add(&db, "alice").await.expect("add");
-    let (_, secret) = parse_token(alice.token.expose()).expect("parse");
+    let (_, secret) = parse_token(alice.token.expose_secret()).expect("parse");
     let phc = Argon2::default()
         .hash_password(secret.as_bytes())
         .expect("hash")
@@ -221,7 +230,7 @@ async fn a_legacy_argon2_token_is_verified_through_the_pool() {
         .await
         .expect("write");
     let hasher = Hasher::new(1, 4);
-    let who = authenticate_with(&db, &hasher, alice.token.expose())
+    let who = authenticate_with(&db, &hasher, alice.token.expose_secret())
         .await
         .expect("auth");
     assert_eq!(who.map(|r| r.name), Some("alice".to_owned()));
@@ -233,8 +242,8 @@ async fn passwords_are_argon2id_and_checked_by_name() {
     let (_dir, db) = open_temp();
     add(&db, "alice").await.expect("add");
     let hasher = Hasher::new(2, 8);
-    let pw = || SecretString::new("correct horse battery staple".into());
-    let short = set_password(&db, &hasher, "alice", SecretString::new("short".into())).await;
+    let pw = || SecretString::from("correct horse battery staple");
+    let short = set_password(&db, &hasher, "alice", SecretString::from("short")).await;
     assert!(matches!(short, Err(ReviewerError::WeakPassword)));
     assert!(matches!(
         set_password(&db, &hasher, "nobody", pw()).await,
@@ -252,7 +261,7 @@ async fn passwords_are_argon2id_and_checked_by_name() {
         .await
         .expect("verify");
     assert_eq!(ok.map(|r| r.name), Some("alice".to_owned()));
-    let wrong = SecretString::new("correct horse battery stapler".into());
+    let wrong = SecretString::from("correct horse battery stapler");
     assert_eq!(
         verify_password(&db, &hasher, "alice", wrong)
             .await

@@ -31,6 +31,7 @@
 //!   malformed (it drops the rule), and `limits` an extension it ignores (there the rule
 //!   applies without them).
 
+mod arg_path;
 pub mod calls;
 mod catalog;
 mod decimal;

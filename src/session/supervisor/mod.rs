@@ -1,155 +1,35 @@
 //! The supervisor actor: the one place a session's state changes.
+//!
+//! The actor itself is here: its state, the messages it serves, and the decisions it
+//! takes one at a time. Around it: `parts` (what it drives), `handle` (its mailbox),
+//! `events` (applying a thread's events in one transaction) and `lifecycle` (starting
+//! and stopping containers, off the actor).
+
+mod events;
+mod handle;
+mod lifecycle;
+mod parts;
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use super::store::{self, SessionRow, SessionState};
-use super::{AgentBook, SecretSource, SessionApi, SessionError, SessionScope, WorkspaceOps};
-use crate::config::SessionSettings;
-use crate::sandbox::{Limits, SandboxRuntime, SandboxSpec};
-use crate::store::Db;
+use self::events::{Want, apply_events};
+pub use self::handle::SupervisorHandle;
+use self::handle::{Msg, Outcome, lock};
+use self::lifecycle::{scope_of, start_session, stop_session};
+pub use self::parts::{Clock, SupervisorParts};
+use crate::session::SessionError;
+use crate::session::store::{self, SessionRow, SessionState};
 use crate::workspace::volume;
-
-/// The clock the supervisor reads, in unix milliseconds (tests pass a fake one).
-pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
 
 /// How often the supervisor looks for idle sessions, stop requests and free slots.
 const TICK: Duration = Duration::from_millis(500);
 /// The longest a failed start waits before it is tried again.
 const MAX_BACKOFF_MS: i64 = 5 * 60 * 1000;
-
-/// Everything the supervisor drives.
-pub struct SupervisorParts {
-    pub db: Db,
-    pub sandbox: Arc<dyn SandboxRuntime>,
-    pub workspaces: Arc<dyn WorkspaceOps>,
-    pub api: Arc<dyn SessionApi>,
-    pub agents: Arc<AgentBook>,
-    pub secrets: Arc<dyn SecretSource>,
-    pub image: String,
-    pub limits: Limits,
-    pub sockets_dir: PathBuf,
-    pub settings: SessionSettings,
-    pub default_agent: String,
-    pub clock: Clock,
-    /// Opens or updates a draft pull request when a session ends with pushed changes;
-    /// `None` without a remote or a GitHub repository.
-    pub publisher: Option<Arc<dyn super::BranchPublisher>>,
-    /// Leaves a note on the thread when the supervisor stops a session on its own
-    /// (a full workspace); `None` in tests that do not look at notes.
-    pub notes: Option<Arc<dyn super::StopNotes>>,
-}
-
-enum Msg {
-    /// New events (or a decision on a held call) for a thread.
-    Thread(String),
-    /// A spawned operation finished.
-    Done {
-        thread: String,
-        outcome: Outcome,
-    },
-    /// A decision came for a session's held call.
-    Resume(String),
-    /// An operator stops a thread's session.
-    Stop {
-        thread: String,
-        reply: oneshot::Sender<Result<(), SessionError>>,
-    },
-    /// Answer once no operation is in flight and no message is waiting.
-    WhenQuiet(oneshot::Sender<()>),
-    Tick,
-    Reconcile,
-    /// Stop serving; containers stay and are adopted by the next start.
-    Shutdown,
-}
-
-enum Outcome {
-    Started {
-        container_id: String,
-        worktree: String,
-    },
-    StartFailed(String),
-    /// The container is gone and the work committed; `ended` says whether the session
-    /// ended or only went idle.
-    Stopped {
-        ended: bool,
-    },
-    StopFailed(String),
-}
-
-/// A cheap handle for the rest of threadgate to talk to the supervisor.
-#[derive(Clone)]
-pub struct SupervisorHandle {
-    tx: mpsc::UnboundedSender<Msg>,
-    activity: Arc<Mutex<HashMap<String, i64>>>,
-    feed: broadcast::Sender<String>,
-    clock: Clock,
-}
-
-impl SupervisorHandle {
-    /// Tells the supervisor a thread has new events or a decision.
-    pub fn thread_changed(&self, thread_id: &str) {
-        // A send fails only once the supervisor has stopped, when nothing is to be done.
-        let _ = self.tx.send(Msg::Thread(thread_id.to_owned()));
-    }
-
-    /// Records that a session's agent did something (not merely waited).
-    pub fn touch(&self, thread_id: &str) {
-        let now = (self.clock)();
-        lock(&self.activity).insert(thread_id.to_owned(), now);
-    }
-
-    /// Thread ids whose feed gained events.
-    pub fn subscribe_feed(&self) -> broadcast::Receiver<String> {
-        self.feed.subscribe()
-    }
-
-    /// Stops a thread's session: container removed, work committed, worktree removed.
-    pub async fn stop(&self, thread_id: &str) -> Result<(), SessionError> {
-        let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Msg::Stop {
-                thread: thread_id.to_owned(),
-                reply,
-            })
-            .map_err(|_| SessionError::Stopped)?;
-        rx.await.map_err(|_| SessionError::Stopped)?
-    }
-
-    /// Resumes a session that gave up its container while it waited for a person, now
-    /// that the decision has come.
-    pub fn resume(&self, thread_id: &str) {
-        let _ = self.tx.send(Msg::Resume(thread_id.to_owned()));
-    }
-
-    /// Runs a reconciliation now.
-    pub fn reconcile(&self) {
-        let _ = self.tx.send(Msg::Reconcile);
-    }
-
-    /// Stops the supervisor (at shutdown). Running containers stay; the next start of
-    /// threadgate adopts them.
-    pub fn shutdown(&self) {
-        let _ = self.tx.send(Msg::Shutdown);
-    }
-
-    /// Waits until the supervisor has no operation in flight.
-    pub async fn quiet(&self) {
-        let (reply, rx) = oneshot::channel();
-        if self.tx.send(Msg::WhenQuiet(reply)).is_ok() {
-            let _ = rx.await;
-        }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// The actor's state.
 pub struct Supervisor {
@@ -714,244 +594,5 @@ impl Supervisor {
         if let Err(e) = self.parts.api.open(scope_of(row), dir).await {
             tracing::error!(thread = %row.thread_id, error = %e, "cannot reopen the session's socket");
         }
-    }
-}
-
-/// What applying a thread's events asks for.
-#[derive(Debug, PartialEq, Eq)]
-enum Want {
-    Nothing,
-    /// The running session has new events to read.
-    Fed,
-    /// A customer wrote: the session must be running.
-    Live,
-    /// The thread is done.
-    End,
-}
-
-/// In one transaction: creates the session on the first customer event, marks every
-/// pending event applied (in timestamp order, giving feed positions to those the agent
-/// reads), and says what the supervisor must do.
-fn apply_events(
-    conn: &rusqlite::Connection,
-    thread: &str,
-    default_agent: &str,
-    branch: &str,
-    now: i64,
-) -> rusqlite::Result<Want> {
-    let events = store::pending_events(conn, thread)?;
-    let mut row = store::get(conn, thread)?;
-    let mut want = Want::Nothing;
-    for ev in &events {
-        let valid_thread = !branch.is_empty();
-        match ev.class.as_str() {
-            "customer" if valid_thread => {
-                // An event older than the thread's DONE does not reopen it.
-                let stale = row.as_ref().is_some_and(|r| {
-                    r.state == SessionState::Ended && ev.occurred_at_ms < r.last_event_ms
-                });
-                if row.is_none() {
-                    let fresh = new_session(thread, default_agent, branch, now);
-                    store::insert(conn, &fresh)?;
-                    row = Some(fresh);
-                }
-                store::mark_applied(conn, ev.seq, thread, true, now)?;
-                if !stale {
-                    // A customer writing after DONE reopens the thread.
-                    store::cancel_stop(conn, thread)?;
-                    want = Want::Live;
-                }
-            }
-            "done" if row.is_some() => {
-                store::mark_applied(conn, ev.seq, thread, true, now)?;
-                // Durable in the same transaction: once the event is marked applied,
-                // only this flag remembers that the session must end, should threadgate
-                // stop before the session has (the tick ends flagged sessions).
-                store::request_stop(conn, thread)?;
-                want = Want::End;
-            }
-            "info" if row.is_some() => {
-                store::mark_applied(conn, ev.seq, thread, true, now)?;
-                if want == Want::Nothing {
-                    want = Want::Fed;
-                }
-            }
-            _ => store::mark_applied(conn, ev.seq, thread, false, now)?,
-        }
-        if row.is_some() {
-            store::note_event(
-                conn,
-                thread,
-                ev.occurred_at_ms,
-                ev.customer_id.as_deref(),
-                ev.customer_email.as_deref(),
-            )?;
-            if let Some(r) = row.as_mut() {
-                r.last_event_ms = r.last_event_ms.max(ev.occurred_at_ms);
-            }
-        }
-    }
-    Ok(want)
-}
-
-fn new_session(thread: &str, agent: &str, branch: &str, now: i64) -> SessionRow {
-    let id = uuid::Uuid::new_v4().simple().to_string();
-    SessionRow {
-        thread_id: thread.to_owned(),
-        session_id: format!("s{}", &id[..15]),
-        agent: agent.to_owned(),
-        state: SessionState::Queued,
-        container_id: None,
-        branch: branch.to_owned(),
-        worktree: None,
-        customer_id: None,
-        customer_email: None,
-        created_at_ms: now,
-        updated_at_ms: now,
-        last_event_ms: 0,
-        attempts: 0,
-        last_error: None,
-        stop_requested: false,
-    }
-}
-
-fn scope_of(row: &SessionRow) -> SessionScope {
-    SessionScope {
-        session_id: row.session_id.clone(),
-        thread_id: row.thread_id.clone(),
-        agent: row.agent.clone(),
-        customer_id: row.customer_id.clone(),
-        customer_email: row.customer_email.clone(),
-    }
-}
-
-/// Prepares the branch, opens the session's socket and starts its container.
-async fn start_session(
-    parts: &SupervisorParts,
-    row: &SessionRow,
-) -> anyhow::Result<(String, String)> {
-    let agent = parts
-        .agents
-        .get(&row.agent)
-        .ok_or_else(|| anyhow::anyhow!("no agent definition named {}", row.agent))?
-        .clone();
-    let secrets = parts.secrets.for_agent(&agent.name, &agent.secrets).await?;
-    let workspaces = parts.workspaces.clone();
-    let thread = row.thread_id.clone();
-    let prepared = tokio::task::spawn_blocking(move || workspaces.prepare(&thread)).await??;
-    let (path, bytes) = (prepared.path.clone(), parts.settings.workspace_bytes);
-    let limited = tokio::task::spawn_blocking(move || volume::limit(&path, bytes)).await??;
-    if !limited && bytes > 0 {
-        tracing::warn!(thread = %row.thread_id, "workspace not size-limited (threadgate is not root)");
-    }
-    let socket_dir = parts.sockets_dir.join(&row.session_id);
-    std::fs::create_dir_all(&socket_dir)?;
-    parts.api.open(scope_of(row), socket_dir.clone()).await?;
-    let spec = SandboxSpec {
-        session_id: row.session_id.clone(),
-        thread_id: row.thread_id.clone(),
-        image: parts.image.clone(),
-        workspace_dir: prepared.path.clone(),
-        socket_dir,
-        secrets: secrets
-            .into_iter()
-            .map(|(name, value)| {
-                (
-                    name,
-                    crate::sandbox::SecretBytes::new(value.expose().as_bytes()),
-                )
-            })
-            .collect(),
-        limits: parts.limits,
-        command: agent.command.clone(),
-        env: vec![
-            ("THREADGATE_THREAD_ID".into(), row.thread_id.clone()),
-            ("THREADGATE_AGENT".into(), agent.name.clone()),
-        ],
-    };
-    match parts.sandbox.start(&spec).await {
-        Ok(handle) => Ok((handle.container_id, prepared.path.display().to_string())),
-        Err(e) => {
-            parts.api.close(&row.session_id).await;
-            Err(e.into())
-        }
-    }
-}
-
-/// Removes the container, commits the worktree onto the thread's branch, and when the
-/// session ends also pushes the branch and removes the worktree.
-async fn stop_session(parts: &SupervisorParts, row: &SessionRow, end: bool) -> anyhow::Result<()> {
-    if let Some(container) = &row.container_id {
-        parts.sandbox.stop(container).await?;
-    }
-    parts.api.close(&row.session_id).await;
-    let Some(worktree) = row.worktree.clone() else {
-        return Ok(());
-    };
-    let secrets = parts.secrets.all().await?;
-    let workspaces = parts.workspaces.clone();
-    let thread = row.thread_id.clone();
-    let published = tokio::task::spawn_blocking(move || -> anyhow::Result<Option<_>> {
-        let path = PathBuf::from(&worktree);
-        // An unmounted workspace image: a stop that crashed after committing, pushing
-        // and unmounting; what the directory shows now is not the session's work.
-        if path.exists() && !volume::is_unmounted(&path) {
-            let report = workspaces.commit(&thread, &path, &secrets)?;
-            for skipped in &report.skipped {
-                tracing::warn!(thread, file = %skipped, "left a file out of the commit");
-            }
-            if let Some(commit) = &report.commit {
-                tracing::info!(thread, commit, "committed the session's work");
-            }
-        }
-        if !end {
-            return Ok(None);
-        }
-        // Only a branch with changes is pushed and published; without a remote, push
-        // does nothing and the branch stays local.
-        let changed = workspaces.has_changes(&thread)?;
-        let message = if changed {
-            workspaces.push(&thread)?;
-            Some(workspaces.tip_message(&thread)?)
-        } else {
-            None
-        };
-        // On a workspace filesystem, removing empties it and then cannot remove the
-        // mount point: unmount only then (never before the work is gone, so no later
-        // commit can see the checkout under the mount), and remove what is left.
-        if workspaces.remove_worktree(&thread).is_err() {
-            volume::unmount(&path)?;
-            workspaces.remove_worktree(&thread)?;
-        }
-        volume::unmount(&path)?;
-        volume::remove_image(&path)?;
-        Ok(message)
-    })
-    .await??;
-    if let (Some(message), Some(publisher)) = (published, &parts.publisher) {
-        publish(publisher.as_ref(), row, message.as_deref()).await;
-    }
-    Ok(())
-}
-
-/// Opens or updates the ended session's draft pull request. A failure is logged and
-/// does not keep the session from ending: its branch is already pushed, and the next
-/// end of the thread's session updates the same pull request.
-async fn publish(publisher: &dyn super::BranchPublisher, row: &SessionRow, message: Option<&str>) {
-    match publisher
-        .publish(&row.thread_id, &row.branch, message)
-        .await
-    {
-        Ok(pull) => tracing::info!(
-            thread = %row.thread_id,
-            number = pull.number,
-            created = pull.created,
-            "published the session's draft pull request"
-        ),
-        Err(e) => tracing::error!(
-            thread = %row.thread_id,
-            error = %e,
-            "cannot open the session's draft pull request"
-        ),
     }
 }

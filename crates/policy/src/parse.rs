@@ -7,10 +7,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::arg_path::ArgPath;
 use super::evidence::{EvidenceCondition, EvidenceKind};
 use super::limits::Limit;
 use super::pattern::Pattern;
-use super::rule::{ArgPath, Comparison, Condition, Rule, Test};
+use super::rule::{Comparison, Condition, Rule, Test};
 use super::yaml::{self, Kind, Node, Pos, Problem};
 use super::{Action, DEFAULT_APPROVAL_TTL, DefaultMode, decimal};
 
@@ -93,27 +94,13 @@ fn one_of(names: &[&str]) -> String {
     }
 }
 
-/// Parses `4h`, `30m`, `1h30m`, `90s`, `7d`: one or more number-unit pairs, not zero.
+/// Parses a duration in `humantime`'s grammar (`4h`, `30m`, `1h30m`, `90s`, `7d`);
+/// `None` when it is malformed or shorter than a millisecond (a zero window or TTL would
+/// mean nothing).
 pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
-    let mut total: u64 = 0;
-    let mut rest = text;
-    if rest.is_empty() {
-        return None;
-    }
-    while !rest.is_empty() {
-        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-        let number: u64 = rest[..digits].parse().ok()?;
-        let unit = match rest.as_bytes().get(digits)? {
-            b's' => 1,
-            b'm' => 60,
-            b'h' => 3_600,
-            b'd' => 86_400,
-            _ => return None,
-        };
-        total = total.checked_add(number.checked_mul(unit)?)?;
-        rest = &rest[digits + 1..];
-    }
-    (total > 0).then(|| Duration::from_secs(total))
+    humantime::parse_duration(text)
+        .ok()
+        .filter(|d| d.as_millis() > 0)
 }
 
 #[derive(Default)]

@@ -3,9 +3,7 @@
 //! (issue 7 item 1) in the engine: parsed, decided, failing closed when not gathered.
 
 use serde_json::{Value, json};
-use threadgate::policy::{
-    Catalog, Evidence, EvidenceKind, Finding, MemoryHistory, Policy, Verdict,
-};
+use threadgate_policy::{Catalog, Evidence, EvidenceKind, Finding, MemoryHistory, Policy, Verdict};
 
 fn policy(source: &str) -> Policy {
     Policy::parse(source, "p.yaml").unwrap_or_else(|e| panic!("{e}"))

@@ -4,7 +4,7 @@
 //! `conditions` with `arg`/`match`/`negate`, `policy.default_mode` written out).
 //!
 //! They must agree on every call, except where threadgate is stricter on purpose
-//! (documented in `src/policy/mod.rs` and the README, "differs from Kortix"): a negated
+//! (documented in `crates/policy/src/lib.rs` and the README, "differs from Kortix"): a negated
 //! condition on a missing, null, object or empty-array value holds in Kortix and cannot
 //! be evaluated in threadgate. Such calls are checked to differ only toward less
 //! privilege.
@@ -15,7 +15,7 @@ mod kortix_model;
 use kortix_model::{KCondition, KRule};
 use proptest::prelude::*;
 use serde_json::{Value, json};
-use threadgate::policy::{BUILTIN_RULES, Catalog, MemoryHistory, Policy, Risk, Verdict};
+use threadgate_policy::{BUILTIN_RULES, Catalog, MemoryHistory, Policy, Risk, Verdict};
 
 const TOOLS: &[&str] = &[
     "stripe.create_refund",

@@ -10,16 +10,19 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::json;
-use threadgate::policy::calls::parse_calls;
-use threadgate::policy::{Catalog, MemoryHistory, Policy, Verdict};
+use threadgate_policy::calls::parse_calls;
+use threadgate_policy::{Catalog, MemoryHistory, Policy, Verdict};
 
 const NOW: i64 = 1_700_000_000_000;
 
 fn support(c: &mut Criterion) {
-    let policy = Policy::parse(include_str!("../policies/support.yaml"), "support.yaml")
-        .unwrap_or_else(|e| panic!("{e}"));
+    let policy = Policy::parse(
+        include_str!("../../../policies/support.yaml"),
+        "support.yaml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let calls = parse_calls(
-        include_str!("../policies/support.calls.yaml"),
+        include_str!("../../../policies/support.calls.yaml"),
         "support.calls.yaml",
     )
     .unwrap_or_else(|e| panic!("{e}"));

@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use proptest::prelude::*;
 use regex::RegexBuilder;
 use serde_json::{Value, json};
-use threadgate::policy::{Catalog, MemoryHistory, Policy, Risk};
+use threadgate_policy::{Catalog, MemoryHistory, Policy, Risk};
 
 // --- the random inputs --------------------------------------------------------------
 

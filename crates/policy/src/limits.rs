@@ -9,8 +9,8 @@
 use serde_json::Value;
 
 use super::Pos;
+use super::arg_path::ArgPath;
 use super::decimal::NumberText;
-use super::rule::ArgPath;
 
 /// What a caller must record for a call that runs under a rule with limits.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

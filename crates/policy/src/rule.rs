@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::arg_path::ArgPath;
 use super::decimal::{self, NumberText};
 use super::evidence::{Evidence, EvidenceCheck, EvidenceCondition};
 use super::limits::{Limit, LimitCharge, LimitHistory};
@@ -88,47 +89,6 @@ impl Comparison {
             Comparison::Lt => order == Ordering::Less,
             Comparison::Lte => order != Ordering::Greater,
         }
-    }
-}
-
-/// A dot path into a call's arguments: `customer.address.city`, `items.0.amount`.
-///
-/// A segment names a key of an object, or the index of an array element.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct ArgPath {
-    pub text: Box<str>,
-    segments: Box<[Box<str>]>,
-}
-
-impl ArgPath {
-    /// Parses a dot path; `None` if a segment is empty.
-    pub fn parse(text: &str) -> Option<Self> {
-        let segments: Box<[Box<str>]> = text.split('.').map(Box::from).collect();
-        if segments.iter().any(|s| s.is_empty()) {
-            return None;
-        }
-        Some(Self {
-            text: text.into(),
-            segments,
-        })
-    }
-
-    /// The first segment: the top-level argument the path reads.
-    pub fn root(&self) -> &str {
-        &self.segments[0]
-    }
-
-    /// The value at this path, if there is one.
-    pub fn lookup<'v>(&self, args: &'v Value) -> Option<&'v Value> {
-        let mut value = args;
-        for segment in &self.segments {
-            value = match value {
-                Value::Object(map) => map.get(segment.as_ref())?,
-                Value::Array(items) => items.get(segment.parse::<usize>().ok()?)?,
-                _ => return None,
-            };
-        }
-        Some(value)
     }
 }
 

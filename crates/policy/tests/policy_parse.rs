@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use threadgate::policy::calls::parse_calls;
-use threadgate::policy::{ArgProblem, Catalog, DefaultMode, Policy, lint};
+use threadgate_policy::calls::parse_calls;
+use threadgate_policy::{ArgProblem, Catalog, DefaultMode, Policy, lint};
 
 /// Parses a file that must be invalid and compares every `file:line:col: message` line.
 fn check_error(source: &str, expected: &[&str]) {
@@ -46,12 +46,16 @@ fn malformed_files_report_every_problem_with_its_position() {
             ],
         ),
         (
-            "approvals:\n  ttl: 4 hours\n",
-            &["p.yaml:2:8: `ttl` must be a duration like 4h, 30m or 1h30m, not `4 hours`"],
+            "approvals:\n  ttl: four hours\n",
+            &["p.yaml:2:8: `ttl` must be a duration like 4h, 30m or 1h30m, not `four hours`"],
         ),
         (
             "approvals:\n  ttl: 0m\n",
             &["p.yaml:2:8: `ttl` must be a duration like 4h, 30m or 1h30m, not `0m`"],
+        ),
+        (
+            "approvals:\n  ttl: 500us\n",
+            &["p.yaml:2:8: `ttl` must be a duration like 4h, 30m or 1h30m, not `500us`"],
         ),
         (
             "policies:\n  - match: a.b\n    action: always\n  - match: c.d\n    action: block\n    action: block\n",
@@ -187,6 +191,16 @@ fn settings_and_their_defaults() {
             DefaultMode::Risk,
             Duration::from_secs(45),
         ),
+        (
+            "approvals:\n  ttl: 4 hours\n",
+            DefaultMode::Risk,
+            Duration::from_secs(4 * 3600),
+        ),
+        (
+            "approvals:\n  ttl: 1500ms\n",
+            DefaultMode::Risk,
+            Duration::from_millis(1500),
+        ),
     ];
     for (source, mode, ttl) in cases {
         let policy = Policy::parse(source, "p.yaml").unwrap_or_else(|e| panic!("{e}"));
@@ -199,7 +213,7 @@ fn settings_and_their_defaults() {
 
 #[test]
 fn the_shipped_support_policy_parses_with_its_eleven_rules() {
-    let source = include_str!("../policies/support.yaml");
+    let source = include_str!("../../../policies/support.yaml");
     let policy = Policy::parse(source, "support.yaml").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(policy.rule_count(), 11);
     assert_eq!(policy.approval_ttl(), Duration::from_secs(4 * 3600));
@@ -216,7 +230,7 @@ fn check_lint(source: &str, expected: &[&str]) {
 
 #[test]
 fn lint_reports_dead_rules_unknown_tools_and_arguments() {
-    check_lint(include_str!("../policies/support.yaml"), &[]);
+    check_lint(include_str!("../../../policies/support.yaml"), &[]);
     check_lint(
         "policies:\n  - match: stripe.create_refund\n    action: require_approval\n  - match: stripe.create_refund\n    action: always_run\n    conditions:\n      - {arg: reason, match: duplicate}\n",
         &[
@@ -369,6 +383,6 @@ fn catalog_argument_checks() {
     let refund = catalog
         .get("stripe.create_refund")
         .map(|t| (t.risk, t.args.len()));
-    assert_eq!(refund, Some((threadgate::policy::Risk::Write, 5)));
+    assert_eq!(refund, Some((threadgate_policy::Risk::Write, 5)));
     assert!(catalog.get("Stripe.create_refund").is_none());
 }

@@ -4,7 +4,7 @@
 //! Each feature has one `check_*` helper and a table of cases.
 
 use serde_json::{Value, json};
-use threadgate::policy::{Catalog, Decision, MemoryHistory, Policy, Verdict};
+use threadgate_policy::{Catalog, Decision, MemoryHistory, Policy, Verdict};
 
 const NOW: i64 = 1_700_000_000_000;
 const DAY_MS: i64 = 24 * 60 * 60 * 1000;

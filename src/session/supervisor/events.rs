@@ -1,0 +1,103 @@
+//! Event application: in one transaction, a thread's unapplied events become its
+//! session's row and feed, and the actor learns what to do next. No IO beyond that
+//! transaction, no actor state.
+
+use crate::session::store::{self, SessionRow, SessionState};
+
+/// What applying a thread's events asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Want {
+    Nothing,
+    /// The running session has new events to read.
+    Fed,
+    /// A customer wrote: the session must be running.
+    Live,
+    /// The thread is done.
+    End,
+}
+
+/// In one transaction: creates the session on the first customer event, marks every
+/// pending event applied (in timestamp order, giving feed positions to those the agent
+/// reads), and says what the supervisor must do.
+pub(super) fn apply_events(
+    conn: &rusqlite::Connection,
+    thread: &str,
+    default_agent: &str,
+    branch: &str,
+    now: i64,
+) -> rusqlite::Result<Want> {
+    let events = store::pending_events(conn, thread)?;
+    let mut row = store::get(conn, thread)?;
+    let mut want = Want::Nothing;
+    for ev in &events {
+        let valid_thread = !branch.is_empty();
+        match ev.class.as_str() {
+            "customer" if valid_thread => {
+                // An event older than the thread's DONE does not reopen it.
+                let stale = row.as_ref().is_some_and(|r| {
+                    r.state == SessionState::Ended && ev.occurred_at_ms < r.last_event_ms
+                });
+                if row.is_none() {
+                    let fresh = new_session(thread, default_agent, branch, now);
+                    store::insert(conn, &fresh)?;
+                    row = Some(fresh);
+                }
+                store::mark_applied(conn, ev.seq, thread, true, now)?;
+                if !stale {
+                    // A customer writing after DONE reopens the thread.
+                    store::cancel_stop(conn, thread)?;
+                    want = Want::Live;
+                }
+            }
+            "done" if row.is_some() => {
+                store::mark_applied(conn, ev.seq, thread, true, now)?;
+                // Durable in the same transaction: once the event is marked applied,
+                // only this flag remembers that the session must end, should threadgate
+                // stop before the session has (the tick ends flagged sessions).
+                store::request_stop(conn, thread)?;
+                want = Want::End;
+            }
+            "info" if row.is_some() => {
+                store::mark_applied(conn, ev.seq, thread, true, now)?;
+                if want == Want::Nothing {
+                    want = Want::Fed;
+                }
+            }
+            _ => store::mark_applied(conn, ev.seq, thread, false, now)?,
+        }
+        if row.is_some() {
+            store::note_event(
+                conn,
+                thread,
+                ev.occurred_at_ms,
+                ev.customer_id.as_deref(),
+                ev.customer_email.as_deref(),
+            )?;
+            if let Some(r) = row.as_mut() {
+                r.last_event_ms = r.last_event_ms.max(ev.occurred_at_ms);
+            }
+        }
+    }
+    Ok(want)
+}
+
+fn new_session(thread: &str, agent: &str, branch: &str, now: i64) -> SessionRow {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    SessionRow {
+        thread_id: thread.to_owned(),
+        session_id: format!("s{}", &id[..15]),
+        agent: agent.to_owned(),
+        state: SessionState::Queued,
+        container_id: None,
+        branch: branch.to_owned(),
+        worktree: None,
+        customer_id: None,
+        customer_email: None,
+        created_at_ms: now,
+        updated_at_ms: now,
+        last_event_ms: 0,
+        attempts: 0,
+        last_error: None,
+        stop_requested: false,
+    }
+}

@@ -1,0 +1,119 @@
+//! The supervisor's mailbox: the messages it serves and the cheap handle the rest of
+//! threadgate sends them through.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use super::parts::Clock;
+use crate::session::SessionError;
+
+/// A message to the actor; it serves them one at a time.
+pub(super) enum Msg {
+    /// New events (or a decision on a held call) for a thread.
+    Thread(String),
+    /// A spawned operation finished.
+    Done {
+        thread: String,
+        outcome: Outcome,
+    },
+    /// A decision came for a session's held call.
+    Resume(String),
+    /// An operator stops a thread's session.
+    Stop {
+        thread: String,
+        reply: oneshot::Sender<Result<(), SessionError>>,
+    },
+    /// Answer once no operation is in flight and no message is waiting.
+    WhenQuiet(oneshot::Sender<()>),
+    Tick,
+    Reconcile,
+    /// Stop serving; containers stay and are adopted by the next start.
+    Shutdown,
+}
+
+/// What a spawned start or stop reports back to the actor.
+pub(super) enum Outcome {
+    Started {
+        container_id: String,
+        worktree: String,
+    },
+    StartFailed(String),
+    /// The container is gone and the work committed; `ended` says whether the session
+    /// ended or only went idle.
+    Stopped {
+        ended: bool,
+    },
+    StopFailed(String),
+}
+
+/// A cheap handle for the rest of threadgate to talk to the supervisor.
+#[derive(Clone)]
+pub struct SupervisorHandle {
+    pub(super) tx: mpsc::UnboundedSender<Msg>,
+    pub(super) activity: Arc<Mutex<HashMap<String, i64>>>,
+    pub(super) feed: broadcast::Sender<String>,
+    pub(super) clock: Clock,
+}
+
+impl SupervisorHandle {
+    /// Tells the supervisor a thread has new events or a decision.
+    pub fn thread_changed(&self, thread_id: &str) {
+        // A send fails only once the supervisor has stopped, when nothing is to be done.
+        let _ = self.tx.send(Msg::Thread(thread_id.to_owned()));
+    }
+
+    /// Records that a session's agent did something (not merely waited).
+    pub fn touch(&self, thread_id: &str) {
+        let now = (self.clock)();
+        lock(&self.activity).insert(thread_id.to_owned(), now);
+    }
+
+    /// Thread ids whose feed gained events.
+    pub fn subscribe_feed(&self) -> broadcast::Receiver<String> {
+        self.feed.subscribe()
+    }
+
+    /// Stops a thread's session: container removed, work committed, worktree removed.
+    pub async fn stop(&self, thread_id: &str) -> Result<(), SessionError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Msg::Stop {
+                thread: thread_id.to_owned(),
+                reply,
+            })
+            .map_err(|_| SessionError::Stopped)?;
+        rx.await.map_err(|_| SessionError::Stopped)?
+    }
+
+    /// Resumes a session that gave up its container while it waited for a person, now
+    /// that the decision has come.
+    pub fn resume(&self, thread_id: &str) {
+        let _ = self.tx.send(Msg::Resume(thread_id.to_owned()));
+    }
+
+    /// Runs a reconciliation now.
+    pub fn reconcile(&self) {
+        let _ = self.tx.send(Msg::Reconcile);
+    }
+
+    /// Stops the supervisor (at shutdown). Running containers stay; the next start of
+    /// threadgate adopts them.
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(Msg::Shutdown);
+    }
+
+    /// Waits until the supervisor has no operation in flight.
+    pub async fn quiet(&self) {
+        let (reply, rx) = oneshot::channel();
+        if self.tx.send(Msg::WhenQuiet(reply)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+/// Locks `m`, taking the value over if a panicking holder poisoned it.
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,156 @@
+//! The slow work of a session's life, run off the actor in spawned tasks: starting its
+//! container (branch, socket, sandbox) and stopping it (commit, push, publish).
+
+use crate::secrets::ExposeSecret as _;
+use std::path::PathBuf;
+
+use super::parts::SupervisorParts;
+use crate::sandbox::SandboxSpec;
+use crate::session::store::SessionRow;
+use crate::session::{BranchPublisher, SessionScope};
+use crate::workspace::volume;
+
+pub(super) fn scope_of(row: &SessionRow) -> SessionScope {
+    SessionScope {
+        session_id: row.session_id.clone(),
+        thread_id: row.thread_id.clone(),
+        agent: row.agent.clone(),
+        customer_id: row.customer_id.clone(),
+        customer_email: row.customer_email.clone(),
+    }
+}
+
+/// Prepares the branch, opens the session's socket and starts its container.
+pub(super) async fn start_session(
+    parts: &SupervisorParts,
+    row: &SessionRow,
+) -> anyhow::Result<(String, String)> {
+    let agent = parts
+        .agents
+        .get(&row.agent)
+        .ok_or_else(|| anyhow::anyhow!("no agent definition named {}", row.agent))?
+        .clone();
+    let secrets = parts.secrets.for_agent(&agent.name, &agent.secrets).await?;
+    let workspaces = parts.workspaces.clone();
+    let thread = row.thread_id.clone();
+    let prepared = tokio::task::spawn_blocking(move || workspaces.prepare(&thread)).await??;
+    let (path, bytes) = (prepared.path.clone(), parts.settings.workspace_bytes);
+    let limited = tokio::task::spawn_blocking(move || volume::limit(&path, bytes)).await??;
+    if !limited && bytes > 0 {
+        tracing::warn!(thread = %row.thread_id, "workspace not size-limited (threadgate is not root)");
+    }
+    let socket_dir = parts.sockets_dir.join(&row.session_id);
+    std::fs::create_dir_all(&socket_dir)?;
+    parts.api.open(scope_of(row), socket_dir.clone()).await?;
+    let spec = SandboxSpec {
+        session_id: row.session_id.clone(),
+        thread_id: row.thread_id.clone(),
+        image: parts.image.clone(),
+        workspace_dir: prepared.path.clone(),
+        socket_dir,
+        secrets: secrets
+            .into_iter()
+            .map(|(name, value)| {
+                (
+                    name,
+                    crate::secrets::secret_bytes(value.expose_secret().as_bytes()),
+                )
+            })
+            .collect(),
+        limits: parts.limits,
+        command: agent.command.clone(),
+        env: vec![
+            ("THREADGATE_THREAD_ID".into(), row.thread_id.clone()),
+            ("THREADGATE_AGENT".into(), agent.name.clone()),
+        ],
+    };
+    match parts.sandbox.start(&spec).await {
+        Ok(handle) => Ok((handle.container_id, prepared.path.display().to_string())),
+        Err(e) => {
+            parts.api.close(&row.session_id).await;
+            Err(e.into())
+        }
+    }
+}
+
+/// Removes the container, commits the worktree onto the thread's branch, and when the
+/// session ends also pushes the branch and removes the worktree.
+pub(super) async fn stop_session(
+    parts: &SupervisorParts,
+    row: &SessionRow,
+    end: bool,
+) -> anyhow::Result<()> {
+    if let Some(container) = &row.container_id {
+        parts.sandbox.stop(container).await?;
+    }
+    parts.api.close(&row.session_id).await;
+    let Some(worktree) = row.worktree.clone() else {
+        return Ok(());
+    };
+    let secrets = parts.secrets.all().await?;
+    let workspaces = parts.workspaces.clone();
+    let thread = row.thread_id.clone();
+    let published = tokio::task::spawn_blocking(move || -> anyhow::Result<Option<_>> {
+        let path = PathBuf::from(&worktree);
+        // An unmounted workspace image: a stop that crashed after committing, pushing
+        // and unmounting; what the directory shows now is not the session's work.
+        if path.exists() && !volume::is_unmounted(&path) {
+            let report = workspaces.commit(&thread, &path, &secrets)?;
+            for skipped in &report.skipped {
+                tracing::warn!(thread, file = %skipped, "left a file out of the commit");
+            }
+            if let Some(commit) = &report.commit {
+                tracing::info!(thread, commit, "committed the session's work");
+            }
+        }
+        if !end {
+            return Ok(None);
+        }
+        // Only a branch with changes is pushed and published; without a remote, push
+        // does nothing and the branch stays local.
+        let changed = workspaces.has_changes(&thread)?;
+        let message = if changed {
+            workspaces.push(&thread)?;
+            Some(workspaces.tip_message(&thread)?)
+        } else {
+            None
+        };
+        // On a workspace filesystem, removing empties it and then cannot remove the
+        // mount point: unmount only then (never before the work is gone, so no later
+        // commit can see the checkout under the mount), and remove what is left.
+        if workspaces.remove_worktree(&thread).is_err() {
+            volume::unmount(&path)?;
+            workspaces.remove_worktree(&thread)?;
+        }
+        volume::unmount(&path)?;
+        volume::remove_image(&path)?;
+        Ok(message)
+    })
+    .await??;
+    if let (Some(message), Some(publisher)) = (published, &parts.publisher) {
+        publish(publisher.as_ref(), row, message.as_deref()).await;
+    }
+    Ok(())
+}
+
+/// Opens or updates the ended session's draft pull request. A failure is logged and
+/// does not keep the session from ending: its branch is already pushed, and the next
+/// end of the thread's session updates the same pull request.
+async fn publish(publisher: &dyn BranchPublisher, row: &SessionRow, message: Option<&str>) {
+    match publisher
+        .publish(&row.thread_id, &row.branch, message)
+        .await
+    {
+        Ok(pull) => tracing::info!(
+            thread = %row.thread_id,
+            number = pull.number,
+            created = pull.created,
+            "published the session's draft pull request"
+        ),
+        Err(e) => tracing::error!(
+            thread = %row.thread_id,
+            error = %e,
+            "cannot open the session's draft pull request"
+        ),
+    }
+}

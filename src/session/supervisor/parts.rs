@@ -1,0 +1,36 @@
+//! What the supervisor drives: its parts, handed over at spawn, and its clock.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::config::SessionSettings;
+use crate::sandbox::{Limits, SandboxRuntime};
+use crate::session::{
+    AgentBook, BranchPublisher, SecretSource, SessionApi, StopNotes, WorkspaceOps,
+};
+use crate::store::Db;
+
+/// The clock the supervisor reads, in unix milliseconds (tests pass a fake one).
+pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+
+/// Everything the supervisor drives.
+pub struct SupervisorParts {
+    pub db: Db,
+    pub sandbox: Arc<dyn SandboxRuntime>,
+    pub workspaces: Arc<dyn WorkspaceOps>,
+    pub api: Arc<dyn SessionApi>,
+    pub agents: Arc<AgentBook>,
+    pub secrets: Arc<dyn SecretSource>,
+    pub image: String,
+    pub limits: Limits,
+    pub sockets_dir: PathBuf,
+    pub settings: SessionSettings,
+    pub default_agent: String,
+    pub clock: Clock,
+    /// Opens or updates a draft pull request when a session ends with pushed changes;
+    /// `None` without a remote or a GitHub repository.
+    pub publisher: Option<Arc<dyn BranchPublisher>>,
+    /// Leaves a note on the thread when the supervisor stops a session on its own
+    /// (a full workspace); `None` in tests that do not look at notes.
+    pub notes: Option<Arc<dyn StopNotes>>,
+}
