@@ -2,6 +2,7 @@
 //! `main` and the integration tests build it the same way (tests on port 0).
 
 mod connector_setup;
+mod metrics_http;
 
 use crate::secrets::ExposeSecret as _;
 use std::net::SocketAddr;
@@ -178,7 +179,7 @@ async fn serve_metrics(
         .await
         .with_context(|| format!("cannot listen for metrics on {at}"))?;
     let addr = listener.local_addr()?;
-    let router = crate::metrics::router(crate::metrics::MetricsState {
+    let router = metrics_http::router(metrics_http::MetricsState {
         db: db.clone(),
         clock: clock.clone(),
     });

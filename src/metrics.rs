@@ -5,33 +5,24 @@
 //!
 //! Counters and histograms are counted as events happen. Gauges that describe stored
 //! state (sessions by state, held calls and the oldest one's age, the note outbox) are
-//! read from the database at each scrape, so they are never out of step with it.
+//! read from the database at each scrape (`app/metrics_http.rs`), so they are never out
+//! of step with it. This module imports nothing of threadgate: every module may count.
 //!
 //! Label values are bounded: tool names come from the fixed catalog (a name outside it
 //! is counted as `unknown`), providers from the fixed connector list, models from the
 //! configuration, refusal reasons from a fixed list. A hostile agent cannot grow the
 //! series without bound.
 
+use std::sync::LazyLock;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, LazyLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use axum::routing;
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-
-use tracing::Instrument as _;
-
-use crate::connectors::{CallContext, Connector, ConnectorError};
-use crate::store::Db;
 
 /// One label set: `N` fixed keys with their values.
 type Labels<const N: usize> = [(&'static str, String); N];
@@ -271,63 +262,6 @@ pub fn connector_call(provider: &'static str, took: Duration, error: Option<&'st
     }
 }
 
-/// A connector whose calls are timed, counted by provider and traced in a
-/// `connector_call` span (with the provider and the execution id).
-pub struct Metered(pub Arc<dyn Connector>);
-
-/// Wraps `connector` in [`Metered`].
-pub fn metered(connector: Arc<dyn Connector>) -> Arc<dyn Connector> {
-    Arc::new(Metered(connector))
-}
-
-/// The fixed label of a connector error.
-fn error_kind(e: &ConnectorError) -> &'static str {
-    match e {
-        ConnectorError::Rejected { .. } => "rejected",
-        ConnectorError::RateLimited { .. } => "rate_limited",
-        ConnectorError::Unknown { .. } => "unknown",
-        ConnectorError::Unreachable { .. } => "unreachable",
-        ConnectorError::InvalidArgs { .. } => "invalid_args",
-    }
-}
-
-#[async_trait::async_trait]
-impl Connector for Metered {
-    fn name(&self) -> &'static str {
-        self.0.name()
-    }
-
-    async fn call(
-        &self,
-        tool: &str,
-        args: &serde_json::Value,
-        ctx: &CallContext<'_>,
-    ) -> Result<serde_json::Value, ConnectorError> {
-        let provider = self.0.name();
-        let span = tracing::info_span!(
-            "connector_call",
-            provider,
-            execution_id = %ctx.execution_id
-        );
-        let began = Instant::now();
-        let outcome = self.0.call(tool, args, ctx).instrument(span.clone()).await;
-        let kind = outcome.as_ref().err().map(error_kind);
-        span.in_scope(|| {
-            tracing::debug!(
-                took_ms = began.elapsed().as_millis() as u64,
-                error = kind,
-                "provider answered"
-            )
-        });
-        connector_call(provider, began.elapsed(), kind);
-        outcome
-    }
-
-    fn supports_idempotency(&self) -> bool {
-        self.0.supports_idempotency()
-    }
-}
-
 /// A held call settled (`approved`, `denied`, `expired`), `waited_ms` after it was held.
 pub fn approval(outcome: &'static str, waited_ms: i64) {
     let m = get();
@@ -361,83 +295,23 @@ pub fn model_call(model: &str, tokens: u64, took: Duration, ok: bool) {
         .observe(took.as_secs_f64());
 }
 
-/// What the scrape reads from the database.
-#[derive(Debug, Default, PartialEq)]
-struct Stored {
-    sessions: Vec<(String, i64)>,
+/// The gauges that describe stored state, as read at a scrape: sessions by state,
+/// held calls and the oldest one's age, and the note outbox's backlog.
+pub fn stored_state(
+    sessions: &[(&'static str, i64)],
     held: i64,
-    oldest_held_ms: Option<i64>,
+    oldest_held: Duration,
     outbox: i64,
-}
-
-/// The session states the `sessions` gauge always reports (0 when none).
-const SESSION_STATES: [&str; 5] = ["queued", "starting", "running", "idle", "ended"];
-
-fn read_stored(c: &rusqlite::Connection) -> rusqlite::Result<Stored> {
-    let mut stmt = c.prepare("SELECT state, count(*) FROM sessions GROUP BY state")?;
-    let sessions = stmt
-        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    let (held, oldest_held_ms) = c.query_row(
-        "SELECT count(*), min(created_at_ms) FROM executions WHERE status = 'held'",
-        [],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )?;
-    let outbox = c.query_row(
-        "SELECT count(*) FROM note_outbox WHERE sent_at_ms IS NULL",
-        [],
-        |r| r.get(0),
-    )?;
-    Ok(Stored {
-        sessions,
-        held,
-        oldest_held_ms,
-        outbox,
-    })
-}
-
-/// What the metrics listener serves.
-#[derive(Clone)]
-pub struct MetricsState {
-    /// Read at each scrape for the stored-state gauges.
-    pub db: Db,
-    /// Now, in unix milliseconds (the held calls' age).
-    pub clock: crate::session::Clock,
-}
-
-/// The metrics listener's routes: `GET /metrics`.
-pub fn router(state: MetricsState) -> Router {
-    Router::new()
-        .route("/metrics", routing::get(scrape))
-        .with_state(state)
-}
-
-async fn scrape(State(s): State<MetricsState>) -> Response {
+) {
     let m = get();
-    match s.db.read(read_stored).await {
-        Ok(stored) => {
-            for state in SESSION_STATES {
-                let n = stored
-                    .sessions
-                    .iter()
-                    .find(|(s, _)| s == state)
-                    .map_or(0, |(_, n)| *n);
-                m.sessions.get_or_create(&[("state", state.into())]).set(n);
-            }
-            m.held_calls.set(stored.held);
-            let age_ms = stored.oldest_held_ms.map_or(0, |at| (s.clock)() - at);
-            m.held_oldest_seconds.set(age_ms.max(0) as f64 / 1000.0);
-            m.outbox_backlog.set(stored.outbox);
-        }
-        // The counters still answer; the stored-state gauges keep their last values.
-        Err(e) => tracing::warn!(error = %e, "metrics: cannot read stored state"),
+    for (state, n) in sessions {
+        m.sessions
+            .get_or_create(&[("state", (*state).into())])
+            .set(*n);
     }
-    (
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, prometheus_text::CONTENT_TYPE)],
-        m.render(),
-    )
-        .into_response()
+    m.held_calls.set(held);
+    m.held_oldest_seconds.set(oldest_held.as_secs_f64());
+    m.outbox_backlog.set(outbox);
 }
 
 #[cfg(test)]
@@ -461,13 +335,5 @@ mod tests {
         let after = get().render();
         assert_eq!(sample(&after, series), Some(was + 2.0), "{after}");
         assert!(after.contains("# TYPE threadgate_db_write_batch_size histogram"));
-    }
-
-    #[test]
-    fn stored_state_is_read_from_the_database() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let db = Db::open(&dir.path().join("t.db")).expect("open");
-        let stored = db.read_blocking(read_stored).expect("read");
-        assert_eq!(stored, Stored::default());
     }
 }

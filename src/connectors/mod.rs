@@ -20,6 +20,7 @@ mod error;
 pub mod github;
 pub mod helpdesk;
 mod http;
+mod metered;
 mod rate_limit;
 pub mod stripe;
 
@@ -28,6 +29,7 @@ pub use credential::{Credential, CredentialSource};
 pub use error::{ConfigError, ConnectorError};
 pub use github::GithubConnector;
 pub use helpdesk::HelpdeskConnector;
+pub use metered::{Metered, metered};
 pub use rate_limit::{RateLimitRetry, retry_rate_limited};
 pub use stripe::StripeConnector;
 

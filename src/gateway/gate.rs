@@ -41,7 +41,7 @@ impl Connectors {
             "github" => self.github.clone().map(|c| c as Arc<dyn Connector>),
             _ => None,
         };
-        connector.map(crate::metrics::metered)
+        connector.map(crate::connectors::metered)
     }
 }
 

@@ -1,0 +1,106 @@
+//! The metrics listener (`THREADGATE_METRICS_LISTEN`): `GET /metrics`, with the gauges
+//! of stored state read from the database at each scrape.
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing;
+use prometheus_client::encoding::prometheus_text;
+use std::time::Duration;
+
+use crate::session::Clock;
+use crate::store::Db;
+
+/// What the scrape reads from the database.
+#[derive(Debug, Default, PartialEq)]
+struct Stored {
+    sessions: Vec<(String, i64)>,
+    held: i64,
+    oldest_held_ms: Option<i64>,
+    outbox: i64,
+}
+
+/// The session states the `sessions` gauge always reports (0 when none).
+const SESSION_STATES: [&str; 5] = ["queued", "starting", "running", "idle", "ended"];
+
+fn read_stored(c: &rusqlite::Connection) -> rusqlite::Result<Stored> {
+    let mut stmt = c.prepare("SELECT state, count(*) FROM sessions GROUP BY state")?;
+    let sessions = stmt
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let (held, oldest_held_ms) = c.query_row(
+        "SELECT count(*), min(created_at_ms) FROM executions WHERE status = 'held'",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    let outbox = c.query_row(
+        "SELECT count(*) FROM note_outbox WHERE sent_at_ms IS NULL",
+        [],
+        |r| r.get(0),
+    )?;
+    Ok(Stored {
+        sessions,
+        held,
+        oldest_held_ms,
+        outbox,
+    })
+}
+
+/// What the metrics listener serves.
+#[derive(Clone)]
+pub struct MetricsState {
+    /// Read at each scrape for the stored-state gauges.
+    pub db: Db,
+    /// Now, in unix milliseconds (the held calls' age).
+    pub clock: Clock,
+}
+
+/// The metrics listener's routes: `GET /metrics`.
+pub fn router(state: MetricsState) -> Router {
+    Router::new()
+        .route("/metrics", routing::get(scrape))
+        .with_state(state)
+}
+
+async fn scrape(State(s): State<MetricsState>) -> Response {
+    match s.db.read(read_stored).await {
+        Ok(stored) => {
+            let sessions: Vec<(&'static str, i64)> = SESSION_STATES
+                .iter()
+                .map(|state| {
+                    let n = stored
+                        .sessions
+                        .iter()
+                        .find(|(s, _)| s == state)
+                        .map_or(0, |(_, n)| *n);
+                    (*state, n)
+                })
+                .collect();
+            let age_ms = stored.oldest_held_ms.map_or(0, |at| (s.clock)() - at);
+            let age = Duration::from_millis(age_ms.max(0) as u64);
+            crate::metrics::stored_state(&sessions, stored.held, age, stored.outbox);
+        }
+        // The counters still answer; the stored-state gauges keep their last values.
+        Err(e) => tracing::warn!(error = %e, "metrics: cannot read stored state"),
+    }
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, prometheus_text::CONTENT_TYPE)],
+        crate::metrics::get().render(),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_state_is_read_from_the_database() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Db::open(&dir.path().join("t.db")).expect("open");
+        let stored = db.read_blocking(read_stored).expect("read");
+        assert_eq!(stored, Stored::default());
+    }
+}
