@@ -11,6 +11,7 @@ pub mod audit;
 pub mod cli;
 pub mod config;
 pub mod connectors;
+pub mod executions;
 pub mod gateway;
 pub mod model;
 pub mod policy;

@@ -20,9 +20,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::reviewers::{self, Reviewer};
-use super::store::{self, Execution, Status};
 use super::throttle::Throttle;
 use super::{Approvals, Choice, DecideError};
+use crate::executions::store::{self, Execution, Status};
 use crate::gateway::routes::rfc3339;
 
 /// The API's state: the approvals service and the failure throttle.
@@ -130,7 +130,7 @@ async fn reviewer(approvals: &Approvals, headers: &HeaderMap) -> Result<Reviewer
 /// What a reviewer sees of a call: redacted arguments, never credentials.
 fn reviewer_view(approvals: &Approvals, e: &Execution) -> Value {
     let args: Value = serde_json::from_str(&e.args).unwrap_or_default();
-    let redacted = crate::gateway::gate::redact_args(&approvals.gate.current_redactor(), &args);
+    let redacted = crate::executions::redact_args(&approvals.gate.current_redactor(), &args);
     json!({
         "execution_id": e.id,
         "status": e.status.as_str(),

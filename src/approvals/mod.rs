@@ -14,7 +14,6 @@ pub mod narrow;
 pub mod outbox;
 pub mod reviewers;
 pub mod stop_note;
-pub mod store;
 pub mod throttle;
 
 use std::sync::Arc;
@@ -23,9 +22,9 @@ use std::time::Instant;
 use serde::Deserialize;
 
 use crate::audit::AuditEvent;
-use crate::gateway::{CallReply, Gate, audit_execution};
+use crate::executions::{self, AuditStep, Execution, Status, store};
+use crate::gateway::{CallReply, Gate};
 use crate::policy::Verdict;
-use store::{Execution, Status};
 
 /// What a reviewer asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -105,16 +104,7 @@ impl Approvals {
                 }
                 if exec.expires_at_ms.is_some_and(|at| at <= now) {
                     store::transition(conn, &id_owned, Status::Held, Status::Expired)?;
-                    audit_execution(
-                        conn,
-                        &redactor,
-                        &exec,
-                        AuditEvent::Expired,
-                        None,
-                        None,
-                        None,
-                        &exec.policy_hash,
-                    )?;
+                    executions::audit(conn, &redactor, &exec, AuditStep::new(AuditEvent::Expired))?;
                     return Ok(Recorded::Expired(exec));
                 }
                 let to = match choice {
@@ -133,15 +123,13 @@ impl Approvals {
                     Choice::Approve => AuditEvent::Approved,
                     Choice::Deny => AuditEvent::Denied,
                 };
-                audit_execution(
+                executions::audit(
                     conn,
                     &redactor,
                     &exec,
-                    event,
-                    message.as_deref(),
-                    Some(&reviewer_owned),
-                    None,
-                    &exec.policy_hash,
+                    AuditStep::new(event)
+                        .outcome(message.as_deref())
+                        .reviewer(&reviewer_owned),
                 )?;
                 Ok(Recorded::Decided(
                     store::get(conn, &id_owned)?.unwrap_or(exec),
@@ -205,28 +193,24 @@ impl Approvals {
                 if now_decision.verdict == Verdict::Block {
                     let reason = format!("blocked by the current policy: {}", now_decision.because);
                     store::finish(conn, &id_owned, Status::Blocked, None, Some(&reason), now)?;
-                    audit_execution(
+                    executions::audit(
                         conn,
                         &redactor,
                         &exec,
-                        AuditEvent::Rechecked,
-                        Some(&reason),
-                        None,
-                        None,
-                        &loaded.hash_hex,
+                        AuditStep::new(AuditEvent::Rechecked)
+                            .outcome(Some(&reason))
+                            .policy_hash(&loaded.hash_hex),
                     )?;
                     return Ok(Some((exec, false)));
                 }
                 store::transition(conn, &id_owned, Status::Approved, Status::Running)?;
-                audit_execution(
+                executions::audit(
                     conn,
                     &redactor,
                     &exec,
-                    AuditEvent::Rechecked,
-                    Some("run"),
-                    None,
-                    None,
-                    &loaded.hash_hex,
+                    AuditStep::new(AuditEvent::Rechecked)
+                        .outcome(Some("run"))
+                        .policy_hash(&loaded.hash_hex),
                 )?;
                 Ok(Some((exec, true)))
             })
@@ -260,15 +244,11 @@ impl Approvals {
                 let mut done = Vec::new();
                 for exec in due {
                     if store::transition(conn, &exec.id, Status::Held, Status::Expired)? {
-                        audit_execution(
+                        executions::audit(
                             conn,
                             &redactor,
                             &exec,
-                            AuditEvent::Expired,
-                            None,
-                            None,
-                            None,
-                            &exec.policy_hash,
+                            AuditStep::new(AuditEvent::Expired),
                         )?;
                         done.push(exec);
                     }
@@ -333,15 +313,11 @@ impl Approvals {
             .db
             .write(move |conn| {
                 store::finish(conn, &e.id, Status::NeedsCheck, None, Some(reason), now)?;
-                audit_execution(
+                executions::audit(
                     conn,
                     &redactor,
                     &e,
-                    AuditEvent::OutcomeUnknown,
-                    Some(reason),
-                    None,
-                    None,
-                    &e.policy_hash,
+                    AuditStep::new(AuditEvent::OutcomeUnknown).outcome(Some(reason)),
                 )
             })
             .await;

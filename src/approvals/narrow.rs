@@ -12,11 +12,11 @@ use std::collections::BTreeMap;
 use rusqlite::params;
 use serde_json::Value;
 
-use super::store::{self, Status};
 use super::{Approvals, DecideError};
 use crate::audit::AuditEvent;
-use crate::gateway::audit_execution;
-use crate::gateway::gate::binding_hash;
+use crate::executions::binding_hash;
+use crate::executions::store::{self, Status};
+use crate::executions::{self, AuditStep};
 use crate::policy::{MemoryHistory, Verdict};
 
 /// Why a narrowing was refused.
@@ -186,15 +186,14 @@ impl Approvals {
                     }));
                 }
                 let exec = store::get(conn, &id)?.unwrap_or(held);
-                audit_execution(
+                executions::audit(
                     conn,
                     &redactor,
                     &exec,
-                    AuditEvent::Approved,
-                    Some(&note),
-                    Some(&reviewer),
-                    None,
-                    &loaded.hash_hex,
+                    AuditStep::new(AuditEvent::Approved)
+                        .outcome(Some(&note))
+                        .reviewer(&reviewer)
+                        .policy_hash(&loaded.hash_hex),
                 )?;
                 Ok(Outcome::Approved(Box::new(exec)))
             })

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use rusqlite::Connection;
 use serde_json::json;
 
-use super::store::{self, Execution, OutboxNote, Status};
 use crate::audit::{self, AuditEvent, AuditRecord};
+use crate::executions::store::{self, Execution, OutboxNote, Status};
 use crate::gateway::Gate;
 use crate::gateway::note::marker;
 use crate::secrets::Redactor;
@@ -137,7 +137,7 @@ fn blocked_execution(
 
 fn human_bytes(bytes: u64) -> String {
     const MIB: u64 = 1 << 20;
-    if bytes >= 1 << 30 && bytes % (1 << 30) == 0 {
+    if bytes >= 1 << 30 && bytes.is_multiple_of(1 << 30) {
         format!("{} GiB", bytes >> 30)
     } else if bytes >= MIB {
         format!("{} MiB", bytes / MIB)

@@ -6,15 +6,17 @@ use std::time::Instant;
 
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
-use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, broadcast};
 
 use super::complete::{self, CompleteError};
 use super::scope::{self, ScopeError};
-use crate::approvals::store::{self as exec_store, Execution, Status};
 use crate::audit::AuditEvent;
 use crate::connectors::{
     CallContext, Connector, ConnectorError, GithubConnector, HelpdeskConnector, StripeConnector,
+};
+use crate::executions::{
+    self, AuditStep, Execution, Status, binding_hash, new_execution_id, redact_args,
+    store as exec_store,
 };
 use crate::policy::{Catalog, Evidence, LimitHistory, Policy, Risk, Verdict};
 use crate::secrets::{Redactor, RedactorSource};
@@ -428,14 +430,11 @@ impl Gate {
                     finished_at_ms: None,
                 };
                 exec_store::insert(conn, &exec)?;
-                super::audit_log::record(
+                executions::audit(
                     conn,
                     &redactor,
                     &exec,
-                    AuditEvent::Requested,
-                    None,
-                    None,
-                    None,
+                    AuditStep::new(AuditEvent::Requested),
                 )?;
                 match verdict {
                     Verdict::Run => {
@@ -443,26 +442,20 @@ impl Gate {
                             let amount = i64::try_from(charge.amount).unwrap_or(i64::MAX);
                             exec_store::charge(conn, &id, &charge.key, amount, now)?;
                         }
-                        super::audit_log::record(
+                        executions::audit(
                             conn,
                             &redactor,
                             &exec,
-                            AuditEvent::Decided,
-                            None,
-                            None,
-                            None,
+                            AuditStep::new(AuditEvent::Decided),
                         )?;
                         Ok(Decided::Run(exec))
                     }
                     Verdict::Hold => {
-                        super::audit_log::record(
+                        executions::audit(
                             conn,
                             &redactor,
                             &exec,
-                            AuditEvent::Held,
-                            None,
-                            None,
-                            None,
+                            AuditStep::new(AuditEvent::Held),
                         )?;
                         let note = super::note::held_note(
                             &exec,
@@ -475,14 +468,11 @@ impl Gate {
                         Ok(Decided::Held(exec))
                     }
                     Verdict::Block => {
-                        super::audit_log::record(
+                        executions::audit(
                             conn,
                             &redactor,
                             &exec,
-                            AuditEvent::Blocked,
-                            None,
-                            None,
-                            None,
+                            AuditStep::new(AuditEvent::Blocked),
                         )?;
                         Ok(Decided::Blocked(exec))
                     }
@@ -594,27 +584,25 @@ impl Gate {
                             None,
                             now,
                         )?;
-                        super::audit_log::record(
+                        executions::audit(
                             conn,
                             &redactor,
                             &exec,
-                            AuditEvent::Ran,
-                            Some("ok"),
-                            None,
-                            Some(duration),
+                            AuditStep::new(AuditEvent::Ran)
+                                .outcome(Some("ok"))
+                                .duration_ms(duration),
                         )?;
                     }
                     Err((error, true)) => {
                         exec_store::finish(conn, &exec.id, Status::Failed, None, Some(error), now)?;
                         exec_store::release_charges(conn, &exec.id)?;
-                        super::audit_log::record(
+                        executions::audit(
                             conn,
                             &redactor,
                             &exec,
-                            AuditEvent::Failed,
-                            Some(error),
-                            None,
-                            Some(duration),
+                            AuditStep::new(AuditEvent::Failed)
+                                .outcome(Some(error))
+                                .duration_ms(duration),
                         )?;
                     }
                     Err((error, false)) => {
@@ -626,14 +614,13 @@ impl Gate {
                             Some(error),
                             now,
                         )?;
-                        super::audit_log::record(
+                        executions::audit(
                             conn,
                             &redactor,
                             &exec,
-                            AuditEvent::Failed,
-                            Some(error),
-                            None,
-                            Some(duration),
+                            AuditStep::new(AuditEvent::Failed)
+                                .outcome(Some(error))
+                                .duration_ms(duration),
                         )?;
                     }
                 }
@@ -696,7 +683,7 @@ impl Gate {
         let written = self
             .db
             .write(move |conn| {
-                super::audit_log::refusal(
+                executions::audit::refusal(
                     conn,
                     &redactor,
                     &scope,
@@ -752,56 +739,4 @@ fn visit_strings(v: &Value, f: &mut impl FnMut(&str)) {
         }),
         _ => {}
     }
-}
-
-/// Arguments as a person or the audit sees them: stored secrets replaced, and values of
-/// credential-like keys masked.
-pub fn redact_args(redactor: &Redactor, args: &Value) -> Value {
-    let mut copy = args.clone();
-    mask_credential_keys(&mut copy);
-    redactor.redact_json(&mut copy);
-    copy
-}
-
-fn mask_credential_keys(v: &mut Value) {
-    match v {
-        Value::Object(map) => {
-            for (k, item) in map.iter_mut() {
-                let key = k.to_ascii_lowercase();
-                let sensitive = [
-                    "secret",
-                    "token",
-                    "password",
-                    "api_key",
-                    "apikey",
-                    "authorization",
-                    "cvc",
-                    "card_number",
-                ]
-                .iter()
-                .any(|needle| key.contains(needle));
-                if sensitive {
-                    *item = Value::String("[redacted]".into());
-                } else {
-                    mask_credential_keys(item);
-                }
-            }
-        }
-        Value::Array(items) => items.iter_mut().for_each(mask_credential_keys),
-        _ => {}
-    }
-}
-
-/// Binds an approval to one exact request: tool, canonical arguments, account, session.
-pub fn binding_hash(tool: &str, canonical_args: &str, account: &str, session_id: &str) -> String {
-    let mut h = Sha256::new();
-    for part in [tool, canonical_args, account, session_id] {
-        h.update((part.len() as u64).to_be_bytes());
-        h.update(part.as_bytes());
-    }
-    hex::encode(h.finalize())
-}
-
-fn new_execution_id() -> String {
-    format!("ex_{}", uuid::Uuid::now_v7().simple())
 }

@@ -2,7 +2,6 @@
 //! unix socket. Tool calls go through the policy gate here and run with credentials
 //! the agent never sees.
 
-mod audit_log;
 mod complete;
 pub mod gate;
 pub mod note;
@@ -12,7 +11,6 @@ mod scope;
 pub mod serve;
 pub mod socket;
 
-pub use audit_log::record_with_policy as audit_execution;
 pub use gate::{CallReply, CallRequest, Connectors, Gate, LoadedPolicy};
 pub use sandbox_api::SandboxApi;
 pub use serve::{ConnLimits, raise_open_file_limit};

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use super::gate::{CallReply, CallRequest, Gate};
 use super::socket::SandboxRouter;
-use crate::approvals::store::{self as exec_store, Execution, Status};
+use crate::executions::store::{self as exec_store, Execution, Status};
 use crate::session::SessionScope;
 
 /// The longest an execution wait lasts.
