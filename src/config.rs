@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::secrets::SecretString;
+pub use crate::session::SessionSettings;
 
 /// Errors while reading settings.
 #[derive(Debug, thiserror::Error)]
@@ -154,30 +155,6 @@ pub struct SandboxSettings {
     pub secrets_root: PathBuf,
 }
 
-/// Limits on sessions.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SessionSettings {
-    /// Live containers at most; further sessions wait, durably, for a slot.
-    pub max_live: usize,
-    /// A session quiet this long gives up its container (and is resumed by its next
-    /// event or by a decision on its held call).
-    #[serde(with = "humantime_serde_compat")]
-    pub idle_timeout: Duration,
-    /// How often containers and sessions are reconciled.
-    #[serde(with = "humantime_serde_compat")]
-    pub reconcile_every: Duration,
-    /// Open connections at most on each session's socket: a session that opens more
-    /// exhausts only itself.
-    pub socket_max_connections: usize,
-    /// Size of each session's workspace filesystem (enforced when threadgate runs as
-    /// root; see the README). 0 turns the limit off.
-    pub workspace_bytes: u64,
-    /// Free space kept for the database on the data directory's disk: below it, new
-    /// sessions wait (webhooks are still stored).
-    pub disk_reserve_bytes: u64,
-}
-
 impl Default for Settings {
     fn default() -> Self {
         Settings {
@@ -252,19 +229,6 @@ impl Default for SandboxSettings {
             nano_cpus: 1_000_000_000,
             pids: 256,
             secrets_root: PathBuf::from("/dev/shm/threadgate"),
-        }
-    }
-}
-
-impl Default for SessionSettings {
-    fn default() -> Self {
-        SessionSettings {
-            max_live: 16,
-            idle_timeout: Duration::from_secs(15 * 60),
-            reconcile_every: Duration::from_secs(30),
-            socket_max_connections: 32,
-            workspace_bytes: 2 << 30,
-            disk_reserve_bytes: 1 << 30,
         }
     }
 }

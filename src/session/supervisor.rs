@@ -8,9 +8,9 @@ use std::time::Duration;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use super::SessionSettings;
 use super::store::{self, SessionRow, SessionState};
 use super::{AgentBook, SecretSource, SessionApi, SessionError, SessionScope, WorkspaceOps};
-use crate::config::SessionSettings;
 use crate::sandbox::{Limits, SandboxRuntime, SandboxSpec};
 use crate::store::Db;
 use crate::workspace::volume;
