@@ -54,6 +54,11 @@ pub struct Settings {
     /// `THREADGATE_MASTER_KEY` is not set. Empty (the default): `master.key` in
     /// `data_dir`, wherever that is set (see [`Settings::master_key_path`]).
     pub master_key_file: PathBuf,
+    /// The master key itself, base64 of 32 bytes: set only through
+    /// `THREADGATE_MASTER_KEY` (never read from the file); when set, `master_key_file`
+    /// is not used.
+    #[serde(skip)]
+    pub master_key: Option<SecretString>,
     /// Where the audit chain's head is kept outside the database (see
     /// [`crate::audit::anchor`]). Empty (the default): `audit.anchor` in `data_dir`.
     pub audit_anchor_file: PathBuf,
@@ -167,6 +172,7 @@ impl Default for Settings {
             skills_dir: PathBuf::from("skills"),
             default_agent: "support".into(),
             master_key_file: PathBuf::new(),
+            master_key: None,
             audit_anchor_file: PathBuf::new(),
             plain: PlainSettings::default(),
             stripe: default_stripe(),
@@ -289,6 +295,9 @@ impl Settings {
         }
         if let Some(v) = get("THREADGATE_MASTER_KEY_FILE") {
             self.master_key_file = PathBuf::from(v);
+        }
+        if let Some(v) = get("THREADGATE_MASTER_KEY") {
+            self.master_key = Some(SecretString::new(v));
         }
         if let Some(v) = get("THREADGATE_PLAIN_SIGNING_SECRET") {
             self.plain.signing_secret = Some(SecretString::new(v));
@@ -483,5 +492,16 @@ mod tests {
         s.apply_env(|k| (k == "THREADGATE_PLAIN_SIGNING_SECRET").then(|| "hunter2-xyz".into()))
             .expect("env");
         assert!(!format!("{s:?}").contains("hunter2-xyz"));
+    }
+
+    #[test]
+    fn the_master_key_comes_through_the_settings_and_never_prints() {
+        let mut s = Settings::default();
+        assert!(s.master_key.is_none());
+        s.apply_env(|k| (k == "THREADGATE_MASTER_KEY").then(|| "a2V5LXRleHQtc2VjcmV0".into()))
+            .expect("env");
+        let key = s.master_key.as_ref().expect("set from the environment");
+        assert_eq!(key.expose(), "a2V5LXRleHQtc2VjcmV0");
+        assert!(!format!("{s:?}").contains("a2V5LXRleHQtc2VjcmV0"));
     }
 }

@@ -161,9 +161,7 @@ impl Approvals {
 
     fn after_change(&self, exec: &Execution) {
         let _ = self.gate.changes.send(exec.id.clone());
-        if let Some(sup) = self.gate.supervisor.get() {
-            sup.resume(&exec.thread_id);
-        }
+        self.gate.supervisor.resume(&exec.thread_id);
     }
 
     /// Runs an approved call once: claims it (`approved` to `running`), decides it again

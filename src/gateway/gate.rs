@@ -1,7 +1,7 @@
 //! The gate: decides a session's tool call against the policy, records it, and runs it
 //! with the connector's credentials, holds it for a person, or blocks it.
 
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use serde::Deserialize;
@@ -125,7 +125,8 @@ pub struct Gate {
     pub changes: broadcast::Sender<String>,
     /// Wakes the note outbox.
     pub outbox: Notify,
-    pub supervisor: OnceLock<SupervisorHandle>,
+    /// The supervisor, created before the gate (its channel first, its task later).
+    pub supervisor: SupervisorHandle,
 }
 
 /// Limits read from the charges table inside the deciding transaction.

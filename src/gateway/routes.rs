@@ -50,9 +50,7 @@ fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response
 }
 
 async fn call(State(s): State<Scoped>, body: Result<Json<CallRequest>, JsonRejection>) -> Response {
-    if let Some(h) = s.gate.supervisor.get() {
-        h.touch(&s.scope.thread_id);
-    }
+    s.gate.supervisor.touch(&s.scope.thread_id);
     let req = match body {
         Ok(Json(req)) => req,
         Err(rejection) => {

@@ -3,7 +3,7 @@
 //! Every handler takes the session's [`SessionScope`] from the socket the request came
 //! in on; nothing in a request can name another session.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -31,11 +31,12 @@ pub const MAX_PAGE_BYTES: usize = 1 << 20;
 pub struct SandboxApi {
     pub db: Db,
     pub agents: Arc<AgentBook>,
-    pub supervisor: OnceLock<SupervisorHandle>,
-    /// The tool-call routes, merged into each session's router when present.
-    pub calls: OnceLock<Arc<dyn SandboxRouter>>,
-    /// The model proxy and transcript routes, merged when present.
-    pub model: OnceLock<Arc<dyn SandboxRouter>>,
+    /// The supervisor (its channel exists before anything that reaches it).
+    pub supervisor: SupervisorHandle,
+    /// The tool-call routes, merged into each session's router.
+    pub calls: Arc<dyn SandboxRouter>,
+    /// The model proxy and transcript routes, merged into each session's router.
+    pub model: Arc<dyn SandboxRouter>,
 }
 
 #[derive(Clone)]
@@ -54,14 +55,8 @@ impl SandboxRouter for Arc<SandboxApi> {
             .route("/v1/events", get(events))
             .route("/v1/agent", get(agent))
             .with_state(state);
-        let base = match self.model.get() {
-            Some(model) => base.merge(model.router(scope.clone())),
-            None => base,
-        };
-        match self.calls.get() {
-            Some(calls) => base.merge(calls.router(scope)),
-            None => base,
-        }
+        base.merge(self.model.router(scope.clone()))
+            .merge(self.calls.router(scope))
     }
 }
 
@@ -85,11 +80,9 @@ fn default_limit() -> i64 {
 async fn events(State(s): State<SessionState>, Query(q): Query<EventsQuery>) -> Response {
     let wait = Duration::from_secs(q.wait).min(MAX_WAIT);
     let deadline = tokio::time::Instant::now() + wait;
-    let mut feed = s.api.supervisor.get().map(|h| h.subscribe_feed());
-    if q.wait == 0
-        && let Some(h) = s.api.supervisor.get()
-    {
-        h.touch(&s.scope.thread_id);
+    let mut rx = s.api.supervisor.subscribe_feed();
+    if q.wait == 0 {
+        s.api.supervisor.touch(&s.scope.thread_id);
     }
     loop {
         let thread = s.scope.thread_id.clone();
@@ -110,10 +103,6 @@ async fn events(State(s): State<SessionState>, Query(q): Query<EventsQuery>) -> 
         if !events.is_empty() || tokio::time::Instant::now() >= deadline {
             return stream_page(events, q.after);
         }
-        let Some(rx) = feed.as_mut() else {
-            tokio::time::sleep_until(deadline).await;
-            continue;
-        };
         // Wake on any feed change for this thread, or at the deadline.
         let woke = tokio::time::timeout_at(deadline, async {
             loop {

@@ -126,9 +126,7 @@ impl ModelProxy {
             .write(move |c| model_store::add_turn(c, &s, &t))
             .await
             .map_err(internal)?;
-        if let Some(h) = self.gate.supervisor.get() {
-            h.touch(&scope.thread_id);
-        }
+        self.gate.supervisor.touch(&scope.thread_id);
         let names = ToolNames::for_request(&request);
         let wire_request = names.to_wire(request);
         let started = Instant::now();
@@ -288,14 +286,13 @@ impl ModelProxy {
         if first {
             tracing::info!(session = %scope.session_id, thread = %scope.thread_id, "session stopped: model budget spent");
             self.gate.outbox.notify_one();
-            if let Some(h) = self.gate.supervisor.get().cloned() {
-                let thread = scope.thread_id.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = h.stop(&thread).await {
-                        tracing::warn!(thread, error = %e, "cannot stop the session after its budget ran out");
-                    }
-                });
-            }
+            let h = self.gate.supervisor.clone();
+            let thread = scope.thread_id.clone();
+            tokio::spawn(async move {
+                if let Err(e) = h.stop(&thread).await {
+                    tracing::warn!(thread, error = %e, "cannot stop the session after its budget ran out");
+                }
+            });
         }
         Ok(())
     }

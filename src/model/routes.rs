@@ -152,9 +152,7 @@ async fn put_transcript(State(s): State<Scoped>, body: Result<Bytes, BytesReject
             format!("the transcript exceeds {max} bytes"),
         );
     }
-    if let Some(h) = s.proxy.gate.supervisor.get() {
-        h.touch(&s.scope.thread_id);
-    }
+    s.proxy.gate.supervisor.touch(&s.scope.thread_id);
     let (session, now) = (s.scope.session_id.clone(), s.proxy.gate.now());
     let written = s
         .proxy

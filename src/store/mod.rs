@@ -10,6 +10,7 @@
 //! several instances, this module and the domain queries are what changes; the
 //! orchestrator only sees domain functions.
 
+pub mod meta;
 mod migrations;
 
 use std::path::{Path, PathBuf};
