@@ -5,6 +5,7 @@
 //! `ARCHITECTURE.md` at the repository root maps these modules and the path a webhook
 //! and a tool call take through them.
 
+pub mod api_error;
 pub mod app;
 pub mod approvals;
 pub mod audit;

@@ -3,15 +3,21 @@
 //! the agent never sees.
 
 mod complete;
+mod decide;
 pub mod gate;
 pub mod note;
+mod prepare;
+pub mod refusal;
 pub mod routes;
+mod run;
 pub mod sandbox_api;
 mod scope;
 pub mod serve;
 pub mod socket;
 
 pub use gate::{CallReply, CallRequest, Connectors, Gate, LoadedPolicy};
+pub use prepare::PreparedCall;
+pub use refusal::Refusal;
 pub use sandbox_api::SandboxApi;
 pub use serve::{ConnLimits, raise_open_file_limit};
 pub use socket::{SOCKET_NAME, SandboxRouter, SocketHost};

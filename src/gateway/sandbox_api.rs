@@ -16,6 +16,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::socket::SandboxRouter;
+use crate::api_error::ApiError;
 use crate::session::{AgentBook, SessionScope, SupervisorHandle, store};
 use crate::store::Db;
 
@@ -97,7 +98,7 @@ async fn events(State(s): State<SessionState>, Query(q): Query<EventsQuery>) -> 
             Ok(events) => events,
             Err(e) => {
                 tracing::error!(error = %e, "cannot read the event feed");
-                return (StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response();
+                return ApiError::internal().into_response();
             }
         };
         if !events.is_empty() || tokio::time::Instant::now() >= deadline {
@@ -164,12 +165,7 @@ fn stream_page(events: Vec<store::RawFeedEvent>, after: i64) -> Response {
 /// its playbooks (`skills: [{name, description, body}]`).
 async fn agent(State(s): State<SessionState>) -> Response {
     let Some(def) = s.api.agents.get(&s.scope.agent) else {
-        return (
-            StatusCode::NOT_FOUND,
-            Json(
-                json!({"status": "error", "error": "not_found", "message": "no agent definition"}),
-            ),
-        )
+        return ApiError::new(StatusCode::NOT_FOUND, "not_found", "no agent definition")
             .into_response();
     };
     let skills: Vec<_> = def

@@ -43,21 +43,6 @@ pub enum ProxyError {
     Internal,
 }
 
-impl ProxyError {
-    /// HTTP status and error code.
-    pub fn status_and_code(&self) -> (u16, &'static str) {
-        match self {
-            ProxyError::BadRequest(_) => (400, "bad_request"),
-            ProxyError::ModelNotAllowed(_) => (403, "model_not_allowed"),
-            ProxyError::SecretInPrompt(_) => (403, "secret_in_prompt"),
-            ProxyError::BudgetExhausted(_) => (429, "budget_exhausted"),
-            ProxyError::Upstream(_) => (502, "upstream_error"),
-            ProxyError::Malformed(_) => (502, "upstream_malformed"),
-            ProxyError::Internal => (500, "internal"),
-        }
-    }
-}
-
 fn internal(e: impl std::fmt::Display) -> ProxyError {
     tracing::error!(error = %e, "model proxy");
     ProxyError::Internal
