@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value};
 
-use super::complete::{self, CompleteError};
+use super::complete::{self, CompleteError, Completion};
 use super::gate::{CallRequest, Gate};
 use super::refusal::Refusal;
 use super::scope::{self, ScopeError};
@@ -60,34 +60,15 @@ impl Gate {
         {
             return Err(self.refuse_scope(scope, &req.tool, e, &redactor).await);
         }
-        let wanted = self.current_policy().policy.evidence_wanted(&req.tool);
-        let stripe = self.connectors.stripe.as_deref();
-        let completed = complete::complete(
-            &req.tool,
-            &mut args,
-            scope,
-            takes_thread,
-            is_write,
-            stripe,
-            &wanted,
-        )
-        .await;
-        let completion = match completed {
-            Ok(c) => c,
-            Err(e @ CompleteError::OutOfScope { .. }) => {
-                self.audit_refusal(scope, &req.tool, &e.to_string()).await;
-                return Err(Refusal::OutOfScope(e.to_string()));
-            }
-            Err(CompleteError::Lookup { what, source }) => {
-                return Err(Refusal::LookupFailed {
-                    message: format!(
-                        "cannot look up {what}: {}",
-                        redactor.redact(&source.to_string())
-                    ),
-                    definite: source.is_definite(),
-                });
-            }
-        };
+        let completion = self
+            .complete(
+                scope,
+                &req.tool,
+                &mut args,
+                (takes_thread, is_write),
+                &redactor,
+            )
+            .await?;
         let args = Value::Object(args);
         let canonical = args.to_string();
         let account = format!("{spec_connector}:default");
@@ -102,6 +83,36 @@ impl Gate {
             evidence: completion.evidence,
             is_write,
         })
+    }
+
+    /// Completes the arguments (a refund's charge, currency and remaining amount) and
+    /// gathers the evidence the policy asks for.
+    async fn complete(
+        &self,
+        scope: &SessionScope,
+        tool: &str,
+        args: &mut Map<String, Value>,
+        (takes_thread, is_write): (bool, bool),
+        redactor: &Redactor,
+    ) -> Result<Completion, Refusal> {
+        let wanted = self.current_policy().policy.evidence_wanted(tool);
+        let stripe = self.connectors.stripe.as_deref();
+        let completed =
+            complete::complete(tool, args, scope, takes_thread, is_write, stripe, &wanted).await;
+        match completed {
+            Ok(c) => Ok(c),
+            Err(e @ CompleteError::OutOfScope { .. }) => {
+                self.audit_refusal(scope, tool, &e.to_string()).await;
+                Err(Refusal::OutOfScope(e.to_string()))
+            }
+            Err(CompleteError::Lookup { what, source }) => Err(Refusal::LookupFailed {
+                message: format!(
+                    "cannot look up {what}: {}",
+                    redactor.redact(&source.to_string())
+                ),
+                definite: source.is_definite(),
+            }),
+        }
     }
 
     /// The tool's connector, whether it writes and whether it takes a `thread_id`, when

@@ -56,7 +56,13 @@ async fn call(State(s): State<Scoped>, body: Result<Json<CallRequest>, JsonRejec
             .into_response();
         }
     };
-    match s.gate.call(&s.scope, req).await {
+    reply_response(s.gate.call(&s.scope, req).await)
+}
+
+/// The gate's answer as HTTP: 200 ran, 502 failed, 202 held, 403 blocked, and a
+/// refusal through [`ApiError`].
+fn reply_response(reply: CallReply) -> Response {
+    match reply {
         CallReply::Ran {
             execution_id,
             result,

@@ -11,8 +11,9 @@ use super::gate::{CallReply, CallRequest, Gate};
 use super::refusal::Refusal;
 use super::scope;
 use crate::audit::AuditEvent;
-use crate::connectors::{CallContext, ConnectorError};
+use crate::connectors::{CallContext, Connector, ConnectorError};
 use crate::executions::{self, AuditStep, Execution, Status, store as exec_store};
+use crate::secrets::Redactor;
 use crate::session::SessionScope;
 
 impl Gate {
@@ -61,37 +62,23 @@ impl Gate {
     /// Runs a call decided `run` (status `running`) through its connector, records the
     /// outcome and its audit row in one transaction, and answers the agent.
     pub async fn execute(&self, exec: Execution, started: Instant) -> CallReply {
-        let id = exec.id.clone();
         let Some(connector) = self.connectors.for_tool(&exec.tool) else {
             let error = format!("no connector is configured for {}", exec.tool);
-            self.record_outcome(&exec, Err((error.clone(), true)), started)
+            self.record_outcome(&exec, Outcome::Failed(error.clone()), started)
                 .await;
             return CallReply::Failed {
-                execution_id: id,
+                execution_id: exec.id,
                 error,
                 retry_after_ms: None,
             };
         };
         let args: Value = serde_json::from_str(&exec.args).unwrap_or(Value::Null);
-        let ctx = CallContext {
-            execution_id: &exec.id,
-        };
-        let mut outcome = connector.call(&exec.tool, &args, &ctx).await;
-        // Retrying is safe only where the provider deduplicates by execution id.
-        let mut retries = 0;
-        while matches!(outcome, Err(ConnectorError::Unknown { .. }))
-            && connector.supports_idempotency()
-            && retries < 2
-        {
-            retries += 1;
-            tokio::time::sleep(std::time::Duration::from_millis(200 * retries)).await;
-            outcome = connector.call(&exec.tool, &args, &ctx).await;
-        }
+        let outcome = send(connector.as_ref(), &exec, &args).await;
         if let Ok(result) = &outcome
             && let Err(message) = scope::check_result(&exec.tool, &args, result)
         {
             // The answer is dropped, never stored nor returned.
-            self.record_outcome(&exec, Err((message.clone(), true)), started)
+            self.record_outcome(&exec, Outcome::Failed(message.clone()), started)
                 .await;
             self.notify(&exec.id);
             return CallReply::Refused(Refusal::OutOfScope(message));
@@ -101,49 +88,27 @@ impl Gate {
         let reply = match outcome {
             Ok(mut result) => {
                 redactor.redact_json(&mut result);
-                self.record_outcome(&exec, Ok(result.clone()), started)
+                self.record_outcome(&exec, Outcome::Succeeded(result.clone()), started)
                     .await;
                 CallReply::Ran {
-                    execution_id: id,
+                    execution_id: exec.id.clone(),
                     result,
                     replayed: false,
                 }
             }
             Err(e) => {
-                let definite = e.is_definite();
-                let retry_after_ms = match &e {
-                    ConnectorError::RateLimited { retry_after } => {
-                        Some(retry_after.as_millis() as u64)
-                    }
-                    _ => None,
-                };
-                let error = redactor.redact(&e.to_string()).into_owned();
-                let final_error = if definite || connector.supports_idempotency() {
-                    error.clone()
-                } else {
-                    format!(
-                        "{error}; the outcome is unknown and the call will not be re-sent: a person must check the provider"
-                    )
-                };
-                self.record_outcome(&exec, Err((final_error.clone(), definite)), started)
-                    .await;
-                CallReply::Failed {
-                    execution_id: id,
-                    error: final_error,
-                    retry_after_ms,
-                }
+                let (failure, reply) =
+                    failed(&exec, e, connector.supports_idempotency(), &redactor);
+                self.record_outcome(&exec, failure, started).await;
+                reply
             }
         };
         self.notify(&exec.id);
         reply
     }
 
-    async fn record_outcome(
-        &self,
-        exec: &Execution,
-        outcome: Result<Value, (String, bool)>,
-        started: Instant,
-    ) {
+    /// Records how a call ended and its audit step, in one transaction.
+    async fn record_outcome(&self, exec: &Execution, outcome: Outcome, started: Instant) {
         let redactor = self.current_redactor();
         let now = self.now();
         let exec = exec.clone();
@@ -151,61 +116,92 @@ impl Gate {
         let written = self
             .db
             .write(move |conn| {
-                match &outcome {
-                    Ok(result) => {
-                        exec_store::finish(
-                            conn,
-                            &exec.id,
-                            Status::Succeeded,
-                            Some(&result.to_string()),
-                            None,
-                            now,
-                        )?;
-                        executions::audit(
-                            conn,
-                            &redactor,
-                            &exec,
-                            AuditStep::new(AuditEvent::Ran)
-                                .outcome(Some("ok"))
-                                .duration_ms(duration),
-                        )?;
+                let (status, result, error) = match &outcome {
+                    Outcome::Succeeded(result) => {
+                        (Status::Succeeded, Some(result.to_string()), None)
                     }
-                    Err((error, true)) => {
-                        exec_store::finish(conn, &exec.id, Status::Failed, None, Some(error), now)?;
-                        exec_store::release_charges(conn, &exec.id)?;
-                        executions::audit(
-                            conn,
-                            &redactor,
-                            &exec,
-                            AuditStep::new(AuditEvent::Failed)
-                                .outcome(Some(error))
-                                .duration_ms(duration),
-                        )?;
-                    }
-                    Err((error, false)) => {
-                        exec_store::finish(
-                            conn,
-                            &exec.id,
-                            Status::NeedsCheck,
-                            None,
-                            Some(error),
-                            now,
-                        )?;
-                        executions::audit(
-                            conn,
-                            &redactor,
-                            &exec,
-                            AuditStep::new(AuditEvent::Failed)
-                                .outcome(Some(error))
-                                .duration_ms(duration),
-                        )?;
-                    }
+                    Outcome::Failed(error) => (Status::Failed, None, Some(error.as_str())),
+                    Outcome::Unknown(error) => (Status::NeedsCheck, None, Some(error.as_str())),
+                };
+                exec_store::finish(conn, &exec.id, status, result.as_deref(), error, now)?;
+                if status == Status::Failed {
+                    exec_store::release_charges(conn, &exec.id)?;
                 }
-                Ok(())
+                let step = match error {
+                    None => AuditStep::new(AuditEvent::Ran).outcome(Some("ok")),
+                    Some(error) => AuditStep::new(AuditEvent::Failed).outcome(Some(error)),
+                };
+                executions::audit(conn, &redactor, &exec, step.duration_ms(duration))
             })
             .await;
         if let Err(e) = written {
             tracing::error!(error = %e, "cannot record a call's outcome");
         }
     }
+}
+
+/// How a sent call ended, as recorded.
+enum Outcome {
+    Succeeded(Value),
+    /// Definitely not done: its limit charges are given back.
+    Failed(String),
+    /// Perhaps done, on a provider without idempotency keys: a person must check.
+    Unknown(String),
+}
+
+/// Sends the call; an unknown outcome is retried only where the provider deduplicates
+/// by execution id.
+async fn send(
+    connector: &dyn Connector,
+    exec: &Execution,
+    args: &Value,
+) -> Result<Value, ConnectorError> {
+    let ctx = CallContext {
+        execution_id: &exec.id,
+    };
+    let mut outcome = connector.call(&exec.tool, args, &ctx).await;
+    let mut retries = 0;
+    while matches!(outcome, Err(ConnectorError::Unknown { .. }))
+        && connector.supports_idempotency()
+        && retries < 2
+    {
+        retries += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(200 * retries)).await;
+        outcome = connector.call(&exec.tool, args, &ctx).await;
+    }
+    outcome
+}
+
+/// A connector's error as recorded and as answered (redacted; an unknown outcome
+/// without idempotency says it will not be re-sent).
+fn failed(
+    exec: &Execution,
+    e: ConnectorError,
+    idempotent: bool,
+    redactor: &Redactor,
+) -> (Outcome, CallReply) {
+    let definite = e.is_definite();
+    let retry_after_ms = match &e {
+        ConnectorError::RateLimited { retry_after } => Some(retry_after.as_millis() as u64),
+        _ => None,
+    };
+    let error = redactor.redact(&e.to_string()).into_owned();
+    let error = if definite || idempotent {
+        error
+    } else {
+        format!(
+            "{error}; the outcome is unknown and the call will not be re-sent: a person must check the provider"
+        )
+    };
+    let reply = CallReply::Failed {
+        execution_id: exec.id.clone(),
+        error: error.clone(),
+        retry_after_ms,
+    };
+    let outcome = if definite {
+        Outcome::Failed(error)
+    } else {
+        Outcome::Unknown(error)
+    };
+    (outcome, reply)
 }
