@@ -17,8 +17,9 @@ use serde_json::json;
 
 use super::socket::SandboxRouter;
 use crate::api_error::ApiError;
-use crate::session::{AgentBook, SessionScope, SupervisorHandle, store};
+use crate::session::{AgentBook, SessionScope, SupervisorHandle};
 use crate::store::Db;
+use crate::webhook::store as events;
 
 /// The longest a long poll waits.
 const MAX_WAIT: Duration = Duration::from_secs(60);
@@ -92,7 +93,7 @@ async fn events(State(s): State<SessionState>, Query(q): Query<EventsQuery>) -> 
         let found = s
             .api
             .db
-            .read(move |c| store::feed_page(c, &thread, after, limit, MAX_PAGE_BYTES))
+            .read(move |c| events::feed_page(c, &thread, after, limit, MAX_PAGE_BYTES))
             .await;
         let events = match found {
             Ok(events) => events,
@@ -125,7 +126,7 @@ async fn events(State(s): State<SessionState>, Query(q): Query<EventsQuery>) -> 
 /// Writes `{"events": [...], "next": N}` one event at a time, each event's stored JSON
 /// spliced in as it is (no second copy of the page is built), dropping each event once
 /// written.
-fn stream_page(events: Vec<store::RawFeedEvent>, after: i64) -> Response {
+fn stream_page(events: Vec<events::RawFeedEvent>, after: i64) -> Response {
     let next = events.last().map_or(after, |e| e.position);
     let count = events.len();
     let head = std::iter::once(Bytes::from_static(b"{\"events\":["));
