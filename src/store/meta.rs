@@ -16,6 +16,16 @@ pub fn get(conn: &Connection, key: &str) -> rusqlite::Result<Option<String>> {
         .optional()
 }
 
+/// Adds one to the counter under `key` (absent: it becomes 1).
+pub fn increment(conn: &Connection, key: &str) -> rusqlite::Result<()> {
+    conn.execute(
+        "INSERT INTO meta (key, value) VALUES (?1, '1') \
+         ON CONFLICT (key) DO UPDATE SET value = CAST(value AS INTEGER) + 1",
+        [key],
+    )?;
+    Ok(())
+}
+
 /// Sets `key` to `value`, replacing what was there.
 pub fn set(conn: &Connection, key: &str, value: &str) -> rusqlite::Result<()> {
     conn.execute(

@@ -179,6 +179,16 @@ pub fn feed_page(
     Ok(page)
 }
 
+/// The body of the thread's latest stored event, if any.
+pub fn latest_body(conn: &Connection, thread_id: &str) -> rusqlite::Result<Option<String>> {
+    conn.query_row(
+        "SELECT body FROM events WHERE thread_id = ?1 ORDER BY seq DESC LIMIT 1",
+        [thread_id],
+        |r| r.get(0),
+    )
+    .optional()
+}
+
 /// A stored class name as an [`EventClass`]; an unknown name is an error, never a
 /// guess.
 fn stored_class(name: &str) -> rusqlite::Result<EventClass> {
