@@ -45,6 +45,8 @@ pub struct Application {
     pub hasher: Arc<crate::approvals::hasher::Hasher>,
     pub supervisor: SupervisorHandle,
     pub instance_id: String,
+    /// Where `GET /metrics` is served, when `[telemetry] metrics_listen` is set.
+    pub metrics_addr: Option<SocketAddr>,
     limits: ConnLimits,
     sockets: Arc<SocketHost>,
     background: Vec<tokio::task::JoinHandle<()>>,
@@ -234,10 +236,45 @@ impl Foundation {
     }
 }
 
+/// The running policy's file and hash, for `/readyz`.
+fn policy_info(gate: &Arc<Gate>) -> crate::health::LoadedPolicyInfo {
+    let gate = gate.clone();
+    Arc::new(move || {
+        let p = gate.current_policy();
+        (std::path::PathBuf::from(&p.file), p.hash_hex.clone())
+    })
+}
+
+/// Binds the metrics listener and serves `GET /metrics` on it in the background.
+async fn serve_metrics(
+    at: SocketAddr,
+    db: &Db,
+    clock: &Clock,
+    limits: ConnLimits,
+    background: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind(at)
+        .await
+        .with_context(|| format!("cannot listen for metrics on {at}"))?;
+    let addr = listener.local_addr()?;
+    let router = crate::metrics::router(crate::metrics::MetricsState {
+        db: db.clone(),
+        clock: clock.clone(),
+    });
+    background.push(tokio::spawn(crate::gateway::serve::serve(
+        listener,
+        router,
+        limits,
+        std::future::pending(),
+    )));
+    Ok(addr)
+}
+
 /// The connection cap and timeouts of the people's listener.
 fn server_limits(settings: &Settings) -> ConnLimits {
     ConnLimits {
         max_connections: settings.server.max_connections,
+        max_per_address: settings.server.max_connections_per_address,
         header_timeout: settings.server.header_timeout,
         body_timeout: settings.server.body_timeout,
     }
@@ -309,6 +346,7 @@ fn people_router(
     settings: &Settings,
     base: &Foundation,
     approvals: &Approvals,
+    readiness: crate::health::Readiness,
     signing_secret: &SecretString,
 ) -> anyhow::Result<(axum::Router, mpsc::UnboundedReceiver<webhook::StoredEvent>)> {
     let (notify, events) = mpsc::unbounded_channel::<webhook::StoredEvent>();
@@ -324,7 +362,7 @@ fn people_router(
         notify,
     });
     let router = axum::Router::new()
-        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .merge(crate::health::router(readiness))
         .merge(intake_router)
         .merge(approvals::http::router(approvals.clone()))
         .merge(crate::review::router(crate::review::ReviewState::new(
@@ -401,8 +439,25 @@ impl Application {
         let sockets = session_sockets(&settings, &base, &gate, model, handle.clone());
         let parts = supervisor_parts(&settings, &base, &gate, sockets.clone());
         let _task = Supervisor::start(parts, inbox);
-        let (router, events) = people_router(&settings, &base, &approvals, &signing_secret)?;
-        let background = background(&settings, &base.db, &handle, &approvals, leftovers, events);
+        let readiness = crate::health::Readiness {
+            db: base.db.clone(),
+            sandbox: base.sandbox.clone(),
+            image: settings.sandbox.image.clone(),
+            policy: policy_info(&gate),
+            timeout: settings.telemetry.ready_timeout,
+            clock: base.clock.clone(),
+        };
+        let (router, events) =
+            people_router(&settings, &base, &approvals, readiness, &signing_secret)?;
+        let mut background =
+            background(&settings, &base.db, &handle, &approvals, leftovers, events);
+        let limits = server_limits(&settings);
+        let metrics_addr = match settings.telemetry.metrics_listen {
+            Some(at) => {
+                Some(serve_metrics(at, &base.db, &base.clock, limits, &mut background).await?)
+            }
+            None => None,
+        };
         let listener = TcpListener::bind(settings.listen)
             .await
             .with_context(|| format!("cannot listen on {}", settings.listen))?;
@@ -415,7 +470,8 @@ impl Application {
             hasher: approvals.hasher.clone(),
             supervisor: handle,
             instance_id: base.instance_id,
-            limits: server_limits(&settings),
+            metrics_addr,
+            limits,
             sockets,
             background,
         })
@@ -427,7 +483,10 @@ impl Application {
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        tracing::info!(addr = %self.addr, instance = %self.instance_id, "threadgate serving");
+        let metrics = self
+            .metrics_addr
+            .map_or("off".to_owned(), |a| a.to_string());
+        tracing::info!(addr = %self.addr, metrics = %metrics, instance = %self.instance_id, "threadgate serving");
         crate::gateway::serve::serve(self.listener, self.router, self.limits, shutdown).await;
         self.supervisor.shutdown();
         for task in self.background {

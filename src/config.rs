@@ -75,6 +75,33 @@ pub struct Settings {
     /// The model proxy on the session socket (`[model]`).
     pub model: crate::model::ModelSettings,
     pub server: ServerSettings,
+    /// Metrics, readiness and trace export (`[telemetry]`).
+    pub telemetry: TelemetrySettings,
+}
+
+/// Metrics, readiness and trace export.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TelemetrySettings {
+    /// Where Prometheus metrics are served (`GET /metrics`); none (the default) serves
+    /// none. Its own listener: never the people's listener, never a session socket.
+    pub metrics_listen: Option<SocketAddr>,
+    /// How long each `/readyz` check may take before it counts as failed.
+    #[serde(with = "humantime_serde_compat")]
+    pub ready_timeout: Duration,
+    /// An OpenTelemetry collector's OTLP/HTTP endpoint (e.g. `http://127.0.0.1:4318`);
+    /// spans are exported there when set. Needs a build with the `otlp` feature.
+    pub otlp_endpoint: Option<String>,
+}
+
+impl Default for TelemetrySettings {
+    fn default() -> Self {
+        TelemetrySettings {
+            metrics_listen: None,
+            ready_timeout: Duration::from_secs(2),
+            otlp_endpoint: None,
+        }
+    }
 }
 
 /// Limits on the people's listener (`listen`); session sockets use the same timeouts.
@@ -83,6 +110,10 @@ pub struct Settings {
 pub struct ServerSettings {
     /// Open connections at most on `listen`; further ones are closed at once.
     pub max_connections: usize,
+    /// Open connections at most from one client address (an IPv6 /64 counts as one),
+    /// so one address cannot fill `max_connections`; 0 turns the per-address cap off
+    /// (e.g. behind a reverse proxy that connects from one address).
+    pub max_connections_per_address: usize,
     /// Time a client has to send a request's headers, counted from connecting or from
     /// the end of its previous response (so also the keep-alive idle timeout).
     #[serde(with = "humantime_serde_compat")]
@@ -96,6 +127,7 @@ impl Default for ServerSettings {
     fn default() -> Self {
         ServerSettings {
             max_connections: 1024,
+            max_connections_per_address: 64,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
         }
@@ -182,6 +214,7 @@ impl Default for Settings {
             sessions: SessionSettings::default(),
             model: crate::model::ModelSettings::default(),
             server: ServerSettings::default(),
+            telemetry: TelemetrySettings::default(),
         }
     }
 }
@@ -301,6 +334,18 @@ impl Settings {
         }
         if let Some(v) = get("THREADGATE_PLAIN_SIGNING_SECRET") {
             self.plain.signing_secret = Some(SecretString::new(v));
+        }
+        if let Some(v) = get("THREADGATE_METRICS_LISTEN") {
+            self.telemetry.metrics_listen = match v.trim() {
+                "" | "off" => None,
+                addr => Some(addr.parse().map_err(|e| ConfigError::Env {
+                    name: "THREADGATE_METRICS_LISTEN",
+                    message: format!("{e}: {v:?}"),
+                })?),
+            };
+        }
+        if let Some(v) = get("THREADGATE_OTLP_ENDPOINT") {
+            self.telemetry.otlp_endpoint = Some(v).filter(|v| !v.trim().is_empty());
         }
         if let Some(v) = get("THREADGATE_MAX_LIVE_SESSIONS") {
             self.sessions.max_live = v.parse().map_err(|e| ConfigError::Env {
@@ -484,6 +529,28 @@ mod tests {
         s.apply_env(|k| (k == "THREADGATE_DATA_DIR").then(|| "/var/tg".to_owned()))
             .expect("env");
         assert_eq!(s.master_key_path(), Path::new("/etc/tg.key"));
+    }
+
+    #[test]
+    fn metrics_are_off_unless_a_listen_address_is_set() {
+        let mut s = Settings::default();
+        assert_eq!(s.telemetry.metrics_listen, None);
+        s.apply_env(|k| (k == "THREADGATE_METRICS_LISTEN").then(|| "127.0.0.1:9464".into()))
+            .expect("env");
+        assert_eq!(
+            s.telemetry.metrics_listen,
+            Some(([127, 0, 0, 1], 9464).into())
+        );
+        let err = s
+            .apply_env(|k| (k == "THREADGATE_METRICS_LISTEN").then(|| "nine".into()))
+            .expect_err("not an address");
+        assert!(
+            err.to_string().contains("THREADGATE_METRICS_LISTEN"),
+            "{err}"
+        );
+        s.apply_env(|k| (k == "THREADGATE_METRICS_LISTEN").then(|| "off".into()))
+            .expect("env");
+        assert_eq!(s.telemetry.metrics_listen, None);
     }
 
     #[test]

@@ -14,6 +14,8 @@ pub mod config;
 pub mod connectors;
 pub mod executions;
 pub mod gateway;
+pub mod health;
+pub mod metrics;
 pub mod model;
 pub mod policy;
 pub mod review;

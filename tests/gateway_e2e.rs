@@ -39,3 +39,5 @@ mod refund_evidence;
 mod restart;
 #[path = "gateway_e2e/scope.rs"]
 mod scope;
+#[path = "gateway_e2e/telemetry.rs"]
+mod telemetry;

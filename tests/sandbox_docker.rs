@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bollard::query_parameters::RemoveContainerOptionsBuilder;
-use helpers::{TestEnv, exec, host_ipv4_addresses, sh};
+use helpers::{TestEnv, exec, host_ipv4_addresses, image, sh};
 use threadgate::sandbox::{SandboxError, SandboxRuntime, SecretBytes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
@@ -374,4 +374,18 @@ async fn orphaned_secrets_are_reaped_and_a_stale_dir_does_not_block_a_restart() 
     assert_eq!(env.runtime.reap_orphan_secrets().await.unwrap(), 0);
 
     env.runtime.stop(&keep.container_id).await.unwrap();
+}
+
+/// What `/readyz` asks the engine: it answers, and the image exists or is named missing.
+#[tokio::test]
+async fn readiness_names_a_missing_image() {
+    let env = TestEnv::new().await;
+    env.runtime
+        .check_ready(&image())
+        .await
+        .expect("the built sandbox image is ready");
+    let missing = format!("threadgate-no-such-image:{}", env.instance);
+    let err = env.runtime.check_ready(&missing).await.unwrap_err();
+    assert!(matches!(err, SandboxError::ImageMissing { .. }), "{err}");
+    assert!(err.to_string().contains(&missing), "{err}");
 }

@@ -144,10 +144,12 @@ impl Approvals {
                 status: status.as_str(),
             }),
             Recorded::Expired(exec) => {
+                crate::metrics::approval("expired", now - exec.created_at_ms);
                 self.after_change(&exec);
                 Err(DecideError::Expired { id: id.to_owned() })
             }
             Recorded::Decided(exec) => {
+                crate::metrics::approval(exec.status.as_str(), now - exec.created_at_ms);
                 if exec.status == Status::Approved {
                     let me = self.clone();
                     let id = exec.id.clone();
@@ -256,6 +258,7 @@ impl Approvals {
             .await
             .unwrap_or_default();
         for exec in &expired {
+            crate::metrics::approval("expired", now - exec.created_at_ms);
             self.after_change(exec);
         }
         expired.len()

@@ -140,8 +140,10 @@ fn open(config: &ConfigArgs) -> anyhow::Result<(Settings, Db)> {
 /// `threadgate serve`: runs until SIGINT or SIGTERM.
 pub fn serve(config: &ConfigArgs) -> ExitCode {
     finish((|| {
-        crate::telemetry::init().map_err(anyhow::Error::msg)?;
         let settings = Settings::load(config.config.as_deref())?;
+        let endpoint = settings.telemetry.otlp_endpoint.clone();
+        let _export =
+            crate::telemetry::init_serving(endpoint.as_deref()).map_err(anyhow::Error::msg)?;
         let runtime = tokio::runtime::Runtime::new()?;
         runtime.block_on(async move {
             let app = Application::build(settings, Overrides::default()).await?;

@@ -28,12 +28,13 @@ impl Connectors {
     /// The connector serving `tool` (by its prefix).
     pub fn for_tool(&self, tool: &str) -> Option<Arc<dyn Connector>> {
         let prefix = tool.split('.').next().unwrap_or_default();
-        match prefix {
+        let connector = match prefix {
             "stripe" => self.stripe.clone().map(|c| c as Arc<dyn Connector>),
             "helpdesk" => self.helpdesk.clone().map(|c| c as Arc<dyn Connector>),
             "github" => self.github.clone().map(|c| c as Arc<dyn Connector>),
             _ => None,
-        }
+        };
+        connector.map(crate::metrics::metered)
     }
 }
 

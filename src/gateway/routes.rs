@@ -56,7 +56,23 @@ async fn call(State(s): State<Scoped>, body: Result<Json<CallRequest>, JsonRejec
             .into_response();
         }
     };
-    reply_response(s.gate.call(&s.scope, req).await)
+    // Only catalog names become a label: an agent cannot mint series.
+    let tool = match s.gate.catalog.get(&req.tool) {
+        Some(_) => req.tool.clone(),
+        None => "unknown".to_owned(),
+    };
+    let reply = s.gate.call(&s.scope, req).await;
+    let (decision, execution_id) = outcome(&reply);
+    crate::metrics::tool_call(&tool, decision);
+    tracing::info!(
+        thread_id = %s.scope.thread_id,
+        session_id = %s.scope.session_id,
+        execution_id = %execution_id.unwrap_or("-"),
+        tool = %tool,
+        decision,
+        "tool call answered"
+    );
+    reply_response(reply)
 }
 
 /// The gate's answer as HTTP: 200 ran, 502 failed, 202 held, 403 blocked, and a
@@ -108,6 +124,22 @@ fn reply_response(reply: CallReply) -> Response {
         )
             .into_response(),
         CallReply::Refused(refusal) => ApiError::from(refusal).into_response(),
+    }
+}
+
+/// The decision label of a reply, and its execution id when it has one.
+fn outcome(reply: &CallReply) -> (&'static str, Option<&str>) {
+    match reply {
+        CallReply::Ran {
+            execution_id,
+            replayed: true,
+            ..
+        } => ("replayed", Some(execution_id)),
+        CallReply::Ran { execution_id, .. } => ("ran", Some(execution_id)),
+        CallReply::Failed { execution_id, .. } => ("failed", Some(execution_id)),
+        CallReply::Held { execution, .. } => ("held", Some(&execution.id)),
+        CallReply::Blocked { execution_id, .. } => ("blocked", Some(execution_id)),
+        CallReply::Refused { .. } => ("refused", None),
     }
 }
 

@@ -20,6 +20,7 @@ impl Gate {
     /// Decides and, when allowed, runs one call of a session: prepares it (the checks
     /// before the policy), decides and records it in one transaction, then runs it,
     /// or answers that it is held or blocked.
+    #[tracing::instrument(name = "gate", skip_all, fields(thread_id = %scope.thread_id, session_id = %scope.session_id))]
     pub async fn call(&self, scope: &SessionScope, req: CallRequest) -> CallReply {
         let started = Instant::now();
         let prepared = match self.prepare(scope, req).await {
@@ -61,6 +62,7 @@ impl Gate {
 
     /// Runs a call decided `run` (status `running`) through its connector, records the
     /// outcome and its audit row in one transaction, and answers the agent.
+    #[tracing::instrument(name = "execute", skip_all, fields(execution_id = %exec.id, thread_id = %exec.thread_id, session_id = %exec.session_id, tool = %exec.tool))]
     pub async fn execute(&self, exec: Execution, started: Instant) -> CallReply {
         let Some(connector) = self.connectors.for_tool(&exec.tool) else {
             let error = format!("no connector is configured for {}", exec.tool);

@@ -3,17 +3,20 @@
 //! `axum::serve` keeps every connection for as long as the peer likes: a stranger (or
 //! a hijacked agent on its own socket) could hold thousands of idle or slow-header
 //! connections and exhaust the process's file descriptors. Here every connection
-//! counts against a cap (connections over it are closed at once), must deliver a
+//! counts against a cap and against its client address's share of it (IPv6 grouped by
+//! /64), so one address cannot take the whole listener; connections over either are
+//! closed at once. Each must deliver a
 //! request's headers within `header_timeout` of the connection going idle (so an idle
 //! keep-alive connection is closed after that long too), and must deliver a request
 //! body within `body_timeout`. A handler that waits (a long poll) is not cut off: the
 //! timeouts bound only what the peer sends.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -37,6 +40,9 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 pub struct ConnLimits {
     /// Open connections at most; further ones are closed as soon as they are accepted.
     pub max_connections: usize,
+    /// Open connections at most from one client address (an IPv6 /64 counts as one);
+    /// 0 for no per-address cap (unix sockets have no address).
+    pub max_per_address: usize,
     /// Time allowed to send a request's headers, counted from the connection's opening
     /// or the end of its previous response: this is also the keep-alive idle timeout.
     pub header_timeout: Duration,
@@ -85,6 +91,7 @@ pub async fn serve<L: Accept>(
         time_body,
     ));
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let per_address = Arc::new(PerAddress::new(limits.max_per_address));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -99,6 +106,14 @@ pub async fn serve<L: Accept>(
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
             }
+        };
+        let Some(share) = per_address.admit(peer) else {
+            tracing::debug!(
+                ?peer,
+                "per-address connection cap reached; closing a new connection"
+            );
+            drop(io);
+            continue;
         };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             tracing::debug!("connection cap reached; closing a new connection");
@@ -127,10 +142,76 @@ pub async fn serve<L: Accept>(
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
-            drop(permit);
+            drop((permit, share));
         });
     }
     let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
+}
+
+/// Open connections per client address, each under the same cap.
+struct PerAddress {
+    cap: usize,
+    open: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One connection's place in its address's share; given back when dropped.
+struct AddressShare {
+    table: Arc<PerAddress>,
+    key: Option<IpAddr>,
+}
+
+impl PerAddress {
+    fn new(cap: usize) -> PerAddress {
+        PerAddress {
+            cap,
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A place for a connection from `peer`, or `None` when its address has `cap` open.
+    fn admit(self: &Arc<Self>, peer: Option<SocketAddr>) -> Option<AddressShare> {
+        let key = peer.filter(|_| self.cap > 0).map(|p| address_key(p.ip()));
+        if let Some(key) = key {
+            let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+            let count = open.entry(key).or_insert(0);
+            if *count >= self.cap {
+                return None;
+            }
+            *count += 1;
+        }
+        Some(AddressShare {
+            table: self.clone(),
+            key,
+        })
+    }
+}
+
+impl Drop for AddressShare {
+    fn drop(&mut self) {
+        let Some(key) = self.key else { return };
+        let mut open = self.table.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = open.get_mut(&key) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&key);
+            }
+        }
+    }
+}
+
+/// The address a connection counts against: IPv4 as is (and IPv4-mapped IPv6 as the
+/// IPv4 it maps), IPv6 by its /64, which one client usually holds whole.
+fn address_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let bits = u128::from(v6) & !((1u128 << 64) - 1);
+                IpAddr::V6(Ipv6Addr::from(bits))
+            }
+        },
+    }
 }
 
 /// Wraps the request body so that reading it fails once `limit` has passed.
@@ -198,7 +279,46 @@ pub fn raise_open_file_limit() -> std::io::Result<u64> {
 
 #[cfg(test)]
 mod tests {
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+
     use rustix::process::{Resource, getrlimit, setrlimit};
+
+    use super::{PerAddress, address_key};
+
+    fn addr(text: &str) -> Option<SocketAddr> {
+        Some(text.parse().expect("address"))
+    }
+
+    #[test]
+    fn one_address_gets_at_most_its_share_and_gets_it_back() {
+        let table = Arc::new(PerAddress::new(2));
+        let a = table.admit(addr("10.0.0.1:1000")).expect("first");
+        let _b = table.admit(addr("10.0.0.1:1001")).expect("second");
+        assert!(table.admit(addr("10.0.0.1:1002")).is_none(), "third");
+        assert!(
+            table.admit(addr("10.0.0.2:1000")).is_some(),
+            "another address"
+        );
+        drop(a);
+        assert!(
+            table.admit(addr("10.0.0.1:1003")).is_some(),
+            "a place was freed"
+        );
+        // Unix sockets (no address) and a cap of 0 are not counted.
+        assert!((0..5).all(|_| table.admit(None).is_some()));
+        let off = Arc::new(PerAddress::new(0));
+        let held: Vec<_> = (0..5).map(|_| off.admit(addr("10.0.0.1:1"))).collect();
+        assert!(held.iter().all(Option::is_some));
+    }
+
+    #[test]
+    fn an_ipv6_client_counts_by_its_64_and_a_mapped_ipv4_as_itself() {
+        let k = |t: &str| address_key(t.parse().expect("ip"));
+        assert_eq!(k("2001:db8:1:2::1"), k("2001:db8:1:2:ffff::9"));
+        assert_ne!(k("2001:db8:1:2::1"), k("2001:db8:1:3::1"));
+        assert_eq!(k("::ffff:192.0.2.7"), k("192.0.2.7"));
+    }
 
     #[test]
     fn the_open_file_soft_limit_is_raised_to_the_hard_limit() {

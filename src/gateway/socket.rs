@@ -39,6 +39,7 @@ pub struct SocketHost {
 /// The limits each session's socket gets unless told otherwise.
 pub const DEFAULT_SOCKET_LIMITS: ConnLimits = ConnLimits {
     max_connections: 32,
+    max_per_address: 0,
     header_timeout: Duration::from_secs(10),
     body_timeout: Duration::from_secs(30),
 };

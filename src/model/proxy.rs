@@ -81,6 +81,7 @@ impl ModelProxy {
 
     /// One model call: `body` is the runner's chat-completions request; the answer is
     /// a `chat.completion` object with the session's spending under `threadgate`.
+    #[tracing::instrument(name = "model_call", skip_all, fields(thread_id = %scope.thread_id, session_id = %scope.session_id))]
     pub async fn chat(&self, scope: &SessionScope, body: &Value) -> Result<Value, ProxyError> {
         let mut request = openai::parse_request(body).map_err(ProxyError::BadRequest)?;
         let agent = self.agent(scope)?;
@@ -174,6 +175,8 @@ impl ModelProxy {
                 Err(ProxyError::Malformed(e)),
             ),
         };
+        let took = std::time::Duration::from_millis(latency_ms.max(0) as u64);
+        crate::metrics::model_call(&agent.model, tokens, took, answer.is_ok());
         let record = AuditRecord {
             args: Some(
                 json!({"model": agent.model, "provider": self.settings.provider.as_str(), "tokens": tokens}),

@@ -294,6 +294,20 @@ impl DockerRuntime {
 
 #[async_trait]
 impl SandboxRuntime for DockerRuntime {
+    async fn check_ready(&self, image: &str) -> Result<(), SandboxError> {
+        self.docker
+            .ping()
+            .await
+            .map_err(|source| docker_err("ping", "the engine", source))?;
+        match self.docker.inspect_image(image).await {
+            Ok(_) => Ok(()),
+            Err(err) if status_of(&err) == Some(404) => Err(SandboxError::ImageMissing {
+                image: image.to_owned(),
+            }),
+            Err(source) => Err(docker_err("inspect image", image, source)),
+        }
+    }
+
     #[tracing::instrument(skip_all, fields(session = %spec.session_id, thread = %spec.thread_id))]
     async fn start(&self, spec: &SandboxSpec) -> Result<SandboxHandle, SandboxError> {
         self.validate(spec)?;

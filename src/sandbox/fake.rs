@@ -39,6 +39,8 @@ struct FakeState {
     /// Sessions whose secrets directory exists.
     secrets_dirs: BTreeSet<String>,
     fail_next_start: Option<SandboxError>,
+    /// Images removed with [`FakeRuntime::remove_image`]: starts and readiness fail.
+    missing_images: BTreeSet<String>,
     starts: usize,
     stops: usize,
 }
@@ -59,6 +61,12 @@ impl FakeRuntime {
     /// runtime does).
     pub fn fail_next_start(&self, err: SandboxError) {
         self.lock().fail_next_start = Some(err);
+    }
+
+    /// Removes an image from the fake engine, as `docker rmi` would: readiness reports
+    /// it missing and starts that need it fail with [`SandboxError::ImageMissing`].
+    pub fn remove_image(&self, image: &str) {
+        self.lock().missing_images.insert(image.to_owned());
     }
 
     /// Marks a container as exited (still listed, not running). Returns whether it
@@ -110,10 +118,24 @@ impl FakeRuntime {
 
 #[async_trait]
 impl SandboxRuntime for FakeRuntime {
+    async fn check_ready(&self, image: &str) -> Result<(), SandboxError> {
+        if self.lock().missing_images.contains(image) {
+            return Err(SandboxError::ImageMissing {
+                image: image.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
     async fn start(&self, spec: &SandboxSpec) -> Result<SandboxHandle, SandboxError> {
         let mut state = self.lock();
         if let Some(err) = state.fail_next_start.take() {
             return Err(err);
+        }
+        if state.missing_images.contains(&spec.image) {
+            return Err(SandboxError::ImageMissing {
+                image: spec.image.clone(),
+            });
         }
         let name = super::container_name(FAKE_INSTANCE, &spec.session_id);
         if state.containers.values().any(|c| c.handle.name == name) {

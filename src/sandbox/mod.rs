@@ -71,6 +71,10 @@ pub trait SandboxRuntime: Send + Sync {
     /// (left by a crash, or by a container removed behind threadgate's back). Returns
     /// how many were removed. Meant for start-up and periodic reconciliation.
     async fn reap_orphan_secrets(&self) -> Result<usize, SandboxError>;
+
+    /// Whether the engine answers and `image` exists in it (images are never pulled):
+    /// what `/readyz` reports. A missing image is [`SandboxError::ImageMissing`].
+    async fn check_ready(&self, image: &str) -> Result<(), SandboxError>;
 }
 
 /// Everything needed to start one session's container.

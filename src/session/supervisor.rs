@@ -290,6 +290,7 @@ impl Supervisor {
 
     /// Applies a thread's unapplied events in the order they happened, then does what
     /// the result asks: start or resume its session, or end it.
+    #[tracing::instrument(name = "supervisor", skip_all, fields(thread_id = %thread))]
     async fn apply_thread(&mut self, thread: &str) {
         if let Some(dirty) = self.busy.get_mut(thread) {
             *dirty = true;
@@ -479,7 +480,9 @@ impl Supervisor {
         self.set_state(&thread, SessionState::Starting, None).await;
         let parts = self.parts.clone();
         let tx = self.tx.clone();
-        tokio::spawn(async move {
+        let span = tracing::info_span!("session_start", thread_id = %row.thread_id, session_id = %row.session_id);
+        let start = async move {
+            let began = std::time::Instant::now();
             let outcome = match start_session(&parts, &row).await {
                 Ok((container_id, worktree)) => Outcome::Started {
                     container_id,
@@ -487,11 +490,16 @@ impl Supervisor {
                 },
                 Err(e) => Outcome::StartFailed(format!("{e:#}")),
             };
+            let ok = matches!(outcome, Outcome::Started { .. });
+            crate::metrics::session_start(ok, began.elapsed());
+            let took_ms = began.elapsed().as_millis() as u64;
+            tracing::info!(ok, took_ms, "session start finished");
             let _ = tx.send(Msg::Done {
                 thread: row.thread_id,
                 outcome,
             });
-        });
+        };
+        tokio::spawn(tracing::Instrument::instrument(start, span));
     }
 
     /// Stops the thread's container (if any), commits its worktree and ends the session.
@@ -689,6 +697,7 @@ impl Supervisor {
                 if self.slots.insert(c.thread_id.clone())
                     && let Some(row) = owner
                 {
+                    crate::metrics::reconcile("adopted", 1);
                     self.reopen_api(row).await;
                     self.touch(&c.thread_id);
                 }
@@ -699,6 +708,7 @@ impl Supervisor {
         }
         // Each stop waits out the container's grace period: stop them all at once, so
         // that N strays hold the actor for one grace period rather than N.
+        crate::metrics::reconcile("reaped", strays.len());
         let sandbox = &self.parts.sandbox;
         let stops = strays
             .iter()
@@ -713,6 +723,7 @@ impl Supervisor {
         match self.parts.sandbox.reap_orphan_secrets().await {
             Ok(0) => {}
             Ok(removed) => {
+                crate::metrics::reconcile("secrets_reaped", removed);
                 tracing::warn!(removed, "removed secrets directories without a container")
             }
             Err(e) => tracing::error!(error = %e, "cannot reap secrets directories"),
@@ -726,6 +737,7 @@ impl Supervisor {
                 continue;
             }
             tracing::warn!(thread = %row.thread_id, "session lost its container; resuming");
+            crate::metrics::reconcile("resumed", 1);
             self.slots.remove(&row.thread_id);
             self.parts.api.close(&row.session_id).await;
             self.try_start(row).await;

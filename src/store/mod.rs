@@ -255,6 +255,7 @@ fn writer_loop(conn: Connection, jobs: mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
+        let (began, jobs_in_batch) = (std::time::Instant::now(), batch.len());
         let mut finishers = Vec::with_capacity(batch.len());
         // INVARIANT: a job runs only inside its own savepoint of an open transaction, so
         // a failing job never leaves partial changes in the batch. A job that cannot be
@@ -279,6 +280,7 @@ fn writer_loop(conn: Connection, jobs: mpsc::Receiver<Job>) {
             let _ = conn.execute_batch("ROLLBACK");
             e.to_string()
         });
+        crate::metrics::db_commit(jobs_in_batch, began.elapsed(), committed.is_ok());
         for finish in finishers {
             finish(committed.clone());
         }

@@ -136,8 +136,22 @@ impl Refusal {
         }
     }
 
+    /// The refusal's fixed metrics label.
+    fn reason(&self) -> &'static str {
+        match self {
+            Refusal::TooLarge { .. } => "too_large",
+            Refusal::Unreadable => "unreadable",
+            Refusal::Signature(_) => "signature",
+            Refusal::Envelope(_) => "envelope",
+            Refusal::NotUtf8 => "not_utf8",
+            Refusal::Stale { .. } => "stale",
+            Refusal::Store(_) => "store_error",
+        }
+    }
+
     /// Logs the refusal and turns it into the answer. A 500 says nothing specific.
     fn into_answer(self, event_id: Option<&str>) -> Response {
+        crate::metrics::delivery("refused", self.reason(), None);
         if let Refusal::Store(_) = self {
             tracing::error!(event_id, error = %self, "webhook delivery not stored");
             return ApiError::internal().into_response();
@@ -148,12 +162,17 @@ impl Refusal {
     }
 }
 
-#[tracing::instrument(name = "webhook_intake", skip_all)]
+#[tracing::instrument(
+    name = "webhook_intake",
+    skip_all,
+    fields(event_id = tracing::field::Empty, thread_id = tracing::field::Empty)
+)]
 async fn receive(
     State(state): State<Arc<IntakeState>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let started = std::time::Instant::now();
     let body = match read_body(body, state.config.max_body_bytes) {
         Ok(body) => body,
         Err(refusal) => return refusal.into_answer(None),
@@ -168,7 +187,12 @@ async fn receive(
         Ok(envelope) => envelope,
         Err(e) => return Refusal::from(e).into_answer(None),
     };
-    match accept(&state, envelope, body).await {
+    let span = tracing::Span::current();
+    span.record("event_id", tracing::field::display(&envelope.id));
+    if let Some(thread) = &envelope.thread_id {
+        span.record("thread_id", tracing::field::display(thread));
+    }
+    match accept(&state, envelope, body, started).await {
         Ok(response) => response,
         Err((refusal, event_id)) => refusal.into_answer(Some(&event_id)),
     }
@@ -190,6 +214,7 @@ async fn accept(
     state: &IntakeState,
     envelope: Envelope,
     body: Bytes,
+    started: std::time::Instant,
 ) -> Result<Response, (Refusal, String)> {
     let now = (state.clock)();
     let skew_ms = now.saturating_sub(envelope.attempt_at_ms).saturating_abs();
@@ -216,6 +241,7 @@ async fn accept(
         Ok(InsertOutcome::Inserted { seq }) => seq,
         Ok(InsertOutcome::Duplicate) => {
             tracing::debug!(event_id, "duplicate webhook delivery ignored");
+            crate::metrics::delivery("duplicate", "none", Some(started.elapsed()));
             return Ok(
                 (StatusCode::OK, axum::Json(json!({ "status": "duplicate" }))).into_response(),
             );
@@ -228,6 +254,7 @@ async fn accept(
         class = class.as_str(),
         "webhook event stored"
     );
+    crate::metrics::delivery("stored", "none", Some(started.elapsed()));
     if let (Some(thread_id), false) = (thread_id, class == EventClass::Ignored) {
         let event = StoredEvent {
             seq,

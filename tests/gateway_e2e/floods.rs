@@ -72,6 +72,70 @@ async fn idle_and_slow_header_connections_are_closed_and_webhooks_still_answer()
     app.stop().await;
 }
 
+/// One request on a fresh connection from `source`: the status, or `None` when the
+/// server closed the connection without answering.
+async fn status_from(source: &str, server: std::net::SocketAddr) -> Option<u16> {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(format!("{source}:0").parse().expect("source"))
+        .expect("bind the source address");
+    let mut s = socket.connect(server).await.expect("connect");
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .ok()?;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer))
+        .await
+        .expect("the server neither answered nor closed")
+        .ok()?;
+    let text = String::from_utf8_lossy(&answer);
+    text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_flooding_the_listener_cannot_lock_out_another() {
+    let mut world = World::new().await;
+    // Idle connections are kept long: only the caps decide who gets in.
+    world.settings.server.header_timeout = Duration::from_secs(60);
+    world.settings.server.max_connections = 64;
+    world.settings.server.max_connections_per_address = 16;
+    let app = world.start().await;
+
+    // 127.0.0.1 opens 100 idle connections: more than the whole listener takes.
+    let mut held = Vec::new();
+    for _ in 0..100 {
+        held.push(TcpStream::connect(app.addr).await.expect("connect"));
+    }
+    // Its 17th and later connections were closed at once (its share is 16)...
+    let mut closed = 0;
+    for s in held.split_off(16) {
+        closed_by_server(s, Duration::from_secs(10)).await;
+        closed += 1;
+    }
+    assert_eq!(closed, 84);
+    assert_eq!(
+        status_from("127.0.0.1", app.addr).await,
+        None,
+        "over its share"
+    );
+    // ...so another address is served at once. With only the global cap, the flood's
+    // 64 idle connections would shut it out for the whole header timeout.
+    assert_eq!(status_from("127.0.0.2", app.addr).await, Some(200));
+
+    // Its share comes back as its connections close.
+    drop(held);
+    let mut served = None;
+    for _ in 0..100 {
+        served = status_from("127.0.0.1", app.addr).await;
+        if served.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(served, Some(200), "the address was not served again");
+    app.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_that_never_arrives_is_cut_off() {
     let mut world = World::new().await;

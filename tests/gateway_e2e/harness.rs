@@ -193,6 +193,7 @@ impl World {
             .await
             .expect("the application builds");
         let (addr, db, gate) = (app.addr, app.db.clone(), app.gate.clone());
+        let metrics_addr = app.metrics_addr;
         let hasher = app.hasher.clone();
         let (shutdown, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(app.run_until(async move {
@@ -200,6 +201,7 @@ impl World {
         }));
         Running {
             addr,
+            metrics_addr,
             db,
             gate,
             hasher,
@@ -361,6 +363,8 @@ pub fn shared_dir() -> PathBuf {
 /// A served application; stopped by [`Running::stop`] (or, without waiting, on drop).
 pub struct Running {
     pub addr: SocketAddr,
+    /// The metrics listener, when the settings turn it on.
+    pub metrics_addr: Option<SocketAddr>,
     pub db: Db,
     pub gate: Arc<Gate>,
     /// The reviewers' password-hashing pool of this application.

@@ -122,6 +122,26 @@ async fn the_token_budget_counts_upstream_usage_and_caps_max_tokens() {
             .expect("tokens")
             >= 1000
     );
+    // The metrics count the same tokens, by model (other tests of this process may add).
+    let total = second["threadgate"]["tokens_used"]
+        .as_u64()
+        .expect("tokens") as f64;
+    let metrics = threadgate::metrics::get().render();
+    let counted = |prefix: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert!(
+        counted("threadgate_model_tokens_total{model=") >= total,
+        "{metrics}"
+    );
+    assert!(
+        counted("threadgate_model_call_seconds_count{") >= 2.0,
+        "{metrics}"
+    );
     let seen = mw.model.seen();
     assert_eq!(seen[0].body["max_tokens"], 1000, "at most the budget");
     assert_eq!(
