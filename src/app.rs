@@ -245,6 +245,18 @@ fn policy_info(gate: &Arc<Gate>) -> crate::health::LoadedPolicyInfo {
     })
 }
 
+/// What `/readyz` checks: the database, the sandbox runtime and image, the policy.
+fn readiness(settings: &Settings, base: &Foundation, gate: &Arc<Gate>) -> crate::health::Readiness {
+    crate::health::Readiness {
+        db: base.db.clone(),
+        sandbox: base.sandbox.clone(),
+        image: settings.sandbox.image.clone(),
+        policy: policy_info(gate),
+        timeout: settings.telemetry.ready_timeout,
+        clock: base.clock.clone(),
+    }
+}
+
 /// Binds the metrics listener and serves `GET /metrics` on it in the background.
 async fn serve_metrics(
     at: SocketAddr,
@@ -439,14 +451,7 @@ impl Application {
         let sockets = session_sockets(&settings, &base, &gate, model, handle.clone());
         let parts = supervisor_parts(&settings, &base, &gate, sockets.clone());
         let _task = Supervisor::start(parts, inbox);
-        let readiness = crate::health::Readiness {
-            db: base.db.clone(),
-            sandbox: base.sandbox.clone(),
-            image: settings.sandbox.image.clone(),
-            policy: policy_info(&gate),
-            timeout: settings.telemetry.ready_timeout,
-            clock: base.clock.clone(),
-        };
+        let readiness = readiness(&settings, &base, &gate);
         let (router, events) =
             people_router(&settings, &base, &approvals, readiness, &signing_secret)?;
         let mut background =
