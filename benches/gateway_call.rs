@@ -1,10 +1,18 @@
-//! What the gateway adds to a call: `stripe.get_charge` through a session's socket
-//! (scope, secret scan, policy decision and its durable execution and audit rows, the
-//! connector, the outcome row) against the same request straight to localstripe with
-//! reqwest, in the same run, alternating, N = 200 each after a warm-up.
+//! What the gateway adds to a call, measured in one run, side by side, alternating call
+//! by call, against the same request straight to localstripe with reqwest:
+//!
+//! - a read, `stripe.get_charge` (scope lookups, secret scan, a decision on a snapshot,
+//!   the connector, then decision and outcome in one group commit);
+//! - a write, `stripe.create_refund` under an `always_run` rule (completion lookups, the
+//!   decision durable before it runs, the connector, the outcome commit);
+//! - and the parts of the read path on their own: the two ownership lookups the scope
+//!   check makes (`GET` charge, `GET` customer, straight to localstripe) and one durable
+//!   commit through the application's writer.
 //!
 //! Custom harness: `cargo bench --bench gateway_call`. Needs `.venv-peers`
-//! (`scripts/localstripe.sh setup`).
+//! (`scripts/localstripe.sh setup`). Environment: `GATEWAY_BENCH_N` (calls of each
+//! kind, default 400), `GATEWAY_BENCH_LOGS=capture` (keep the test harness's debug-level
+//! log capture instead of the production default, `info` to stderr).
 
 #[path = "../tests/support/github_stub.rs"]
 mod github_stub;
@@ -22,8 +30,18 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-const N: usize = 200;
 const WARM_UP: usize = 20;
+
+/// Reads run; a refund runs without a person (only this bench's policy says so).
+const BENCH_POLICY: &str = r#"
+policy:
+  default_mode: risk
+policies:
+  - match: "stripe.create_refund"
+    action: always_run
+  - match: "stripe.get_*"
+    action: always_run
+"#;
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() - 1) as f64 * p).round() as usize;
@@ -34,11 +52,52 @@ fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(", "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Latencies of one kind of call, sorted when reported.
+struct Series {
+    label: &'static str,
+    times: Vec<Duration>,
+}
+
+impl Series {
+    fn new(label: &'static str, n: usize) -> Series {
+        Series {
+            label,
+            times: Vec::with_capacity(n),
+        }
+    }
+
+    fn median_p99(&mut self) -> (f64, f64) {
+        self.times.sort();
+        (
+            micros(percentile(&self.times, 0.5)),
+            micros(percentile(&self.times, 0.99)),
+        )
+    }
+
+    fn print(&mut self) {
+        let (p50, p99) = self.median_p99();
+        println!(
+            "  {:<44} median {p50:8.0} us   p99 {p99:8.0} us",
+            self.label
+        );
+    }
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` runs the harness with no
     // such flag and only needs it to build.
     if !std::env::args().any(|a| a == "--bench") {
         return;
+    }
+    if std::env::var("GATEWAY_BENCH_LOGS").as_deref() != Ok("capture") {
+        // Installed first, so the harness's debug-level capture does not install.
+        threadgate::telemetry::init().expect("logging");
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -49,33 +108,26 @@ fn main() {
 }
 
 async fn run() {
-    let world = harness::World::new().await;
+    let n: usize = std::env::var("GATEWAY_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(400);
+    let world = harness::World::with_policy_text(BENCH_POLICY).await;
     let app = world.start().await;
     let ada = world
-        .customer_session(&app, "ada@example.com", &[4900])
+        .customer_session(&app, "ada@example.com", &[4900, 1_000_000, 1_000_000])
         .await;
-    let charge = ada.charges[0].clone();
-    let direct_url = format!("{}/v1/charges/{charge}", world.stripe.base_url());
+    let (charge, refunded, direct_refunded) = (
+        ada.charges[0].clone(),
+        ada.charges[1].clone(),
+        ada.charges[2].clone(),
+    );
+    let base = world.stripe.base_url();
     let http = reqwest::Client::new();
-
-    let through_gateway = || {
-        let session = ada.session.clone();
-        let charge = charge.clone();
-        async move {
-            let started = Instant::now();
-            let (status, body) = session
-                .call("stripe.get_charge", json!({"charge": charge}), None)
-                .await;
-            let took = started.elapsed();
-            assert_eq!(status, 200, "{body}");
-            took
-        }
-    };
-    let direct = || {
+    let get = |path: String| {
         let http = http.clone();
-        let url = direct_url.clone();
+        let url = format!("{base}{path}");
         async move {
-            let started = Instant::now();
             let response = http
                 .get(url)
                 .bearer_auth(harness::STRIPE_KEY)
@@ -83,47 +135,119 @@ async fn run() {
                 .await
                 .expect("localstripe");
             assert!(response.status().is_success());
+            response.bytes().await.expect("body")
+        }
+    };
+    let refund_direct = |amount: u64| {
+        let http = http.clone();
+        let url = format!("{base}/v1/refunds");
+        let form = [
+            ("charge", direct_refunded.clone()),
+            ("amount", amount.to_string()),
+            ("reason", "requested_by_customer".to_owned()),
+        ];
+        async move {
+            let response = http
+                .post(url)
+                .bearer_auth(harness::STRIPE_KEY)
+                .form(&form)
+                .send()
+                .await
+                .expect("localstripe");
+            assert!(response.status().is_success());
             let _ = response.bytes().await.expect("body");
-            started.elapsed()
+        }
+    };
+    let commit = |i: usize| {
+        let db = app.db.clone();
+        async move {
+            db.write(move |c| {
+                c.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('bench-commit', ?1)",
+                    [i.to_string()],
+                )
+            })
+            .await
+            .expect("commit");
         }
     };
 
-    for _ in 0..WARM_UP {
-        through_gateway().await;
-        direct().await;
+    let mut gateway_read = Series::new("read through the gateway", n);
+    let mut direct_read = Series::new("read straight to localstripe", n);
+    let mut lookups = Series::new("  its two scope lookups, straight", n);
+    let mut commits = Series::new("  one durable commit (the writer)", n);
+    let mut gateway_write = Series::new("write (refund) through the gateway", n);
+    let mut direct_write = Series::new("write (refund) straight to localstripe", n);
+    let load_before = load_average();
+    for i in 0..WARM_UP + n {
+        let keep = i >= WARM_UP;
+        let started = Instant::now();
+        let (status, body) = ada
+            .session
+            .call("stripe.get_charge", json!({"charge": charge}), None)
+            .await;
+        let took = started.elapsed();
+        assert_eq!(status, 200, "{body}");
+        keep.then(|| gateway_read.times.push(took));
+
+        let started = Instant::now();
+        get(format!("/v1/charges/{charge}")).await;
+        keep.then(|| direct_read.times.push(started.elapsed()));
+
+        let started = Instant::now();
+        get(format!("/v1/charges/{charge}")).await;
+        get(format!("/v1/customers/{}", ada.id)).await;
+        keep.then(|| lookups.times.push(started.elapsed()));
+
+        let started = Instant::now();
+        commit(i).await;
+        keep.then(|| commits.times.push(started.elapsed()));
+
+        // Distinct amounts: an identical refund would be answered from the first.
+        let amount = 1 + i as u64;
+        let started = Instant::now();
+        let args = json!({"charge": refunded, "amount": amount, "reason": "requested_by_customer"});
+        let (status, body) = ada.session.call("stripe.create_refund", args, None).await;
+        let took = started.elapsed();
+        assert_eq!(status, 200, "{body}");
+        keep.then(|| gateway_write.times.push(took));
+
+        let started = Instant::now();
+        refund_direct(amount).await;
+        keep.then(|| direct_write.times.push(started.elapsed()));
     }
-    let mut gateway = Vec::with_capacity(N);
-    let mut straight = Vec::with_capacity(N);
-    for _ in 0..N {
-        gateway.push(through_gateway().await);
-        straight.push(direct().await);
+    let load_after = load_average();
+    println!(
+        "gateway calls, N = {n} of each kind, alternating, after {WARM_UP} warm-up rounds; \
+         load average {load_before} before, {load_after} after"
+    );
+    for series in [
+        &mut gateway_read,
+        &mut direct_read,
+        &mut lookups,
+        &mut commits,
+        &mut gateway_write,
+        &mut direct_write,
+    ] {
+        series.print();
     }
-    gateway.sort();
-    straight.sort();
-    let (g50, s50) = (percentile(&gateway, 0.5), percentile(&straight, 0.5));
-    let (g90, s90) = (percentile(&gateway, 0.9), percentile(&straight, 0.9));
-    println!("stripe.get_charge, N = {N} each (alternating, after {WARM_UP} warm-up calls)");
+    let (read_g, _) = gateway_read.median_p99();
+    let (read_d, _) = direct_read.median_p99();
+    let (write_g, _) = gateway_write.median_p99();
+    let (write_d, _) = direct_write.median_p99();
     println!(
-        "  straight to localstripe:  median {:8.0} us   p90 {:8.0} us",
-        micros(s50),
-        micros(s90)
-    );
-    println!(
-        "  through the gateway:      median {:8.0} us   p90 {:8.0} us",
-        micros(g50),
-        micros(g90)
-    );
-    println!(
-        "  added by the gateway:     median {:8.0} us",
-        micros(g50) - micros(s50)
+        "  added by the gateway at the median: read {:.0} us, write {:.0} us",
+        read_g - read_d,
+        write_g - write_d
     );
     let rows = app.executions().await;
     let audit = app.audit_rows().await;
     println!(
-        "  recorded: {} executions, {} audit rows ({:.1} per call)",
+        "  recorded: {} executions, {} audit rows ({:.1} per call); chain verifies ({} rows)",
         rows.len(),
         audit.len(),
-        audit.len() as f64 / rows.len().max(1) as f64
+        audit.len() as f64 / rows.len().max(1) as f64,
+        app.verify_audit().await
     );
     app.stop().await;
 }

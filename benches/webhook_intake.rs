@@ -5,9 +5,9 @@
 //!
 //! `cargo bench --bench webhook_intake`. Environment: `WEBHOOK_BENCH_N` (deliveries,
 //! default 20000), `WEBHOOK_BENCH_CLIENTS` (concurrent keep-alive HTTP/1.1 clients,
-//! default 64), `WEBHOOK_BENCH_RATE` (offered deliveries/s in the open-loop run,
-//! default 2000), `WEBHOOK_BENCH_SKIP_PARSE` (skip the CPU microbenchmark),
-//! `THREADGATE_SHARED` (the shared directory with Plain's examples).
+//! default 64), `WEBHOOK_BENCH_RATES` (offered deliveries/s of the open-loop runs, one
+//! after another, default `2000,5000`), `WEBHOOK_BENCH_SKIP_PARSE` (skip the CPU
+//! microbenchmark), `THREADGATE_SHARED` (the shared directory with Plain's examples).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -239,7 +239,15 @@ fn intake_benchmark(template: &Value) {
     let full = std::env::args().any(|a| a == "--bench");
     let n = env_usize("WEBHOOK_BENCH_N", if full { 20_000 } else { 200 });
     let clients = env_usize("WEBHOOK_BENCH_CLIENTS", 64);
-    let rate = env_usize("WEBHOOK_BENCH_RATE", 2_000) as f64;
+    let rates: Vec<f64> = std::env::var("WEBHOOK_BENCH_RATES")
+        .unwrap_or_else(|_| "2000,5000".into())
+        .split(',')
+        .map(|r| {
+            r.trim()
+                .parse()
+                .expect("WEBHOOK_BENCH_RATES: numbers, comma-separated")
+        })
+        .collect();
     let dir = tempfile::tempdir().expect("tempdir");
     fsync_probe(dir.path());
     let db = Db::open(&dir.path().join("state.db")).expect("open db");
@@ -264,7 +272,8 @@ fn intake_benchmark(template: &Value) {
 
     println!(
         "webhook intake: signed deliveries from {clients} keep-alive HTTP/1.1 connections, \
-         SQLite synchronous=FULL with group commit"
+         SQLite synchronous=FULL with group commit; load average {}",
+        load_average()
     );
     run("warmup", 1_000, None);
     let (elapsed, latencies) = run("closed", n, None);
@@ -274,10 +283,19 @@ fn intake_benchmark(template: &Value) {
         elapsed,
         &latencies,
     );
-    let (elapsed, latencies) = run("open", n, Some(rate));
-    let label =
-        format!("open loop at {rate:.0}/s offered (latency from when each delivery was due)");
-    report(&label, n, elapsed, &latencies);
+    for rate in rates {
+        let (elapsed, latencies) = run(&format!("open{rate:.0}_"), n, Some(rate));
+        let label =
+            format!("open loop at {rate:.0}/s offered (latency from when each delivery was due)");
+        report(&label, n, elapsed, &latencies);
+    }
+    println!("  load average after: {}", load_average());
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(", "))
+        .unwrap_or_else(|_| "unknown".into())
 }
 
 fn parse_benchmark(template: &Value) {

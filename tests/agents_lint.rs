@@ -204,3 +204,42 @@ async fn serve_refuses_to_start_with_a_bad_agent() {
     );
     assert!(format!("{err:#}").contains(&expected), "{err:#}");
 }
+
+#[test]
+fn the_harness_choice_is_checked_with_its_line() {
+    let good = "harness:\n  command: [\"/opt/agent\", \"--mcp\", \"{mcp_url}\"]\nlimits:\n";
+    let (_dir, agents) = tree(|t| t.replacen("limits:\n", good, 1));
+    let (ok, out) = lint(&agents);
+    assert!(ok, "{out}");
+    let book = AgentBook::load(&agents, &repo().join("skills")).expect("loads");
+    let harness = book
+        .get("support")
+        .and_then(|a| a.harness.clone())
+        .expect("a harness");
+    assert_eq!(
+        harness.port,
+        threadgate::session::agents::DEFAULT_HARNESS_PORT
+    );
+
+    for bad in [
+        "harness:\n  command: []\nlimits:\n",
+        "harness:\n  command: [\"/opt/agent\"]\n  port: 0\nlimits:\n",
+    ] {
+        let (_dir, agents) = tree(|t| t.replacen("limits:\n", bad, 1));
+        let (ok, out) = lint(&agents);
+        let text = std::fs::read_to_string(agents.join("support.md")).expect("read");
+        let key_line = 1 + text
+            .lines()
+            .position(|l| l == "harness:")
+            .expect("the harness key");
+        let expected = format!(
+            "{}:{key_line}: harness: command must name a program",
+            agents.join("support.md").display(),
+        );
+        assert!(!ok && out.contains(&expected), "{bad}: {out}");
+    }
+    let unknown = "harness:\n  command: [\"/opt/agent\"]\n  colour: red\nlimits:\n";
+    let (_dir, agents) = tree(|t| t.replacen("limits:\n", unknown, 1));
+    let (ok, out) = lint(&agents);
+    assert!(!ok && out.contains("colour"), "{out}");
+}

@@ -31,6 +31,8 @@ mod ops;
 mod publish;
 #[path = "gateway_e2e/queue.rs"]
 mod queue;
+#[path = "gateway_e2e/read_commit.rs"]
+mod read_commit;
 #[path = "gateway_e2e/read_scope.rs"]
 mod read_scope;
 #[path = "gateway_e2e/refund_evidence.rs"]

@@ -29,7 +29,7 @@ pub(super) enum Decided {
 }
 
 /// Limits read from the charges table inside the deciding transaction.
-struct SqlHistory<'c>(&'c Connection);
+pub(super) struct SqlHistory<'c>(pub(super) &'c Connection);
 
 impl LimitHistory for SqlHistory<'_> {
     fn total(&self, key: &str, since_unix_ms: i64) -> u128 {
@@ -43,22 +43,36 @@ impl LimitHistory for SqlHistory<'_> {
 }
 
 /// The verdict on a prepared call, before it is written.
-struct Verdicted {
-    verdict: Verdict,
-    because: String,
-    rule_line: Option<i64>,
-    charges: Vec<LimitCharge>,
+pub(super) struct Verdicted {
+    pub verdict: Verdict,
+    pub because: String,
+    pub rule_line: Option<i64>,
+    pub charges: Vec<LimitCharge>,
 }
 
 /// What the deciding transaction reads besides the call.
-struct Context {
-    loaded: Arc<LoadedPolicy>,
-    catalog: Catalog,
-    redactor: Arc<Redactor>,
-    scope: SessionScope,
-    now: i64,
+pub(super) struct Context {
+    pub loaded: Arc<LoadedPolicy>,
+    pub catalog: Catalog,
+    pub redactor: Arc<Redactor>,
+    pub scope: SessionScope,
+    pub now: i64,
     /// The approval link without the execution id.
-    url_prefix: String,
+    pub url_prefix: String,
+}
+
+impl Context {
+    /// What the gate holds now, for a call of `scope`.
+    pub(super) fn of(gate: &Gate, scope: &SessionScope) -> Context {
+        Context {
+            loaded: gate.current_policy(),
+            catalog: gate.catalog.clone(),
+            redactor: gate.current_redactor(),
+            scope: scope.clone(),
+            now: gate.now(),
+            url_prefix: gate.approval_url(""),
+        }
+    }
 }
 
 impl Gate {
@@ -68,14 +82,7 @@ impl Gate {
         scope: &SessionScope,
         call: PreparedCall,
     ) -> Result<Decided, crate::store::StoreError> {
-        let cx = Context {
-            loaded: self.current_policy(),
-            catalog: self.catalog.clone(),
-            redactor: self.current_redactor(),
-            scope: scope.clone(),
-            now: self.now(),
-            url_prefix: self.approval_url(""),
-        };
+        let cx = Context::of(self, scope);
         self.db
             .write(move |conn| {
                 if let Some(found) = earlier_binding(conn, &cx, &call)? {
@@ -107,7 +114,11 @@ fn earlier_binding(
 
 /// The policy's verdict, made a hold when completion forced one or another call to the
 /// same tool is held in the session.
-fn verdict(conn: &Connection, cx: &Context, call: &PreparedCall) -> rusqlite::Result<Verdicted> {
+pub(super) fn verdict(
+    conn: &Connection,
+    cx: &Context,
+    call: &PreparedCall,
+) -> rusqlite::Result<Verdicted> {
     let decision = cx.loaded.policy.decide_with_evidence(
         &call.tool,
         &call.args,
@@ -182,7 +193,12 @@ fn record(
 }
 
 /// The execution row of a decided call.
-fn frozen(cx: &Context, call: PreparedCall, v: &Verdicted, summary: String) -> Execution {
+pub(super) fn frozen(
+    cx: &Context,
+    call: PreparedCall,
+    v: &Verdicted,
+    summary: String,
+) -> Execution {
     let ttl_ms = i64::try_from(cx.loaded.policy.approval_ttl().as_millis()).unwrap_or(i64::MAX);
     let (status, expires) = match v.verdict {
         Verdict::Run => (Status::Running, None),

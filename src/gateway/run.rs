@@ -8,11 +8,12 @@ use serde_json::Value;
 
 use super::decide::Decided;
 use super::gate::{CallReply, CallRequest, Gate};
+use super::outcome::{Outcome, Ran, write_outcome};
+use super::read_call::ReadDecision;
 use super::refusal::Refusal;
 use super::scope;
-use crate::audit::AuditEvent;
 use crate::connectors::{CallContext, Connector, ConnectorError};
-use crate::executions::{self, AuditStep, Execution, Status, store as exec_store};
+use crate::executions::Execution;
 use crate::secrets::Redactor;
 use crate::session::SessionScope;
 
@@ -23,10 +24,21 @@ impl Gate {
     #[tracing::instrument(name = "gate", skip_all, fields(thread_id = %scope.thread_id, session_id = %scope.session_id))]
     pub async fn call(&self, scope: &SessionScope, req: CallRequest) -> CallReply {
         let started = Instant::now();
-        let prepared = match self.prepare(scope, req).await {
+        let mut prepared = match self.prepare(scope, req).await {
             Ok(p) => p,
             Err(refusal) => return CallReply::Refused(refusal),
         };
+        if !prepared.is_write && prepared.forced_hold.is_none() {
+            // A read runs before its one commit (see `read_call`).
+            match self.decide_read(scope, prepared).await {
+                Ok(ReadDecision::Run(exec)) => return self.run_read(exec, started).await,
+                Ok(ReadDecision::Undecided(back)) => prepared = back,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot decide a read");
+                    return CallReply::Refused(Refusal::Internal);
+                }
+            }
+        }
         let decided = match self.decide(scope, prepared).await {
             Ok(d) => d,
             Err(e) => {
@@ -64,49 +76,56 @@ impl Gate {
     /// outcome and its audit row in one transaction, and answers the agent.
     #[tracing::instrument(name = "execute", skip_all, fields(execution_id = %exec.id, thread_id = %exec.thread_id, session_id = %exec.session_id, tool = %exec.tool))]
     pub async fn execute(&self, exec: Execution, started: Instant) -> CallReply {
+        let ran = self.run_decided(&exec).await;
+        self.record_outcome(&exec, ran.record, started).await;
+        self.notify(&exec.id);
+        ran.reply
+    }
+
+    /// Runs a decided call through its connector and says what to record and what to
+    /// answer; records nothing itself.
+    pub(super) async fn run_decided(&self, exec: &Execution) -> Ran {
         let Some(connector) = self.connectors.for_tool(&exec.tool) else {
             let error = format!("no connector is configured for {}", exec.tool);
-            self.record_outcome(&exec, Outcome::Failed(error.clone()), started)
-                .await;
-            return CallReply::Failed {
-                execution_id: exec.id,
-                error,
-                retry_after_ms: None,
+            return Ran {
+                record: Outcome::Failed(error.clone()),
+                reply: CallReply::Failed {
+                    execution_id: exec.id.clone(),
+                    error,
+                    retry_after_ms: None,
+                },
             };
         };
         let args: Value = serde_json::from_str(&exec.args).unwrap_or(Value::Null);
-        let outcome = send(connector.as_ref(), &exec, &args).await;
+        let outcome = send(connector.as_ref(), exec, &args).await;
         if let Ok(result) = &outcome
             && let Err(message) = scope::check_result(&exec.tool, &args, result)
         {
             // The answer is dropped, never stored nor returned.
-            self.record_outcome(&exec, Outcome::Failed(message.clone()), started)
-                .await;
-            self.notify(&exec.id);
-            return CallReply::Refused(Refusal::OutOfScope(message));
+            return Ran {
+                record: Outcome::Failed(message.clone()),
+                reply: CallReply::Refused(Refusal::OutOfScope(message)),
+            };
         }
         self.refresh_redactor().await;
         let redactor = self.current_redactor();
-        let reply = match outcome {
+        match outcome {
             Ok(mut result) => {
                 redactor.redact_json(&mut result);
-                self.record_outcome(&exec, Outcome::Succeeded(result.clone()), started)
-                    .await;
-                CallReply::Ran {
-                    execution_id: exec.id.clone(),
-                    result,
-                    replayed: false,
+                Ran {
+                    record: Outcome::Succeeded(result.clone()),
+                    reply: CallReply::Ran {
+                        execution_id: exec.id.clone(),
+                        result,
+                        replayed: false,
+                    },
                 }
             }
             Err(e) => {
-                let (failure, reply) =
-                    failed(&exec, e, connector.supports_idempotency(), &redactor);
-                self.record_outcome(&exec, failure, started).await;
-                reply
+                let (record, reply) = failed(exec, e, connector.supports_idempotency(), &redactor);
+                Ran { record, reply }
             }
-        };
-        self.notify(&exec.id);
-        reply
+        }
     }
 
     /// Records how a call ended and its audit step, in one transaction.
@@ -117,38 +136,12 @@ impl Gate {
         let duration = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
         let written = self
             .db
-            .write(move |conn| {
-                let (status, result, error) = match &outcome {
-                    Outcome::Succeeded(result) => {
-                        (Status::Succeeded, Some(result.to_string()), None)
-                    }
-                    Outcome::Failed(error) => (Status::Failed, None, Some(error.as_str())),
-                    Outcome::Unknown(error) => (Status::NeedsCheck, None, Some(error.as_str())),
-                };
-                exec_store::finish(conn, &exec.id, status, result.as_deref(), error, now)?;
-                if status == Status::Failed {
-                    exec_store::release_charges(conn, &exec.id)?;
-                }
-                let step = match error {
-                    None => AuditStep::new(AuditEvent::Ran).outcome(Some("ok")),
-                    Some(error) => AuditStep::new(AuditEvent::Failed).outcome(Some(error)),
-                };
-                executions::audit(conn, &redactor, &exec, step.duration_ms(duration))
-            })
+            .write(move |conn| write_outcome(conn, &redactor, &exec, &outcome, duration, now))
             .await;
         if let Err(e) = written {
             tracing::error!(error = %e, "cannot record a call's outcome");
         }
     }
-}
-
-/// How a sent call ended, as recorded.
-enum Outcome {
-    Succeeded(Value),
-    /// Definitely not done: its limit charges are given back.
-    Failed(String),
-    /// Perhaps done, on a provider without idempotency keys: a person must check.
-    Unknown(String),
 }
 
 /// Sends the call; an unknown outcome is retried only where the provider deduplicates

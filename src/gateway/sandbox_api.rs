@@ -187,6 +187,7 @@ async fn agent(State(s): State<SessionState>) -> Response {
         "instructions": def.instructions,
         "tools": def.tools,
         "skills": skills,
+        "harness": def.harness,
         "thread_id": s.scope.thread_id,
         "session_id": s.scope.session_id,
     }))

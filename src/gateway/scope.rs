@@ -65,15 +65,15 @@ pub async fn check_stripe_read(
         }
         "stripe.get_charge" => {
             let charge = text("charge");
-            let facts =
+            let customer =
                 stripe
-                    .charge_facts(&charge)
+                    .charge_customer(&charge)
                     .await
                     .map_err(|source| ScopeError::Lookup {
                         what: format!("charge {charge}"),
                         source,
                     })?;
-            (format!("charge {charge}"), facts.customer)
+            (format!("charge {charge}"), customer)
         }
         // INVARIANT: a Stripe read the scope check does not know is refused, so a tool
         // added to the catalog without a rule here never reads unchecked.

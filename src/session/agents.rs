@@ -60,6 +60,10 @@ pub struct AgentDefinition {
     /// The token budget and turn cap.
     #[serde(default)]
     pub limits: AgentLimits,
+    /// The agent harness the runner starts: absent, the built-in model loop; set, a
+    /// team's own harness that reaches the gated tools over MCP.
+    #[serde(default)]
+    pub harness: Option<HarnessCommand>,
     /// The agent's standing instructions: the Markdown body.
     #[serde(skip)]
     pub instructions: String,
@@ -72,6 +76,28 @@ impl AgentDefinition {
             .iter()
             .any(|pattern| crate::policy::tool_pattern_matches(pattern, tool))
     }
+}
+
+/// A team's own agent harness, run in the sandbox by `threadgate-agent-runner` instead
+/// of its built-in loop. The runner opens its bridge on `127.0.0.1:port` and starts
+/// `command` with `THREADGATE_MCP_URL` (`http://127.0.0.1:PORT/mcp`) and
+/// `OPENAI_BASE_URL` (the model proxy, OpenAI-compatible) in its environment; the
+/// arguments `{mcp_url}` and `{model_base_url}` are replaced by the same URLs.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HarnessCommand {
+    /// The program and its arguments; must not be empty.
+    pub command: Vec<String>,
+    /// The bridge's port on the container's loopback.
+    #[serde(default = "default_harness_port")]
+    pub port: u16,
+}
+
+/// The bridge's port when the agent file names none.
+pub const DEFAULT_HARNESS_PORT: u16 = 7345;
+
+fn default_harness_port() -> u16 {
+    DEFAULT_HARNESS_PORT
 }
 
 /// A playbook: `skills/NAME/SKILL.md`.
@@ -314,6 +340,15 @@ impl AgentBook {
                 path: path.to_owned(),
                 line: doc.line_of("skills", s),
                 message: format!("unknown skill {s:?}: no skills/{s}/SKILL.md"),
+            });
+        }
+        if let Some(h) = &agent.harness
+            && (h.command.first().is_none_or(|p| p.trim().is_empty()) || h.port == 0)
+        {
+            problems.push(Problem {
+                path: path.to_owned(),
+                line: doc.line_of("harness", ""),
+                message: "harness: command must name a program and port must not be 0".into(),
             });
         }
         if self.agents.contains_key(&agent.name) {

@@ -24,7 +24,7 @@ mod tests;
 
 use std::path::PathBuf;
 
-pub use agents::{AgentBook, AgentDefinition, AllowedModels};
+pub use agents::{AgentBook, AgentDefinition, AllowedModels, HarnessCommand};
 pub use notes::{StopNotes, StopReason};
 pub use publish::{BranchPublisher, GithubPublisher};
 pub use settings::SessionSettings;

@@ -135,6 +135,7 @@ fn harness_with(
         skills: vec![],
         model: "scripted-model".into(),
         limits: Default::default(),
+        harness: None,
         instructions: String::new(),
     });
     let (handle, _task) = Supervisor::spawn(SupervisorParts {

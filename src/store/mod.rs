@@ -3,13 +3,15 @@
 //! Every write goes through a single writer thread that batches concurrent writes into
 //! one transaction and one fsync (group commit): a caller's `write` future resolves only
 //! after its transaction is on disk (`synchronous=FULL`, WAL). Reads use a small pool of
-//! separate connections, which WAL lets run beside the writer.
+//! separate connections, which WAL lets run beside the writer. WAL checkpoints run on
+//! their own thread (`checkpoint`), never inside a caller's commit.
 //!
 //! Domain modules own their SQL and run it through [`Db::write`] and [`Db::read`];
 //! the schema lives in `migrations/`, applied in order at open. To move to Postgres for
 //! several instances, this module and the domain queries are what changes; the
 //! orchestrator only sees domain functions.
 
+mod checkpoint;
 pub mod meta;
 mod migrations;
 
@@ -112,10 +114,18 @@ impl Db {
         for _ in 0..READERS {
             readers.push(open_reader(path).map_err(open_err)?);
         }
+        writer
+            .pragma_update(
+                None,
+                "wal_autocheckpoint",
+                checkpoint::WRITER_BACKSTOP_PAGES,
+            )
+            .map_err(open_err)?;
+        let checkpointer = checkpoint::Checkpointer::start(path).map_err(StoreError::Commit)?;
         let (tx, rx) = mpsc::channel::<Job>();
         thread::Builder::new()
             .name("threadgate-db-writer".into())
-            .spawn(move || writer_loop(writer, rx))
+            .spawn(move || writer_loop(writer, rx, checkpointer))
             .map_err(|e| StoreError::Commit(format!("cannot start the writer thread: {e}")))?;
         Ok(Db {
             inner: Arc::new(Inner {
@@ -245,8 +255,12 @@ fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
 }
 
 /// Takes every job waiting, runs them in one transaction, each in a savepoint, commits
-/// once, then answers each caller.
-fn writer_loop(conn: Connection, jobs: mpsc::Receiver<Job>) {
+/// once, then answers each caller. Checkpoints are left to `checkpointer`.
+fn writer_loop(
+    conn: Connection,
+    jobs: mpsc::Receiver<Job>,
+    checkpointer: checkpoint::Checkpointer,
+) {
     while let Ok(first) = jobs.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -281,6 +295,9 @@ fn writer_loop(conn: Connection, jobs: mpsc::Receiver<Job>) {
             e.to_string()
         });
         crate::metrics::db_commit(jobs_in_batch, began.elapsed(), committed.is_ok());
+        if committed.is_ok() {
+            checkpointer.committed(jobs_in_batch);
+        }
         for finish in finishers {
             finish(committed.clone());
         }

@@ -93,3 +93,49 @@ fn a_meta_value_is_set_once_and_read_back() {
         .expect("second");
     assert_eq!((first.as_str(), second.as_str()), ("tg-first", "tg-first"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_is_checkpointed_off_the_writer() {
+    let (dir, db) = open_temp();
+    let file = dir.path().join("state.db");
+    let size = || std::fs::metadata(&file).expect("database file").len();
+    let before = size();
+    // Enough writes to wake the checkpointer; far below the writer's own threshold, so
+    // only the checkpoint thread can have copied them into the database file.
+    let blob = "x".repeat(4000);
+    let mut handles = Vec::new();
+    for i in 0..checkpoint::JOBS_PER_CHECKPOINT + 44 {
+        let (db, blob) = (db.clone(), blob.clone());
+        handles.push(tokio::spawn(async move {
+            db.write(move |c| {
+                c.execute(
+                    "INSERT INTO meta (key, value) VALUES (?1, ?2)",
+                    [format!("k{i}"), blob],
+                )
+            })
+            .await
+        }));
+    }
+    for handle in handles {
+        handle.await.expect("task").expect("write");
+    }
+    const _: () = assert!(300 * 4000 < checkpoint::WRITER_BACKSTOP_PAGES * 4096);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while size() < before + 300 * 4000 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the database file did not grow: {} bytes, {before} before",
+            size()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let count: i64 = db
+        .read(|c| {
+            c.query_row("SELECT count(*) FROM meta WHERE key LIKE 'k%'", [], |r| {
+                r.get(0)
+            })
+        })
+        .await
+        .expect("count");
+    assert_eq!(count, 300);
+}

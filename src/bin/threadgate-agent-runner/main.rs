@@ -9,16 +9,23 @@
 //! Environment: `THREADGATE_SOCKET` (default `/run/threadgate/api.sock`),
 //! `THREADGATE_WORKSPACE` (default `/workspace`), `THREADGATE_RUNNER_STATE` (default
 //! `/tmp/threadgate`: `events.jsonl` there journals the events read, capped at 4 MiB).
+//!
+//! When the agent file names a `harness:`, the runner runs that command instead of its
+//! own loop, with its bridge from `127.0.0.1:PORT` to the socket ([`harness`]).
 
 mod agent;
 mod api;
+mod bridge;
 mod calls;
+mod harness;
 mod local;
 mod prompt;
 mod tools;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_harness;
 #[cfg(test)]
 mod tests_local;
 
@@ -39,11 +46,39 @@ fn settings() -> Settings {
     }
 }
 
+/// The harness the agent file names, with the agent's model; `None` for the built-in
+/// loop. Retries until the socket answers.
+async fn chosen_harness(settings: &Settings) -> Option<(harness::Harness, String)> {
+    let api = api::Api::new(settings.socket.clone());
+    loop {
+        match api.get("/v1/agent").await {
+            Ok(r) if r.ok() => {
+                let model = r.body["model"].as_str().unwrap_or_default().to_owned();
+                return harness::Harness::of(&r.body).map(|h| (h, model));
+            }
+            Ok(r) => eprintln!("threadgate-agent-runner: GET /v1/agent: {}", r.status),
+            Err(e) => eprintln!("threadgate-agent-runner: GET /v1/agent: {e:#}"),
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let settings = settings();
     while !settings.socket.exists() {
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    if let Some((h, model)) = chosen_harness(&settings).await {
+        match h
+            .run(settings.socket.clone(), settings.workspace.clone(), &model)
+            .await
+        {
+            Ok(status) => eprintln!("threadgate-agent-runner: the harness ended: {status}"),
+            Err(e) => eprintln!("threadgate-agent-runner: {e:#}"),
+        }
+        // The bridge stays up; the session ends by idleness or when the thread is done.
+        std::future::pending::<()>().await;
     }
     let mut runner = loop {
         match Runner::load(settings.clone()).await {

@@ -14,6 +14,8 @@ mod form;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -50,6 +52,9 @@ const MAX_PAGE_SIZE: u64 = 100;
 const MAX_PAGES: usize = 1000;
 /// Stripe's largest amount in the smallest currency unit (eight digits).
 const MAX_AMOUNT: u64 = 99_999_999;
+/// Charge owners remembered by [`StripeConnector::charge_customer`] before the memory is
+/// cleared and starts again.
+const MAX_KNOWN_OWNERS: usize = 10_000;
 
 /// What the gateway needs to know about a charge before deciding a refund on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +82,9 @@ pub struct StripeConnector {
     client: Client,
     base: Url,
     key: Credential,
+    /// Charge id to its customer, for charges that have one: Stripe never changes a
+    /// charge's customer once set, so the answer stays true.
+    owners: Arc<Mutex<HashMap<String, String>>>,
 }
 
 impl std::fmt::Debug for StripeConnector {
@@ -116,7 +124,32 @@ impl StripeConnector {
             client: http::build_client(timeout)?,
             base: http::parse_base_url(base_url)?,
             key: api_key,
+            owners: Arc::default(),
         })
+    }
+
+    /// The customer a charge belongs to, if any. A charge's customer cannot change once
+    /// set (Stripe only lets one be added to a charge without one), so a known owner is
+    /// answered from memory without a request; a charge without one is asked again.
+    pub async fn charge_customer(&self, charge_id: &str) -> Result<Option<String>, ConnectorError> {
+        let known = self
+            .owners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(charge_id)
+            .cloned();
+        if let Some(customer) = known {
+            return Ok(Some(customer));
+        }
+        let customer = self.charge_facts(charge_id).await?.customer;
+        if let Some(customer) = &customer {
+            let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+            if owners.len() >= MAX_KNOWN_OWNERS {
+                owners.clear();
+            }
+            owners.insert(charge_id.to_owned(), customer.clone());
+        }
+        Ok(customer)
     }
 
     /// The customer, amounts and currency of a charge.

@@ -1,0 +1,96 @@
+//! Reads in one durable commit.
+//!
+//! A call of catalog risk class `read` is decided on a read snapshot (no commit), run,
+//! and then its execution row, its `requested` and `decided` audit rows and its outcome
+//! (`ran` or `failed`) are written in one transaction, which the writer folds into one
+//! group commit. The agent is answered only after that commit: a read the audit lacks is
+//! a read nobody saw. If the commit fails the agent gets a 500 and no result.
+//!
+//! Only a read the snapshot plainly lets run takes this way. A read held or blocked by
+//! the policy, one with an identical call pending, one whose rule reserves limit amounts,
+//! or one completion forces to hold goes back to the write path ([`Gate::call`]'s
+//! `decide`), which decides it durably in the writer before anything runs, as it does
+//! for every write. [`verdict`] is the decision itself, shared by both ways.
+
+use std::time::Instant;
+
+use super::decide::{Context, frozen, verdict};
+use super::gate::{CallReply, Gate};
+use super::outcome::write_outcome;
+use super::prepare::PreparedCall;
+use super::refusal::Refusal;
+use crate::audit::AuditEvent;
+use crate::executions::{self, AuditStep, Execution, store as exec_store};
+use crate::policy::Verdict;
+use crate::session::SessionScope;
+use crate::store::StoreError;
+
+/// What the snapshot decided of a read.
+pub(super) enum ReadDecision {
+    /// It runs: the execution (status `running`), not yet written anywhere.
+    Run(Box<Execution>),
+    /// The write path decides it; the call is handed back.
+    Undecided(PreparedCall),
+}
+
+impl Gate {
+    /// Decides a read on a snapshot, writing nothing. The snapshot is read on the
+    /// calling thread: a few indexed lookups, cheaper than a trip to the blocking pool.
+    pub(super) async fn decide_read(
+        &self,
+        scope: &SessionScope,
+        call: PreparedCall,
+    ) -> Result<ReadDecision, StoreError> {
+        let cx = Context::of(self, scope);
+        self.db.read_blocking(move |conn| {
+            let pending = exec_store::pending_binding(
+                conn,
+                &cx.scope.session_id,
+                &call.binding_hash,
+                cx.now,
+            )?;
+            if pending.is_some() {
+                return Ok(ReadDecision::Undecided(call));
+            }
+            let judged = verdict(conn, &cx, &call)?;
+            if judged.verdict != Verdict::Run || !judged.charges.is_empty() {
+                return Ok(ReadDecision::Undecided(call));
+            }
+            let exec = frozen(&cx, call, &judged, String::new());
+            Ok(ReadDecision::Run(Box::new(exec)))
+        })
+    }
+
+    /// Runs a read decided on a snapshot, then commits its execution row, decision and
+    /// outcome in one transaction, and answers only once that is on disk.
+    pub(super) async fn run_read(&self, exec: Box<Execution>, started: Instant) -> CallReply {
+        let ran = self.run_decided(&exec).await;
+        let redactor = self.current_redactor();
+        let now = self.now();
+        let duration = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
+        let id = exec.id.clone();
+        let record = ran.record;
+        let written = self
+            .db
+            .write(move |conn| {
+                exec_store::insert(conn, &exec)?;
+                for event in [AuditEvent::Requested, AuditEvent::Decided] {
+                    executions::audit(conn, &redactor, &exec, AuditStep::new(event))?;
+                }
+                write_outcome(conn, &redactor, &exec, &record, duration, now)
+            })
+            .await;
+        match written {
+            Ok(()) => {
+                self.notify(&id);
+                ran.reply
+            }
+            Err(e) => {
+                // INVARIANT: the result is dropped; the agent never sees a read the audit
+                // does not hold.
+                tracing::error!(error = %e, execution_id = %id, "cannot record a read");
+                CallReply::Refused(Refusal::Internal)
+            }
+        }
+    }
+}

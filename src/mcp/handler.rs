@@ -1,0 +1,397 @@
+//! One session's MCP tools: list, call through the gate, wait, and redeem a sealed
+//! request state.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ElicitRequest, ElicitRequestParams,
+    Implementation, InputRequest, InputRequiredResult, JsonObject, ListToolsResult, MetaObject,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+use serde_json::{Value, json};
+
+use super::McpServer;
+use super::state::{HeldState, fresh_nonce, request_digest};
+use super::tools::{DIAGNOSIS, WAIT_TOOL, gateway_tool, wait_tool};
+use crate::executions::store::{self as exec_store, Execution, Status};
+use crate::gateway::routes::{agent_view, rfc3339};
+use crate::gateway::{CallReply, CallRequest};
+use crate::session::SessionScope;
+
+/// The `_meta` key prefix of threadgate's fields.
+const META: &str = "threadgate";
+/// How long `threadgate_wait` waits when not told.
+const DEFAULT_WAIT_SECONDS: u64 = 60;
+
+/// The MCP server as one session's socket serves it.
+#[derive(Clone)]
+pub struct SessionTools {
+    server: Arc<McpServer>,
+    scope: SessionScope,
+}
+
+impl SessionTools {
+    /// The tools of the session `scope`.
+    pub fn new(server: Arc<McpServer>, scope: SessionScope) -> SessionTools {
+        SessionTools { server, scope }
+    }
+
+    /// The tools the agent may call, in the catalog's order, then `threadgate_wait`.
+    pub fn tools(&self) -> Vec<rmcp::model::Tool> {
+        let gate = &self.server.gate;
+        let Some(agent) = gate.agents.get(&self.scope.agent) else {
+            return vec![wait_tool()];
+        };
+        let loaded = gate.current_policy();
+        let mut tools: Vec<_> = gate
+            .catalog
+            .tools()
+            .iter()
+            .filter(|t| agent.grants(t.name))
+            .filter(|t| !loaded.policy.always_blocks(t.name, &gate.catalog))
+            .map(gateway_tool)
+            .collect();
+        tools.push(wait_tool());
+        tools
+    }
+
+    async fn call(&self, params: CallToolRequestParams, url_mode: bool) -> CallToolResponse {
+        let gate = &self.server.gate;
+        gate.supervisor.touch(&self.scope.thread_id);
+        let mut args = Value::Object(params.arguments.unwrap_or_default());
+        let diagnosis = args
+            .as_object_mut()
+            .and_then(|m| m.remove(DIAGNOSIS))
+            .and_then(|d| d.as_str().map(str::to_owned))
+            .filter(|d| !d.trim().is_empty());
+        let tool = params.name.into_owned();
+        let digest = request_digest(&tool, &args);
+        if let Some(sealed) = params.request_state {
+            return self.redeem(&tool, &sealed, &digest).await;
+        }
+        let reply = gate
+            .call(
+                &self.scope,
+                CallRequest {
+                    tool,
+                    args,
+                    diagnosis,
+                },
+            )
+            .await;
+        match reply {
+            CallReply::Held {
+                execution,
+                approval_url,
+            } if url_mode => self
+                .input_required(&execution, &approval_url, digest)
+                .into(),
+            other => reply_result(other).into(),
+        }
+    }
+
+    /// The held call as an input request: the approval page to open, and the sealed
+    /// state that brings the client back to the result.
+    fn input_required(
+        &self,
+        execution: &Execution,
+        approval_url: &str,
+        request_digest: String,
+    ) -> InputRequiredResult {
+        let state = HeldState {
+            execution_id: execution.id.clone(),
+            binding_hash: execution.binding_hash.clone(),
+            request_digest,
+            expires_at_ms: execution.expires_at_ms.unwrap_or(0),
+            nonce: fresh_nonce(),
+        };
+        let sealed = self.server.sealer.seal(&self.scope.session_id, &state);
+        let message = format!(
+            "`{}` is held for a person's approval: {}. Open the approval page; once it is \
+             decided, this call returns its result.",
+            execution.tool,
+            execution.summary.as_deref().unwrap_or("no summary"),
+        );
+        let request = ElicitRequest::new(ElicitRequestParams::UrlElicitationParams {
+            meta: None,
+            message,
+            url: approval_url.to_owned(),
+            elicitation_id: execution.id.clone(),
+        });
+        let requests =
+            BTreeMap::from([("approval".to_owned(), InputRequest::Elicitation(request))]);
+        InputRequiredResult::new(Some(requests), Some(sealed))
+            .with_meta(held_meta(execution, approval_url))
+    }
+
+    /// A retry with a request state: the state must be this server's, for this
+    /// session and this exact call, unexpired and unused; then it waits on the
+    /// execution like `threadgate_wait`. Still undecided at the wait's end, the client
+    /// gets a fresh input request (the redeemed state is spent).
+    async fn redeem(&self, tool: &str, sealed: &str, digest: &str) -> CallToolResponse {
+        let gate = &self.server.gate;
+        let state = match self.server.sealer.redeem(
+            &self.scope.session_id,
+            sealed,
+            digest,
+            gate.now(),
+        ) {
+            Ok(state) => state,
+            Err(e) => {
+                tracing::warn!(session = %self.scope.session_id, error = %e, "request state refused");
+                return refused("invalid_request_state", &e.to_string()).into();
+            }
+        };
+        let exec = match self.load(&state.execution_id).await {
+            Ok(e) => e,
+            Err(r) => return r.into(),
+        };
+        if exec.binding_hash != state.binding_hash || exec.tool != tool {
+            return refused(
+                "invalid_request_state",
+                "the request state does not match this call",
+            )
+            .into();
+        }
+        match self
+            .settle(exec, Duration::from_secs(DEFAULT_WAIT_SECONDS))
+            .await
+        {
+            Ok((exec, false)) if !exec.status.is_final() => {
+                let url = gate.approval_url(&exec.id);
+                self.input_required(&exec, &url, state.request_digest)
+                    .into()
+            }
+            Ok((exec, expired)) => execution_result(&exec, expired).into(),
+            Err(r) => r.into(),
+        }
+    }
+
+    async fn wait(&self, args: &JsonObject) -> CallToolResult {
+        let Some(id) = args.get("execution_id").and_then(Value::as_str) else {
+            return refused("invalid_arguments", "execution_id (a string) is required");
+        };
+        let seconds = match args.get("timeout_seconds") {
+            None => DEFAULT_WAIT_SECONDS,
+            Some(v) => match v.as_u64() {
+                Some(s) if s >= 1 => s.min(super::MAX_WAIT_SECONDS),
+                _ => {
+                    return refused(
+                        "invalid_arguments",
+                        "timeout_seconds must be a positive integer",
+                    );
+                }
+            },
+        };
+        match self.load(id).await {
+            Ok(exec) => self.wait_for(exec, Duration::from_secs(seconds)).await,
+            Err(r) => r,
+        }
+    }
+
+    /// Waits on `exec` and answers it as `threadgate_wait` does.
+    async fn wait_for(&self, exec: Execution, timeout: Duration) -> CallToolResult {
+        match self.settle(exec, timeout).await {
+            Ok((exec, expired)) => execution_result(&exec, expired),
+            Err(r) => r,
+        }
+    }
+
+    /// Waits until `exec` is final, `timeout` passes, or its approval expires; answers
+    /// the execution as it then is and whether its approval ran out.
+    async fn settle(
+        &self,
+        mut exec: Execution,
+        timeout: Duration,
+    ) -> Result<(Execution, bool), CallToolResult> {
+        let gate = &self.server.gate;
+        let mut changes = gate.changes.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let expired =
+                !exec.status.is_final() && exec.expires_at_ms.is_some_and(|at| at <= gate.now());
+            if exec.status.is_final() || expired || tokio::time::Instant::now() >= deadline {
+                return Ok((exec, expired));
+            }
+            let until_expiry = exec
+                .expires_at_ms
+                .map(|at| Duration::from_millis(u64::try_from(at - gate.now()).unwrap_or(0)))
+                .unwrap_or(timeout);
+            let wake = deadline.min(tokio::time::Instant::now() + until_expiry);
+            let id = exec.id.clone();
+            let _ = tokio::time::timeout_at(wake, async {
+                loop {
+                    match changes.recv().await {
+                        Ok(changed) if changed == id => break,
+                        Ok(_) => continue,
+                        Err(_) => break,
+                    }
+                }
+            })
+            .await;
+            exec = self.load(&exec.id).await?;
+        }
+    }
+
+    /// The execution `id` if it belongs to this session.
+    async fn load(&self, id: &str) -> Result<Execution, CallToolResult> {
+        let owned = id.to_owned();
+        let found = self
+            .server
+            .gate
+            .db
+            .read(move |c| exec_store::get(c, &owned))
+            .await;
+        match found {
+            Ok(Some(e)) if e.session_id == self.scope.session_id => Ok(e),
+            Ok(_) => Err(refused("not_found", "no such execution in this session")),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read execution");
+                Err(refused("internal", "internal error"))
+            }
+        }
+    }
+}
+
+impl ServerHandler for SessionTools {
+    fn get_info(&self) -> ServerConfig {
+        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
+        info.server_info = Implementation::new("threadgate", env!("CARGO_PKG_VERSION"));
+        info.instructions = Some(format!(
+            "threadgate's gated tools for support thread {}. Every call is decided by policy: \
+             it runs, is held for a person (pending_approval: call {WAIT_TOOL} with its \
+             execution_id, never retry with other arguments), or is blocked.",
+            self.scope.thread_id
+        ));
+        info
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.tools()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        if request.name == WAIT_TOOL {
+            let args = request.arguments.unwrap_or_default();
+            return Ok(self.wait(&args).await.into());
+        }
+        let modern = context
+            .protocol_version()
+            .is_some_and(|v| !v.has_initialize());
+        let url_mode = modern
+            && context
+                .client_capabilities()
+                .and_then(|c| c.elicitation)
+                .is_some_and(|e| e.url.is_some());
+        Ok(self.call(request, url_mode).await)
+    }
+}
+
+/// The gate's answer as a tool result, shaped like the REST answer.
+fn reply_result(reply: CallReply) -> CallToolResult {
+    match reply {
+        CallReply::Ran {
+            execution_id,
+            result,
+            replayed,
+        } => CallToolResult::structured(json!({
+            "status": "ok", "execution_id": execution_id, "result": result, "replayed": replayed,
+        })),
+        CallReply::Failed {
+            execution_id,
+            error,
+            retry_after_ms,
+        } => CallToolResult::structured_error(json!({
+            "status": "failed", "execution_id": execution_id, "error": error,
+            "retry_after_ms": retry_after_ms,
+        })),
+        CallReply::Held {
+            execution,
+            approval_url,
+        } => held_result(&execution, &approval_url),
+        CallReply::Blocked { execution_id, rule } => CallToolResult::structured_error(
+            json!({"status": "blocked", "execution_id": execution_id, "rule": rule}),
+        ),
+        CallReply::Refused(refusal) => {
+            // The same body as the REST answer's, with its status alongside.
+            let e = crate::api_error::ApiError::from(refusal);
+            let mut body = e.body();
+            body["http_status"] = json!(e.status.as_u16());
+            CallToolResult::structured_error(body)
+        }
+    }
+}
+
+/// A held call for a client without URL elicitation: the same fields as the REST
+/// 202, the link and id in `_meta` too, and what to do next in the text.
+fn held_result(execution: &Execution, approval_url: &str) -> CallToolResult {
+    let expires_at = execution.expires_at_ms.map(rfc3339);
+    let body = json!({
+        "status": "pending_approval",
+        "execution_id": execution.id,
+        "approval_url": approval_url,
+        "approval_summary": execution.summary,
+        "expires_at": expires_at,
+    });
+    let mut result = CallToolResult::structured(body.clone());
+    result.content = vec![rmcp::model::ContentBlock::text(format!(
+        "pending_approval: `{}` is held for a person's approval (execution {}; approval \
+         link {approval_url}; expires at {}). Nothing has run. Call {WAIT_TOOL} with \
+         {{\"execution_id\": \"{}\"}} to get its result; do not retry with other arguments.\n{body}",
+        execution.tool,
+        execution.id,
+        expires_at.as_deref().unwrap_or("never"),
+        execution.id,
+    ))];
+    result.with_meta(Some(held_meta(execution, approval_url)))
+}
+
+fn held_meta(execution: &Execution, approval_url: &str) -> MetaObject {
+    let mut meta = JsonObject::new();
+    meta.insert(format!("{META}/status"), json!("pending_approval"));
+    meta.insert(format!("{META}/execution_id"), json!(execution.id));
+    meta.insert(format!("{META}/approval_url"), json!(approval_url));
+    meta.insert(
+        format!("{META}/expires_at"),
+        json!(execution.expires_at_ms.map(rfc3339)),
+    );
+    MetaObject(meta)
+}
+
+/// What a wait answers: the execution as the REST API shows it; a call whose approval
+/// ran out is `expired` even before the sweeper marks it.
+fn execution_result(exec: &Execution, expired: bool) -> CallToolResult {
+    let mut view = agent_view(exec);
+    if expired {
+        view["status"] = json!("expired");
+    }
+    let failed = matches!(
+        exec.status,
+        Status::Failed | Status::NeedsCheck | Status::Blocked
+    );
+    let mut meta = JsonObject::new();
+    meta.insert(format!("{META}/execution_id"), json!(exec.id));
+    meta.insert(format!("{META}/status"), view["status"].clone());
+    let result = if failed {
+        CallToolResult::structured_error(view)
+    } else {
+        CallToolResult::structured(view)
+    };
+    result.with_meta(Some(MetaObject(meta)))
+}
+
+fn refused(code: &str, message: &str) -> CallToolResult {
+    CallToolResult::structured_error(json!({"status": code, "error": code, "message": message}))
+}

@@ -1,0 +1,105 @@
+//! MCP on the session socket: the gateway's tools, decided by the same gate, for any
+//! agent harness in the sandbox that speaks MCP (revision 2026-07-28: stateless
+//! streamable HTTP at `POST /mcp`, `server/discover`, `MCP-Protocol-Version`, `Origin`
+//! refused when present), built on the official SDK, `rmcp`.
+//!
+//! - `tools/list`: the tools the agent's grant and the policy leave callable (as
+//!   `GET /v1/tools`), in the catalog's order, with JSON input schemas and annotations
+//!   from their risk classes, then `threadgate_wait`.
+//! - `tools/call`: [`Gate::call`] with the socket's scope, exactly as `POST /v1/calls`.
+//!   A held call answers `pending_approval` (execution id and approval link in `_meta`
+//!   and in the text); a client that declares URL-mode elicitation also gets it as an
+//!   input request pointing at the approval page, whose sealed `requestState`
+//!   ([`state`]) redeems once for the call's result.
+//! - `threadgate_wait`: waits on an execution of this session, never past its expiry.
+//!
+//! Inside the container a harness reaches this at `http://127.0.0.1:PORT/mcp` through
+//! the runner's bridge (`threadgate-agent-runner`).
+
+mod handler;
+pub mod state;
+pub mod tools;
+
+use std::sync::Arc;
+
+use axum::Router;
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+
+use crate::gateway::{Gate, SandboxRouter};
+use crate::session::SessionScope;
+
+pub use handler::SessionTools;
+pub use state::StateSealer;
+
+/// The longest one `threadgate_wait` call waits.
+pub const MAX_WAIT_SECONDS: u64 = 300;
+/// The largest MCP request body read.
+pub const MAX_REQUEST_BYTES: usize = 1 << 20;
+/// The path the MCP endpoint is served at, on the socket and on the runner's bridge.
+pub const MCP_PATH: &str = "/mcp";
+
+/// The MCP server shared by every session's socket.
+pub struct McpServer {
+    pub gate: Arc<Gate>,
+    pub sealer: StateSealer,
+}
+
+impl McpServer {
+    /// An MCP server over `gate`, with a fresh request-state key.
+    pub fn new(gate: Arc<Gate>) -> McpServer {
+        McpServer {
+            gate,
+            sealer: StateSealer::new(),
+        }
+    }
+}
+
+/// The `Host` values the endpoint accepts: the bridge's loopback address, and the
+/// names clients put on the unix socket.
+const ALLOWED_HOSTS: &[&str] = &["127.0.0.1", "localhost", "threadgate"];
+
+impl SandboxRouter for Arc<McpServer> {
+    fn router(&self, scope: SessionScope) -> Router {
+        let tools = SessionTools::new(self.clone(), scope);
+        let config = StreamableHttpServerConfig::default()
+            .with_legacy_session_mode(false)
+            .with_json_response(true)
+            .with_sse_keep_alive(None)
+            .with_allowed_hosts(ALLOWED_HOSTS.iter().copied())
+            // No browser has a business here: any `Origin` is refused with 403.
+            .enforce_origin_validation()
+            .with_max_request_body_bytes(MAX_REQUEST_BYTES);
+        let service = StreamableHttpService::new(
+            move || Ok(tools.clone()),
+            Arc::new(NeverSessionManager::default()),
+            config,
+        );
+        Router::new().route_service(MCP_PATH, service)
+    }
+}
+
+/// The tool-call routes of the sandbox API together with the MCP endpoint: what the
+/// sandbox API's `calls` slot serves.
+pub struct CallsWithMcp {
+    pub gate: Arc<Gate>,
+    pub mcp: Arc<McpServer>,
+}
+
+impl CallsWithMcp {
+    /// REST tool calls and MCP over the same gate.
+    pub fn new(gate: Arc<Gate>) -> CallsWithMcp {
+        CallsWithMcp {
+            mcp: Arc::new(McpServer::new(gate.clone())),
+            gate,
+        }
+    }
+}
+
+impl SandboxRouter for CallsWithMcp {
+    fn router(&self, scope: SessionScope) -> Router {
+        self.gate
+            .router(scope.clone())
+            .merge(self.mcp.router(scope))
+    }
+}

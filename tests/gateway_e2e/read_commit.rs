@@ -1,0 +1,153 @@
+//! Reads in one commit (issue 11, "The gateway under a millisecond"): a read's
+//! execution row, decision and outcome are committed together and the agent is
+//! answered only after that commit, so a read whose commit fails is never returned;
+//! a write's decision is still durable before it runs.
+
+use serde_json::json;
+
+use crate::harness::{AuditRow, Running, World};
+
+/// Makes every audit row of `event` fail to insert, as a full disk or a failed commit
+/// would: the job writing it rolls back whole.
+async fn fail_audit_event(app: &Running, event: &'static str) {
+    app.db
+        .write(move |c| {
+            c.execute_batch(&format!(
+                "CREATE TRIGGER fail_{event} BEFORE INSERT ON audit WHEN NEW.event = '{event}' \
+                 BEGIN SELECT RAISE(ABORT, 'injected commit failure'); END;"
+            ))
+        })
+        .await
+        .expect("install the trigger");
+}
+
+async fn allow_audit_event(app: &Running, event: &'static str) {
+    app.db
+        .write(move |c| c.execute_batch(&format!("DROP TRIGGER fail_{event};")))
+        .await
+        .expect("drop the trigger");
+}
+
+fn events_of(rows: &[AuditRow], execution_id: &str) -> Vec<String> {
+    rows.iter()
+        .filter(|r| r.execution_id.as_deref() == Some(execution_id))
+        .map(|r| r.event.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_commits_its_decision_and_outcome_together() {
+    let world = World::new().await;
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[4900])
+        .await;
+
+    let (status, body) = ada
+        .session
+        .call("stripe.get_charge", json!({"charge": ada.charges[0]}), None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["result"]["amount"], 4900, "{body}");
+    let id = body["execution_id"].as_str().expect("execution id");
+
+    let exec = app.execution(id).await;
+    assert_eq!(exec.status, "succeeded");
+    assert_eq!(exec.verdict, "run");
+    assert!(exec.result.is_some_and(|r| r.contains("4900")));
+    // The decision and the outcome, in order, next to each other in the chain (one
+    // transaction), and the chain still verifies.
+    let rows = app.audit_rows().await;
+    assert_eq!(events_of(&rows, id), ["requested", "decided", "ran"]);
+    let first = rows
+        .iter()
+        .position(|r| r.execution_id.as_deref() == Some(id))
+        .expect("rows of the read");
+    assert!(
+        rows[first..first + 3]
+            .iter()
+            .all(|r| r.execution_id.as_deref() == Some(id))
+    );
+    assert_eq!(app.verify_audit().await, rows.len());
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_whose_commit_fails_is_never_returned() {
+    let world = World::new().await;
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[4900])
+        .await;
+    let of_calls = |rows: Vec<AuditRow>| rows.iter().filter(|r| r.execution_id.is_some()).count();
+    let before = of_calls(app.audit_rows().await);
+
+    // The read runs against localstripe, but its outcome cannot be recorded.
+    fail_audit_event(&app, "ran").await;
+    let (status, body) = ada
+        .session
+        .call("stripe.get_charge", json!({"charge": ada.charges[0]}), None)
+        .await;
+    assert_eq!(status, 500, "{body}");
+    assert!(body.get("result").is_none(), "{body}");
+    assert!(!body.to_string().contains("4900"), "{body}");
+    // Nothing of it was kept: no execution, no decision without its outcome.
+    assert!(
+        app.executions()
+            .await
+            .iter()
+            .all(|e| e.tool != "stripe.get_charge")
+    );
+    assert_eq!(of_calls(app.audit_rows().await), before);
+
+    // Once the audit can be written again, the same read is answered and recorded.
+    allow_audit_event(&app, "ran").await;
+    let (status, body) = ada
+        .session
+        .call("stripe.get_charge", json!({"charge": ada.charges[0]}), None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let id = body["execution_id"].as_str().expect("execution id");
+    assert_eq!(
+        events_of(&app.audit_rows().await, id),
+        ["requested", "decided", "ran"]
+    );
+    app.verify_audit().await;
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_is_decided_durably_before_it_runs() {
+    let world = World::new().await;
+    let app = world.start().await;
+    let ada = world.customer_session(&app, "ada@example.com", &[]).await;
+
+    // The note's outcome cannot be recorded; its decision was committed before it ran.
+    fail_audit_event(&app, "ran").await;
+    let _ = ada
+        .session
+        .call(
+            "helpdesk.add_note",
+            json!({"text": "Checked the invoice."}),
+            None,
+        )
+        .await;
+    let exec = app
+        .executions()
+        .await
+        .into_iter()
+        .find(|e| e.tool == "helpdesk.add_note")
+        .expect("the write's execution was committed before it ran");
+    assert_eq!(exec.status, "running");
+    assert_eq!(
+        events_of(&app.audit_rows().await, &exec.id),
+        ["requested", "decided"]
+    );
+    let thread = world.plain.thread(&ada.session.thread_id);
+    assert!(
+        format!("{thread:?}").contains("Checked the invoice."),
+        "the note ran: {thread:?}"
+    );
+    app.verify_audit().await;
+    app.stop().await;
+}

@@ -1,0 +1,115 @@
+//! rmcp's own client on a session's socket (or on the runner's bridge), as an agent
+//! harness would use it, and a raw HTTP request for what a client never sends.
+#![allow(dead_code)]
+
+use std::path::Path;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientConfig,
+    ElicitationCapability, Implementation, ProtocolVersion, UrlElicitationCapability,
+};
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt as _, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{RoleClient, ServiceExt as _};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+/// A connected MCP client.
+pub type Client = RunningService<RoleClient, ClientConfig>;
+
+/// A client of revision 2026-07-28 (`server/discover`, no handshake) over the session
+/// socket at `socket`; `url_elicitation` declares URL-mode elicitation.
+pub async fn connect(socket: &Path, url_elicitation: bool) -> Client {
+    let lifecycle = ClientLifecycleMode::Discover {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+    };
+    config(url_elicitation)
+        .serve_with_lifecycle(transport(socket), lifecycle)
+        .await
+        .expect("the MCP client connects")
+}
+
+/// A client of an earlier revision (the `initialize` handshake).
+pub async fn connect_legacy(socket: &Path, url_elicitation: bool) -> Client {
+    config(url_elicitation)
+        .with_protocol_version(ProtocolVersion::V_2025_11_25)
+        .serve(transport(socket))
+        .await
+        .expect("the MCP client connects")
+}
+
+fn transport(
+    socket: &Path,
+) -> StreamableHttpClientTransport<rmcp::transport::UnixSocketHttpClient> {
+    StreamableHttpClientTransport::from_unix_socket(
+        socket.to_str().expect("utf-8 socket path"),
+        "http://threadgate/mcp",
+    )
+}
+
+fn config(url_elicitation: bool) -> ClientConfig {
+    let mut caps = ClientCapabilities::default();
+    if url_elicitation {
+        caps.elicitation =
+            Some(ElicitationCapability::new().with_url(UrlElicitationCapability::new()));
+    }
+    ClientConfig::new(caps, Implementation::new("threadgate-mcp-test", "0.1.0"))
+}
+
+/// One `tools/call` without MRTR rounds.
+pub async fn call_once(client: &Client, tool: &str, args: Value) -> CallToolResponse {
+    let Value::Object(args) = args else {
+        panic!("arguments must be an object");
+    };
+    client
+        .call_tool_once(CallToolRequestParams::new(tool.to_owned()).with_arguments(args))
+        .await
+        .expect("tools/call answers")
+}
+
+/// One `tools/call` that must complete; answers its result.
+pub async fn call(client: &Client, tool: &str, args: Value) -> CallToolResult {
+    match call_once(client, tool, args).await {
+        CallToolResponse::Complete(r) => r,
+        other => panic!("{tool}: expected a complete result, got {other:?}"),
+    }
+}
+
+/// The structured content of a result.
+pub fn body(result: &CallToolResult) -> Value {
+    result.structured_content.clone().unwrap_or(Value::Null)
+}
+
+/// The text of a result's first content block.
+pub fn text(result: &CallToolResult) -> String {
+    result
+        .content
+        .first()
+        .and_then(|c| c.as_text())
+        .map(|t| t.text.clone())
+        .unwrap_or_default()
+}
+
+/// A raw `POST /mcp` with `extra_headers`; answers the status code and the text.
+pub async fn raw_post(socket: &Path, extra_headers: &str, body: &str) -> (u16, String) {
+    let mut stream = tokio::net::UnixStream::connect(socket)
+        .await
+        .expect("connect");
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: threadgate\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\n\
+         {extra_headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    // The server may answer (413) and close before a large body is all written.
+    let _ = stream.write_all(request.as_bytes()).await;
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer).await;
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
