@@ -7,23 +7,27 @@ mod metrics_http;
 use crate::secrets::ExposeSecret as _;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::{Notify, broadcast, mpsc};
 
 use crate::approvals::{self, Approvals};
 use crate::config::Settings;
-use crate::gateway::{ConnLimits, Gate, LoadedPolicy, SandboxApi, SandboxRouter, SocketHost};
+use crate::gateway::{
+    ConnLimits, Connectors, Gate, LoadedPolicy, SandboxApi, SandboxRouter, SocketHost,
+};
 use crate::model::{ModelProxy, Upstream};
 use crate::policy::{Catalog, Policy};
 use crate::sandbox::{DockerRuntime, Limits, SandboxRuntime};
-use crate::secrets::{MasterKey, Redactor, RedactorSource, SecretStore};
+use crate::secrets::{KeySource, MasterKey, Redactor, RedactorSource, SecretStore, SecretString};
 use crate::session::{AgentBook, Clock, SessionApi, Supervisor, SupervisorHandle, SupervisorParts};
 use crate::store::Db;
+use crate::store::meta;
 use crate::webhook;
+use crate::workspace::{RepoConfig, Workspaces};
 
 /// Parts a test may swap for its own (a fake sandbox, a fixed clock).
 #[derive(Default)]
@@ -61,17 +65,7 @@ async fn instance_id(db: &Db, configured: Option<&str>) -> anyhow::Result<String
     let fresh = format!("tg{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
     // `build` runs inside the runtime: a blocking write would panic there.
     let id = db
-        .write(move |c| {
-            c.execute(
-                "INSERT INTO meta (key, value) VALUES ('instance_id', ?1) ON CONFLICT (key) DO NOTHING",
-                [&fresh],
-            )?;
-            c.query_row(
-                "SELECT value FROM meta WHERE key = 'instance_id'",
-                [],
-                |r| r.get(0),
-            )
-        })
+        .write(move |c| meta::get_or_insert(c, meta::INSTANCE_ID, &fresh))
         .await?;
     Ok(id)
 }
@@ -101,12 +95,15 @@ pub fn load_policy(path: &Path) -> anyhow::Result<LoadedPolicy> {
     Ok(LoadedPolicy::new(policy, name))
 }
 
-/// Opens the secrets store, creating a master key file on first start when no key is
-/// given through the environment.
+/// Opens the secrets store under the master key of the settings
+/// (`THREADGATE_MASTER_KEY`), else of the key file, creating the file on first start.
 pub fn open_secrets(db: &Db, settings: &Settings) -> anyhow::Result<SecretStore> {
-    let key = match std::env::var("THREADGATE_MASTER_KEY") {
-        Ok(_) => MasterKey::from_env("THREADGATE_MASTER_KEY")?,
-        Err(_) => {
+    let key = match &settings.master_key {
+        Some(text) => MasterKey::from_base64(
+            text.expose_secret(),
+            KeySource::Env("THREADGATE_MASTER_KEY".into()),
+        )?,
+        None => {
             let path = settings.master_key_path();
             if !path.exists() {
                 MasterKey::generate().write_to(&path)?;
@@ -158,6 +155,92 @@ fn publisher(
     }))
 }
 
+/// What [`Application::build`] opens before wiring anything: the state, the policy,
+/// the secrets, the agents and the runtimes.
+struct Foundation {
+    db: Db,
+    instance_id: String,
+    loaded: Arc<LoadedPolicy>,
+    secrets: SecretStore,
+    redactor: Arc<Redactor>,
+    /// The secrets' generation the redactor was built at.
+    generation: u64,
+    connectors: Connectors,
+    agents: Arc<AgentBook>,
+    clock: Clock,
+    sandbox: Arc<dyn SandboxRuntime>,
+    workspaces: Workspaces,
+}
+
+impl Foundation {
+    async fn open(settings: &Settings, overrides: Overrides) -> anyhow::Result<Foundation> {
+        let db = open_db(settings)?;
+        let instance_id = instance_id(&db, settings.instance_id.as_deref()).await?;
+        let loaded = load_policy(&settings.policy_file)?;
+        let secrets = open_secrets(&db, settings)?;
+        let generation = secrets.generation().await?;
+        let redactor = Arc::new(Redactor::new(secrets.all_values().await?)?);
+        let connectors = connector_setup::build(settings, Arc::new(secrets.clone())).await?;
+        // Refused here, at start, never at the first webhook.
+        let agents = Arc::new(AgentBook::load_checked(
+            &settings.agents_dir,
+            &settings.skills_dir,
+            &Catalog::builtin(),
+            &settings.model,
+        )?);
+        let clock: Clock = overrides
+            .clock
+            .unwrap_or_else(|| Arc::new(|| chrono::Utc::now().timestamp_millis()));
+        let sandbox: Arc<dyn SandboxRuntime> = match overrides.sandbox {
+            Some(s) => s,
+            None => Arc::new(
+                DockerRuntime::connect(&instance_id, settings.sandbox.secrets_root.clone()).await?,
+            ),
+        };
+        let workspaces = Workspaces::open(RepoConfig {
+            repo_path: settings.repo.path.clone(),
+            default_branch: settings.repo.default_branch.clone(),
+            worktrees_dir: settings.worktrees_dir(),
+            remote: settings.repo.remote.clone(),
+        })?;
+        Ok(Foundation {
+            db,
+            instance_id,
+            loaded: Arc::new(loaded),
+            generation,
+            secrets,
+            redactor,
+            connectors,
+            agents,
+            clock,
+            sandbox,
+            workspaces,
+        })
+    }
+
+    /// The gate, handed the supervisor's handle at construction.
+    fn gate(&self, settings: &Settings, supervisor: SupervisorHandle) -> Arc<Gate> {
+        let (changes, _) = broadcast::channel(1024);
+        Arc::new(Gate {
+            db: self.db.clone(),
+            policy: RwLock::new(self.loaded.clone()),
+            catalog: Catalog::builtin(),
+            connectors: self.connectors.clone(),
+            redactor: RwLock::new(self.redactor.clone()),
+            redactor_source: Some(RedactorSource::new(
+                self.secrets.clone(),
+                Some(self.generation),
+            )),
+            agents: self.agents.clone(),
+            public_url: settings.public_url.clone(),
+            clock: self.clock.clone(),
+            changes,
+            outbox: Notify::new(),
+            supervisor,
+        })
+    }
+}
+
 /// The running policy's file and hash, for `/readyz`.
 fn policy_info(gate: &Arc<Gate>) -> crate::health::LoadedPolicyInfo {
     let gate = gate.clone();
@@ -165,6 +248,18 @@ fn policy_info(gate: &Arc<Gate>) -> crate::health::LoadedPolicyInfo {
         let p = gate.current_policy();
         (std::path::PathBuf::from(&p.file), p.hash_hex.clone())
     })
+}
+
+/// What `/readyz` checks: the database, the sandbox runtime and image, the policy.
+fn readiness(settings: &Settings, base: &Foundation, gate: &Arc<Gate>) -> crate::health::Readiness {
+    crate::health::Readiness {
+        db: base.db.clone(),
+        sandbox: base.sandbox.clone(),
+        image: settings.sandbox.image.clone(),
+        policy: policy_info(gate),
+        timeout: settings.telemetry.ready_timeout,
+        clock: base.clock.clone(),
+    }
 }
 
 /// Binds the metrics listener and serves `GET /metrics` on it in the background.
@@ -192,8 +287,157 @@ async fn serve_metrics(
     Ok(addr)
 }
 
+/// The connection cap and timeouts of the people's listener.
+fn server_limits(settings: &Settings) -> ConnLimits {
+    ConnLimits {
+        max_connections: settings.server.max_connections,
+        max_per_address: settings.server.max_connections_per_address,
+        header_timeout: settings.server.header_timeout,
+        body_timeout: settings.server.body_timeout,
+    }
+}
+
+/// The sessions' sockets, serving the sandbox API: events and agent, the model proxy
+/// and the gate's tool calls.
+fn session_sockets(
+    settings: &Settings,
+    base: &Foundation,
+    gate: &Arc<Gate>,
+    model: Arc<ModelProxy>,
+    supervisor: SupervisorHandle,
+) -> Arc<SocketHost> {
+    let sandbox_api = Arc::new(SandboxApi {
+        db: base.db.clone(),
+        agents: base.agents.clone(),
+        supervisor,
+        calls: Arc::new(crate::mcp::CallsWithMcp::new(gate.clone())) as Arc<dyn SandboxRouter>,
+        model: Arc::new(model) as Arc<dyn SandboxRouter>,
+    });
+    let limits = ConnLimits {
+        max_connections: settings.sessions.socket_max_connections,
+        ..server_limits(settings)
+    };
+    Arc::new(SocketHost::new(Arc::new(sandbox_api)).with_limits(limits))
+}
+
+/// What the supervisor drives: the database, the sandbox, the workspaces, the session
+/// sockets, and the notes it leaves when it stops a session on its own.
+fn supervisor_parts(
+    settings: &Settings,
+    base: &Foundation,
+    gate: &Arc<Gate>,
+    sockets: Arc<SocketHost>,
+) -> SupervisorParts {
+    let base_branch = base
+        .workspaces
+        .default_ref()
+        .trim_start_matches("refs/heads/")
+        .to_owned();
+    SupervisorParts {
+        db: base.db.clone(),
+        sandbox: base.sandbox.clone(),
+        workspaces: Arc::new(base.workspaces.clone()),
+        api: sockets as Arc<dyn SessionApi>,
+        agents: base.agents.clone(),
+        secrets: Arc::new(base.secrets.clone()),
+        image: settings.sandbox.image.clone(),
+        limits: Limits {
+            memory_bytes: settings.sandbox.memory_bytes.max(0) as u64,
+            nano_cpus: settings.sandbox.nano_cpus.max(0) as u64,
+            pids: settings.sandbox.pids.max(0) as u64,
+        },
+        sockets_dir: settings.sockets_dir(),
+        settings: settings.sessions.clone(),
+        default_agent: settings.default_agent.clone(),
+        clock: base.clock.clone(),
+        publisher: publisher(settings, gate, &base.db, base_branch),
+        notes: Some(Arc::new(approvals::stop_note::OutboxStopNotes::new(
+            gate.clone(),
+        ))),
+    }
+}
+
+/// The people's router (health, webhook intake, approvals API, review page), and the
+/// receiver of the stored events intake announces.
+fn people_router(
+    settings: &Settings,
+    base: &Foundation,
+    approvals: &Approvals,
+    readiness: crate::health::Readiness,
+    signing_secret: &SecretString,
+) -> anyhow::Result<(axum::Router, mpsc::UnboundedReceiver<webhook::StoredEvent>)> {
+    let (notify, events) = mpsc::unbounded_channel::<webhook::StoredEvent>();
+    let mut intake = webhook::IntakeConfig::new(webhook::SigningSecret::new(
+        signing_secret.expose_secret().as_bytes().to_vec(),
+    )?);
+    intake.max_body_bytes = settings.plain.max_body_bytes;
+    intake.max_skew = settings.plain.max_skew;
+    let intake_router = webhook::router(webhook::IntakeState {
+        db: base.db.clone(),
+        config: intake,
+        clock: base.clock.clone(),
+        notify,
+    });
+    let router = axum::Router::new()
+        .merge(crate::health::router(readiness))
+        .merge(intake_router)
+        .merge(approvals::http::router(approvals.clone()))
+        .merge(crate::review::router(crate::review::ReviewState::new(
+            approvals.clone(),
+            &settings.public_url,
+            settings.plain.thread_url.clone(),
+        )));
+    Ok((router, events))
+}
+
+/// The background tasks: stored events to the supervisor, the note outbox, the audit
+/// anchor, recovery (then `recovery_done` turns true) and expiry of held calls, and
+/// keeping the redactor current.
+fn background(
+    settings: &Settings,
+    db: &Db,
+    supervisor: &SupervisorHandle,
+    approvals: &Approvals,
+    (leftovers, recovery_done): (approvals::Leftovers, tokio::sync::watch::Sender<bool>),
+    mut events: mpsc::UnboundedReceiver<webhook::StoredEvent>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let gate = approvals.gate.clone();
+    let sup = supervisor.clone();
+    let a = approvals.clone();
+    let g = gate.clone();
+    vec![
+        tokio::spawn(async move {
+            while let Some(ev) = events.recv().await {
+                sup.thread_changed(&ev.thread_id);
+            }
+        }),
+        tokio::spawn(approvals::outbox::run(gate)),
+        tokio::spawn(crate::audit::anchor::keep(
+            db.clone(),
+            settings.audit_anchor_path(),
+            Duration::from_secs(60),
+        )),
+        tokio::spawn(async move {
+            a.recover(leftovers).await;
+            let _ = recovery_done.send(true);
+            loop {
+                a.expire_due().await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }),
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                g.refresh_redactor().await;
+            }
+        }),
+    ]
+}
+
 impl Application {
-    /// Builds every part and binds the people's listener.
+    /// Builds every part and binds the people's listener. The supervisor's channel is
+    /// made first, so every part that reaches the supervisor gets its handle when it is
+    /// built; the supervisor's task starts once the parts it drives exist.
     pub async fn build(settings: Settings, overrides: Overrides) -> anyhow::Result<Application> {
         let signing_secret = settings.plain.signing_secret.clone().context(
             "refusing to start without a Plain signing secret: set THREADGATE_PLAIN_SIGNING_SECRET \
@@ -203,188 +447,48 @@ impl Application {
             Ok(n) => tracing::debug!(open_files = n, "open-file limit"),
             Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
         }
-        let db = open_db(&settings)?;
-        let instance_id = instance_id(&db, settings.instance_id.as_deref()).await?;
-        let loaded = load_policy(&settings.policy_file)?;
-        let secrets = open_secrets(&db, &settings)?;
-        let generation = secrets.generation().await?;
-        let redactor = Redactor::new(secrets.all_values().await?)?;
-        let connectors = connector_setup::build(&settings, Arc::new(secrets.clone())).await?;
-        // Refused here, at start, never at the first webhook.
-        let agents = Arc::new(AgentBook::load_checked(
-            &settings.agents_dir,
-            &settings.skills_dir,
-            &Catalog::builtin(),
-            &settings.model,
-        )?);
-        let clock: Clock = overrides
-            .clock
-            .unwrap_or_else(|| Arc::new(|| chrono::Utc::now().timestamp_millis()));
-        let sandbox: Arc<dyn SandboxRuntime> = match overrides.sandbox {
-            Some(s) => s,
-            None => Arc::new(
-                DockerRuntime::connect(&instance_id, settings.sandbox.secrets_root.clone()).await?,
-            ),
-        };
-        let workspaces = crate::workspace::Workspaces::open(crate::workspace::RepoConfig {
-            repo_path: settings.repo.path.clone(),
-            default_branch: settings.repo.default_branch.clone(),
-            worktrees_dir: settings.worktrees_dir(),
-            remote: settings.repo.remote.clone(),
-        })?;
-        let base_branch = workspaces
-            .default_ref()
-            .trim_start_matches("refs/heads/")
-            .to_owned();
-        let (changes, _) = broadcast::channel(1024);
-        let gate = Arc::new(Gate {
-            db: db.clone(),
-            policy: RwLock::new(Arc::new(loaded)),
-            catalog: Catalog::builtin(),
-            connectors,
-            redactor: RwLock::new(Arc::new(redactor)),
-            redactor_source: Some(RedactorSource::new(secrets.clone(), Some(generation))),
-            agents: agents.clone(),
-            public_url: settings.public_url.clone(),
-            clock: clock.clone(),
-            changes,
-            outbox: Notify::new(),
-            supervisor: OnceLock::new(),
-        });
+        let base = Foundation::open(&settings, overrides).await?;
+        let (handle, inbox) = Supervisor::channel(base.clock.clone());
+        let gate = base.gate(&settings, handle.clone());
         let approvals = Approvals::new(gate.clone());
         // Before the supervisor can open a session socket: only calls a previous run
         // left behind are recovered, never one a session makes now.
         let leftovers = approvals.leftovers().await;
-        let limits = ConnLimits {
-            max_connections: settings.server.max_connections,
-            max_per_address: settings.server.max_connections_per_address,
-            header_timeout: settings.server.header_timeout,
-            body_timeout: settings.server.body_timeout,
-        };
-        let sockets = Arc::new(SocketHost::new().with_limits(ConnLimits {
-            max_connections: settings.sessions.socket_max_connections,
-            ..limits
-        }));
-        let sandbox_api = Arc::new(SandboxApi {
-            db: db.clone(),
-            agents: agents.clone(),
-            supervisor: OnceLock::new(),
-            calls: OnceLock::new(),
-            model: OnceLock::new(),
-        });
-        let _ = sandbox_api
-            .calls
-            .set(Arc::new(crate::mcp::CallsWithMcp::new(gate.clone())) as Arc<dyn SandboxRouter>);
-        let model_proxy = model_proxy(&settings, &secrets, gate.clone()).await?;
-        let _ = sandbox_api
-            .model
-            .set(Arc::new(model_proxy) as Arc<dyn SandboxRouter>);
-        sockets.set_router(Arc::new(sandbox_api.clone()));
-        let readiness = crate::health::Readiness {
-            db: db.clone(),
-            sandbox: sandbox.clone(),
-            image: settings.sandbox.image.clone(),
-            policy: policy_info(&gate),
-            timeout: settings.telemetry.ready_timeout,
-            clock: clock.clone(),
-        };
-        let (handle, _task) = Supervisor::spawn(SupervisorParts {
-            db: db.clone(),
-            sandbox,
-            workspaces: Arc::new(workspaces),
-            api: sockets.clone() as Arc<dyn SessionApi>,
-            agents: agents.clone(),
-            secrets: Arc::new(secrets.clone()),
-            image: settings.sandbox.image.clone(),
-            limits: Limits {
-                memory_bytes: settings.sandbox.memory_bytes.max(0) as u64,
-                nano_cpus: settings.sandbox.nano_cpus.max(0) as u64,
-                pids: settings.sandbox.pids.max(0) as u64,
-            },
-            sockets_dir: settings.sockets_dir(),
-            settings: settings.sessions.clone(),
-            default_agent: settings.default_agent.clone(),
-            clock: clock.clone(),
-            publisher: publisher(&settings, &gate, &db, base_branch),
-            notes: Some(Arc::new(approvals::stop_note::OutboxStopNotes::new(
-                gate.clone(),
-            ))),
-        });
-        let _ = sandbox_api.supervisor.set(handle.clone());
-        let _ = gate.supervisor.set(handle.clone());
-
-        let (notify_tx, mut notify_rx) =
-            tokio::sync::mpsc::unbounded_channel::<webhook::StoredEvent>();
-        let intake_clock = clock.clone();
-        let mut intake = webhook::IntakeConfig::new(webhook::SigningSecret::new(
-            signing_secret.expose_secret().as_bytes().to_vec(),
-        )?);
-        intake.max_body_bytes = settings.plain.max_body_bytes;
-        intake.max_skew = settings.plain.max_skew;
-        let intake_router = webhook::router(webhook::IntakeState {
-            db: db.clone(),
-            config: intake,
-            clock: intake_clock,
-            notify: notify_tx,
-        });
-        let router = axum::Router::new()
-            .merge(crate::health::router(readiness))
-            .merge(intake_router)
-            .merge(approvals::http::router(approvals.clone()))
-            .merge(crate::review::router(crate::review::ReviewState::new(
-                approvals.clone(),
-                &settings.public_url,
-                settings.plain.thread_url.clone(),
-            )));
-
-        let mut background = Vec::new();
-        let sup = handle.clone();
-        background.push(tokio::spawn(async move {
-            while let Some(ev) = notify_rx.recv().await {
-                sup.thread_changed(&ev.thread_id);
-            }
-        }));
-        background.push(tokio::spawn(approvals::outbox::run(gate.clone())));
-        background.push(tokio::spawn(crate::audit::anchor::keep(
-            db.clone(),
-            settings.audit_anchor_path(),
-            Duration::from_secs(60),
-        )));
-        let a = approvals.clone();
+        let model = model_proxy(&settings, &base.secrets, gate.clone()).await?;
+        let sockets = session_sockets(&settings, &base, &gate, model, handle.clone());
+        let parts = supervisor_parts(&settings, &base, &gate, sockets.clone());
+        let _task = Supervisor::start(parts, inbox);
+        let readiness = readiness(&settings, &base, &gate);
+        let (router, events) =
+            people_router(&settings, &base, &approvals, readiness, &signing_secret)?;
         let (recovery_done, recovered) = tokio::sync::watch::channel(false);
-        background.push(tokio::spawn(async move {
-            a.recover(leftovers).await;
-            let _ = recovery_done.send(true);
-            loop {
-                a.expire_due().await;
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }));
-        let g = gate.clone();
-        background.push(tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                g.refresh_redactor().await;
-            }
-        }));
-
+        let mut background = background(
+            &settings,
+            &base.db,
+            &handle,
+            &approvals,
+            (leftovers, recovery_done),
+            events,
+        );
+        let limits = server_limits(&settings);
         let metrics_addr = match settings.telemetry.metrics_listen {
-            Some(at) => Some(serve_metrics(at, &db, &clock, limits, &mut background).await?),
+            Some(at) => {
+                Some(serve_metrics(at, &base.db, &base.clock, limits, &mut background).await?)
+            }
             None => None,
         };
         let listener = TcpListener::bind(settings.listen)
             .await
             .with_context(|| format!("cannot listen on {}", settings.listen))?;
-        let addr = listener.local_addr()?;
         Ok(Application {
+            addr: listener.local_addr()?,
             listener,
             router,
-            addr,
-            db,
+            db: base.db,
             gate,
             hasher: approvals.hasher.clone(),
             supervisor: handle,
-            instance_id,
+            instance_id: base.instance_id,
             recovered,
             metrics_addr,
             limits,

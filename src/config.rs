@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::secrets::SecretString;
+pub use crate::session::SessionSettings;
 
 /// Errors while reading settings.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +54,11 @@ pub struct Settings {
     /// `THREADGATE_MASTER_KEY` is not set. Empty (the default): `master.key` in
     /// `data_dir`, wherever that is set (see [`Settings::master_key_path`]).
     pub master_key_file: PathBuf,
+    /// The master key itself, base64 of 32 bytes: set only through
+    /// `THREADGATE_MASTER_KEY` (never read from the file); when set, `master_key_file`
+    /// is not used.
+    #[serde(skip)]
+    pub master_key: Option<SecretString>,
     /// Where the audit chain's head is kept outside the database (see
     /// [`crate::audit::anchor`]). Empty (the default): `audit.anchor` in `data_dir`.
     pub audit_anchor_file: PathBuf,
@@ -186,30 +192,6 @@ pub struct SandboxSettings {
     pub secrets_root: PathBuf,
 }
 
-/// Limits on sessions.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SessionSettings {
-    /// Live containers at most; further sessions wait, durably, for a slot.
-    pub max_live: usize,
-    /// A session quiet this long gives up its container (and is resumed by its next
-    /// event or by a decision on its held call).
-    #[serde(with = "humantime_serde_compat")]
-    pub idle_timeout: Duration,
-    /// How often containers and sessions are reconciled.
-    #[serde(with = "humantime_serde_compat")]
-    pub reconcile_every: Duration,
-    /// Open connections at most on each session's socket: a session that opens more
-    /// exhausts only itself.
-    pub socket_max_connections: usize,
-    /// Size of each session's workspace filesystem (enforced when threadgate runs as
-    /// root; see the README). 0 turns the limit off.
-    pub workspace_bytes: u64,
-    /// Free space kept for the database on the data directory's disk: below it, new
-    /// sessions wait (webhooks are still stored).
-    pub disk_reserve_bytes: u64,
-}
-
 impl Default for Settings {
     fn default() -> Self {
         Settings {
@@ -222,6 +204,7 @@ impl Default for Settings {
             skills_dir: PathBuf::from("skills"),
             default_agent: "support".into(),
             master_key_file: PathBuf::new(),
+            master_key: None,
             audit_anchor_file: PathBuf::new(),
             plain: PlainSettings::default(),
             stripe: default_stripe(),
@@ -289,19 +272,6 @@ impl Default for SandboxSettings {
     }
 }
 
-impl Default for SessionSettings {
-    fn default() -> Self {
-        SessionSettings {
-            max_live: 16,
-            idle_timeout: Duration::from_secs(15 * 60),
-            reconcile_every: Duration::from_secs(30),
-            socket_max_connections: 32,
-            workspace_bytes: 2 << 30,
-            disk_reserve_bytes: 1 << 30,
-        }
-    }
-}
-
 impl Settings {
     /// Reads `path` when given (or `threadgate.toml` when it exists), then applies the
     /// environment.
@@ -358,6 +328,9 @@ impl Settings {
         }
         if let Some(v) = get("THREADGATE_MASTER_KEY_FILE") {
             self.master_key_file = PathBuf::from(v);
+        }
+        if let Some(v) = get("THREADGATE_MASTER_KEY") {
+            self.master_key = Some(SecretString::from(v));
         }
         if let Some(v) = get("THREADGATE_PLAIN_SIGNING_SECRET") {
             self.plain.signing_secret = Some(SecretString::from(v));
@@ -484,6 +457,7 @@ mod humantime_serde_compat {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::secrets::ExposeSecret as _;
 
     #[test]
     fn a_file_and_the_environment_override_defaults() {
@@ -586,5 +560,16 @@ mod tests {
         s.apply_env(|k| (k == "THREADGATE_PLAIN_SIGNING_SECRET").then(|| "hunter2-xyz".into()))
             .expect("env");
         assert!(!format!("{s:?}").contains("hunter2-xyz"));
+    }
+
+    #[test]
+    fn the_master_key_comes_through_the_settings_and_never_prints() {
+        let mut s = Settings::default();
+        assert!(s.master_key.is_none());
+        s.apply_env(|k| (k == "THREADGATE_MASTER_KEY").then(|| "a2V5LXRleHQtc2VjcmV0".into()))
+            .expect("env");
+        let key = s.master_key.as_ref().expect("set from the environment");
+        assert_eq!(key.expose_secret(), "a2V5LXRleHQtc2VjcmV0");
+        assert!(!format!("{s:?}").contains("a2V5LXRleHQtc2VjcmV0"));
     }
 }

@@ -5,12 +5,14 @@
 //! `ARCHITECTURE.md` at the repository root maps these modules and the path a webhook
 //! and a tool call take through them.
 
+pub mod api_error;
 pub mod app;
 pub mod approvals;
 pub mod audit;
 pub mod cli;
 pub mod config;
 pub mod connectors;
+pub mod executions;
 pub mod gateway;
 pub mod health;
 pub mod mcp;

@@ -204,7 +204,10 @@ async fn the_signature_is_checked_before_the_body_is_parsed() {
     let (status, answer) = app.post_signed(b"hello-world".to_vec()).await;
     assert_eq!(status, 400);
     assert!(
-        answer["error"].as_str().expect("error").contains("JSON"),
+        answer["message"]
+            .as_str()
+            .expect("message")
+            .contains("JSON"),
         "{answer}"
     );
     assert_eq!(app.row_count().await, 0);
@@ -220,8 +223,9 @@ async fn a_missing_envelope_field_is_400_naming_it() {
         .remove("webhookDeliveryAttemptTimestamp");
     let (status, answer) = app.post_signed(bytes(&value)).await;
     assert_eq!(status, 400);
+    assert_eq!(answer["error"], "invalid_envelope");
     assert_eq!(
-        answer["error"],
+        answer["message"],
         "missing field webhookMetadata.webhookDeliveryAttemptTimestamp"
     );
     let mut value = email_delivery("pEv_missing", "th_missing", NOW_MS);
@@ -229,7 +233,7 @@ async fn a_missing_envelope_field_is_400_naming_it() {
     let (status, answer) = app.post_signed(bytes(&value)).await;
     assert_eq!(status, 400);
     assert_eq!(
-        answer["error"],
+        answer["message"],
         "invalid field id: expected a non-empty string"
     );
     assert_eq!(app.row_count().await, 0);

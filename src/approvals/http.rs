@@ -20,9 +20,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::reviewers::{self, Reviewer};
-use super::store::{self, Execution, Status};
 use super::throttle::Throttle;
 use super::{Approvals, Choice, DecideError};
+use crate::api_error::ApiError;
+use crate::executions::store::{self, Execution, Status};
 use crate::gateway::routes::rfc3339;
 
 /// The API's state: the approvals service and the failure throttle.
@@ -67,11 +68,12 @@ async fn checked(
     let key = client_key(ext);
     let now = api.approvals.gate.now();
     if let Err(wait) = api.throttle.check(&[&key], now) {
-        return Err(error(
+        return Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "throttled",
             format!("too many failed credentials from this address; try again in {wait} s"),
-        ));
+        )
+        .into_response());
     }
     let result = reviewer(&api.approvals, headers).await;
     if let Err(r) = &result
@@ -82,14 +84,6 @@ async fn checked(
     result
 }
 
-fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    (
-        status,
-        Json(json!({"error": code, "message": message.into()})),
-    )
-        .into_response()
-}
-
 /// The reviewer named by the `Authorization: Bearer` credential.
 async fn reviewer(approvals: &Approvals, headers: &HeaderMap) -> Result<Reviewer, Response> {
     let presented = headers
@@ -98,31 +92,30 @@ async fn reviewer(approvals: &Approvals, headers: &HeaderMap) -> Result<Reviewer
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     let Some(token) = presented else {
-        return Err(error(
+        return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
             "a reviewer's credential is required (Authorization: Bearer ...)",
-        ));
+        )
+        .into_response());
     };
     match reviewers::authenticate_with(&approvals.gate.db, &approvals.hasher, token).await {
         Ok(Some(r)) => Ok(r),
-        Ok(None) => Err(error(
+        Ok(None) => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
             "unknown or wrong reviewer credential",
-        )),
-        Err(reviewers::ReviewerError::Busy) => Err(error(
+        )
+        .into_response()),
+        Err(reviewers::ReviewerError::Busy) => Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "busy",
             "too many credential checks at once; try again in a moment",
-        )),
+        )
+        .into_response()),
         Err(e) => {
             tracing::error!(error = %e, "cannot check a reviewer credential");
-            Err(error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "internal error",
-            ))
+            Err(ApiError::internal().into_response())
         }
     }
 }
@@ -130,7 +123,7 @@ async fn reviewer(approvals: &Approvals, headers: &HeaderMap) -> Result<Reviewer
 /// What a reviewer sees of a call: redacted arguments, never credentials.
 fn reviewer_view(approvals: &Approvals, e: &Execution) -> Value {
     let args: Value = serde_json::from_str(&e.args).unwrap_or_default();
-    let redacted = crate::gateway::gate::redact_args(&approvals.gate.current_redactor(), &args);
+    let redacted = crate::executions::redact_args(&approvals.gate.current_redactor(), &args);
     json!({
         "execution_id": e.id,
         "status": e.status.as_str(),
@@ -171,11 +164,7 @@ async fn list(State(api): State<Api>, ext: axum::http::Extensions, headers: Head
         }
         Err(e) => {
             tracing::error!(error = %e, "cannot list approvals");
-            error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "internal error",
-            )
+            ApiError::internal().into_response()
         }
     }
 }
@@ -193,14 +182,12 @@ async fn show(
     let found = a.gate.db.read(move |c| store::get(c, &id)).await;
     match found {
         Ok(Some(e)) => Json(reviewer_view(&a, &e)).into_response(),
-        Ok(None) => error(StatusCode::NOT_FOUND, "not_found", "no such call"),
+        Ok(None) => {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such call").into_response()
+        }
         Err(e) => {
             tracing::error!(error = %e, "cannot read an approval");
-            error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "internal error",
-            )
+            ApiError::internal().into_response()
         }
     }
 }
@@ -228,30 +215,31 @@ async fn decide(
     let body = match body {
         Ok(Json(b)) => b,
         Err(rejection) => {
-            return error(
+            return ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid_request",
                 format!(
                     "{} (expected {{\"decision\": \"approve\"|\"deny\", \"message\": \"...\"}})",
                     rejection.body_text()
                 ),
-            );
+            )
+            .into_response();
         }
     };
     match a.decide(&id, &who.name, body.decision, body.message).await {
         Ok(e) => Json(reviewer_view(&a, &e)).into_response(),
-        Err(DecideError::NotFound(_)) => error(StatusCode::NOT_FOUND, "not_found", "no such call"),
-        Err(e @ DecideError::Expired { .. }) => error(StatusCode::GONE, "expired", e.to_string()),
+        Err(DecideError::NotFound(_)) => {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such call").into_response()
+        }
+        Err(e @ DecideError::Expired { .. }) => {
+            ApiError::new(StatusCode::GONE, "expired", e.to_string()).into_response()
+        }
         Err(e @ DecideError::AlreadyDecided { .. }) => {
-            error(StatusCode::CONFLICT, "already_decided", e.to_string())
+            ApiError::new(StatusCode::CONFLICT, "already_decided", e.to_string()).into_response()
         }
         Err(DecideError::Store(e)) => {
             tracing::error!(error = %e, "cannot record a decision");
-            error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "internal error",
-            )
+            ApiError::internal().into_response()
         }
     }
 }

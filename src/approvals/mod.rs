@@ -14,7 +14,6 @@ pub mod narrow;
 pub mod outbox;
 pub mod reviewers;
 pub mod stop_note;
-pub mod store;
 pub mod throttle;
 
 use std::sync::Arc;
@@ -23,9 +22,10 @@ use std::time::Instant;
 use serde::Deserialize;
 
 use crate::audit::AuditEvent;
-use crate::gateway::{CallReply, Gate, audit_execution};
+use crate::executions::{self, AuditStep, Execution, Status, store};
+use crate::gateway::{CallReply, Gate, LoadedPolicy};
 use crate::policy::Verdict;
-use store::{Execution, Status};
+use crate::secrets::Redactor;
 
 /// What a reviewer asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -92,61 +92,17 @@ impl Approvals {
     ) -> Result<Execution, DecideError> {
         let now = self.gate.now();
         let redactor = self.gate.current_redactor();
-        let (id_owned, reviewer_owned) = (id.to_owned(), reviewer.to_owned());
+        let asked = Asked {
+            id: id.to_owned(),
+            reviewer: reviewer.to_owned(),
+            choice,
+            message,
+            now,
+        };
         let recorded = self
             .gate
             .db
-            .write(move |conn| {
-                let Some(exec) = store::get(conn, &id_owned)? else {
-                    return Ok(Recorded::Missing);
-                };
-                if exec.status != Status::Held {
-                    return Ok(Recorded::Already(exec.status));
-                }
-                if exec.expires_at_ms.is_some_and(|at| at <= now) {
-                    store::transition(conn, &id_owned, Status::Held, Status::Expired)?;
-                    audit_execution(
-                        conn,
-                        &redactor,
-                        &exec,
-                        AuditEvent::Expired,
-                        None,
-                        None,
-                        None,
-                        &exec.policy_hash,
-                    )?;
-                    return Ok(Recorded::Expired(exec));
-                }
-                let to = match choice {
-                    Choice::Approve => Status::Approved,
-                    Choice::Deny => Status::Denied,
-                };
-                store::record_decision(
-                    conn,
-                    &id_owned,
-                    to,
-                    &reviewer_owned,
-                    message.as_deref(),
-                    now,
-                )?;
-                let event = match choice {
-                    Choice::Approve => AuditEvent::Approved,
-                    Choice::Deny => AuditEvent::Denied,
-                };
-                audit_execution(
-                    conn,
-                    &redactor,
-                    &exec,
-                    event,
-                    message.as_deref(),
-                    Some(&reviewer_owned),
-                    None,
-                    &exec.policy_hash,
-                )?;
-                Ok(Recorded::Decided(
-                    store::get(conn, &id_owned)?.unwrap_or(exec),
-                ))
-            })
+            .write(move |conn| record_decision(conn, &redactor, &asked))
             .await?;
         match recorded {
             Recorded::Missing => Err(DecideError::NotFound(id.to_owned())),
@@ -175,9 +131,7 @@ impl Approvals {
 
     fn after_change(&self, exec: &Execution) {
         let _ = self.gate.changes.send(exec.id.clone());
-        if let Some(sup) = self.gate.supervisor.get() {
-            sup.resume(&exec.thread_id);
-        }
+        self.gate.supervisor.resume(&exec.thread_id);
     }
 
     /// Runs an approved call once: claims it (`approved` to `running`), decides it again
@@ -192,46 +146,7 @@ impl Approvals {
         let claimed = self
             .gate
             .db
-            .write(move |conn| {
-                let Some(exec) = store::get(conn, &id_owned)? else {
-                    return Ok(None);
-                };
-                if exec.status != Status::Approved {
-                    return Ok(None);
-                }
-                let args: serde_json::Value = serde_json::from_str(&exec.args).unwrap_or_default();
-                let history = crate::policy::MemoryHistory::new();
-                let now_decision = loaded
-                    .policy
-                    .decide(&exec.tool, &args, &catalog, &history, now);
-                if now_decision.verdict == Verdict::Block {
-                    let reason = format!("blocked by the current policy: {}", now_decision.because);
-                    store::finish(conn, &id_owned, Status::Blocked, None, Some(&reason), now)?;
-                    audit_execution(
-                        conn,
-                        &redactor,
-                        &exec,
-                        AuditEvent::Rechecked,
-                        Some(&reason),
-                        None,
-                        None,
-                        &loaded.hash_hex,
-                    )?;
-                    return Ok(Some((exec, false)));
-                }
-                store::transition(conn, &id_owned, Status::Approved, Status::Running)?;
-                audit_execution(
-                    conn,
-                    &redactor,
-                    &exec,
-                    AuditEvent::Rechecked,
-                    Some("run"),
-                    None,
-                    None,
-                    &loaded.hash_hex,
-                )?;
-                Ok(Some((exec, true)))
-            })
+            .write(move |conn| claim(conn, &loaded, &catalog, &redactor, &id_owned, now))
             .await;
         let (exec, run) = match claimed {
             Ok(Some(c)) => c,
@@ -262,15 +177,11 @@ impl Approvals {
                 let mut done = Vec::new();
                 for exec in due {
                     if store::transition(conn, &exec.id, Status::Held, Status::Expired)? {
-                        audit_execution(
+                        executions::audit(
                             conn,
                             &redactor,
                             &exec,
-                            AuditEvent::Expired,
-                            None,
-                            None,
-                            None,
-                            &exec.policy_hash,
+                            AuditStep::new(AuditEvent::Expired),
                         )?;
                         done.push(exec);
                     }
@@ -336,15 +247,11 @@ impl Approvals {
             .db
             .write(move |conn| {
                 store::finish(conn, &e.id, Status::NeedsCheck, None, Some(reason), now)?;
-                audit_execution(
+                executions::audit(
                     conn,
                     &redactor,
                     &e,
-                    AuditEvent::OutcomeUnknown,
-                    Some(reason),
-                    None,
-                    None,
-                    &e.policy_hash,
+                    AuditStep::new(AuditEvent::OutcomeUnknown).outcome(Some(reason)),
                 )
             })
             .await;
@@ -353,4 +260,80 @@ impl Approvals {
         }
         self.after_change(&exec);
     }
+}
+
+/// A reviewer's decision as asked, before it is recorded.
+struct Asked {
+    id: String,
+    reviewer: String,
+    choice: Choice,
+    message: Option<String>,
+    now: i64,
+}
+
+/// Records a decision on a held call with its audit step: a compare-and-set from
+/// `held`, so of two reviewers one wins; an expired hold becomes `expired` instead.
+fn record_decision(
+    conn: &rusqlite::Connection,
+    redactor: &Redactor,
+    asked: &Asked,
+) -> rusqlite::Result<Recorded> {
+    let Some(exec) = store::get(conn, &asked.id)? else {
+        return Ok(Recorded::Missing);
+    };
+    if exec.status != Status::Held {
+        return Ok(Recorded::Already(exec.status));
+    }
+    if exec.expires_at_ms.is_some_and(|at| at <= asked.now) {
+        store::transition(conn, &asked.id, Status::Held, Status::Expired)?;
+        executions::audit(conn, redactor, &exec, AuditStep::new(AuditEvent::Expired))?;
+        return Ok(Recorded::Expired(exec));
+    }
+    let (to, event) = match asked.choice {
+        Choice::Approve => (Status::Approved, AuditEvent::Approved),
+        Choice::Deny => (Status::Denied, AuditEvent::Denied),
+    };
+    let message = asked.message.as_deref();
+    store::record_decision(conn, &asked.id, to, &asked.reviewer, message, asked.now)?;
+    let step = AuditStep::new(event)
+        .outcome(message)
+        .reviewer(&asked.reviewer);
+    executions::audit(conn, redactor, &exec, step)?;
+    Ok(Recorded::Decided(
+        store::get(conn, &asked.id)?.unwrap_or(exec),
+    ))
+}
+
+/// Claims an approved call (`approved` to `running`) after deciding it again against
+/// the current policy: `(exec, true)` to run it, `(exec, false)` when a `block` now
+/// wins, `None` when it is not (or no longer) approved.
+fn claim(
+    conn: &rusqlite::Connection,
+    loaded: &LoadedPolicy,
+    catalog: &crate::policy::Catalog,
+    redactor: &Redactor,
+    id: &str,
+    now: i64,
+) -> rusqlite::Result<Option<(Execution, bool)>> {
+    let Some(exec) = store::get(conn, id)? else {
+        return Ok(None);
+    };
+    if exec.status != Status::Approved {
+        return Ok(None);
+    }
+    let args: serde_json::Value = serde_json::from_str(&exec.args).unwrap_or_default();
+    let history = crate::policy::MemoryHistory::new();
+    let now_decision = loaded
+        .policy
+        .decide(&exec.tool, &args, catalog, &history, now);
+    let recheck = AuditStep::new(AuditEvent::Rechecked).policy_hash(&loaded.hash_hex);
+    if now_decision.verdict == Verdict::Block {
+        let reason = format!("blocked by the current policy: {}", now_decision.because);
+        store::finish(conn, id, Status::Blocked, None, Some(&reason), now)?;
+        executions::audit(conn, redactor, &exec, recheck.outcome(Some(&reason)))?;
+        return Ok(Some((exec, false)));
+    }
+    store::transition(conn, id, Status::Approved, Status::Running)?;
+    executions::audit(conn, redactor, &exec, recheck.outcome(Some("run")))?;
+    Ok(Some((exec, true)))
 }

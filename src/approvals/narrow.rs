@@ -9,15 +9,17 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::params;
+use rusqlite::Connection;
 use serde_json::Value;
 
-use super::store::{self, Status};
 use super::{Approvals, DecideError};
 use crate::audit::AuditEvent;
-use crate::gateway::audit_execution;
-use crate::gateway::gate::binding_hash;
-use crate::policy::{MemoryHistory, Verdict};
+use crate::executions::binding_hash;
+use crate::executions::store::{self, Status};
+use crate::executions::{self, AuditStep};
+use crate::gateway::LoadedPolicy;
+use crate::policy::{Catalog, MemoryHistory, Verdict};
+use crate::secrets::Redactor;
 
 /// Why a narrowing was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -133,74 +135,99 @@ impl Approvals {
         let redactor = self.gate.current_redactor();
         let loaded = self.gate.current_policy();
         let catalog = self.gate.catalog.clone();
-        let (id, reviewer) = (id.to_owned(), reviewer.to_owned());
+        let ask = Ask {
+            id: id.to_owned(),
+            reviewer: reviewer.to_owned(),
+            message,
+            lower,
+            now,
+        };
         let outcome = self
             .gate
             .db
             .write(move |conn| {
-                let held = match still_held(store::get(conn, &id)?, &id, now) {
-                    Ok(held) => held,
-                    Err(other) => return Ok(Outcome::Other(other)),
+                let (held, args, narrowed) = match recheck(conn, &loaded, &catalog, &ask)? {
+                    Ok(found) => found,
+                    Err(outcome) => return Ok(outcome),
                 };
-                let args: Value = serde_json::from_str(&held.args).unwrap_or_default();
-                let narrowed = match apply(&args, &lower) {
-                    Ok(n) => n,
-                    Err(e) => return Ok(Outcome::Refused(e)),
-                };
-                let again = loaded.policy.decide(
-                    &held.tool,
-                    &narrowed,
-                    &catalog,
-                    &MemoryHistory::new(),
-                    now,
-                );
-                if again.verdict == Verdict::Block {
-                    let because = again.because.to_string();
-                    return Ok(Outcome::Refused(NarrowError::Blocked(because)));
-                }
-                let canonical = narrowed.to_string();
-                let binding = binding_hash(&held.tool, &canonical, &held.account, &held.session_id);
-                let note = describe(&args, &lower);
-                let text = match message.as_deref() {
-                    Some(m) if !m.trim().is_empty() => format!("{m}\n({note})"),
-                    _ => note.clone(),
-                };
-                let changed = conn.execute(
-                    "UPDATE executions SET args = ?2, binding_hash = ?3 \
-                     WHERE id = ?1 AND status = 'held'",
-                    params![id, canonical, binding],
-                )?;
-                if changed != 1
-                    || !store::record_decision(
-                        conn,
-                        &id,
-                        Status::Approved,
-                        &reviewer,
-                        Some(&text),
-                        now,
-                    )?
-                {
-                    return Ok(Outcome::Other(DecideError::AlreadyDecided {
-                        id,
-                        status: "decided",
-                    }));
-                }
-                let exec = store::get(conn, &id)?.unwrap_or(held);
-                audit_execution(
-                    conn,
-                    &redactor,
-                    &exec,
-                    AuditEvent::Approved,
-                    Some(&note),
-                    Some(&reviewer),
-                    None,
-                    &loaded.hash_hex,
-                )?;
-                Ok(Outcome::Approved(Box::new(exec)))
+                record(conn, &loaded, &redactor, &ask, held, &args, &narrowed)
             })
             .await?;
         Ok(outcome)
     }
+}
+
+/// A narrowed approval as asked.
+struct Ask {
+    id: String,
+    reviewer: String,
+    message: Option<String>,
+    lower: BTreeMap<String, i64>,
+    now: i64,
+}
+
+/// The held call with its arguments and the narrowed ones, when it is still held, the
+/// lowering applies and the current policy does not block the narrowed call.
+fn recheck(
+    conn: &Connection,
+    loaded: &LoadedPolicy,
+    catalog: &Catalog,
+    ask: &Ask,
+) -> rusqlite::Result<Result<(store::Execution, Value, Value), Outcome>> {
+    let held = match still_held(store::get(conn, &ask.id)?, &ask.id, ask.now) {
+        Ok(held) => held,
+        Err(other) => return Ok(Err(Outcome::Other(other))),
+    };
+    let args: Value = serde_json::from_str(&held.args).unwrap_or_default();
+    let narrowed = match apply(&args, &ask.lower) {
+        Ok(n) => n,
+        Err(e) => return Ok(Err(Outcome::Refused(e))),
+    };
+    let history = MemoryHistory::new();
+    let again = loaded
+        .policy
+        .decide(&held.tool, &narrowed, catalog, &history, ask.now);
+    if again.verdict == Verdict::Block {
+        let because = again.because.to_string();
+        return Ok(Err(Outcome::Refused(NarrowError::Blocked(because))));
+    }
+    Ok(Ok((held, args, narrowed)))
+}
+
+/// Freezes the narrowed arguments under their new binding and records the approval
+/// with its audit step; a call decided meanwhile is left alone.
+fn record(
+    conn: &Connection,
+    loaded: &LoadedPolicy,
+    redactor: &Redactor,
+    ask: &Ask,
+    held: store::Execution,
+    args: &Value,
+    narrowed: &Value,
+) -> rusqlite::Result<Outcome> {
+    let canonical = narrowed.to_string();
+    let binding = binding_hash(&held.tool, &canonical, &held.account, &held.session_id);
+    let note = describe(args, &ask.lower);
+    let text = match ask.message.as_deref() {
+        Some(m) if !m.trim().is_empty() => format!("{m}\n({note})"),
+        _ => note.clone(),
+    };
+    let (id, now) = (ask.id.as_str(), ask.now);
+    if !store::narrow_held(conn, id, &canonical, &binding)?
+        || !store::record_decision(conn, id, Status::Approved, &ask.reviewer, Some(&text), now)?
+    {
+        return Ok(Outcome::Other(DecideError::AlreadyDecided {
+            id: id.to_owned(),
+            status: "decided",
+        }));
+    }
+    let exec = store::get(conn, id)?.unwrap_or(held);
+    let step = AuditStep::new(AuditEvent::Approved)
+        .outcome(Some(&note))
+        .reviewer(&ask.reviewer)
+        .policy_hash(&loaded.hash_hex);
+    executions::audit(conn, redactor, &exec, step)?;
+    Ok(Outcome::Approved(Box::new(exec)))
 }
 
 /// The held call, or why it can no longer be decided.

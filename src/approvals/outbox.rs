@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::store::{self, OutboxNote};
+use crate::executions::store::{self, OutboxNote};
 use crate::gateway::Gate;
 
 /// The longest the outbox waits between retries of one note.

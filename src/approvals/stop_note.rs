@@ -9,8 +9,8 @@ use std::sync::Arc;
 use rusqlite::Connection;
 use serde_json::json;
 
-use super::store::{self, Execution, OutboxNote, Status};
 use crate::audit::{self, AuditEvent, AuditRecord};
+use crate::executions::store::{self, Execution, OutboxNote, Status};
 use crate::gateway::Gate;
 use crate::gateway::note::marker;
 use crate::secrets::Redactor;

@@ -2,19 +2,24 @@
 //! unix socket. Tool calls go through the policy gate here and run with credentials
 //! the agent never sees.
 
-mod audit_log;
 mod complete;
+mod decide;
 pub mod gate;
 pub mod note;
+mod outcome;
+mod prepare;
 mod read_call;
+pub mod refusal;
 pub mod routes;
+mod run;
 pub mod sandbox_api;
 mod scope;
 pub mod serve;
 pub mod socket;
 
-pub use audit_log::record_with_policy as audit_execution;
 pub use gate::{CallReply, CallRequest, Connectors, Gate, LoadedPolicy};
+pub use prepare::PreparedCall;
+pub use refusal::Refusal;
 pub use sandbox_api::SandboxApi;
 pub use serve::{ConnLimits, raise_open_file_limit};
 pub use socket::{SOCKET_NAME, SandboxRouter, SocketHost};

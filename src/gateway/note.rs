@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::approvals::store::{Execution, OutboxNote};
+use crate::executions::store::{Execution, OutboxNote};
 use crate::secrets::Redactor;
 
 /// The marker line that identifies a note's execution on the thread's timeline.

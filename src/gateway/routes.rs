@@ -14,8 +14,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::gate::{CallReply, CallRequest, Gate};
+use super::refusal::Refusal;
 use super::socket::SandboxRouter;
-use crate::approvals::store::{self as exec_store, Execution, Status};
+use crate::api_error::ApiError;
+use crate::executions::store::{self as exec_store, Execution, Status};
 use crate::session::SessionScope;
 
 /// The longest an execution wait lasts.
@@ -41,26 +43,17 @@ impl SandboxRouter for Arc<Gate> {
     }
 }
 
-fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    (
-        status,
-        Json(json!({"status": "error", "error": code, "message": message.into()})),
-    )
-        .into_response()
-}
-
 async fn call(State(s): State<Scoped>, body: Result<Json<CallRequest>, JsonRejection>) -> Response {
-    if let Some(h) = s.gate.supervisor.get() {
-        h.touch(&s.scope.thread_id);
-    }
+    s.gate.supervisor.touch(&s.scope.thread_id);
     let req = match body {
         Ok(Json(req)) => req,
         Err(rejection) => {
-            return error(
+            return ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid_request",
                 rejection.body_text(),
-            );
+            )
+            .into_response();
         }
     };
     // Only catalog names become a label: an agent cannot mint series.
@@ -79,6 +72,12 @@ async fn call(State(s): State<Scoped>, body: Result<Json<CallRequest>, JsonRejec
         decision,
         "tool call answered"
     );
+    reply_response(reply)
+}
+
+/// The gate's answer as HTTP: 200 ran, 502 failed, 202 held, 403 blocked, and a
+/// refusal through [`ApiError`].
+fn reply_response(reply: CallReply) -> Response {
     match reply {
         CallReply::Ran {
             execution_id,
@@ -124,19 +123,7 @@ async fn call(State(s): State<Scoped>, body: Result<Json<CallRequest>, JsonRejec
             Json(json!({"status": "blocked", "execution_id": execution_id, "rule": rule})),
         )
             .into_response(),
-        CallReply::Refused {
-            status,
-            error: code,
-            message,
-            details,
-        } => {
-            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
-            let mut body = json!({"status": code, "error": code, "message": message});
-            if let Some(d) = details {
-                body["problems"] = d;
-            }
-            (status, Json(body)).into_response()
-        }
+        CallReply::Refused(refusal) => ApiError::from(refusal).into_response(),
     }
 }
 
@@ -194,18 +181,15 @@ async fn load(s: &Scoped, id: &str) -> Result<Execution, Response> {
     let found = s.gate.db.read(move |c| exec_store::get(c, &id)).await;
     match found {
         Ok(Some(e)) if e.session_id == s.scope.session_id => Ok(e),
-        Ok(_) => Err(error(
+        Ok(_) => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
             "no such execution in this session",
-        )),
+        )
+        .into_response()),
         Err(e) => {
             tracing::error!(error = %e, "cannot read execution");
-            Err(error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "internal error",
-            ))
+            Err(ApiError::internal().into_response())
         }
     }
 }
@@ -283,5 +267,76 @@ async fn wait(
             }
         })
         .await;
+    }
+}
+
+impl From<Refusal> for ApiError {
+    fn from(refusal: Refusal) -> ApiError {
+        let status = match &refusal {
+            Refusal::NotGranted(_) | Refusal::SecretInArguments(_) | Refusal::OutOfScope(_) => {
+                StatusCode::FORBIDDEN
+            }
+            Refusal::UnknownTool(_) => StatusCode::NOT_FOUND,
+            Refusal::InvalidArguments { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Refusal::LookupFailed { definite: true, .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Refusal::LookupFailed {
+                definite: false, ..
+            } => StatusCode::BAD_GATEWAY,
+            Refusal::Internal => return ApiError::internal(),
+        };
+        let code = refusal.code();
+        match refusal {
+            Refusal::InvalidArguments { message, problems } => {
+                ApiError::new(status, code, message).with_problems(problems)
+            }
+            other => ApiError::new(status, code, other.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_refusal_maps_to_one_status_and_the_common_body() {
+        let cases = [
+            (Refusal::NotGranted("n".into()), 403, "not_granted"),
+            (Refusal::UnknownTool("u".into()), 404, "unknown_tool"),
+            (Refusal::invalid("i"), 422, "invalid_arguments"),
+            (
+                Refusal::SecretInArguments("s".into()),
+                403,
+                "secret_in_arguments",
+            ),
+            (Refusal::OutOfScope("o".into()), 403, "out_of_scope"),
+            (
+                Refusal::LookupFailed {
+                    message: "l".into(),
+                    definite: true,
+                },
+                422,
+                "lookup_failed",
+            ),
+            (
+                Refusal::LookupFailed {
+                    message: "l".into(),
+                    definite: false,
+                },
+                502,
+                "lookup_failed",
+            ),
+            (Refusal::Internal, 500, "internal"),
+        ];
+        for (refusal, status, code) in cases {
+            let e = ApiError::from(refusal);
+            assert_eq!((e.status.as_u16(), e.code), (status, code));
+            assert_eq!(e.body()["status"], "error");
+        }
+        let listed = ApiError::from(Refusal::InvalidArguments {
+            message: "t: a; b".into(),
+            problems: vec!["a".into(), "b".into()],
+        });
+        assert_eq!(listed.body()["problems"], json!(["a", "b"]));
     }
 }

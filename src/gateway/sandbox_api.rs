@@ -3,7 +3,7 @@
 //! Every handler takes the session's [`SessionScope`] from the socket the request came
 //! in on; nothing in a request can name another session.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -16,8 +16,10 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::socket::SandboxRouter;
-use crate::session::{AgentBook, SessionScope, SupervisorHandle, store};
+use crate::api_error::ApiError;
+use crate::session::{AgentBook, SessionScope, SupervisorHandle};
 use crate::store::Db;
+use crate::webhook::store as events;
 
 /// The longest a long poll waits.
 const MAX_WAIT: Duration = Duration::from_secs(60);
@@ -31,11 +33,12 @@ pub const MAX_PAGE_BYTES: usize = 1 << 20;
 pub struct SandboxApi {
     pub db: Db,
     pub agents: Arc<AgentBook>,
-    pub supervisor: OnceLock<SupervisorHandle>,
-    /// The tool-call routes, merged into each session's router when present.
-    pub calls: OnceLock<Arc<dyn SandboxRouter>>,
-    /// The model proxy and transcript routes, merged when present.
-    pub model: OnceLock<Arc<dyn SandboxRouter>>,
+    /// The supervisor (its channel exists before anything that reaches it).
+    pub supervisor: SupervisorHandle,
+    /// The tool-call routes, merged into each session's router.
+    pub calls: Arc<dyn SandboxRouter>,
+    /// The model proxy and transcript routes, merged into each session's router.
+    pub model: Arc<dyn SandboxRouter>,
 }
 
 #[derive(Clone)]
@@ -54,14 +57,8 @@ impl SandboxRouter for Arc<SandboxApi> {
             .route("/v1/events", get(events))
             .route("/v1/agent", get(agent))
             .with_state(state);
-        let base = match self.model.get() {
-            Some(model) => base.merge(model.router(scope.clone())),
-            None => base,
-        };
-        match self.calls.get() {
-            Some(calls) => base.merge(calls.router(scope)),
-            None => base,
-        }
+        base.merge(self.model.router(scope.clone()))
+            .merge(self.calls.router(scope))
     }
 }
 
@@ -85,11 +82,9 @@ fn default_limit() -> i64 {
 async fn events(State(s): State<SessionState>, Query(q): Query<EventsQuery>) -> Response {
     let wait = Duration::from_secs(q.wait).min(MAX_WAIT);
     let deadline = tokio::time::Instant::now() + wait;
-    let mut feed = s.api.supervisor.get().map(|h| h.subscribe_feed());
-    if q.wait == 0
-        && let Some(h) = s.api.supervisor.get()
-    {
-        h.touch(&s.scope.thread_id);
+    let mut rx = s.api.supervisor.subscribe_feed();
+    if q.wait == 0 {
+        s.api.supervisor.touch(&s.scope.thread_id);
     }
     loop {
         let thread = s.scope.thread_id.clone();
@@ -98,22 +93,18 @@ async fn events(State(s): State<SessionState>, Query(q): Query<EventsQuery>) -> 
         let found = s
             .api
             .db
-            .read(move |c| store::feed_page(c, &thread, after, limit, MAX_PAGE_BYTES))
+            .read(move |c| events::feed_page(c, &thread, after, limit, MAX_PAGE_BYTES))
             .await;
         let events = match found {
             Ok(events) => events,
             Err(e) => {
                 tracing::error!(error = %e, "cannot read the event feed");
-                return (StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response();
+                return ApiError::internal().into_response();
             }
         };
         if !events.is_empty() || tokio::time::Instant::now() >= deadline {
             return stream_page(events, q.after);
         }
-        let Some(rx) = feed.as_mut() else {
-            tokio::time::sleep_until(deadline).await;
-            continue;
-        };
         // Wake on any feed change for this thread, or at the deadline.
         let woke = tokio::time::timeout_at(deadline, async {
             loop {
@@ -135,7 +126,7 @@ async fn events(State(s): State<SessionState>, Query(q): Query<EventsQuery>) -> 
 /// Writes `{"events": [...], "next": N}` one event at a time, each event's stored JSON
 /// spliced in as it is (no second copy of the page is built), dropping each event once
 /// written.
-fn stream_page(events: Vec<store::RawFeedEvent>, after: i64) -> Response {
+fn stream_page(events: Vec<events::RawFeedEvent>, after: i64) -> Response {
     let next = events.last().map_or(after, |e| e.position);
     let count = events.len();
     let head = std::iter::once(Bytes::from_static(b"{\"events\":["));
@@ -175,12 +166,7 @@ fn stream_page(events: Vec<store::RawFeedEvent>, after: i64) -> Response {
 /// its playbooks (`skills: [{name, description, body}]`).
 async fn agent(State(s): State<SessionState>) -> Response {
     let Some(def) = s.api.agents.get(&s.scope.agent) else {
-        return (
-            StatusCode::NOT_FOUND,
-            Json(
-                json!({"status": "error", "error": "not_found", "message": "no agent definition"}),
-            ),
-        )
+        return ApiError::new(StatusCode::NOT_FOUND, "not_found", "no agent definition")
             .into_response();
     };
     let skills: Vec<_> = def

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -31,7 +31,7 @@ struct Listener {
 
 /// Runs the sessions' socket listeners.
 pub struct SocketHost {
-    routes: OnceLock<Arc<dyn SandboxRouter>>,
+    routes: Arc<dyn SandboxRouter>,
     listeners: Mutex<HashMap<String, Listener>>,
     limits: ConnLimits,
 }
@@ -44,16 +44,11 @@ pub const DEFAULT_SOCKET_LIMITS: ConnLimits = ConnLimits {
     body_timeout: Duration::from_secs(30),
 };
 
-impl Default for SocketHost {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl SocketHost {
-    pub fn new() -> SocketHost {
+    /// Sockets that serve what `routes` builds for each session.
+    pub fn new(routes: Arc<dyn SandboxRouter>) -> SocketHost {
         SocketHost {
-            routes: OnceLock::new(),
+            routes,
             listeners: Mutex::new(HashMap::new()),
             limits: DEFAULT_SOCKET_LIMITS,
         }
@@ -63,12 +58,6 @@ impl SocketHost {
     pub fn with_limits(mut self, limits: ConnLimits) -> SocketHost {
         self.limits = limits;
         self
-    }
-
-    /// Sets what the sockets serve; done once, before the first session opens.
-    pub fn set_router(&self, routes: Arc<dyn SandboxRouter>) {
-        // A second call keeps the first router: the wiring happens once at start.
-        let _ = self.routes.set(routes);
     }
 
     /// Whether the session's listener is running.
@@ -89,12 +78,8 @@ impl SessionApi for SocketHost {
         if self.is_open(&scope.session_id) {
             return Ok(());
         }
-        let routes = self
-            .routes
-            .get()
-            .ok_or_else(|| anyhow::anyhow!("the sandbox API router is not set"))?;
         let listener = bind_private(&socket_dir)?;
-        let app = routes.router(scope.clone());
+        let app = self.routes.router(scope.clone());
         let (shutdown, stopped) = oneshot::channel::<()>();
         let session = scope.session_id.clone();
         let limits = self.limits;

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use super::McpServer;
 use super::state::{HeldState, fresh_nonce, request_digest};
 use super::tools::{DIAGNOSIS, WAIT_TOOL, gateway_tool, wait_tool};
-use crate::approvals::store::{self as exec_store, Execution, Status};
+use crate::executions::store::{self as exec_store, Execution, Status};
 use crate::gateway::routes::{agent_view, rfc3339};
 use crate::gateway::{CallReply, CallRequest};
 use crate::session::SessionScope;
@@ -61,9 +61,7 @@ impl SessionTools {
 
     async fn call(&self, params: CallToolRequestParams, url_mode: bool) -> CallToolResponse {
         let gate = &self.server.gate;
-        if let Some(h) = gate.supervisor.get() {
-            h.touch(&self.scope.thread_id);
-        }
+        gate.supervisor.touch(&self.scope.thread_id);
         let mut args = Value::Object(params.arguments.unwrap_or_default());
         let diagnosis = args
             .as_object_mut()
@@ -326,17 +324,11 @@ fn reply_result(reply: CallReply) -> CallToolResult {
         CallReply::Blocked { execution_id, rule } => CallToolResult::structured_error(
             json!({"status": "blocked", "execution_id": execution_id, "rule": rule}),
         ),
-        CallReply::Refused {
-            status,
-            error,
-            message,
-            details,
-        } => {
-            let mut body =
-                json!({"status": error, "error": error, "message": message, "http_status": status});
-            if let Some(d) = details {
-                body["problems"] = d;
-            }
+        CallReply::Refused(refusal) => {
+            // The same body as the REST answer's, with its status alongside.
+            let e = crate::api_error::ApiError::from(refusal);
+            let mut body = e.body();
+            body["http_status"] = json!(e.status.as_u16());
             CallToolResult::structured_error(body)
         }
     }

@@ -91,6 +91,12 @@ impl ModelSettings {
     }
 }
 
+impl crate::session::AllowedModels for ModelSettings {
+    fn allowed_models(&self) -> &[String] {
+        &self.allowed
+    }
+}
+
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(d)?;
     humantime::parse_duration(&text).map_err(serde::de::Error::custom)

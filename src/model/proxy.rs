@@ -43,21 +43,6 @@ pub enum ProxyError {
     Internal,
 }
 
-impl ProxyError {
-    /// HTTP status and error code.
-    pub fn status_and_code(&self) -> (u16, &'static str) {
-        match self {
-            ProxyError::BadRequest(_) => (400, "bad_request"),
-            ProxyError::ModelNotAllowed(_) => (403, "model_not_allowed"),
-            ProxyError::SecretInPrompt(_) => (403, "secret_in_prompt"),
-            ProxyError::BudgetExhausted(_) => (429, "budget_exhausted"),
-            ProxyError::Upstream(_) => (502, "upstream_error"),
-            ProxyError::Malformed(_) => (502, "upstream_malformed"),
-            ProxyError::Internal => (500, "internal"),
-        }
-    }
-}
-
 fn internal(e: impl std::fmt::Display) -> ProxyError {
     tracing::error!(error = %e, "model proxy");
     ProxyError::Internal
@@ -127,9 +112,7 @@ impl ModelProxy {
             .write(move |c| model_store::add_turn(c, &s, &t))
             .await
             .map_err(internal)?;
-        if let Some(h) = self.gate.supervisor.get() {
-            h.touch(&scope.thread_id);
-        }
+        self.gate.supervisor.touch(&scope.thread_id);
         let names = ToolNames::for_request(&request);
         let wire_request = names.to_wire(request);
         let started = Instant::now();
@@ -291,14 +274,13 @@ impl ModelProxy {
         if first {
             tracing::info!(session = %scope.session_id, thread = %scope.thread_id, "session stopped: model budget spent");
             self.gate.outbox.notify_one();
-            if let Some(h) = self.gate.supervisor.get().cloned() {
-                let thread = scope.thread_id.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = h.stop(&thread).await {
-                        tracing::warn!(thread, error = %e, "cannot stop the session after its budget ran out");
-                    }
-                });
-            }
+            let h = self.gate.supervisor.clone();
+            let thread = scope.thread_id.clone();
+            tokio::spawn(async move {
+                if let Err(e) = h.stop(&thread).await {
+                    tracing::warn!(thread, error = %e, "cannot stop the session after its budget ran out");
+                }
+            });
         }
         Ok(())
     }

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use super::proxy::{ModelProxy, ProxyError};
 use super::store::{self as model_store, StoredTranscript};
+use crate::api_error::ApiError;
 use crate::gateway::SandboxRouter;
 use crate::session::SessionScope;
 
@@ -48,38 +49,40 @@ impl SandboxRouter for Arc<ModelProxy> {
     }
 }
 
-fn error(status: u16, code: &str, message: impl Into<String>) -> Response {
-    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
-    (
-        status,
-        Json(json!({"status": "error", "error": code, "message": message.into()})),
-    )
-        .into_response()
-}
-
 /// The body as JSON, or the error answer (413 over `max`, 400 when not JSON).
 fn json_body(body: Result<Bytes, BytesRejection>, max: usize) -> Result<Value, Box<Response>> {
     let too_large = || {
-        Box::new(error(
-            413,
-            "too_large",
-            format!("the body exceeds {max} bytes"),
-        ))
+        Box::new(
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!("the body exceeds {max} bytes"),
+            )
+            .into_response(),
+        )
     };
     let bytes = match body {
         Ok(b) => b,
         Err(r) if r.status() == StatusCode::PAYLOAD_TOO_LARGE => return Err(too_large()),
-        Err(r) => return Err(Box::new(error(400, "bad_request", r.body_text()))),
+        Err(r) => {
+            return Err(Box::new(
+                ApiError::new(StatusCode::BAD_REQUEST, "bad_request", r.body_text())
+                    .into_response(),
+            ));
+        }
     };
     if bytes.len() > max {
         return Err(too_large());
     }
     serde_json::from_slice(&bytes).map_err(|e| {
-        Box::new(error(
-            400,
-            "bad_request",
-            format!("the body is not JSON: {e}"),
-        ))
+        Box::new(
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("the body is not JSON: {e}"),
+            )
+            .into_response(),
+        )
     })
 }
 
@@ -90,14 +93,7 @@ async fn chat(State(s): State<Scoped>, body: Result<Bytes, BytesRejection>) -> R
     };
     match s.proxy.chat(&s.scope, &body).await {
         Ok(answer) => Json(answer).into_response(),
-        Err(e) => {
-            let (status, code) = e.status_and_code();
-            let message = match &e {
-                ProxyError::Internal => "internal error".to_owned(),
-                other => other.to_string(),
-            };
-            error(status, code, message)
-        }
+        Err(e) => ApiError::from(e).into_response(),
     }
 }
 
@@ -119,7 +115,7 @@ async fn get_transcript(State(s): State<Scoped>) -> Response {
         }
         Err(e) => {
             tracing::error!(error = %e, "cannot read a transcript");
-            error(500, "internal", "internal error")
+            ApiError::internal().into_response()
         }
     }
 }
@@ -132,13 +128,25 @@ async fn put_transcript(State(s): State<Scoped>, body: Result<Bytes, BytesReject
         Err(r) => return *r,
     };
     let Some(messages) = body.get("messages").filter(|m| m.is_array()) else {
-        return error(400, "bad_request", "messages must be an array");
+        return ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "messages must be an array",
+        )
+        .into_response();
     };
     let events_consumed = match body.get("events_consumed") {
         None => 0,
         Some(v) => match v.as_i64().filter(|n| *n >= 0) {
             Some(n) => n,
-            None => return error(400, "bad_request", "events_consumed must be a count"),
+            None => {
+                return ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    "events_consumed must be a count",
+                )
+                .into_response();
+            }
         },
     };
     let stored = StoredTranscript {
@@ -146,15 +154,14 @@ async fn put_transcript(State(s): State<Scoped>, body: Result<Bytes, BytesReject
         events_consumed,
     };
     if stored.messages.len() > max {
-        return error(
-            413,
+        return ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
             "too_large",
             format!("the transcript exceeds {max} bytes"),
-        );
+        )
+        .into_response();
     }
-    if let Some(h) = s.proxy.gate.supervisor.get() {
-        h.touch(&s.scope.thread_id);
-    }
+    s.proxy.gate.supervisor.touch(&s.scope.thread_id);
     let (session, now) = (s.scope.session_id.clone(), s.proxy.gate.now());
     let written = s
         .proxy
@@ -166,7 +173,22 @@ async fn put_transcript(State(s): State<Scoped>, body: Result<Bytes, BytesReject
         Ok(()) => Json(json!({"status": "ok"})).into_response(),
         Err(e) => {
             tracing::error!(error = %e, "cannot store a transcript");
-            error(500, "internal", "internal error")
+            ApiError::internal().into_response()
         }
+    }
+}
+
+impl From<ProxyError> for ApiError {
+    fn from(e: ProxyError) -> ApiError {
+        let (status, code) = match &e {
+            ProxyError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            ProxyError::ModelNotAllowed(_) => (StatusCode::FORBIDDEN, "model_not_allowed"),
+            ProxyError::SecretInPrompt(_) => (StatusCode::FORBIDDEN, "secret_in_prompt"),
+            ProxyError::BudgetExhausted(_) => (StatusCode::TOO_MANY_REQUESTS, "budget_exhausted"),
+            ProxyError::Upstream(_) => (StatusCode::BAD_GATEWAY, "upstream_error"),
+            ProxyError::Malformed(_) => (StatusCode::BAD_GATEWAY, "upstream_malformed"),
+            ProxyError::Internal => return ApiError::internal(),
+        };
+        ApiError::new(status, code, e.to_string())
     }
 }

@@ -14,8 +14,8 @@ use rusqlite::{Connection, OptionalExtension as _};
 use super::auth::{self, Signed};
 use super::views::{ApprovalView, HistoryRow, OtherCall, QueueRow, TrailRow, when};
 use super::{ReviewState, message, render};
-use crate::approvals::store::{self, Execution, Status};
 use crate::approvals::{Choice, DecideError};
+use crate::executions::store::{self, Execution, Status};
 
 /// Rows shown in the history and the thread pages.
 const PAGE_ROWS: i64 = 200;

@@ -4,8 +4,8 @@
 use serde_json::Value;
 
 use crate::approvals::narrow;
-use crate::approvals::store::{Execution, Status};
-use crate::gateway::gate::redact_args;
+use crate::executions::redact_args;
+use crate::executions::store::{Execution, Status};
 use crate::secrets::Redactor;
 
 /// The largest arguments shown in full; larger ones are left out (and Approve disabled).

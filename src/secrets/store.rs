@@ -373,23 +373,12 @@ const GENERATION_KEY: &str = "secrets_generation";
 
 /// Bumps the generation counter, inside the writing transaction.
 fn bump_generation(c: &Connection) -> rusqlite::Result<()> {
-    c.execute(
-        "INSERT INTO meta (key, value) VALUES (?1, '1')
-         ON CONFLICT (key) DO UPDATE SET value = CAST(value AS INTEGER) + 1",
-        [GENERATION_KEY],
-    )?;
-    Ok(())
+    crate::store::meta::increment(c, GENERATION_KEY)
 }
 
 /// The generation counter (0 before the first write).
 fn read_generation(c: &Connection) -> rusqlite::Result<u64> {
-    let value: Option<String> = c
-        .query_row(
-            "SELECT value FROM meta WHERE key = ?1",
-            [GENERATION_KEY],
-            |r| r.get(0),
-        )
-        .optional()?;
+    let value = crate::store::meta::get(c, GENERATION_KEY)?;
     Ok(value.and_then(|v| v.parse().ok()).unwrap_or(0))
 }
 

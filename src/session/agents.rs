@@ -13,7 +13,6 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::ModelSettings;
 use crate::policy::Catalog;
 
 /// What a session may spend on the model before it stops and a person takes over.
@@ -215,6 +214,14 @@ impl Document {
     }
 }
 
+/// The models this threadgate's configuration lets agents use (`[model].allowed`),
+/// which [`AgentBook::check`] holds the agents to. Implemented by the model settings,
+/// so sessions need not know the model module.
+pub trait AllowedModels {
+    /// The allowed model names.
+    fn allowed_models(&self) -> &[String];
+}
+
 /// Every agent definition and skill, loaded once at start.
 #[derive(Debug, Clone, Default)]
 pub struct AgentBook {
@@ -358,7 +365,7 @@ impl AgentBook {
 
     /// What the loaded agents ask that this threadgate cannot give: tool patterns that
     /// match no tool of `catalog`, models `model` does not allow.
-    pub fn check(&self, catalog: &Catalog, model: &ModelSettings) -> Vec<Problem> {
+    pub fn check(&self, catalog: &Catalog, model: &dyn AllowedModels) -> Vec<Problem> {
         let mut problems = Vec::new();
         for (name, agent) in &self.agents {
             let Some((path, front)) = self.sources.get(name) else {
@@ -383,13 +390,14 @@ impl AgentBook {
                     });
                 }
             }
-            if !model.allows(&agent.model) {
+            let allowed = model.allowed_models();
+            if !allowed.iter().any(|m| m == &agent.model) {
                 problems.push(Problem {
                     path: path.clone(),
                     line: doc.line_of("model", &agent.model),
                     message: format!(
                         "model {:?} is not allowed by the config ([model].allowed = {:?})",
-                        agent.model, model.allowed
+                        agent.model, allowed
                     ),
                 });
             }
@@ -402,7 +410,7 @@ impl AgentBook {
         agents_dir: &Path,
         skills_dir: &Path,
         catalog: &Catalog,
-        model: &ModelSettings,
+        model: &dyn AllowedModels,
     ) -> Result<AgentBook, AgentError> {
         let (book, mut problems) = AgentBook::read_all(agents_dir, skills_dir);
         problems.extend(book.check(catalog, model));

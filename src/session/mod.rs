@@ -14,6 +14,7 @@
 pub mod agents;
 pub mod notes;
 pub mod publish;
+pub mod settings;
 pub mod store;
 mod supervisor;
 mod workspace;
@@ -23,11 +24,12 @@ mod tests;
 
 use std::path::PathBuf;
 
-pub use agents::{AgentBook, AgentDefinition, HarnessCommand};
+pub use agents::{AgentBook, AgentDefinition, AllowedModels, HarnessCommand};
 pub use notes::{StopNotes, StopReason};
 pub use publish::{BranchPublisher, GithubPublisher};
+pub use settings::SessionSettings;
 pub use store::{SessionRow, SessionState};
-pub use supervisor::{Clock, Supervisor, SupervisorHandle, SupervisorParts};
+pub use supervisor::{Clock, Supervisor, SupervisorHandle, SupervisorInbox, SupervisorParts};
 pub use workspace::{CommitReport, PreparedWorktree, WorkspaceOps};
 
 /// What a session's sandbox API knows about the session it serves. The socket a request

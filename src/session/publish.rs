@@ -140,14 +140,7 @@ fn latest_finding(c: &rusqlite::Connection, thread: &str) -> rusqlite::Result<Op
 
 /// The Plain workspace of the thread, from its latest event.
 fn workspace_of(c: &rusqlite::Connection, thread: &str) -> rusqlite::Result<Option<String>> {
-    use rusqlite::OptionalExtension;
-    let body: Option<String> = c
-        .query_row(
-            "SELECT body FROM events WHERE thread_id = ?1 ORDER BY seq DESC LIMIT 1",
-            [thread],
-            |r| r.get(0),
-        )
-        .optional()?;
+    let body = crate::webhook::store::latest_body(c, thread)?;
     Ok(body
         .and_then(|b| serde_json::from_str::<Value>(&b).ok())
         .and_then(|v| v["workspaceId"].as_str().map(str::to_owned))

@@ -1,8 +1,11 @@
-//! The sessions table and the per-thread event feed: every query the supervisor and the
-//! sandbox API run about sessions.
+//! The sessions table: every query the supervisor and the operators' commands run about
+//! sessions. (The events they apply belong to [`crate::webhook::store`]; the pause flag
+//! to [`crate::store::meta`].)
 
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
+
+use crate::store::meta;
 
 /// Where a session stands. Stored as lowercase text; unknown text read back is an
 /// error (`FromStr`), never a state.
@@ -212,86 +215,12 @@ pub fn stop_requests(conn: &Connection) -> rusqlite::Result<Vec<String>> {
 
 /// Whether new sessions are paused (webhooks are still stored and acknowledged).
 pub fn paused(conn: &Connection) -> rusqlite::Result<bool> {
-    let value: Option<String> = conn
-        .query_row("SELECT value FROM meta WHERE key = 'paused'", [], |r| {
-            r.get(0)
-        })
-        .optional()?;
-    Ok(value.as_deref() == Some("1"))
+    Ok(meta::get(conn, meta::PAUSED)?.as_deref() == Some("1"))
 }
 
 /// Sets or lifts the global pause.
 pub fn set_paused(conn: &Connection, paused: bool) -> rusqlite::Result<()> {
-    conn.execute(
-        "INSERT INTO meta (key, value) VALUES ('paused', ?1) \
-         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-        [if paused { "1" } else { "0" }],
-    )?;
-    Ok(())
-}
-
-/// A stored event the supervisor has not applied yet.
-#[derive(Debug, Clone)]
-pub struct PendingEvent {
-    pub seq: i64,
-    pub class: String,
-    pub occurred_at_ms: i64,
-    pub customer_id: Option<String>,
-    pub customer_email: Option<String>,
-}
-
-/// Threads with events not yet applied, oldest first.
-pub fn threads_with_pending_events(conn: &Connection) -> rusqlite::Result<Vec<String>> {
-    let mut stmt = conn.prepare(
-        "SELECT thread_id FROM events WHERE applied_at_ms IS NULL AND thread_id IS NOT NULL \
-         AND class != 'ignored' GROUP BY thread_id ORDER BY min(seq)",
-    )?;
-    let rows = stmt.query_map([], |r| r.get(0))?;
-    rows.collect()
-}
-
-/// A thread's unapplied events in the order they happened.
-pub fn pending_events(conn: &Connection, thread_id: &str) -> rusqlite::Result<Vec<PendingEvent>> {
-    let mut stmt = conn.prepare(
-        "SELECT seq, class, occurred_at_ms, customer_id, customer_email FROM events \
-         WHERE thread_id = ?1 AND applied_at_ms IS NULL AND class != 'ignored' \
-         ORDER BY occurred_at_ms, seq",
-    )?;
-    let rows = stmt.query_map([thread_id], |r| {
-        Ok(PendingEvent {
-            seq: r.get(0)?,
-            class: r.get(1)?,
-            occurred_at_ms: r.get(2)?,
-            customer_id: r.get(3)?,
-            customer_email: r.get(4)?,
-        })
-    })?;
-    rows.collect()
-}
-
-/// Marks an event applied; `feed` gives it the next position in its thread's feed
-/// (events a session's agent reads), or none when it is not for the agent.
-pub fn mark_applied(
-    conn: &Connection,
-    seq: i64,
-    thread_id: &str,
-    feed: bool,
-    now_ms: i64,
-) -> rusqlite::Result<()> {
-    if feed {
-        conn.execute(
-            "UPDATE events SET applied_at_ms = ?2, thread_pos = \
-             (SELECT coalesce(max(thread_pos), 0) + 1 FROM events WHERE thread_id = ?3) \
-             WHERE seq = ?1",
-            params![seq, now_ms, thread_id],
-        )?;
-    } else {
-        conn.execute(
-            "UPDATE events SET applied_at_ms = ?2 WHERE seq = ?1",
-            params![seq, now_ms],
-        )?;
-    }
-    Ok(())
+    meta::set(conn, meta::PAUSED, if paused { "1" } else { "0" })
 }
 
 /// Records the newest event time applied to a session and who the customer is.
@@ -310,91 +239,6 @@ pub fn note_event(
     )?;
     Ok(())
 }
-
-/// One event as a session's agent reads it.
-#[derive(Debug, Clone, Serialize)]
-pub struct FeedEvent {
-    pub position: i64,
-    pub event_id: String,
-    #[serde(rename = "type")]
-    pub event_type: String,
-    pub occurred_at_ms: i64,
-    pub event: serde_json::Value,
-}
-
-/// One event of a feed page, its body kept as the stored JSON text.
-#[derive(Debug, Clone)]
-pub struct RawFeedEvent {
-    pub position: i64,
-    pub event_id: String,
-    pub event_type: String,
-    pub occurred_at_ms: i64,
-    /// The stored event, as JSON text (`null` when the stored text is not JSON).
-    pub event_json: String,
-}
-
-/// The thread's feed after `after`: at most `limit` events whose bodies add up to at
-/// most `max_bytes`, and always the first one, whatever its size (the webhook body
-/// limit bounds each event). Rows are read one at a time and reading stops at the
-/// budget, so a page never holds more than `max_bytes` plus one event.
-pub fn feed_page(
-    conn: &Connection,
-    thread_id: &str,
-    after: i64,
-    limit: i64,
-    max_bytes: usize,
-) -> rusqlite::Result<Vec<RawFeedEvent>> {
-    let mut stmt = conn.prepare(
-        "SELECT thread_pos, event_id, event_type, occurred_at_ms, \
-                length(CAST(body AS BLOB)), body FROM events \
-         WHERE thread_id = ?1 AND thread_pos > ?2 ORDER BY thread_pos LIMIT ?3",
-    )?;
-    let mut rows = stmt.query(params![thread_id, after, limit])?;
-    let mut page = Vec::new();
-    let mut used = 0usize;
-    while let Some(r) = rows.next()? {
-        let size = usize::try_from(r.get::<_, i64>(4)?).unwrap_or(usize::MAX);
-        if !page.is_empty() && used.saturating_add(size) > max_bytes {
-            break;
-        }
-        used = used.saturating_add(size);
-        let body: String = r.get(5)?;
-        let valid = serde_json::from_str::<serde::de::IgnoredAny>(&body).is_ok();
-        page.push(RawFeedEvent {
-            position: r.get(0)?,
-            event_id: r.get(1)?,
-            event_type: r.get(2)?,
-            occurred_at_ms: r.get(3)?,
-            event_json: if valid { body } else { "null".to_owned() },
-        });
-    }
-    Ok(page)
-}
-
-/// The thread's feed after `after`, at most `limit` events.
-pub fn feed(
-    conn: &Connection,
-    thread_id: &str,
-    after: i64,
-    limit: i64,
-) -> rusqlite::Result<Vec<FeedEvent>> {
-    let mut stmt = conn.prepare(
-        "SELECT thread_pos, event_id, event_type, occurred_at_ms, body FROM events \
-         WHERE thread_id = ?1 AND thread_pos > ?2 ORDER BY thread_pos LIMIT ?3",
-    )?;
-    let rows = stmt.query_map(params![thread_id, after, limit], |r| {
-        let body: String = r.get(4)?;
-        Ok(FeedEvent {
-            position: r.get(0)?,
-            event_id: r.get(1)?,
-            event_type: r.get(2)?,
-            occurred_at_ms: r.get(3)?,
-            event: serde_json::from_str(&body).unwrap_or(serde_json::Value::Null),
-        })
-    })?;
-    rows.collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::SessionSettings;
 use super::*;
-use crate::config::SessionSettings;
 use crate::sandbox::{FakeRuntime, Limits, SandboxRuntime};
 use crate::secrets::SecretString;
 use crate::store::Db;

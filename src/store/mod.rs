@@ -12,6 +12,7 @@
 //! orchestrator only sees domain functions.
 
 mod checkpoint;
+pub mod meta;
 mod migrations;
 
 use std::path::{Path, PathBuf};

@@ -82,6 +82,18 @@ fn the_database_runs_with_full_sync_and_wal() {
     assert_eq!(mode, "wal");
 }
 
+#[test]
+fn a_meta_value_is_set_once_and_read_back() {
+    let (_dir, db) = open_temp();
+    let first = db
+        .write_blocking(|c| meta::get_or_insert(c, meta::INSTANCE_ID, "tg-first"))
+        .expect("first");
+    let second = db
+        .write_blocking(|c| meta::get_or_insert(c, meta::INSTANCE_ID, "tg-second"))
+        .expect("second");
+    assert_eq!((first.as_str(), second.as_str()), ("tg-first", "tg-first"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_log_is_checkpointed_off_the_writer() {
     let (dir, db) = open_temp();

@@ -32,6 +32,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::envelope::{Envelope, EnvelopeError, EventClass};
 use super::signature::{SIGNATURE_HEADER, SignatureError, SigningSecret, verify_signature};
 use super::store::{self, InsertOutcome};
+use crate::api_error::ApiError;
 use crate::store::{Db, StoreError};
 
 /// The current time in unix milliseconds. Tests pass a fixed clock.
@@ -124,14 +125,15 @@ enum Refusal {
 }
 
 impl Refusal {
-    fn status(&self) -> StatusCode {
+    /// The answer's status and code.
+    fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
-            Refusal::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Refusal::Unreadable | Refusal::Envelope(_) | Refusal::NotUtf8 => {
-                StatusCode::BAD_REQUEST
-            }
-            Refusal::Signature(_) | Refusal::Stale { .. } => StatusCode::UNAUTHORIZED,
-            Refusal::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Refusal::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+            Refusal::Unreadable | Refusal::NotUtf8 => (StatusCode::BAD_REQUEST, "unreadable"),
+            Refusal::Envelope(_) => (StatusCode::BAD_REQUEST, "invalid_envelope"),
+            Refusal::Signature(_) => (StatusCode::UNAUTHORIZED, "bad_signature"),
+            Refusal::Stale { .. } => (StatusCode::UNAUTHORIZED, "stale"),
+            Refusal::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
 
@@ -151,14 +153,13 @@ impl Refusal {
     /// Logs the refusal and turns it into the answer. A 500 says nothing specific.
     fn into_answer(self, event_id: Option<&str>) -> Response {
         crate::metrics::delivery("refused", self.reason(), None);
-        let status = self.status();
         if let Refusal::Store(_) = self {
             tracing::error!(event_id, error = %self, "webhook delivery not stored");
-            let body = json!({ "error": "internal error" });
-            return (status, axum::Json(body)).into_response();
+            return ApiError::internal().into_response();
         }
+        let (status, code) = self.status_and_code();
         tracing::warn!(event_id, status = status.as_u16(), reason = %self, "webhook delivery refused");
-        (status, axum::Json(json!({ "error": self.to_string() }))).into_response()
+        ApiError::new(status, code, self.to_string()).into_response()
     }
 }
 

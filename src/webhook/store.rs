@@ -1,12 +1,15 @@
 //! The `events` table (migration `0002_events`): every accepted delivery, once per
-//! Plain event id.
+//! Plain event id. Its only owner: intake stores events here, the supervisor reads the
+//! unapplied ones and marks them applied (giving them a feed position), and the sandbox
+//! API pages through a thread's feed, all through these functions, with the event class
+//! typed as [`EventClass`].
 //!
 //! These functions take a [`Connection`] so that they run inside [`crate::store::Db::write`]
 //! (one group-committed transaction) or [`crate::store::Db::read`].
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::envelope::Envelope;
+use super::envelope::{Envelope, EventClass};
 
 /// The outcome of [`insert`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,5 +63,140 @@ pub fn insert(
     Ok(match seq {
         Some(seq) => InsertOutcome::Inserted { seq },
         None => InsertOutcome::Duplicate,
+    })
+}
+
+/// A stored event the supervisor has not applied yet.
+#[derive(Debug, Clone)]
+pub struct PendingEvent {
+    pub seq: i64,
+    pub class: EventClass,
+    pub occurred_at_ms: i64,
+    pub customer_id: Option<String>,
+    pub customer_email: Option<String>,
+}
+
+/// Threads with events not yet applied, oldest first.
+pub fn threads_with_pending_events(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn.prepare(
+        "SELECT thread_id FROM events WHERE applied_at_ms IS NULL AND thread_id IS NOT NULL \
+         AND class != 'ignored' GROUP BY thread_id ORDER BY min(seq)",
+    )?;
+    let rows = stmt.query_map([], |r| r.get(0))?;
+    rows.collect()
+}
+
+/// A thread's unapplied events in the order they happened.
+pub fn pending_events(conn: &Connection, thread_id: &str) -> rusqlite::Result<Vec<PendingEvent>> {
+    let mut stmt = conn.prepare(
+        "SELECT seq, class, occurred_at_ms, customer_id, customer_email FROM events \
+         WHERE thread_id = ?1 AND applied_at_ms IS NULL AND class != 'ignored' \
+         ORDER BY occurred_at_ms, seq",
+    )?;
+    let rows = stmt.query_map([thread_id], |r| {
+        Ok(PendingEvent {
+            seq: r.get(0)?,
+            class: stored_class(&r.get::<_, String>(1)?)?,
+            occurred_at_ms: r.get(2)?,
+            customer_id: r.get(3)?,
+            customer_email: r.get(4)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Marks an event applied; `feed` gives it the next position in its thread's feed
+/// (events a session's agent reads), or none when it is not for the agent.
+pub fn mark_applied(
+    conn: &Connection,
+    seq: i64,
+    thread_id: &str,
+    feed: bool,
+    now_ms: i64,
+) -> rusqlite::Result<()> {
+    if feed {
+        conn.execute(
+            "UPDATE events SET applied_at_ms = ?2, thread_pos = \
+             (SELECT coalesce(max(thread_pos), 0) + 1 FROM events WHERE thread_id = ?3) \
+             WHERE seq = ?1",
+            params![seq, now_ms, thread_id],
+        )?;
+    } else {
+        conn.execute(
+            "UPDATE events SET applied_at_ms = ?2 WHERE seq = ?1",
+            params![seq, now_ms],
+        )?;
+    }
+    Ok(())
+}
+
+/// One event of a feed page, its body kept as the stored JSON text.
+#[derive(Debug, Clone)]
+pub struct RawFeedEvent {
+    pub position: i64,
+    pub event_id: String,
+    pub event_type: String,
+    pub occurred_at_ms: i64,
+    /// The stored event, as JSON text (`null` when the stored text is not JSON).
+    pub event_json: String,
+}
+
+/// The thread's feed after `after`: at most `limit` events whose bodies add up to at
+/// most `max_bytes`, and always the first one, whatever its size (the webhook body
+/// limit bounds each event). Rows are read one at a time and reading stops at the
+/// budget, so a page never holds more than `max_bytes` plus one event.
+pub fn feed_page(
+    conn: &Connection,
+    thread_id: &str,
+    after: i64,
+    limit: i64,
+    max_bytes: usize,
+) -> rusqlite::Result<Vec<RawFeedEvent>> {
+    let mut stmt = conn.prepare(
+        "SELECT thread_pos, event_id, event_type, occurred_at_ms, \
+                length(CAST(body AS BLOB)), body FROM events \
+         WHERE thread_id = ?1 AND thread_pos > ?2 ORDER BY thread_pos LIMIT ?3",
+    )?;
+    let mut rows = stmt.query(params![thread_id, after, limit])?;
+    let mut page = Vec::new();
+    let mut used = 0usize;
+    while let Some(r) = rows.next()? {
+        let size = usize::try_from(r.get::<_, i64>(4)?).unwrap_or(usize::MAX);
+        if !page.is_empty() && used.saturating_add(size) > max_bytes {
+            break;
+        }
+        used = used.saturating_add(size);
+        let body: String = r.get(5)?;
+        let valid = serde_json::from_str::<serde::de::IgnoredAny>(&body).is_ok();
+        page.push(RawFeedEvent {
+            position: r.get(0)?,
+            event_id: r.get(1)?,
+            event_type: r.get(2)?,
+            occurred_at_ms: r.get(3)?,
+            event_json: if valid { body } else { "null".to_owned() },
+        });
+    }
+    Ok(page)
+}
+
+/// The body of the thread's latest stored event, if any.
+pub fn latest_body(conn: &Connection, thread_id: &str) -> rusqlite::Result<Option<String>> {
+    conn.query_row(
+        "SELECT body FROM events WHERE thread_id = ?1 ORDER BY seq DESC LIMIT 1",
+        [thread_id],
+        |r| r.get(0),
+    )
+    .optional()
+}
+
+/// A stored class name as an [`EventClass`]; an unknown name is an error, never a
+/// guess.
+fn stored_class(name: &str) -> rusqlite::Result<EventClass> {
+    name.parse::<EventClass>().map_err(|_| {
+        rusqlite::Error::FromSqlConversionFailure(
+            1,
+            rusqlite::types::Type::Text,
+            format!("unknown event class {name:?} in the events table").into(),
+        )
     })
 }

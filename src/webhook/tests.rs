@@ -322,3 +322,32 @@ fn the_signing_secret_never_prints_and_cannot_be_empty() {
     assert!(!printed.contains("hunter2"), "{printed}");
     assert!(SigningSecret::new("").is_err());
 }
+
+#[test]
+fn pending_events_come_back_typed_and_an_unknown_class_is_an_error() {
+    use crate::store::Db;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = Db::open(&dir.path().join("state.db")).expect("open");
+    let row = |id: &str, class: &str| {
+        format!(
+            "INSERT INTO events (event_id, event_type, class, thread_id, actor, occurred_at_ms, \
+             received_at_ms, body) VALUES ('{id}', 'thread.email_received', '{class}', 'th_1', \
+             'customer', 1, 1, '{{}}')"
+        )
+    };
+    let (customer, done) = (row("e1", "customer"), row("e2", "done"));
+    db.write_blocking(move |c| c.execute_batch(&format!("{customer}; {done};")))
+        .expect("insert");
+    let pending = db
+        .read_blocking(|c| super::store::pending_events(c, "th_1"))
+        .expect("read");
+    let classes: Vec<EventClass> = pending.iter().map(|e| e.class).collect();
+    assert_eq!(classes, [EventClass::Customer, EventClass::Done]);
+    let bogus = row("e3", "bogus");
+    db.write_blocking(move |c| c.execute(&bogus, []))
+        .expect("insert");
+    let err = db
+        .read_blocking(|c| super::store::pending_events(c, "th_1"))
+        .expect_err("an unknown class is not read as a valid one");
+    assert!(err.to_string().contains("bogus"), "{err}");
+}

@@ -28,7 +28,7 @@ async fn another_customers_objects_are_never_read() {
     ] {
         let (status, body) = session.call(tool, args.clone(), None).await;
         assert_eq!(status, 403, "{tool} {args}: {body}");
-        assert_eq!(body["status"], "out_of_scope", "{body}");
+        assert_eq!(body["error"], "out_of_scope", "{body}");
         let text = body.to_string();
         assert!(!text.contains("bob@example.com"), "{text}");
         assert!(
@@ -66,7 +66,7 @@ async fn another_customers_objects_are_never_read() {
         .call("stripe.get_customer", json!({"customer": ada.id}), None)
         .await;
     assert_eq!(status, 403, "{body}");
-    assert_eq!(body["status"], "out_of_scope");
+    assert_eq!(body["error"], "out_of_scope");
 
     // Nothing of Bob's was stored: no execution for the refused reads, and neither the
     // executions nor the audit hold his email.
@@ -119,7 +119,7 @@ async fn github_reaches_only_the_configured_repositories_and_writes_wait() {
     ] {
         let (status, body) = session.call(tool, args.clone(), None).await;
         assert_eq!(status, 403, "{tool} {args}: {body}");
-        assert_eq!(body["status"], "out_of_scope", "{body}");
+        assert_eq!(body["error"], "out_of_scope", "{body}");
     }
     assert!(world.github.issues().is_empty());
     assert!(world.github.requests().is_empty());

@@ -37,7 +37,7 @@ async fn a_session_cannot_leave_its_thread_or_its_customer() {
             )
             .await;
         assert_eq!(status, 403, "{tool}: {body}");
-        assert_eq!(body["status"], "out_of_scope");
+        assert_eq!(body["error"], "out_of_scope");
     }
     let (status, body) = session
         .call(
@@ -59,7 +59,7 @@ async fn a_session_cannot_leave_its_thread_or_its_customer() {
         )
         .await;
     assert_eq!(status, 403, "{body}");
-    assert_eq!(body["status"], "secret_in_arguments");
+    assert_eq!(body["error"], "secret_in_arguments");
     let message = body["message"].as_str().expect("message");
     assert!(message.contains("stripe_api_key"), "{message}");
     assert!(!message.contains(STRIPE_KEY));
@@ -90,7 +90,7 @@ async fn a_session_cannot_leave_its_thread_or_its_customer() {
             .call("helpdesk.add_note", json!({"text": text}), None)
             .await;
         assert_eq!(status, 403, "{text}: {body}");
-        assert_eq!(body["status"], "secret_in_arguments");
+        assert_eq!(body["error"], "secret_in_arguments");
     }
     let escaped: String = STRIPE_KEY
         .chars()
@@ -105,7 +105,7 @@ async fn a_session_cannot_leave_its_thread_or_its_customer() {
     )
     .await;
     assert_eq!(status, 403, "{body}");
-    assert_eq!(body["status"], "secret_in_arguments");
+    assert_eq!(body["error"], "secret_in_arguments");
     assert!(world.plain.thread(&session.thread_id).replies().is_empty());
     assert!(world.plain.thread(&session.thread_id).notes().is_empty());
 

@@ -78,8 +78,8 @@ async fn an_mcp_client_in_a_real_container_gets_the_gated_tools_through_the_brid
     let read = step("read");
     assert_eq!(read["status"], "ok", "{read}");
     assert!(read.to_string().contains(&customer.charges[0]));
-    assert_eq!(step("other_thread")["status"], "out_of_scope");
-    assert_eq!(step("secret")["status"], "secret_in_arguments");
+    assert_eq!(step("other_thread")["error"], "out_of_scope");
+    assert_eq!(step("secret")["error"], "secret_in_arguments");
     assert!(!steps.iter().any(|s| s.to_string().contains(STRIPE_KEY)));
     let held = step("held");
     assert_eq!(held["status"], "pending_approval", "{held}");

@@ -3,6 +3,8 @@
 //! transaction, no actor state.
 
 use crate::session::store::{self, SessionRow, SessionState};
+use crate::webhook::EventClass;
+use crate::webhook::store as event_store;
 
 /// What applying a thread's events asks for.
 #[derive(Debug, PartialEq, Eq)]
@@ -26,13 +28,13 @@ pub(super) fn apply_events(
     branch: &str,
     now: i64,
 ) -> rusqlite::Result<Want> {
-    let events = store::pending_events(conn, thread)?;
+    let pending = event_store::pending_events(conn, thread)?;
     let mut row = store::get(conn, thread)?;
     let mut want = Want::Nothing;
-    for ev in &events {
+    for ev in &pending {
         let valid_thread = !branch.is_empty();
-        match ev.class.as_str() {
-            "customer" if valid_thread => {
+        match ev.class {
+            EventClass::Customer if valid_thread => {
                 // An event older than the thread's DONE does not reopen it.
                 let stale = row.as_ref().is_some_and(|r| {
                     r.state == SessionState::Ended && ev.occurred_at_ms < r.last_event_ms
@@ -42,28 +44,28 @@ pub(super) fn apply_events(
                     store::insert(conn, &fresh)?;
                     row = Some(fresh);
                 }
-                store::mark_applied(conn, ev.seq, thread, true, now)?;
+                event_store::mark_applied(conn, ev.seq, thread, true, now)?;
                 if !stale {
                     // A customer writing after DONE reopens the thread.
                     store::cancel_stop(conn, thread)?;
                     want = Want::Live;
                 }
             }
-            "done" if row.is_some() => {
-                store::mark_applied(conn, ev.seq, thread, true, now)?;
+            EventClass::Done if row.is_some() => {
+                event_store::mark_applied(conn, ev.seq, thread, true, now)?;
                 // Durable in the same transaction: once the event is marked applied,
                 // only this flag remembers that the session must end, should threadgate
                 // stop before the session has (the tick ends flagged sessions).
                 store::request_stop(conn, thread)?;
                 want = Want::End;
             }
-            "info" if row.is_some() => {
-                store::mark_applied(conn, ev.seq, thread, true, now)?;
+            EventClass::Info if row.is_some() => {
+                event_store::mark_applied(conn, ev.seq, thread, true, now)?;
                 if want == Want::Nothing {
                     want = Want::Fed;
                 }
             }
-            _ => store::mark_applied(conn, ev.seq, thread, false, now)?,
+            _ => event_store::mark_applied(conn, ev.seq, thread, false, now)?,
         }
         if row.is_some() {
             store::note_event(

@@ -24,6 +24,7 @@ use self::lifecycle::{scope_of, start_session, stop_session};
 pub use self::parts::{Clock, SupervisorParts};
 use crate::session::SessionError;
 use crate::session::store::{self, SessionRow, SessionState};
+use crate::webhook::store as event_store;
 use crate::workspace::volume;
 
 /// How often the supervisor looks for idle sessions, stop requests and free slots.
@@ -46,10 +47,21 @@ pub struct Supervisor {
     last_reconcile_ms: i64,
 }
 
+/// The supervisor's mailbox before its task runs: created first, so the gate, the
+/// sandbox API and the model proxy get a [`SupervisorHandle`] at construction, and the
+/// supervisor (which needs them, through the session sockets) starts last. Messages
+/// sent meanwhile wait in the channel.
+pub struct SupervisorInbox {
+    tx: mpsc::UnboundedSender<Msg>,
+    rx: mpsc::UnboundedReceiver<Msg>,
+    activity: Arc<Mutex<HashMap<String, i64>>>,
+    feed: broadcast::Sender<String>,
+}
+
 impl Supervisor {
-    /// Starts the supervisor: it reconciles containers with the database, applies every
-    /// stored event not applied yet, then serves messages until every handle is dropped.
-    pub fn spawn(parts: SupervisorParts) -> (SupervisorHandle, JoinHandle<()>) {
+    /// The supervisor's channel: a handle to give out now, and the inbox
+    /// [`Supervisor::start`] serves later.
+    pub fn channel(clock: Clock) -> (SupervisorHandle, SupervisorInbox) {
         let (tx, rx) = mpsc::unbounded_channel();
         let (feed, _) = broadcast::channel(1024);
         let activity = Arc::new(Mutex::new(HashMap::new()));
@@ -57,21 +69,39 @@ impl Supervisor {
             tx: tx.clone(),
             activity: activity.clone(),
             feed: feed.clone(),
-            clock: parts.clock.clone(),
+            clock,
         };
-        let sup = Supervisor {
-            parts: Arc::new(parts),
+        let inbox = SupervisorInbox {
             tx,
             rx,
             activity,
             feed,
+        };
+        (handle, inbox)
+    }
+
+    /// Starts the supervisor on `inbox`: it reconciles containers with the database,
+    /// applies every stored event not applied yet, then serves messages until every
+    /// handle is dropped.
+    pub fn start(parts: SupervisorParts, inbox: SupervisorInbox) -> JoinHandle<()> {
+        let sup = Supervisor {
+            parts: Arc::new(parts),
+            tx: inbox.tx,
+            rx: inbox.rx,
+            activity: inbox.activity,
+            feed: inbox.feed,
             busy: HashMap::new(),
             slots: HashSet::new(),
             quiet_waiters: Vec::new(),
             last_reconcile_ms: 0,
         };
-        let task = tokio::spawn(sup.run());
-        (handle, task)
+        tokio::spawn(sup.run())
+    }
+
+    /// [`Supervisor::channel`] then [`Supervisor::start`], for parts that need no handle.
+    pub fn spawn(parts: SupervisorParts) -> (SupervisorHandle, JoinHandle<()>) {
+        let (handle, inbox) = Supervisor::channel(parts.clock.clone());
+        (handle, Supervisor::start(parts, inbox))
     }
 
     async fn run(mut self) {
@@ -122,7 +152,11 @@ impl Supervisor {
     }
 
     async fn apply_all_pending(&mut self) {
-        let threads = self.parts.db.read(store::threads_with_pending_events).await;
+        let threads = self
+            .parts
+            .db
+            .read(event_store::threads_with_pending_events)
+            .await;
         match threads {
             Ok(threads) => {
                 for thread in threads {

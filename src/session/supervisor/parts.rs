@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::config::SessionSettings;
 use crate::sandbox::{Limits, SandboxRuntime};
+use crate::session::SessionSettings;
 use crate::session::{
     AgentBook, BranchPublisher, SecretSource, SessionApi, StopNotes, WorkspaceOps,
 };

@@ -219,6 +219,21 @@ pub fn transition(conn: &Connection, id: &str, from: Status, to: Status) -> rusq
     Ok(changed == 1)
 }
 
+/// Replaces a held call's frozen arguments and binding (a narrowed approval); false when
+/// it is no longer held.
+pub fn narrow_held(
+    conn: &Connection,
+    id: &str,
+    canonical_args: &str,
+    binding_hash: &str,
+) -> rusqlite::Result<bool> {
+    let changed = conn.execute(
+        "UPDATE executions SET args = ?2, binding_hash = ?3 WHERE id = ?1 AND status = 'held'",
+        params![id, canonical_args, binding_hash],
+    )?;
+    Ok(changed == 1)
+}
+
 /// Records a person's decision on a held call.
 pub fn record_decision(
     conn: &Connection,

@@ -1,0 +1,14 @@
+//! Executions: a tool call frozen as it was decided, the states it moves through, the
+//! table that holds it (with its limit charges and the note outbox), and the audit
+//! steps written beside each change.
+//!
+//! The gateway creates executions and runs them; the approvals service decides held
+//! ones and runs them once. Both use this module; it uses neither.
+
+pub mod audit;
+mod frozen;
+pub mod store;
+
+pub use audit::{AuditStep, record as audit};
+pub use frozen::{binding_hash, new_execution_id, redact_args};
+pub use store::{Execution, OutboxNote, Status};

@@ -1,0 +1,234 @@
+//! The second and third steps of a call: the verdict and its record, in one write
+//! transaction. A replay of a succeeded binding or an identical pending call is found
+//! first; otherwise the policy decides (limit totals read from `limit_charges`, in the
+//! same transaction), a run becomes a hold while another call to the tool waits for a
+//! person, and the execution row, its limit charges, its audit steps and, for a hold,
+//! the note are written together.
+
+use std::sync::Arc;
+
+use rusqlite::Connection;
+
+use super::gate::{Gate, LoadedPolicy};
+use super::prepare::PreparedCall;
+use crate::audit::AuditEvent;
+use crate::executions::{
+    self, AuditStep, Execution, Status, new_execution_id, redact_args, store as exec_store,
+};
+use crate::policy::{Catalog, LimitCharge, LimitHistory, Verdict};
+use crate::secrets::Redactor;
+use crate::session::SessionScope;
+
+/// What the deciding transaction found.
+pub(super) enum Decided {
+    Run(Execution),
+    Held(Execution),
+    Blocked(Execution),
+    Replay(Execution),
+    Pending(Execution),
+}
+
+/// Limits read from the charges table inside the deciding transaction.
+pub(super) struct SqlHistory<'c>(pub(super) &'c Connection);
+
+impl LimitHistory for SqlHistory<'_> {
+    fn total(&self, key: &str, since_unix_ms: i64) -> u128 {
+        match exec_store::charged_total(self.0, key, since_unix_ms) {
+            Ok(total) => u128::try_from(total).unwrap_or(0),
+            // INVARIANT: an unreadable history counts as exhausted, so a limited
+            // always_run rule does not match and the call falls through (fails closed).
+            Err(_) => u128::MAX,
+        }
+    }
+}
+
+/// The verdict on a prepared call, before it is written.
+pub(super) struct Verdicted {
+    pub verdict: Verdict,
+    pub because: String,
+    pub rule_line: Option<i64>,
+    pub charges: Vec<LimitCharge>,
+}
+
+/// What the deciding transaction reads besides the call.
+pub(super) struct Context {
+    pub loaded: Arc<LoadedPolicy>,
+    pub catalog: Catalog,
+    pub redactor: Arc<Redactor>,
+    pub scope: SessionScope,
+    pub now: i64,
+    /// The approval link without the execution id.
+    pub url_prefix: String,
+}
+
+impl Context {
+    /// What the gate holds now, for a call of `scope`.
+    pub(super) fn of(gate: &Gate, scope: &SessionScope) -> Context {
+        Context {
+            loaded: gate.current_policy(),
+            catalog: gate.catalog.clone(),
+            redactor: gate.current_redactor(),
+            scope: scope.clone(),
+            now: gate.now(),
+            url_prefix: gate.approval_url(""),
+        }
+    }
+}
+
+impl Gate {
+    /// Decides a prepared call and records the decision, in one write transaction.
+    pub(super) async fn decide(
+        &self,
+        scope: &SessionScope,
+        call: PreparedCall,
+    ) -> Result<Decided, crate::store::StoreError> {
+        let cx = Context::of(self, scope);
+        self.db
+            .write(move |conn| {
+                if let Some(found) = earlier_binding(conn, &cx, &call)? {
+                    return Ok(found);
+                }
+                let verdicted = verdict(conn, &cx, &call)?;
+                record(conn, &cx, call, verdicted)
+            })
+            .await
+    }
+}
+
+/// The session's succeeded write of the same binding (replayed, never re-sent), or its
+/// identical call still waiting for a person.
+fn earlier_binding(
+    conn: &Connection,
+    cx: &Context,
+    call: &PreparedCall,
+) -> rusqlite::Result<Option<Decided>> {
+    let session = &cx.scope.session_id;
+    if call.is_write
+        && let Some(done) = exec_store::succeeded_binding(conn, session, &call.binding_hash)?
+    {
+        return Ok(Some(Decided::Replay(done)));
+    }
+    let pending = exec_store::pending_binding(conn, session, &call.binding_hash, cx.now)?;
+    Ok(pending.map(Decided::Pending))
+}
+
+/// The policy's verdict, made a hold when completion forced one or another call to the
+/// same tool is held in the session.
+pub(super) fn verdict(
+    conn: &Connection,
+    cx: &Context,
+    call: &PreparedCall,
+) -> rusqlite::Result<Verdicted> {
+    let decision = cx.loaded.policy.decide_with_evidence(
+        &call.tool,
+        &call.args,
+        &cx.catalog,
+        &SqlHistory(conn),
+        cx.now,
+        &call.evidence,
+    );
+    let mut because = decision.because.to_string();
+    for check in &decision.evidence {
+        because.push_str(&format!("; evidence {check}"));
+    }
+    let mut out = Verdicted {
+        verdict: decision.verdict,
+        because,
+        rule_line: decision.rule_line.map(i64::from),
+        charges: decision.charges,
+    };
+    if out.verdict == Verdict::Run {
+        let earlier = exec_store::held_for_tool(conn, &cx.scope.session_id, &call.tool, cx.now)?;
+        let reason = call.forced_hold.clone().or_else(|| {
+            earlier.map(|id| format!("another {} call ({id}) is waiting for a person", call.tool))
+        });
+        if let Some(reason) = reason {
+            out.verdict = Verdict::Hold;
+            out.because = reason;
+            out.rule_line = None;
+        }
+    }
+    Ok(out)
+}
+
+/// Writes the execution frozen as decided, its charges, its audit steps and, for a
+/// hold, the note for people.
+fn record(
+    conn: &Connection,
+    cx: &Context,
+    call: PreparedCall,
+    v: Verdicted,
+) -> rusqlite::Result<Decided> {
+    let redacted = redact_args(&cx.redactor, &call.args);
+    let rule_text = match v.rule_line {
+        Some(line) => format!("{} ({}:{line})", v.because, cx.loaded.file),
+        None => v.because.clone(),
+    };
+    let summary = format!("{} {redacted} held: {rule_text}", call.tool);
+    let exec = frozen(cx, call, &v, summary);
+    exec_store::insert(conn, &exec)?;
+    let audit = |event| executions::audit(conn, &cx.redactor, &exec, AuditStep::new(event));
+    audit(AuditEvent::Requested)?;
+    match v.verdict {
+        Verdict::Run => {
+            for charge in &v.charges {
+                let amount = i64::try_from(charge.amount).unwrap_or(i64::MAX);
+                exec_store::charge(conn, &exec.id, &charge.key, amount, cx.now)?;
+            }
+            audit(AuditEvent::Decided)?;
+            Ok(Decided::Run(exec))
+        }
+        Verdict::Hold => {
+            audit(AuditEvent::Held)?;
+            let url = format!("{}{}", cx.url_prefix, exec.id);
+            let note = super::note::held_note(&exec, &redacted, &rule_text, &url, &cx.redactor);
+            exec_store::enqueue_note(conn, &note, cx.now)?;
+            Ok(Decided::Held(exec))
+        }
+        Verdict::Block => {
+            audit(AuditEvent::Blocked)?;
+            Ok(Decided::Blocked(exec))
+        }
+    }
+}
+
+/// The execution row of a decided call.
+pub(super) fn frozen(
+    cx: &Context,
+    call: PreparedCall,
+    v: &Verdicted,
+    summary: String,
+) -> Execution {
+    let ttl_ms = i64::try_from(cx.loaded.policy.approval_ttl().as_millis()).unwrap_or(i64::MAX);
+    let (status, expires) = match v.verdict {
+        Verdict::Run => (Status::Running, None),
+        Verdict::Hold => (Status::Held, Some(cx.now.saturating_add(ttl_ms))),
+        Verdict::Block => (Status::Blocked, None),
+    };
+    Execution {
+        id: new_execution_id(),
+        session_id: cx.scope.session_id.clone(),
+        thread_id: cx.scope.thread_id.clone(),
+        agent: cx.scope.agent.clone(),
+        tool: call.tool,
+        args: call.canonical,
+        account: call.account,
+        binding_hash: call.binding_hash,
+        diagnosis: call.diagnosis,
+        verdict: v.verdict.as_str().to_owned(),
+        because: v.because.clone(),
+        rule_line: v.rule_line,
+        policy_hash: cx.loaded.hash_hex.clone(),
+        status,
+        summary: (v.verdict == Verdict::Hold).then_some(summary),
+        expires_at_ms: expires,
+        reviewer: None,
+        decision_message: None,
+        decided_at_ms: None,
+        result: None,
+        error: None,
+        attempts: 0,
+        created_at_ms: cx.now,
+        finished_at_ms: None,
+    }
+}

@@ -1,0 +1,56 @@
+//! Why the gate refused a call before deciding it. Typed, with no HTTP in it: the
+//! sandbox API maps each kind to a status and the one error body
+//! ([`crate::api_error::ApiError`]).
+
+/// A call refused before any decision (nothing was sent, no execution recorded).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The agent has no definition or is not granted the tool.
+    #[error("{0}")]
+    NotGranted(String),
+    /// No tool of that name in the catalog.
+    #[error("{0}")]
+    UnknownTool(String),
+    /// The arguments do not fit the tool; `problems` lists each.
+    #[error("{message}")]
+    InvalidArguments {
+        message: String,
+        problems: Vec<String>,
+    },
+    /// The arguments or diagnosis hold a stored secret's value.
+    #[error("{0}")]
+    SecretInArguments(String),
+    /// The call reaches beyond the session's thread, customer or repositories.
+    #[error("{0}")]
+    OutOfScope(String),
+    /// A lookup the check needed failed; `definite` when the provider refused it (the
+    /// call is wrong), else the provider could not be reached.
+    #[error("{message}")]
+    LookupFailed { message: String, definite: bool },
+    /// The call could not be recorded.
+    #[error("internal error")]
+    Internal,
+}
+
+impl Refusal {
+    /// The stable machine code of the refusal.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::NotGranted(_) => "not_granted",
+            Refusal::UnknownTool(_) => "unknown_tool",
+            Refusal::InvalidArguments { .. } => "invalid_arguments",
+            Refusal::SecretInArguments(_) => "secret_in_arguments",
+            Refusal::OutOfScope(_) => "out_of_scope",
+            Refusal::LookupFailed { .. } => "lookup_failed",
+            Refusal::Internal => "internal",
+        }
+    }
+
+    /// Arguments that do not fit, with no list of problems.
+    pub fn invalid(message: impl Into<String>) -> Refusal {
+        Refusal::InvalidArguments {
+            message: message.into(),
+            problems: Vec::new(),
+        }
+    }
+}

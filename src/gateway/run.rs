@@ -1,0 +1,202 @@
+//! A call from end to end: [`Gate::call`] prepares it, decides and records it, then
+//! runs it through its connector ([`Gate::execute`], also what an approval runs) and
+//! records the outcome with its audit step.
+
+use std::time::Instant;
+
+use serde_json::Value;
+
+use super::decide::Decided;
+use super::gate::{CallReply, CallRequest, Gate};
+use super::outcome::{Outcome, Ran, write_outcome};
+use super::read_call::ReadDecision;
+use super::refusal::Refusal;
+use super::scope;
+use crate::connectors::{CallContext, Connector, ConnectorError};
+use crate::executions::Execution;
+use crate::secrets::Redactor;
+use crate::session::SessionScope;
+
+impl Gate {
+    /// Decides and, when allowed, runs one call of a session: prepares it (the checks
+    /// before the policy), decides and records it in one transaction, then runs it,
+    /// or answers that it is held or blocked.
+    #[tracing::instrument(name = "gate", skip_all, fields(thread_id = %scope.thread_id, session_id = %scope.session_id))]
+    pub async fn call(&self, scope: &SessionScope, req: CallRequest) -> CallReply {
+        let started = Instant::now();
+        let mut prepared = match self.prepare(scope, req).await {
+            Ok(p) => p,
+            Err(refusal) => return CallReply::Refused(refusal),
+        };
+        if !prepared.is_write && prepared.forced_hold.is_none() {
+            // A read runs before its one commit (see `read_call`).
+            match self.decide_read(scope, prepared).await {
+                Ok(ReadDecision::Run(exec)) => return self.run_read(exec, started).await,
+                Ok(ReadDecision::Undecided(back)) => prepared = back,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot decide a read");
+                    return CallReply::Refused(Refusal::Internal);
+                }
+            }
+        }
+        let decided = match self.decide(scope, prepared).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot record a call");
+                return CallReply::Refused(Refusal::Internal);
+            }
+        };
+        match decided {
+            Decided::Run(exec) => self.execute(exec, started).await,
+            Decided::Replay(exec) => CallReply::Ran {
+                execution_id: exec.id,
+                result: exec
+                    .result
+                    .as_deref()
+                    .and_then(|r| serde_json::from_str(r).ok())
+                    .unwrap_or(Value::Null),
+                replayed: true,
+            },
+            Decided::Held(exec) | Decided::Pending(exec) => {
+                self.outbox.notify_one();
+                let approval_url = self.approval_url(&exec.id);
+                CallReply::Held {
+                    execution: Box::new(exec),
+                    approval_url,
+                }
+            }
+            Decided::Blocked(exec) => CallReply::Blocked {
+                execution_id: exec.id,
+                rule: exec.because,
+            },
+        }
+    }
+
+    /// Runs a call decided `run` (status `running`) through its connector, records the
+    /// outcome and its audit row in one transaction, and answers the agent.
+    #[tracing::instrument(name = "execute", skip_all, fields(execution_id = %exec.id, thread_id = %exec.thread_id, session_id = %exec.session_id, tool = %exec.tool))]
+    pub async fn execute(&self, exec: Execution, started: Instant) -> CallReply {
+        let ran = self.run_decided(&exec).await;
+        self.record_outcome(&exec, ran.record, started).await;
+        self.notify(&exec.id);
+        ran.reply
+    }
+
+    /// Runs a decided call through its connector and says what to record and what to
+    /// answer; records nothing itself.
+    pub(super) async fn run_decided(&self, exec: &Execution) -> Ran {
+        let Some(connector) = self.connectors.for_tool(&exec.tool) else {
+            let error = format!("no connector is configured for {}", exec.tool);
+            return Ran {
+                record: Outcome::Failed(error.clone()),
+                reply: CallReply::Failed {
+                    execution_id: exec.id.clone(),
+                    error,
+                    retry_after_ms: None,
+                },
+            };
+        };
+        let args: Value = serde_json::from_str(&exec.args).unwrap_or(Value::Null);
+        let outcome = send(connector.as_ref(), exec, &args).await;
+        if let Ok(result) = &outcome
+            && let Err(message) = scope::check_result(&exec.tool, &args, result)
+        {
+            // The answer is dropped, never stored nor returned.
+            return Ran {
+                record: Outcome::Failed(message.clone()),
+                reply: CallReply::Refused(Refusal::OutOfScope(message)),
+            };
+        }
+        self.refresh_redactor().await;
+        let redactor = self.current_redactor();
+        match outcome {
+            Ok(mut result) => {
+                redactor.redact_json(&mut result);
+                Ran {
+                    record: Outcome::Succeeded(result.clone()),
+                    reply: CallReply::Ran {
+                        execution_id: exec.id.clone(),
+                        result,
+                        replayed: false,
+                    },
+                }
+            }
+            Err(e) => {
+                let (record, reply) = failed(exec, e, connector.supports_idempotency(), &redactor);
+                Ran { record, reply }
+            }
+        }
+    }
+
+    /// Records how a call ended and its audit step, in one transaction.
+    async fn record_outcome(&self, exec: &Execution, outcome: Outcome, started: Instant) {
+        let redactor = self.current_redactor();
+        let now = self.now();
+        let exec = exec.clone();
+        let duration = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
+        let written = self
+            .db
+            .write(move |conn| write_outcome(conn, &redactor, &exec, &outcome, duration, now))
+            .await;
+        if let Err(e) = written {
+            tracing::error!(error = %e, "cannot record a call's outcome");
+        }
+    }
+}
+
+/// Sends the call; an unknown outcome is retried only where the provider deduplicates
+/// by execution id.
+async fn send(
+    connector: &dyn Connector,
+    exec: &Execution,
+    args: &Value,
+) -> Result<Value, ConnectorError> {
+    let ctx = CallContext {
+        execution_id: &exec.id,
+    };
+    let mut outcome = connector.call(&exec.tool, args, &ctx).await;
+    let mut retries = 0;
+    while matches!(outcome, Err(ConnectorError::Unknown { .. }))
+        && connector.supports_idempotency()
+        && retries < 2
+    {
+        retries += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(200 * retries)).await;
+        outcome = connector.call(&exec.tool, args, &ctx).await;
+    }
+    outcome
+}
+
+/// A connector's error as recorded and as answered (redacted; an unknown outcome
+/// without idempotency says it will not be re-sent).
+fn failed(
+    exec: &Execution,
+    e: ConnectorError,
+    idempotent: bool,
+    redactor: &Redactor,
+) -> (Outcome, CallReply) {
+    let definite = e.is_definite();
+    let retry_after_ms = match &e {
+        ConnectorError::RateLimited { retry_after } => Some(retry_after.as_millis() as u64),
+        _ => None,
+    };
+    let error = redactor.redact(&e.to_string()).into_owned();
+    let error = if definite || idempotent {
+        error
+    } else {
+        format!(
+            "{error}; the outcome is unknown and the call will not be re-sent: a person must check the provider"
+        )
+    };
+    let reply = CallReply::Failed {
+        execution_id: exec.id.clone(),
+        error: error.clone(),
+        retry_after_ms,
+    };
+    let outcome = if definite {
+        Outcome::Failed(error)
+    } else {
+        Outcome::Unknown(error)
+    };
+    (outcome, reply)
+}

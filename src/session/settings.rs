@@ -1,0 +1,48 @@
+//! The sessions' settings (`[sessions]` in the config file): how many run at once, when
+//! an idle one gives up its container, the caps on its socket and workspace.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+/// Limits on sessions.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SessionSettings {
+    /// Live containers at most; further sessions wait, durably, for a slot.
+    pub max_live: usize,
+    /// A session quiet this long gives up its container (and is resumed by its next
+    /// event or by a decision on its held call).
+    #[serde(deserialize_with = "duration")]
+    pub idle_timeout: Duration,
+    /// How often containers and sessions are reconciled.
+    #[serde(deserialize_with = "duration")]
+    pub reconcile_every: Duration,
+    /// Open connections at most on each session's socket: a session that opens more
+    /// exhausts only itself.
+    pub socket_max_connections: usize,
+    /// Size of each session's workspace filesystem (enforced when threadgate runs as
+    /// root; see the README). 0 turns the limit off.
+    pub workspace_bytes: u64,
+    /// Free space kept for the database on the data directory's disk: below it, new
+    /// sessions wait (webhooks are still stored).
+    pub disk_reserve_bytes: u64,
+}
+
+impl Default for SessionSettings {
+    fn default() -> Self {
+        SessionSettings {
+            max_live: 16,
+            idle_timeout: Duration::from_secs(15 * 60),
+            reconcile_every: Duration::from_secs(30),
+            socket_max_connections: 32,
+            workspace_bytes: 2 << 30,
+            disk_reserve_bytes: 1 << 30,
+        }
+    }
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    humantime::parse_duration(&text).map_err(serde::de::Error::custom)
+}

@@ -1,0 +1,47 @@
+//! The `meta` table: small facts about this installation, one value per key. Its only
+//! owner: nothing else runs SQL on it.
+
+use rusqlite::Connection;
+
+use rusqlite::OptionalExtension;
+
+/// The key of this installation's instance id (the label on its containers).
+pub const INSTANCE_ID: &str = "instance_id";
+/// The key of the global pause of new sessions (`1` paused).
+pub const PAUSED: &str = "paused";
+
+/// The value under `key`, if any.
+pub fn get(conn: &Connection, key: &str) -> rusqlite::Result<Option<String>> {
+    conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+        .optional()
+}
+
+/// Adds one to the counter under `key` (absent: it becomes 1).
+pub fn increment(conn: &Connection, key: &str) -> rusqlite::Result<()> {
+    conn.execute(
+        "INSERT INTO meta (key, value) VALUES (?1, '1') \
+         ON CONFLICT (key) DO UPDATE SET value = CAST(value AS INTEGER) + 1",
+        [key],
+    )?;
+    Ok(())
+}
+
+/// Sets `key` to `value`, replacing what was there.
+pub fn set(conn: &Connection, key: &str, value: &str) -> rusqlite::Result<()> {
+    conn.execute(
+        "INSERT INTO meta (key, value) VALUES (?1, ?2) \
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        [key, value],
+    )?;
+    Ok(())
+}
+
+/// The value under `key`, setting it to `fresh` first when there is none (the first
+/// writer wins; later calls read what it stored).
+pub fn get_or_insert(conn: &Connection, key: &str, fresh: &str) -> rusqlite::Result<String> {
+    conn.execute(
+        "INSERT INTO meta (key, value) VALUES (?1, ?2) ON CONFLICT (key) DO NOTHING",
+        [key, fresh],
+    )?;
+    conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+}
