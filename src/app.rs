@@ -152,6 +152,7 @@ fn publisher(
         base,
         db: db.clone(),
         redactor: Arc::new(move || g.current_redactor()),
+        latest_finding: crate::executions::store::latest_finding,
     }))
 }
 

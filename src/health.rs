@@ -101,13 +101,9 @@ impl Readiness {
     /// A real write (a row in `meta`), committed and synced like any other.
     async fn database(&self) -> Check {
         let now = (self.clock)().to_string();
-        let probe = self.db.write(move |c| {
-            c.execute(
-                "INSERT INTO meta (key, value) VALUES ('ready_probe_ms', ?1) \
-                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                [now],
-            )
-        });
+        let probe = self
+            .db
+            .write(move |c| crate::store::meta::set(c, "ready_probe_ms", &now));
         let result = within(self.timeout, "a database write", async {
             probe.await.map_err(|e| e.to_string())
         })

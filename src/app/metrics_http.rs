@@ -25,25 +25,12 @@ struct Stored {
 const SESSION_STATES: [&str; 5] = ["queued", "starting", "running", "idle", "ended"];
 
 fn read_stored(c: &rusqlite::Connection) -> rusqlite::Result<Stored> {
-    let mut stmt = c.prepare("SELECT state, count(*) FROM sessions GROUP BY state")?;
-    let sessions = stmt
-        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    let (held, oldest_held_ms) = c.query_row(
-        "SELECT count(*), min(created_at_ms) FROM executions WHERE status = 'held'",
-        [],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )?;
-    let outbox = c.query_row(
-        "SELECT count(*) FROM note_outbox WHERE sent_at_ms IS NULL",
-        [],
-        |r| r.get(0),
-    )?;
+    let (held, oldest_held_ms) = crate::executions::store::held_summary(c)?;
     Ok(Stored {
-        sessions,
+        sessions: crate::session::store::count_by_state(c)?,
         held,
         oldest_held_ms,
-        outbox,
+        outbox: crate::executions::store::outbox_backlog(c)?,
     })
 }
 

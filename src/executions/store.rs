@@ -416,6 +416,50 @@ pub fn for_thread(
     rows.collect()
 }
 
+/// The agent's latest internal note that ran on `thread`, else its latest diagnosis
+/// (what a draft pull request carries).
+pub fn latest_finding(c: &Connection, thread: &str) -> rusqlite::Result<Option<String>> {
+    let note: Option<String> = c
+        .query_row(
+            "SELECT args FROM executions WHERE thread_id = ?1 AND tool = 'helpdesk.add_note' \
+             AND status = 'succeeded' ORDER BY created_at_ms DESC, id DESC LIMIT 1",
+            [thread],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if let Some(text) = note
+        .and_then(|args| serde_json::from_str::<serde_json::Value>(&args).ok())
+        .and_then(|args| args["text"].as_str().map(str::to_owned))
+    {
+        return Ok(Some(text));
+    }
+    c.query_row(
+        "SELECT diagnosis FROM executions WHERE thread_id = ?1 AND diagnosis IS NOT NULL \
+         AND diagnosis <> '' ORDER BY created_at_ms DESC, id DESC LIMIT 1",
+        [thread],
+        |r| r.get(0),
+    )
+    .optional()
+}
+
+/// How many calls are held, and when the oldest of them was made.
+pub fn held_summary(conn: &Connection) -> rusqlite::Result<(i64, Option<i64>)> {
+    conn.query_row(
+        "SELECT count(*), min(created_at_ms) FROM executions WHERE status = 'held'",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+}
+
+/// How many notes wait to reach Plain.
+pub fn outbox_backlog(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.query_row(
+        "SELECT count(*) FROM note_outbox WHERE sent_at_ms IS NULL",
+        [],
+        |r| r.get(0),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::Status;

@@ -9,7 +9,7 @@ use axum::Form;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use rusqlite::{Connection, OptionalExtension as _};
+use rusqlite::Connection;
 
 use super::auth::{self, Signed};
 use super::views::{ApprovalView, HistoryRow, OtherCall, QueueRow, TrailRow, when};
@@ -77,18 +77,7 @@ fn internal(who: &Signed, e: impl std::fmt::Display) -> Response {
 
 /// The thread's customer as recorded with its session.
 fn customer(c: &Connection, thread_id: &str) -> rusqlite::Result<String> {
-    let row = c
-        .query_row(
-            "SELECT customer_email, customer_id FROM sessions WHERE thread_id = ?1",
-            [thread_id],
-            |r| {
-                Ok((
-                    r.get::<_, Option<String>>(0)?,
-                    r.get::<_, Option<String>>(1)?,
-                ))
-            },
-        )
-        .optional()?;
+    let row = crate::session::store::get(c, thread_id)?.map(|s| (s.customer_email, s.customer_id));
     Ok(match row {
         Some((Some(email), _)) => email,
         Some((None, Some(id))) => id,

@@ -49,7 +49,13 @@ pub struct GithubPublisher {
     pub db: Db,
     /// Scrubs stored secret values from every text sent.
     pub redactor: RedactorSource,
+    /// The agent's latest finding on a thread (its note, else its diagnosis), read by
+    /// the executions table's owner, which sits above this module.
+    pub latest_finding: FindingReader,
 }
+
+/// Reads the agent's latest finding on a thread, in a read transaction.
+pub type FindingReader = fn(&rusqlite::Connection, &str) -> rusqlite::Result<Option<String>>;
 
 #[async_trait::async_trait]
 impl BranchPublisher for GithubPublisher {
@@ -59,10 +65,10 @@ impl BranchPublisher for GithubPublisher {
         branch: &str,
         commit_message: Option<&str>,
     ) -> anyhow::Result<PullRequest> {
-        let thread = thread_id.to_owned();
+        let (thread, finding_of) = (thread_id.to_owned(), self.latest_finding);
         let (finding, workspace) = self
             .db
-            .read(move |c| Ok((latest_finding(c, &thread)?, workspace_of(c, &thread)?)))
+            .read(move |c| Ok((finding_of(c, &thread)?, workspace_of(c, &thread)?)))
             .await
             .context("reading the session's findings")?;
         let summary = finding
@@ -110,32 +116,6 @@ pub fn redacted_description(
 ) -> String {
     let body = description(thread_id, workspace, branch, summary);
     redactor.redact(&body).into_owned()
-}
-
-/// The agent's latest internal note that ran, else its latest diagnosis.
-fn latest_finding(c: &rusqlite::Connection, thread: &str) -> rusqlite::Result<Option<String>> {
-    use rusqlite::OptionalExtension;
-    let note: Option<String> = c
-        .query_row(
-            "SELECT args FROM executions WHERE thread_id = ?1 AND tool = 'helpdesk.add_note' \
-             AND status = 'succeeded' ORDER BY created_at_ms DESC, id DESC LIMIT 1",
-            [thread],
-            |r| r.get(0),
-        )
-        .optional()?;
-    if let Some(text) = note
-        .and_then(|args| serde_json::from_str::<Value>(&args).ok())
-        .and_then(|args| args["text"].as_str().map(str::to_owned))
-    {
-        return Ok(Some(text));
-    }
-    c.query_row(
-        "SELECT diagnosis FROM executions WHERE thread_id = ?1 AND diagnosis IS NOT NULL \
-         AND diagnosis <> '' ORDER BY created_at_ms DESC, id DESC LIMIT 1",
-        [thread],
-        |r| r.get(0),
-    )
-    .optional()
 }
 
 /// The Plain workspace of the thread, from its latest event.

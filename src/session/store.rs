@@ -239,6 +239,13 @@ pub fn note_event(
     )?;
     Ok(())
 }
+/// How many sessions are in each state (states without one are absent).
+pub fn count_by_state(conn: &Connection) -> rusqlite::Result<Vec<(String, i64)>> {
+    let mut stmt = conn.prepare("SELECT state, count(*) FROM sessions GROUP BY state")?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    rows.collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
