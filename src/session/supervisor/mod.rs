@@ -7,6 +7,7 @@
 
 mod events;
 mod handle;
+mod inbox;
 mod lifecycle;
 mod parts;
 
@@ -15,11 +16,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{broadcast, mpsc, oneshot};
-use tokio::task::JoinHandle;
 
 use self::events::{Want, apply_events};
 pub use self::handle::SupervisorHandle;
 use self::handle::{Msg, Outcome, lock};
+pub use self::inbox::SupervisorInbox;
 use self::lifecycle::{scope_of, start_session, stop_session};
 pub use self::parts::{Clock, SupervisorParts};
 use crate::session::SessionError;
@@ -47,63 +48,7 @@ pub struct Supervisor {
     last_reconcile_ms: i64,
 }
 
-/// The supervisor's mailbox before its task runs: created first, so the gate, the
-/// sandbox API and the model proxy get a [`SupervisorHandle`] at construction, and the
-/// supervisor (which needs them, through the session sockets) starts last. Messages
-/// sent meanwhile wait in the channel.
-pub struct SupervisorInbox {
-    tx: mpsc::UnboundedSender<Msg>,
-    rx: mpsc::UnboundedReceiver<Msg>,
-    activity: Arc<Mutex<HashMap<String, i64>>>,
-    feed: broadcast::Sender<String>,
-}
-
 impl Supervisor {
-    /// The supervisor's channel: a handle to give out now, and the inbox
-    /// [`Supervisor::start`] serves later.
-    pub fn channel(clock: Clock) -> (SupervisorHandle, SupervisorInbox) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let (feed, _) = broadcast::channel(1024);
-        let activity = Arc::new(Mutex::new(HashMap::new()));
-        let handle = SupervisorHandle {
-            tx: tx.clone(),
-            activity: activity.clone(),
-            feed: feed.clone(),
-            clock,
-        };
-        let inbox = SupervisorInbox {
-            tx,
-            rx,
-            activity,
-            feed,
-        };
-        (handle, inbox)
-    }
-
-    /// Starts the supervisor on `inbox`: it reconciles containers with the database,
-    /// applies every stored event not applied yet, then serves messages until every
-    /// handle is dropped.
-    pub fn start(parts: SupervisorParts, inbox: SupervisorInbox) -> JoinHandle<()> {
-        let sup = Supervisor {
-            parts: Arc::new(parts),
-            tx: inbox.tx,
-            rx: inbox.rx,
-            activity: inbox.activity,
-            feed: inbox.feed,
-            busy: HashMap::new(),
-            slots: HashSet::new(),
-            quiet_waiters: Vec::new(),
-            last_reconcile_ms: 0,
-        };
-        tokio::spawn(sup.run())
-    }
-
-    /// [`Supervisor::channel`] then [`Supervisor::start`], for parts that need no handle.
-    pub fn spawn(parts: SupervisorParts) -> (SupervisorHandle, JoinHandle<()>) {
-        let (handle, inbox) = Supervisor::channel(parts.clock.clone());
-        (handle, Supervisor::start(parts, inbox))
-    }
-
     async fn run(mut self) {
         self.reconcile().await;
         self.apply_all_pending().await;
