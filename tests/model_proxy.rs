@@ -19,14 +19,9 @@ mod failures;
 #[path = "model_proxy/transcript.rs"]
 mod transcript;
 
-use std::time::Duration;
-
 use serde_json::{Value, json};
-use threadgate::app;
 use threadgate::model::Provider;
 use threadgate::model::scripted::ScriptedModel;
-use threadgate::secrets::SecretString;
-use threadgate::store::Db;
 
 use support::unix_http::unix_request;
 use support::world::{Session, World};
@@ -40,45 +35,17 @@ pub struct ModelWorld {
     pub model: ScriptedModel,
 }
 
-/// Stores `value` under `name` in the world's secrets store (before the app starts).
-pub async fn store_secret(world: &World, name: &str, value: &str) {
-    let db = Db::open(&world.settings.database_path()).expect("open db");
-    let secrets = app::open_secrets(&db, &world.settings).expect("open secrets");
-    secrets
-        .set(name, SecretString::from(value.to_owned()))
-        .await
-        .expect("set secret");
-}
-
 impl ModelWorld {
     /// A world under the repository's policy and agents, its model on `provider`.
     pub async fn new(provider: Provider) -> ModelWorld {
         let mut world = World::new().await;
-        let model = ScriptedModel::start("127.0.0.1:0".parse().expect("addr"))
-            .await
-            .expect("the scripted model starts");
-        world.settings.model.provider = provider;
-        world.settings.model.base_url = match provider {
-            Provider::Anthropic => model.anthropic_base(),
-            _ => model.openai_base(),
-        };
-        world.settings.model.retry_base = Duration::from_millis(5);
-        world.settings.model.timeout = Duration::from_secs(10);
-        store_secret(&world, "model_api_key", MODEL_KEY).await;
+        let model = world.use_scripted_model(provider, MODEL_KEY).await;
         ModelWorld { world, model }
     }
 
     /// Uses a copy of `agents/support.md` with these limits.
     pub fn with_limits(mut self, max_tokens: u64, max_turns: u64) -> ModelWorld {
-        let dir = self.world.dir.path().join("agents");
-        std::fs::create_dir_all(&dir).expect("agents dir");
-        let text = std::fs::read_to_string(support::plain::repo_root().join("agents/support.md"))
-            .expect("support.md");
-        let text = text
-            .replace("max_tokens: 200000", &format!("max_tokens: {max_tokens}"))
-            .replace("max_turns: 40", &format!("max_turns: {max_turns}"));
-        std::fs::write(dir.join("support.md"), text).expect("write agent");
-        self.world.settings.agents_dir = dir;
+        self.world.limit_agent(max_tokens, max_turns);
         self
     }
 }

@@ -6,11 +6,9 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use threadgate::app::{self, Overrides};
+use threadgate::app::Overrides;
 use threadgate::model::Provider;
 use threadgate::model::scripted::ScriptedModel;
-use threadgate::secrets::SecretString;
-use threadgate::store::Db;
 
 use super::app::TestApp;
 use super::docker;
@@ -50,28 +48,13 @@ impl AgentWorld {
     /// A world under the repository's policy, agents and skills, its model on `provider`.
     pub async fn new(provider: Provider) -> AgentWorld {
         let mut world = World::new().await;
-        let model = ScriptedModel::start("127.0.0.1:0".parse().expect("addr"))
-            .await
-            .expect("the scripted model starts");
         let instance = format!("ag{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
         let s = &mut world.settings;
         s.instance_id = Some(instance.clone());
         s.sandbox.image = docker::image();
         s.sandbox.secrets_root = format!("/dev/shm/threadgate-{instance}").into();
-        s.model.provider = provider;
-        s.model.base_url = match provider {
-            Provider::Anthropic => model.anthropic_base(),
-            _ => model.openai_base(),
-        };
-        s.model.retry_base = Duration::from_millis(5);
         s.model.retries = 1;
-        s.model.timeout = Duration::from_secs(10);
-        let db = Db::open(&world.settings.database_path()).expect("open db");
-        let secrets = app::open_secrets(&db, &world.settings).expect("open secrets");
-        secrets
-            .set("model_api_key", SecretString::from(MODEL_KEY.to_owned()))
-            .await
-            .expect("set the model key");
+        let model = world.use_scripted_model(provider, MODEL_KEY).await;
         AgentWorld {
             world,
             model,
@@ -81,15 +64,7 @@ impl AgentWorld {
 
     /// Uses a copy of `agents/support.md` with these limits.
     pub fn with_limits(mut self, max_tokens: u64, max_turns: u64) -> AgentWorld {
-        let dir = self.world.dir.path().join("agents");
-        std::fs::create_dir_all(&dir).expect("agents dir");
-        let text = std::fs::read_to_string(plain::repo_root().join("agents/support.md"))
-            .expect("support.md");
-        let text = text
-            .replace("max_tokens: 200000", &format!("max_tokens: {max_tokens}"))
-            .replace("max_turns: 40", &format!("max_turns: {max_turns}"));
-        std::fs::write(dir.join("support.md"), text).expect("write agent");
-        self.world.settings.agents_dir = dir;
+        self.world.limit_agent(max_tokens, max_turns);
         self
     }
 

@@ -13,6 +13,8 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 use threadgate::app::{self, Overrides};
 use threadgate::config::Settings;
+use threadgate::model::Provider;
+use threadgate::model::scripted::ScriptedModel;
 use threadgate::sandbox::FakeRuntime;
 use threadgate::secrets::SecretString;
 use threadgate::session::{SessionState, store as sessions};
@@ -57,6 +59,47 @@ pub struct World {
 }
 
 impl World {
+    /// Stores `value` under `name` in the world's secrets store (before the app starts).
+    pub async fn store_secret(&self, name: &str, value: &str) {
+        let db = Db::open(&self.settings.database_path()).expect("open db");
+        let secrets = app::open_secrets(&db, &self.settings).expect("open secrets");
+        secrets
+            .set(name, SecretString::from(value.to_owned()))
+            .await
+            .expect("set secret");
+    }
+
+    /// Points the model proxy at a fresh scripted model server speaking `provider`'s
+    /// wire format, with quick retries, and stores `key` as the model key.
+    pub async fn use_scripted_model(&mut self, provider: Provider, key: &str) -> ScriptedModel {
+        let model = ScriptedModel::start("127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("the scripted model starts");
+        let m = &mut self.settings.model;
+        m.provider = provider;
+        m.base_url = match provider {
+            Provider::Anthropic => model.anthropic_base(),
+            _ => model.openai_base(),
+        };
+        m.retry_base = Duration::from_millis(5);
+        m.timeout = Duration::from_secs(10);
+        self.store_secret("model_api_key", key).await;
+        model
+    }
+
+    /// Uses a copy of `agents/support.md` with these limits.
+    pub fn limit_agent(&mut self, max_tokens: u64, max_turns: u64) {
+        let dir = self.dir.path().join("agents");
+        std::fs::create_dir_all(&dir).expect("agents dir");
+        let text =
+            std::fs::read_to_string(repo_root().join("agents/support.md")).expect("support.md");
+        let text = text
+            .replace("max_tokens: 200000", &format!("max_tokens: {max_tokens}"))
+            .replace("max_turns: 40", &format!("max_turns: {max_turns}"));
+        std::fs::write(dir.join("support.md"), text).expect("write agent");
+        self.settings.agents_dir = dir;
+    }
+
     /// A world under `policies/support.yaml`.
     pub async fn new() -> World {
         World::with_policy(&repo_root().join("policies/support.yaml")).await
