@@ -400,6 +400,9 @@ async fn orphaned_secrets_are_reaped_and_a_stale_dir_does_not_block_a_restart() 
 /// What `/readyz` asks the engine: it answers, and the image exists or is named missing.
 #[tokio::test]
 async fn readiness_names_a_missing_image() {
+    if support::docker::skip() {
+        return;
+    }
     let env = TestEnv::new().await;
     env.runtime
         .check_ready(&image())
