@@ -242,39 +242,31 @@ impl Supervisor {
                 && let Some(worktree) = &row.worktree
                 && volume::is_full(std::path::Path::new(worktree))
             {
-                full.push(thread.clone());
+                full.push(row);
             }
         }
-        for thread in full {
+        let reason = super::StopReason::WorkspaceFull {
+            limit_bytes: self.parts.settings.workspace_bytes,
+        };
+        for row in full {
+            let thread = row.thread_id.clone();
             tracing::warn!(thread, "workspace full; stopping the session");
-            self.note_stop(
-                &thread,
-                &super::StopReason::WorkspaceFull {
-                    limit_bytes: self.parts.settings.workspace_bytes,
-                },
-            )
-            .await;
+            self.note_stop(&row, &reason).await;
             if let Err(e) = self.stop_thread(&thread).await {
                 tracing::warn!(thread, error = %e, "cannot stop a session with a full workspace");
             }
         }
     }
 
-    /// Queues the note saying why the supervisor stops `thread`'s session. A note that
+    /// Queues the note saying why the supervisor stops `row`'s session. A note that
     /// cannot be queued is logged; the stop goes ahead (a full disk must not keep a
     /// session running).
-    async fn note_stop(&self, thread: &str, reason: &super::StopReason) {
-        let (Some(notes), Some(row)) = (&self.parts.notes, self.session(thread).await) else {
+    async fn note_stop(&self, row: &SessionRow, reason: &super::StopReason) {
+        let Some(notes) = &self.parts.notes else {
             return;
         };
-        let scope = super::SessionScope {
-            session_id: row.session_id,
-            thread_id: row.thread_id,
-            agent: row.agent,
-            customer_id: row.customer_id,
-            customer_email: row.customer_email,
-        };
-        if let Err(e) = notes.stopped(&scope, reason).await {
+        if let Err(e) = notes.stopped(&scope_of(row), reason).await {
+            let thread = &row.thread_id;
             tracing::warn!(thread, error = %e, "cannot queue the note for a stopped session");
         }
     }
