@@ -7,9 +7,9 @@
 use std::sync::Arc;
 
 use rusqlite::Connection;
-use serde_json::json;
 
-use crate::audit::{self, AuditEvent, AuditRecord};
+use crate::audit::AuditEvent;
+use crate::executions::audit::{AuditStep, record};
 use crate::executions::store::{self, Execution, OutboxNote, Status};
 use crate::gateway::Gate;
 use crate::gateway::note::marker;
@@ -64,7 +64,8 @@ pub fn queue(
         return Ok(false);
     }
     let because = format!("session stopped: {}", note.headline);
-    store::insert(conn, &blocked_execution(&id, scope, note, &because, now_ms))?;
+    let exec = blocked_execution(&id, scope, note, &because, now_ms);
+    store::insert(conn, &exec)?;
     let marker = marker(&id);
     let (headline, detail) = (&note.headline, redactor.redact(&note.detail));
     let text = format!(
@@ -84,19 +85,8 @@ pub fn queue(
         attempts: 0,
     };
     store::enqueue_note(conn, &outbox, now_ms)?;
-    let record = AuditRecord {
-        execution_id: Some(id),
-        session_id: Some(scope.session_id.clone()),
-        thread_id: Some(scope.thread_id.clone()),
-        agent: Some(scope.agent.clone()),
-        tool: Some(note.tool.into()),
-        args: Some(json!({})),
-        decision: Some("block".into()),
-        rule: Some(because),
-        outcome: Some(note.outcome.into()),
-        ..AuditRecord::new(AuditEvent::Blocked)
-    };
-    audit::append(conn, &record, redactor)?;
+    let step = AuditStep::new(AuditEvent::Blocked).outcome(Some(note.outcome));
+    record(conn, redactor, &exec, step)?;
     Ok(true)
 }
 
