@@ -104,21 +104,10 @@ async fn a_goodwill_refund_waits_for_a_person_then_runs_once() {
         .await;
     let held = w.held_refund(&app).await;
     // The note with the agent's diagnosis and the approval link is on the thread.
-    eventually("the hold's note", || async {
-        w.world
-            .plain
-            .thread(&thread)
-            .notes()
-            .iter()
-            .any(|(_, t)| t.contains(&held))
-    })
-    .await;
-    let notes = w.world.plain.thread(&thread).notes();
-    let note = &notes
-        .iter()
-        .find(|(_, t)| t.contains(&held))
-        .expect("note")
-        .1;
+    let note = &w
+        .world
+        .note_containing(&thread, &held, "the hold's note")
+        .await;
     assert!(
         note.contains("goodwill refund"),
         "the diagnosis is in the note: {note}"
@@ -168,21 +157,10 @@ async fn an_injected_approval_runs_nothing_without_a_person() {
     let held = w.held_refund(&app).await;
     let exec = app.execution(&held).await;
     assert_eq!(exec.args["amount"], 500000);
-    eventually("the hold's note", || async {
-        w.world
-            .plain
-            .thread(&thread)
-            .notes()
-            .iter()
-            .any(|(_, t)| t.contains(&held))
-    })
-    .await;
-    let notes = w.world.plain.thread(&thread).notes();
-    let note = &notes
-        .iter()
-        .find(|(_, t)| t.contains(&held))
-        .expect("note")
-        .1;
+    let note = &w
+        .world
+        .note_containing(&thread, &held, "the hold's note")
+        .await;
     assert!(
         note.to_lowercase().contains("held") || note.to_lowercase().contains("approval"),
         "the note says why it was held: {note}"

@@ -9,7 +9,6 @@ use serde_json::{Value, json};
 
 use crate::support::logs::captured_logs;
 use crate::support::plain_fake::Failure;
-use crate::support::wait::eventually;
 use crate::support::world::{SIGNING_SECRET, World, stored_secrets};
 
 /// The forms a value is searched in.
@@ -112,15 +111,9 @@ async fn no_secret_value_reaches_logs_database_notes_or_the_agent() {
     let id = held["execution_id"].as_str().expect("id").to_owned();
     answers.push(held);
     let thread = session.thread_id.clone();
-    eventually("the held-call note after retries", || async {
-        world
-            .plain
-            .thread(&thread)
-            .notes()
-            .iter()
-            .any(|(_, text)| text.contains(&id))
-    })
-    .await;
+    world
+        .note_containing(&thread, &id, "the held-call note after retries")
+        .await;
     let token = app.add_reviewer("alice").await;
     let (status, decided) = app.decide(&id, &token, "approve", "fine").await;
     assert_eq!(status, 200, "{decided}");

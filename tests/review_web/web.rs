@@ -14,7 +14,6 @@ use threadgate::approvals::reviewers;
 use threadgate::secrets::SecretString;
 
 use crate::support::app::TestApp;
-use crate::support::wait::eventually;
 use crate::support::world::{PUBLIC_URL, World};
 
 /// Every test reviewer's password.
@@ -43,15 +42,9 @@ pub async fn note_link(
     execution_id: &str,
 ) -> String {
     let wanted = format!("{PUBLIC_URL}/approvals/{execution_id}");
-    eventually("the held-call note", || async {
-        world
-            .plain
-            .thread(thread_id)
-            .notes()
-            .iter()
-            .any(|(_, text)| text.contains(&wanted))
-    })
-    .await;
+    world
+        .note_containing(thread_id, &wanted, "the held-call note")
+        .await;
     wanted.replace(PUBLIC_URL, &format!("http://{}", app.addr))
 }
 

@@ -27,7 +27,7 @@ use super::logs;
 use super::plain::{email_received, plain_id, repo_root};
 use super::plain_fake::{self, PlainFake};
 use super::unix_http::unix_request;
-use super::wait::wait_for;
+use super::wait::{DEFAULT_WAIT, wait_for};
 
 /// The Plain webhook signing secret of every gateway test app.
 pub const SIGNING_SECRET: &str = "plain_whsec_e2e_gateway_5d81c0f2a4b7";
@@ -59,6 +59,22 @@ pub struct World {
 }
 
 impl World {
+    /// Waits (up to [`DEFAULT_WAIT`]) for an internal note on `thread` whose text
+    /// contains `needle` (an execution id, an approval link) and returns its text;
+    /// panics naming `what` if none comes.
+    pub async fn note_containing(&self, thread: &str, needle: &str, what: &str) -> String {
+        let found = wait_for(DEFAULT_WAIT, || async {
+            self.plain
+                .thread(thread)
+                .notes()
+                .into_iter()
+                .map(|(_, text)| text)
+                .find(|text| text.contains(needle))
+        })
+        .await;
+        found.unwrap_or_else(|| panic!("{what}: no note containing {needle} on {thread}"))
+    }
+
     /// Stores `value` under `name` in the world's secrets store (before the app starts).
     pub async fn store_secret(&self, name: &str, value: &str) {
         let db = Db::open(&self.settings.database_path()).expect("open db");
