@@ -156,10 +156,7 @@ async fn an_expired_approval_answers_410_and_never_runs() {
     let ada = world
         .customer_session(&app, "ada@example.com", &[5000])
         .await;
-    let args = json!({"charge": ada.charges[0], "amount": 1000, "reason": "requested_by_customer"});
-    let (status, held) = ada.session.call("stripe.create_refund", args, None).await;
-    assert_eq!(status, 202, "{held}");
-    let id = held["execution_id"].as_str().expect("id").to_owned();
+    let id = ada.session.hold_refund(&ada.charges[0], 1000).await;
     let alice = app.add_reviewer("alice").await;
     // Past the ttl on threadgate's clock, without waiting for it.
     clock.advance(Duration::from_secs(2));

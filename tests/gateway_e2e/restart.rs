@@ -41,10 +41,7 @@ async fn an_approved_call_left_by_a_crash_runs_once_after_restart() {
         .customer_session(&app, "ada@example.com", &[5000])
         .await;
     let thread = ada.session.thread_id.clone();
-    let args = json!({"charge": ada.charges[0], "amount": 1200, "reason": "requested_by_customer"});
-    let (status, held) = ada.session.call("stripe.create_refund", args, None).await;
-    assert_eq!(status, 202, "{held}");
-    let id = held["execution_id"].as_str().expect("id").to_owned();
+    let id = ada.session.hold_refund(&ada.charges[0], 1200).await;
     app.stop().await;
 
     // Approved, then the process died before it ran the call.
@@ -80,10 +77,7 @@ async fn a_refund_whose_answer_was_lost_is_resent_with_its_key_and_runs_once() {
     let ada = world
         .customer_session(&app, "ada@example.com", &[5000])
         .await;
-    let args = json!({"charge": ada.charges[0], "amount": 700, "reason": "requested_by_customer"});
-    let (status, held) = ada.session.call("stripe.create_refund", args, None).await;
-    assert_eq!(status, 202, "{held}");
-    let id = held["execution_id"].as_str().expect("id").to_owned();
+    let id = ada.session.hold_refund(&ada.charges[0], 700).await;
     let frozen: Value = app.execution(&id).await.args;
     app.stop().await;
 

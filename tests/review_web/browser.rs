@@ -179,10 +179,7 @@ async fn a_post_without_csrf_is_refused_and_wrong_passwords_are_throttled_in_a_b
     let ada = world
         .customer_session(&app, "ada@example.com", &[5000])
         .await;
-    let args = json!({"charge": ada.charges[0], "amount": 700, "reason": "requested_by_customer"});
-    let (status, held) = ada.session.call("stripe.create_refund", args, None).await;
-    assert_eq!(status, 202, "{held}");
-    let id = held["execution_id"].as_str().expect("id").to_owned();
+    let id = ada.session.hold_refund(&ada.charges[0], 700).await;
     let base = format!("http://{}", app.addr);
 
     let b = Browser::start().await;

@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 
-use serde_json::json;
 use threadgate::approvals::hasher::GLOBAL_PERMITS;
 
 use crate::support::unix_http::unix_request;
@@ -113,10 +112,7 @@ async fn a_wider_amount_is_refused_and_nothing_is_reachable_from_a_session_socke
     let ada = world
         .customer_session(&app, "ada@example.com", &[5000])
         .await;
-    let args = json!({"charge": ada.charges[0], "amount": 1000, "reason": "requested_by_customer"});
-    let (status, held) = ada.session.call("stripe.create_refund", args, None).await;
-    assert_eq!(status, 202, "{held}");
-    let id = held["execution_id"].as_str().expect("id").to_owned();
+    let id = ada.session.hold_refund(&ada.charges[0], 1000).await;
 
     let web = Web::sign_in(&app, "alice").await;
     let decide = format!("/approvals/{id}/decide");
@@ -289,10 +285,7 @@ async fn approve_is_refused_when_arguments_are_left_out_and_a_policy_change_is_f
         .customer_session(&app, "ada@example.com", &[5000])
         .await;
     let charge = ada.charges[0].clone();
-    let args = json!({"charge": charge, "amount": 1000, "reason": "requested_by_customer"});
-    let (status, held) = ada.session.call("stripe.create_refund", args, None).await;
-    assert_eq!(status, 202, "{held}");
-    let id = held["execution_id"].as_str().expect("id").to_owned();
+    let id = ada.session.hold_refund(&charge, 1000).await;
     let web = Web::sign_in(&app, "alice").await;
     let (_, page) = web.get(&format!("/approvals/{id}")).await;
     assert!(
@@ -348,10 +341,7 @@ async fn twenty_concurrent_page_approvals_make_one_refund() {
     let ada = world
         .customer_session(&app, "ada@example.com", &[5000])
         .await;
-    let args = json!({"charge": ada.charges[0], "amount": 1000, "reason": "requested_by_customer"});
-    let (status, held) = ada.session.call("stripe.create_refund", args, None).await;
-    assert_eq!(status, 202, "{held}");
-    let id = held["execution_id"].as_str().expect("id").to_owned();
+    let id = ada.session.hold_refund(&ada.charges[0], 1000).await;
     let webs = [
         Web::sign_in(&app, "alice").await,
         Web::sign_in(&app, "bob").await,

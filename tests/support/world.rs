@@ -322,6 +322,15 @@ impl Session {
         unix_request(&self.socket, "POST", "/v1/calls", Some(&body)).await
     }
 
+    /// Asks for a refund the shipped policy holds (`requested_by_customer`) and returns
+    /// the held execution's id; panics unless it is held (202).
+    pub async fn hold_refund(&self, charge: &str, amount: u64) -> String {
+        let args = json!({"charge": charge, "amount": amount, "reason": "requested_by_customer"});
+        let (status, held) = self.call("stripe.create_refund", args, None).await;
+        assert_eq!(status, 202, "{held}");
+        held["execution_id"].as_str().expect("id").to_owned()
+    }
+
     /// `GET path`.
     pub async fn get(&self, path: &str) -> (u16, Value) {
         unix_request(&self.socket, "GET", path, None).await
