@@ -379,7 +379,7 @@ fn people_router(
         clock: base.clock.clone(),
         notify,
     });
-    let router = axum::Router::new()
+    let mut router = axum::Router::new()
         .merge(crate::health::router(readiness))
         .merge(intake_router)
         .merge(approvals::http::router(approvals.clone()))
@@ -388,6 +388,14 @@ fn people_router(
             &settings.public_url,
             settings.plain.thread_url.clone(),
         )));
+    if let Some(stripe_events) = connector_setup::stripe_events(
+        settings,
+        &base.connectors,
+        Arc::new(base.secrets.clone()),
+        base.clock.clone(),
+    ) {
+        router = router.merge(stripe_events);
+    }
     Ok((router, events))
 }
 

@@ -169,6 +169,14 @@ pub struct ProviderSettings {
     /// GitHub only: the repositories (`owner/name`) the github tools may reach, and
     /// where a session's draft pull request is opened (the first). Empty: none.
     pub repos: Vec<String>,
+    /// Stripe only: the name of the stored secret holding the signing secret of Stripe's
+    /// webhook endpoint (`POST /webhooks/stripe`, events `customer.updated` and
+    /// `customer.deleted`). When set, the read path's scope check remembers customer
+    /// emails (those events forget them); unset, it asks Stripe on every read.
+    pub webhook_secret: Option<String>,
+    /// Stripe only: how long a remembered customer email is used at most, in case an
+    /// event is lost (`15m` by default).
+    pub email_max_age: Duration,
 }
 
 /// The repository whose branches sessions work on.
@@ -219,11 +227,16 @@ impl Default for Settings {
     }
 }
 
+/// How long a remembered Stripe customer email is used at most.
+const DEFAULT_EMAIL_MAX_AGE: Duration = Duration::from_secs(15 * 60);
+
 fn default_stripe() -> ProviderSettings {
     ProviderSettings {
         api_url: "https://api.stripe.com".into(),
         key_secret: "stripe_api_key".into(),
         repos: Vec::new(),
+        webhook_secret: None,
+        email_max_age: DEFAULT_EMAIL_MAX_AGE,
     }
 }
 
@@ -232,6 +245,8 @@ fn default_github() -> ProviderSettings {
         api_url: "https://api.github.com".into(),
         key_secret: "github_token".into(),
         repos: Vec::new(),
+        webhook_secret: None,
+        email_max_age: DEFAULT_EMAIL_MAX_AGE,
     }
 }
 
@@ -419,6 +434,9 @@ mod provider {
         api_url: Option<String>,
         key_secret: Option<String>,
         repos: Option<Vec<String>>,
+        webhook_secret: Option<String>,
+        #[serde(default, with = "super::humantime_serde_compat::option")]
+        email_max_age: Option<std::time::Duration>,
     }
 
     fn merge<'de, D: Deserializer<'de>>(
@@ -430,6 +448,8 @@ mod provider {
             api_url: partial.api_url.unwrap_or(defaults.api_url),
             key_secret: partial.key_secret.unwrap_or(defaults.key_secret),
             repos: partial.repos.unwrap_or(defaults.repos),
+            webhook_secret: partial.webhook_secret.or(defaults.webhook_secret),
+            email_max_age: partial.email_max_age.unwrap_or(defaults.email_max_age),
         })
     }
 
@@ -438,7 +458,13 @@ mod provider {
     }
 
     pub fn github<'de, D: Deserializer<'de>>(d: D) -> Result<ProviderSettings, D::Error> {
-        merge(d, default_github())
+        let settings = merge(d, default_github())?;
+        if settings.webhook_secret.is_some() {
+            return Err(serde::de::Error::custom(
+                "webhook_secret belongs in [stripe], not [github]",
+            ));
+        }
+        Ok(settings)
     }
 }
 
@@ -451,6 +477,20 @@ mod humantime_serde_compat {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let text = String::deserialize(d)?;
         humantime::parse_duration(&text).map_err(serde::de::Error::custom)
+    }
+
+    /// The same, for a key that may be left out.
+    pub mod option {
+        use std::time::Duration;
+
+        use serde::{Deserialize, Deserializer};
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+            let text = String::deserialize(d)?;
+            humantime::parse_duration(&text)
+                .map(Some)
+                .map_err(serde::de::Error::custom)
+        }
     }
 }
 

@@ -49,11 +49,16 @@ pub async fn build(
             message: e.to_string(),
         }
     };
-    let stripe_connector = StripeConnector::new(
+    let mut stripe_connector = StripeConnector::new(
         &stripe.api_url,
         credential("stripe", "key_secret", &stripe.key_secret)?,
     )
     .map_err(url_error("stripe"))?;
+    if let Some(secret) = &stripe.webhook_secret {
+        // Checked here so a bad name stops the start; the endpoint reads it per delivery.
+        credential("stripe", "webhook_secret", secret)?;
+        stripe_connector = stripe_connector.with_email_memory(stripe.email_max_age);
+    }
     let mut helpdesk = HelpdeskConnector::new(
         &plain.api_url,
         credential("plain", "api_key_secret", &plain.api_key_secret)?,
@@ -94,6 +99,26 @@ pub async fn build(
         helpdesk: Some(Arc::new(helpdesk)),
         github: Some(Arc::new(github_connector)),
     })
+}
+
+/// Stripe's webhook endpoint (`POST /webhooks/stripe`), when `[stripe] webhook_secret`
+/// names the stored signing secret: its events keep the connector's remembered customer
+/// emails true. `None` when no secret is named.
+pub fn stripe_events(
+    settings: &Settings,
+    connectors: &Connectors,
+    store: Arc<dyn CredentialSource>,
+    clock: Arc<dyn Fn() -> i64 + Send + Sync>,
+) -> Option<axum::Router> {
+    let secret = settings.stripe.webhook_secret.as_deref()?;
+    let stripe = connectors.stripe.clone()?;
+    Some(crate::connectors::stripe::events::router(
+        crate::connectors::stripe::events::EventsState {
+            stripe,
+            secret: Credential::live(secret, store),
+            clock,
+        },
+    ))
 }
 
 #[cfg(test)]

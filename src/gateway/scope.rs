@@ -94,7 +94,7 @@ pub async fn check_stripe_read(
         )));
     };
     let email = stripe
-        .customer_email(&owner)
+        .known_customer_email(&owner)
         .await
         .map_err(|source| ScopeError::Lookup {
             what: format!("customer {owner}"),

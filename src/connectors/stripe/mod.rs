@@ -10,7 +10,9 @@
 //! left on it): [`StripeConnector::charge_facts`], [`StripeConnector::customer_email`]
 //! and [`StripeConnector::subscription_customer`].
 
+pub mod events;
 mod form;
+mod known_emails;
 #[cfg(test)]
 mod tests;
 
@@ -85,6 +87,9 @@ pub struct StripeConnector {
     /// Charge id to its customer, for charges that have one: Stripe never changes a
     /// charge's customer once set, so the answer stays true.
     owners: Arc<Mutex<HashMap<String, String>>>,
+    /// Customer emails for the read path, remembered only while Stripe's events keep
+    /// them true (see [`known_emails`]).
+    emails: Arc<known_emails::KnownEmails>,
 }
 
 impl std::fmt::Debug for StripeConnector {
@@ -125,7 +130,21 @@ impl StripeConnector {
             base: http::parse_base_url(base_url)?,
             key: api_key,
             owners: Arc::default(),
+            emails: Arc::default(),
         })
+    }
+
+    /// Remembers customer emails for [`StripeConnector::known_customer_email`] for up to
+    /// `max_age`. Only for a deployment whose Stripe webhook endpoint forgets a customer
+    /// when its email changes ([`events`]).
+    pub fn with_email_memory(mut self, max_age: Duration) -> Self {
+        self.emails = Arc::new(known_emails::KnownEmails::new(Some(max_age)));
+        self
+    }
+
+    /// Forgets what is remembered of `customer` (Stripe said it changed).
+    pub fn forget_customer(&self, customer: &str) {
+        self.emails.forget(customer);
     }
 
     /// The customer a charge belongs to, if any. A charge's customer cannot change once
@@ -195,6 +214,25 @@ impl StripeConnector {
             .as_str()
             .filter(|email| !email.is_empty())
             .map(str::to_owned))
+    }
+
+    /// As [`StripeConnector::customer_email`], answered from memory when the email was
+    /// asked recently and Stripe has not said since that the customer changed (with
+    /// [`StripeConnector::with_email_memory`]; without it, always asked). For the read
+    /// path's scope check; writes ask Stripe every time.
+    pub async fn known_customer_email(
+        &self,
+        customer_id: &str,
+    ) -> Result<Option<String>, ConnectorError> {
+        if let Some(email) = self.emails.get(customer_id) {
+            return Ok(Some(email));
+        }
+        let asked_at = self.emails.generation();
+        let email = self.customer_email(customer_id).await?;
+        if let Some(email) = &email {
+            self.emails.remember(customer_id, email, asked_at);
+        }
+        Ok(email)
     }
 
     /// The customer a subscription belongs to.
