@@ -156,14 +156,27 @@ async fn an_injected_approval_runs_nothing_without_a_person() {
         .await;
     let held = w.held_refund(&app).await;
     let exec = app.execution(&held).await;
-    assert_eq!(exec.args["amount"], 500000);
+    assert_eq!(exec.args["amount"], 500000, "{:?}", exec.args);
+    assert_eq!(exec.args["reason"], "duplicate", "{:?}", exec.args);
+    assert_eq!(exec.args["charge"], customer.charges[0].as_str());
     let note = &w
         .world
         .note_containing(&thread, &held, "the hold's note")
         .await;
+    // The note names the rule that held the call: the catch-all refund rule, not the
+    // duplicate rule the injected "reason" aimed at.
+    let line = catch_all_refund_rule_line();
+    let held_by = note
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Held by:"))
+        .unwrap_or_else(|| panic!("no \"Held by:\" line in the note: {note}"));
     assert!(
-        note.to_lowercase().contains("held") || note.to_lowercase().contains("approval"),
-        "the note says why it was held: {note}"
+        held_by.contains(&format!(".yaml:{line})")),
+        "held by the rule at line {line}: {held_by:?} in {note}"
+    );
+    assert!(
+        note.contains("500000") && note.contains("duplicate"),
+        "the note shows the call's amount and reason: {note}"
     );
     assert!(refunds(&w.world.stripe).await.is_empty());
     assert!(
@@ -171,6 +184,22 @@ async fn an_injected_approval_runs_nothing_without_a_person() {
         "the runner still waits"
     );
     app.stop().await;
+}
+
+/// The line of `policies/support.yaml`'s second `stripe.create_refund` rule (the one
+/// that holds every refund the duplicate rule does not run).
+fn catch_all_refund_rule_line() -> usize {
+    let policy = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/support.yaml"),
+    )
+    .expect("the policy");
+    policy
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.trim() == "- match: \"stripe.create_refund\"")
+        .map(|(i, _)| i + 1)
+        .nth(1)
+        .expect("two refund rules")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
