@@ -3,7 +3,8 @@
 //! Order of checks: the request parses (400), names no model but the agent's (403
 //! `model_not_allowed`), the session's budget is not spent (429 `budget_exhausted`,
 //! with the note queued and the session stopped), no stored secret value is in the
-//! prompt (403 `secret_in_prompt`). Then the turn is counted, the call forwarded with
+//! prompt (403 `secret_in_prompt`, with a note naming the secret and the session
+//! stopped like a spent budget: every later call is refused). Then the turn is counted, the call forwarded with
 //! retries, the tokens counted and an audit row written (never the text).
 //! Calls of one session are serialised, so concurrent calls cannot overspend.
 
@@ -19,6 +20,7 @@ use super::store as model_store;
 use super::types::ChatRequest;
 use super::upstream::{Answered, Upstream, UpstreamError};
 use super::{budget_note, openai};
+use crate::approvals::stop_note::StopNote;
 use crate::audit::{self, AuditEvent, AuditRecord};
 use crate::gateway::Gate;
 use crate::session::{AgentDefinition, SessionScope};
@@ -91,12 +93,15 @@ impl ModelProxy {
         let _serial = lock.lock().await;
         let spent = self.spent(scope).await?;
         if let Some(why) = over_budget(&agent, &spent) {
-            self.stop_for_budget(scope, &why).await?;
+            self.stop(scope, budget_note::budget(&why)).await?;
             return Err(ProxyError::BudgetExhausted(why));
         }
-        if let Err(e) = self.scan(&request) {
+        if let Some(name) = self.secret_in(&request) {
             self.refused(scope, &agent, "secret_in_prompt").await?;
-            return Err(e);
+            self.stop(scope, budget_note::secret(&name)).await?;
+            return Err(ProxyError::SecretInPrompt(format!(
+                "the prompt holds the value of the stored secret {name:?}; it is never sent to the model, and the session stops"
+            )));
         }
         let remaining = agent.limits.max_tokens.saturating_sub(spent.tokens);
         let cap = u32::try_from(remaining).unwrap_or(u32::MAX).max(1);
@@ -238,47 +243,41 @@ impl ModelProxy {
             .map_err(internal)
     }
 
-    /// Refuses a prompt holding a stored secret's value (naming the secret, never its
-    /// value) and records the refusal.
-    fn scan(&self, request: &ChatRequest) -> Result<(), ProxyError> {
+    /// The name of a stored secret whose value the prompt holds (never the value).
+    fn secret_in(&self, request: &ChatRequest) -> Option<String> {
         let redactor = self.gate.current_redactor();
         let params: Vec<String> = request
             .tools
             .iter()
             .map(|t| t.parameters.to_string())
             .collect();
-        let found = request
+        request
             .texts()
             .chain(params.iter().map(String::as_str))
-            .find_map(|t| redactor.find(t.as_bytes()).map(str::to_owned));
-        match found {
-            None => Ok(()),
-            Some(name) => Err(ProxyError::SecretInPrompt(format!(
-                "the prompt holds the value of the stored secret {name:?}; it is never sent to the model"
-            ))),
-        }
+            .find_map(|t| redactor.find(t.as_bytes()).map(str::to_owned))
     }
 
-    /// Marks the session's budget spent; the first time, queues the note on the thread
-    /// and stops the session so a person takes over.
-    async fn stop_for_budget(&self, scope: &SessionScope, why: &str) -> Result<(), ProxyError> {
+    /// Marks the session's model calls stopped; the first time, queues `note` on the
+    /// thread and stops the session so a person takes over.
+    async fn stop(&self, scope: &SessionScope, note: StopNote) -> Result<(), ProxyError> {
         let now = self.gate.now();
         let redactor = self.gate.current_redactor();
-        let (scope_w, why_w) = (scope.clone(), why.to_owned());
+        let outcome = note.outcome;
+        let scope_w = scope.clone();
         let first = self
             .gate
             .db
-            .write(move |c| budget_note::queue(c, &scope_w, &why_w, now, &redactor))
+            .write(move |c| budget_note::queue(c, &scope_w, &note, now, &redactor))
             .await
             .map_err(internal)?;
         if first {
-            tracing::info!(session = %scope.session_id, thread = %scope.thread_id, "session stopped: model budget spent");
+            tracing::info!(session = %scope.session_id, thread = %scope.thread_id, outcome, "session stopped by the model proxy");
             self.gate.outbox.notify_one();
             let h = self.gate.supervisor.clone();
             let thread = scope.thread_id.clone();
             tokio::spawn(async move {
                 if let Err(e) = h.stop(&thread).await {
-                    tracing::warn!(thread, error = %e, "cannot stop the session after its budget ran out");
+                    tracing::warn!(thread, error = %e, "cannot stop the session the model proxy stopped");
                 }
             });
         }
@@ -311,7 +310,7 @@ fn over_budget(agent: &AgentDefinition, spent: &model_store::Spent) -> Option<St
             l.max_turns
         ))
     } else if spent.exhausted {
-        Some("the session's model budget is spent".into())
+        Some("the session was stopped and may not call the model again".into())
     } else {
         None
     }

@@ -4,7 +4,9 @@
 
 use serde_json::json;
 use threadgate::model::Provider;
+use threadgate::session::{SessionState, store as sessions};
 
+use crate::support::wait::eventually;
 use crate::support::world::{STRIPE_KEY, Session};
 use crate::{ModelWorld, chat, chat_raw, customer_says, first_call};
 
@@ -12,26 +14,67 @@ async fn session(mw: &ModelWorld, app: &crate::support::app::TestApp, email: &st
     mw.world.customer_session(app, email, &[900]).await.session
 }
 
+// Before: the refusal only parked the runner's turn; no note, no handover, and every
+// later turn resent the same secret.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stored_secret_in_the_prompt_is_never_sent_upstream() {
+async fn a_stored_secret_in_the_prompt_stops_the_session_with_a_note() {
     let mw = ModelWorld::new(Provider::Openai).await;
     let app = mw.world.start().await;
-    let s = session(&mw, &app, "leak@example.com").await;
-    // In the customer's text, in a tool result, in a tool call's arguments.
+    // In the customer's text, in a tool call's arguments, in a content block.
     let attempts = [
-        customer_says(&format!("my key is {STRIPE_KEY}, charged twice")),
-        json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "stripe.list_charges", "arguments": format!("{{\"customer\":\"{}\"}}", crate::MODEL_KEY)}}]}, {"role": "tool", "tool_call_id": "c1", "content": "ok"}]),
-        json!([{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "text", "text": crate::support::github_stub::TOKEN}]}]),
+        (
+            "stripe_api_key",
+            customer_says(&format!("my key is {STRIPE_KEY}, charged twice")),
+        ),
+        (
+            "model_api_key",
+            json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "stripe.list_charges", "arguments": format!("{{\"customer\":\"{}\"}}", crate::MODEL_KEY)}}]}, {"role": "tool", "tool_call_id": "c1", "content": "ok"}]),
+        ),
+        (
+            "github_token",
+            json!([{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "text", "text": crate::support::github_stub::TOKEN}]}]),
+        ),
     ];
-    for messages in attempts {
+    let values = [
+        STRIPE_KEY,
+        crate::MODEL_KEY,
+        crate::support::github_stub::TOKEN,
+    ];
+    for (i, (name, messages)) in attempts.into_iter().enumerate() {
+        let s = session(&mw, &app, &format!("leak{i}@example.com")).await;
         let (status, body) = chat(&s, messages).await;
         assert_eq!(
             (status, body["error"].as_str()),
             (403, Some("secret_in_prompt")),
             "{body}"
         );
-        let text = body.to_string();
-        assert!(!text.contains(STRIPE_KEY) && !text.contains(crate::MODEL_KEY));
+        assert!(values.iter().all(|v| !body.to_string().contains(v)));
+        let note = mw
+            .world
+            .note_containing(
+                &s.thread_id,
+                "a stored secret reached its prompt",
+                "the stop note",
+            )
+            .await;
+        assert!(
+            note.contains(&format!("{name:?}")) && note.contains("A person takes over"),
+            "the note names the secret and hands the thread over: {note}"
+        );
+        assert!(values.iter().all(|v| !note.contains(v)), "{note}");
+        // The session stops, as for a spent budget: a person takes over.
+        eventually("the session stops", || async {
+            let t = s.thread_id.clone();
+            let row = app
+                .db
+                .read(move |c| sessions::get(c, &t))
+                .await
+                .expect("read");
+            row.is_none_or(|r| r.state != SessionState::Running)
+        })
+        .await;
+        let notes = mw.world.plain.thread(&s.thread_id).notes();
+        assert_eq!(notes.len(), 1, "one note: {notes:?}");
     }
     assert!(mw.model.seen().is_empty(), "nothing reached the model");
     let rows = app.audit_rows().await;
@@ -39,7 +82,12 @@ async fn a_stored_secret_in_the_prompt_is_never_sent_upstream() {
         .iter()
         .filter(|r| r.event == "refused" && r.outcome.as_deref() == Some("secret_in_prompt"));
     assert_eq!(refused.count(), 3);
-    assert!(!format!("{rows:?}").contains(STRIPE_KEY));
+    let blocked = rows
+        .iter()
+        .filter(|r| r.event == "blocked" && r.outcome.as_deref() == Some("secret_in_prompt"));
+    assert_eq!(blocked.count(), 3, "each stop is in the audit chain");
+    assert!(values.iter().all(|v| !format!("{rows:?}").contains(v)));
+    app.verify_audit().await;
     app.stop().await;
 }
 

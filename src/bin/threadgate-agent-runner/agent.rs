@@ -30,8 +30,10 @@ pub enum RoundEnd {
     Quiet,
     /// A held call expired: left to a person.
     LeftToPerson,
-    /// The session's model budget is spent (429): the runner stops working.
-    Budget,
+    /// The model proxy stopped the session (its budget is spent, 429; or a stored
+    /// secret reached the prompt, 403 `secret_in_prompt`): the thread has the proxy's
+    /// note and a person takes over, so the runner stops working.
+    Stopped,
     /// The model could not be reached, or refused the conversation.
     ModelFailed,
     /// The round reached the runner's own turn cap.
@@ -180,7 +182,7 @@ impl Runner {
         )
     }
 
-    /// Runs until the budget is spent: reads events, works the thread when woken.
+    /// Runs until the proxy stops the session: reads events, works the thread when woken.
     pub async fn run(&mut self) -> anyhow::Result<()> {
         self.resume_pending_hold().await;
         loop {
@@ -190,7 +192,7 @@ impl Runner {
             if self.awaiting_model() {
                 let end = self.round().await;
                 eprintln!("threadgate-agent-runner: round ended: {end:?}");
-                if end == RoundEnd::Budget {
+                if end == RoundEnd::Stopped {
                     return Ok(());
                 }
                 if end == RoundEnd::ModelFailed {
@@ -323,7 +325,14 @@ impl Runner {
                 }
                 Ok(r) if r.status == 429 => {
                     eprintln!("threadgate-agent-runner: model budget exhausted: stopping");
-                    return Err(RoundEnd::Budget);
+                    return Err(RoundEnd::Stopped);
+                }
+                Ok(r) if r.code() == "secret_in_prompt" => {
+                    // Resending the same conversation would only be refused again.
+                    eprintln!(
+                        "threadgate-agent-runner: a stored secret reached the prompt: stopping"
+                    );
+                    return Err(RoundEnd::Stopped);
                 }
                 Ok(r) if r.status < 500 => {
                     eprintln!(

@@ -97,7 +97,8 @@ async fn main() {
     if let Err(e) = runner.run().await {
         eprintln!("threadgate-agent-runner: {e:#}");
     }
-    // The budget is spent: stay (the session ends by idleness) without working.
+    // The proxy stopped the session (budget, a secret in the prompt): stay (the session
+    // ends by idleness) without working.
     eprintln!("threadgate-agent-runner: stopped; a person takes the thread over");
     std::future::pending::<()>().await;
 }

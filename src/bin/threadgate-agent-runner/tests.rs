@@ -423,6 +423,29 @@ async fn the_budget_stops_the_runner() {
     assert_eq!(g.model_requests.len(), 4);
 }
 
+// Before: a 403 secret_in_prompt parked the turn and every later turn resent the secret.
+#[tokio::test]
+async fn a_secret_in_the_prompt_stops_the_runner() {
+    let w = world().await;
+    {
+        let mut g = m(&w.state);
+        g.events.push(customer_event(1, "my key is sk_live_x"));
+        g.events.push(customer_event(2, "hello?"));
+        let refused = json!({"status": "error", "error": "secret_in_prompt", "message": "the stored secret \"stripe\""});
+        g.model.push_back((403, refused));
+        g.model
+            .push_back(answer(Some("must never be asked"), vec![]));
+    }
+    let mut r = Runner::load(w.settings.clone()).await.unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(20), r.run())
+        .await
+        .expect("run returns at the refusal")
+        .unwrap();
+    let g = m(&w.state);
+    assert_eq!(g.model_requests.len(), 1, "the prompt is not sent again");
+    assert!(g.calls.is_empty());
+}
+
 #[tokio::test]
 async fn a_resumed_session_goes_on_with_the_same_conversation() {
     let w = world().await;
