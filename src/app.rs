@@ -115,17 +115,19 @@ pub fn open_secrets(db: &Db, settings: &Settings) -> anyhow::Result<SecretStore>
     Ok(SecretStore::new(db.clone(), Arc::new(key)))
 }
 
-/// The model proxy, with the upstream key read from the secrets store (it never
-/// reaches a container).
+/// The model proxy, with the upstream key read from the secrets store at each call
+/// (a key set after start is used by the next call; it never reaches a container).
 async fn model_proxy(
     settings: &Settings,
     secrets: &SecretStore,
     gate: Arc<Gate>,
 ) -> anyhow::Result<Arc<ModelProxy>> {
-    let key = secrets.get(&settings.model.key_secret).await.ok();
-    if key.is_none() && settings.model.provider != crate::model::Provider::Scripted {
-        tracing::warn!(secret = %settings.model.key_secret, "no model key stored; model calls will fail until it is set");
+    let stored = secrets.get(&settings.model.key_secret).await.is_ok();
+    if !stored && settings.model.provider != crate::model::Provider::Scripted {
+        tracing::warn!(secret = %settings.model.key_secret, "no model key stored; model calls fail until it is set");
     }
+    let key =
+        crate::connectors::Credential::live(&settings.model.key_secret, Arc::new(secrets.clone()));
     let upstream = Upstream::new(settings.model.clone(), key)?;
     Ok(Arc::new(ModelProxy::new(
         gate,

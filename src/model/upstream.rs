@@ -1,5 +1,6 @@
 //! The upstream client: sends one [`ChatRequest`] in the configured provider's format
-//! with the stored key, retries timeouts, 429s (honouring `Retry-After`) and 5xx with
+//! with the stored key (read per call through the secrets store, cached until the
+//! store's generation moves, like a connector's [`Credential`]), retries timeouts, 429s (honouring `Retry-After`) and 5xx with
 //! backoff, and reads a bounded answer.
 
 use crate::secrets::ExposeSecret as _;
@@ -11,6 +12,7 @@ use serde_json::Value;
 use super::config::{ModelSettings, Provider};
 use super::types::{ChatAnswer, ChatRequest};
 use super::{anthropic, openai};
+use crate::connectors::Credential;
 use crate::secrets::{Redactor, SecretString};
 
 /// Why no answer came back.
@@ -34,7 +36,7 @@ pub struct Answered {
 /// The configured upstream.
 pub struct Upstream {
     settings: ModelSettings,
-    key: Option<SecretString>,
+    key: Credential,
     client: reqwest::Client,
 }
 
@@ -46,8 +48,9 @@ enum Attempt {
 }
 
 impl Upstream {
-    /// A client for `settings` holding `key` (from the secrets store).
-    pub fn new(settings: ModelSettings, key: Option<SecretString>) -> anyhow::Result<Upstream> {
+    /// A client for `settings` whose key is `key` (a live credential reading the
+    /// secrets store's `settings.key_secret` at each call).
+    pub fn new(settings: ModelSettings, key: Credential) -> anyhow::Result<Upstream> {
         let client = reqwest::Client::builder()
             .timeout(settings.timeout)
             .redirect(reqwest::redirect::Policy::none())
@@ -65,16 +68,22 @@ impl Upstream {
         request: &ChatRequest,
         redactor: &Redactor,
     ) -> Result<Answered, UpstreamError> {
-        if self.settings.provider != Provider::Scripted && self.key.is_none() {
-            return Err(UpstreamError::Failed(format!(
-                "no model key is stored under {:?}",
-                self.settings.key_secret
-            )));
-        }
+        let key = match self.key.resolve().await {
+            Ok(key) => Some(key),
+            // The scripted model server needs no key.
+            Err(_) if self.settings.provider == Provider::Scripted => None,
+            Err(e) => {
+                tracing::warn!(secret = %self.settings.key_secret, error = %e, "no model key");
+                return Err(UpstreamError::Failed(format!(
+                    "no model key is stored under {:?} (threadgate secrets set {})",
+                    self.settings.key_secret, self.settings.key_secret
+                )));
+            }
+        };
         let mut attempts = 0;
         loop {
             attempts += 1;
-            match self.attempt(request).await {
+            match self.attempt(request, key.as_deref()).await {
                 Attempt::Done(result) => {
                     return result
                         .map(|answer| Answered { answer, attempts })
@@ -104,7 +113,7 @@ impl Upstream {
     }
 
     /// The HTTP request for `request` in the provider's format, with its key.
-    fn build(&self, request: &ChatRequest) -> reqwest::RequestBuilder {
+    fn build(&self, request: &ChatRequest, key: Option<&SecretString>) -> reqwest::RequestBuilder {
         let base = self.settings.base_url.trim_end_matches('/');
         let (url, body) = match self.settings.provider {
             Provider::Openai | Provider::Scripted => (
@@ -117,7 +126,7 @@ impl Upstream {
             ),
         };
         let http = self.client.post(url).json(&body);
-        match (self.settings.provider, &self.key) {
+        match (self.settings.provider, key) {
             (Provider::Anthropic, key) => {
                 let http = http.header("anthropic-version", &self.settings.anthropic_version);
                 match key {
@@ -130,8 +139,8 @@ impl Upstream {
         }
     }
 
-    async fn attempt(&self, request: &ChatRequest) -> Attempt {
-        let http = self.build(request);
+    async fn attempt(&self, request: &ChatRequest, key: Option<&SecretString>) -> Attempt {
+        let http = self.build(request, key);
         let response = match http.send().await {
             Ok(r) => r,
             Err(e) => return Attempt::Retry(describe(&e), None),

@@ -177,3 +177,49 @@ async fn the_anthropic_adapter_converts_tool_use_and_tool_result_both_ways() {
     assert_eq!(messages[2]["content"][0]["type"], "tool_result");
     assert_eq!(messages[2]["content"][0]["tool_use_id"], tool_use["id"]);
 }
+
+// Before: the key was read once when threadgate started, so a key set (or rotated)
+// later was never used until a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_key_set_after_start_is_used_by_the_next_call() {
+    let mw = ModelWorld::new(Provider::Openai).await;
+    let secrets = {
+        let db = threadgate::store::Db::open(&mw.world.settings.database_path()).expect("db");
+        threadgate::app::open_secrets(&db, &mw.world.settings).expect("secrets")
+    };
+    secrets.delete("model_api_key").await.expect("delete");
+    let app = mw.world.start().await;
+    let s = mw
+        .world
+        .customer_session(&app, "late-key@example.com", &[700])
+        .await
+        .session;
+    let (status, body) = chat(&s, crate::customer_says("charged twice")).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (502, Some("upstream_error")),
+        "no key yet: {body}"
+    );
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("model_api_key"),
+        "{body}"
+    );
+    assert!(mw.model.seen().is_empty(), "nothing is sent without a key");
+    for key in [
+        "sk-model-set-later-1a2b3c4d5e",
+        "sk-model-rotated-9f8e7d6c5b",
+    ] {
+        secrets
+            .set("model_api_key", key.to_owned().into())
+            .await
+            .expect("set");
+        let (status, body) = chat(&s, crate::customer_says("charged twice")).await;
+        assert_eq!(status, 200, "{body}");
+        let seen = mw.model.seen();
+        assert_eq!(seen.last().and_then(|r| r.bearer.as_deref()), Some(key));
+    }
+    app.stop().await;
+}
