@@ -52,6 +52,10 @@ pub struct ModelSettings {
     /// The longest single wait between attempts (a larger `Retry-After` is cut to it).
     #[serde(deserialize_with = "duration")]
     pub max_retry_wait: Duration,
+    /// The longest one model call may take, its attempts and waits included: no retry
+    /// starts (nor waits) past it, whatever `Retry-After` asks.
+    #[serde(deserialize_with = "duration")]
+    pub retry_deadline: Duration,
     /// `anthropic-version` header.
     pub anthropic_version: String,
     /// `max_tokens` sent to Anthropic when the runner gives none.
@@ -75,6 +79,7 @@ impl Default for ModelSettings {
             retries: 3,
             retry_base: Duration::from_millis(500),
             max_retry_wait: Duration::from_secs(30),
+            retry_deadline: Duration::from_secs(300),
             anthropic_version: "2023-06-01".into(),
             default_max_tokens: 4096,
             max_request_bytes: 4 * 1024 * 1024,
@@ -109,11 +114,13 @@ mod tests {
     #[test]
     fn the_model_table_parses_and_refuses_unknown_keys() {
         let text = "[model]\nprovider = \"anthropic\"\nbase_url = \"https://api.anthropic.com\"\n\
-                    allowed = [\"claude-x\"]\ntimeout = \"30s\"\nretries = 2\n";
+                    allowed = [\"claude-x\"]\ntimeout = \"30s\"\nretries = 2\n\
+                    retry_deadline = \"2m\"\n";
         let s: Settings = toml::from_str(text).expect("parses");
         assert_eq!(s.model.provider, super::Provider::Anthropic);
         assert!(s.model.allows("claude-x") && !s.model.allows("scripted-model"));
         assert_eq!(s.model.timeout, std::time::Duration::from_secs(30));
+        assert_eq!(s.model.retry_deadline, std::time::Duration::from_secs(120));
         let err = toml::from_str::<Settings>("[model]\nprovder = \"openai\"\n").expect_err("typo");
         assert!(err.to_string().contains("provder"), "{err}");
         let err =

@@ -1,7 +1,8 @@
 //! The upstream client: sends one [`ChatRequest`] in the configured provider's format
 //! with the stored key (read per call through the secrets store, cached until the
 //! store's generation moves, like a connector's [`Credential`]), retries timeouts, 429s (honouring `Retry-After`) and 5xx with
-//! backoff, and reads a bounded answer.
+//! backoff, all within one deadline per call (`retry_deadline`: no attempt runs and no
+//! wait lasts past it), and reads a bounded answer.
 
 use crate::secrets::ExposeSecret as _;
 use std::time::Duration;
@@ -80,10 +81,16 @@ impl Upstream {
                 )));
             }
         };
+        let started = tokio::time::Instant::now();
         let mut attempts = 0;
         loop {
             attempts += 1;
-            match self.attempt(request, key.as_deref()).await {
+            let left = self
+                .settings
+                .retry_deadline
+                .saturating_sub(started.elapsed())
+                .min(self.settings.timeout);
+            match self.attempt(request, key.as_deref(), left).await {
                 Attempt::Done(result) => {
                     return result
                         .map(|answer| Answered { answer, attempts })
@@ -101,6 +108,15 @@ impl Upstream {
                         .retry_base
                         .saturating_mul(1 << (attempts - 1).min(10));
                     let wait = asked.unwrap_or(backoff).min(self.settings.max_retry_wait);
+                    // The next attempt must start before the deadline.
+                    if started.elapsed() + wait >= self.settings.retry_deadline {
+                        let why = redactor.redact(&why).into_owned();
+                        return Err(UpstreamError::Failed(format!(
+                            "the model upstream failed {attempts} times and another wait of {} ms would pass the call's deadline of {} ms; last: {why}",
+                            wait.as_millis(),
+                            self.settings.retry_deadline.as_millis()
+                        )));
+                    }
                     tracing::warn!(
                         attempt = attempts,
                         wait_ms = wait.as_millis() as u64,
@@ -139,8 +155,15 @@ impl Upstream {
         }
     }
 
-    async fn attempt(&self, request: &ChatRequest, key: Option<&SecretString>) -> Attempt {
-        let http = self.build(request, key);
+    /// One attempt, given at most `left` (the call's remaining time, at most the
+    /// per-attempt timeout).
+    async fn attempt(
+        &self,
+        request: &ChatRequest,
+        key: Option<&SecretString>,
+        left: Duration,
+    ) -> Attempt {
+        let http = self.build(request, key).timeout(left);
         let response = match http.send().await {
             Ok(r) => r,
             Err(e) => return Attempt::Retry(describe(&e), None),

@@ -232,3 +232,49 @@ async fn malformed_answers_are_502_and_the_session_goes_on() {
         app.stop().await;
     }
 }
+
+// The scripted server used to answer every 429 with `Retry-After: 0`, so nothing showed
+// the proxy waits as long as the upstream asks. The check reads the server's own
+// arrival times, not a clock of the test's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_is_honoured_within_the_calls_deadline() {
+    let mut mw = ModelWorld::new(Provider::Openai).await;
+    mw.world.settings.model.retries = 3;
+    mw.world.settings.model.retry_deadline = std::time::Duration::from_secs(10);
+    let app = mw.world.start().await;
+    let s = session(&mw, &app, "retry-after@example.com").await;
+    let (status, body) = chat(&s, customer_says("[scripted:retryafter1:2] charged twice")).await;
+    assert_eq!(status, 200, "{body}");
+    let seen = mw.model.seen();
+    assert_eq!(seen.len(), 3, "two 429s, then the answer");
+    for pair in seen.windows(2) {
+        let gap = pair[1].at.duration_since(pair[0].at);
+        assert!(
+            gap >= std::time::Duration::from_secs(1),
+            "the retry came {gap:?} after the 429 asking for 1 s"
+        );
+    }
+    app.stop().await;
+
+    // A deadline shorter than the asked wait: the call fails at once, no retry.
+    let mut mw = ModelWorld::new(Provider::Openai).await;
+    mw.world.settings.model.retries = 3;
+    mw.world.settings.model.retry_deadline = std::time::Duration::from_millis(500);
+    let app = mw.world.start().await;
+    let s = session(&mw, &app, "deadline@example.com").await;
+    let (status, body) = chat(&s, customer_says("[scripted:retryafter1:9] charged twice")).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (502, Some("upstream_error")),
+        "{body}"
+    );
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("deadline"),
+        "{body}"
+    );
+    assert_eq!(mw.model.seen().len(), 1, "no retry past the deadline");
+    app.stop().await;
+}

@@ -28,7 +28,9 @@
 //!
 //! # Test directives (in a user message)
 //! `[scripted:flaky429:N]` and `[scripted:flaky500:N]`: the first N attempts of the
-//! same request answer 429 (`Retry-After: 0`) or 503; `[scripted:slow:MS]` waits MS
+//! same request answer 429 (`Retry-After: 0`) or 503; `[scripted:retryafter1:N]`: the
+//! first N attempts answer 429 with `Retry-After: 1` (each request's arrival time is
+//! kept in [`Seen::at`], so a test can check the wait without timing anything itself); `[scripted:slow:MS]` waits MS
 //! before answering; `[scripted:tokens:N]` reports N prompt tokens;
 //! `[scripted:malformed]` answers 200 with a body that is not JSON;
 //! `[scripted:nousage]` answers without `usage`.
@@ -66,6 +68,8 @@ pub struct Seen {
     pub api_key: Option<String>,
     pub anthropic_version: Option<String>,
     pub body: Value,
+    /// When the request arrived.
+    pub at: std::time::Instant,
 }
 
 #[derive(Default)]
@@ -192,6 +196,7 @@ fn record(s: &Shared, headers: &HeaderMap, path: &str, body: &Value) {
             api_key: header(headers, "x-api-key"),
             anthropic_version: header(headers, "anthropic-version"),
             body: body.clone(),
+            at: std::time::Instant::now(),
         });
     }
 }
@@ -237,6 +242,14 @@ async fn answer(
             StatusCode::TOO_MANY_REQUESTS,
             [("retry-after", "0")],
             "slow down (scripted)",
+        )
+            .into_response();
+    }
+    if scenarios::directive(&request, "retryafter1").is_some_and(|n| attempt <= n) {
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [("retry-after", "1")],
+            "slow down for a second (scripted)",
         )
             .into_response();
     }
