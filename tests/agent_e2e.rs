@@ -14,6 +14,7 @@
 pub mod support;
 
 use threadgate::model::Provider;
+use threadgate::model::scripted::LABEL;
 
 use support::agent::{AgentWorld, WAIT};
 use support::wait::{eventually, eventually_within, wait_for};
@@ -64,16 +65,34 @@ async fn duplicate_charge(provider: Provider) {
         replies[0].0.contains("refunded the duplicate"),
         "{replies:?}"
     );
-    assert_eq!(replies.len(), 1);
-    let ran: Vec<(String, String)> = app
-        .executions()
-        .await
-        .into_iter()
-        .map(|e| (e.tool, e.status))
-        .collect();
     assert!(
-        ran.contains(&("stripe.create_refund".into(), "succeeded".into())),
-        "{ran:?}"
+        replies[0].0.starts_with(LABEL),
+        "the reply says the scripted model wrote it: {replies:?}"
+    );
+    assert_eq!(replies.len(), 1);
+    let executions = app.executions().await;
+    let ran: Vec<(&str, &str)> = executions
+        .iter()
+        .map(|e| (e.tool.as_str(), e.status.as_str()))
+        .collect();
+    assert_eq!(
+        ran[..3],
+        [
+            ("stripe.list_charges", "succeeded"),
+            ("stripe.list_invoices", "succeeded"),
+            ("stripe.create_refund", "succeeded"),
+        ],
+        "it investigated before refunding: {ran:?}"
+    );
+    let refund = &executions[2];
+    assert_eq!(refund.args["reason"], "duplicate", "{:?}", refund.args);
+    assert_eq!(refund.args["amount"], 4200, "{:?}", refund.args);
+    assert_eq!(refund.args["charge"], customer.charges[1].as_str());
+    assert_eq!(
+        executions[1].args["customer"],
+        customer.stripe_id.as_str(),
+        "the invoices of the customer: {:?}",
+        executions[1].args
     );
     // The upstream saw the requests in its own format.
     let paths = w

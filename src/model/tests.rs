@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 
 use super::names::{ToolNames, wire_name};
-use super::scripted::{Scenario, Step, next_step};
+use super::scripted::{LABEL, Scenario, Step, next_step};
 use super::types::{Role, ToolChoice};
 use super::{anthropic, openai};
 
@@ -175,7 +175,14 @@ fn the_five_scripts_follow_the_issue() {
             json!({"customer": "cus_X"})
         )
     );
-    let (tool, args) = tool_of(&next_step(&convo("I was charged twice", 1)));
+    assert_eq!(
+        tool_of(&next_step(&convo("I was charged twice", 1))),
+        (
+            "stripe.list_invoices".to_owned(),
+            json!({"customer": "cus_X"})
+        )
+    );
+    let (tool, args) = tool_of(&next_step(&convo("I was charged twice", 2)));
     assert_eq!(
         (tool.as_str(), args),
         (
@@ -199,6 +206,12 @@ fn the_five_scripts_follow_the_issue() {
             args["reason"].as_str()
         ),
         ("stripe.create_refund", Some(500000), Some("duplicate"))
+    );
+    let (tool, args) = tool_of(&next_step(&convo("I was charged twice", 3)));
+    assert_eq!(tool, "helpdesk.reply_to_thread");
+    assert!(
+        args["text"].as_str().unwrap_or_default().starts_with(LABEL),
+        "a reply carries the scripted model's label: {args}"
     );
     for turns in [0, 5, 30] {
         assert_eq!(

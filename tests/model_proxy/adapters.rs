@@ -88,6 +88,20 @@ async fn duplicate_flow(provider: Provider) -> Vec<threadgate::model::scripted::
     list.push(
         json!({"role": "tool", "tool_call_id": call_id, "content": listed["result"].to_string()}),
     );
+    // Then it checks the invoices (none explains the second charge).
+    let (status, invoices) = chat(s, messages.clone()).await;
+    assert_eq!(status, 200, "{invoices}");
+    let (name, args) = first_call(&invoices);
+    assert_eq!(name, "stripe.list_invoices", "the wire name is mapped back");
+    let args: Value = serde_json::from_str(&args).expect("JSON arguments");
+    let (status, listed) = s.call("stripe.list_invoices", args, None).await;
+    assert_eq!(status, 200, "{listed}");
+    let call_id = invoices["choices"][0]["message"]["tool_calls"][0]["id"].clone();
+    let list = messages.as_array_mut().expect("array");
+    list.push(invoices["choices"][0]["message"].clone());
+    list.push(
+        json!({"role": "tool", "tool_call_id": call_id, "content": listed["result"].to_string()}),
+    );
     let (status, second) = chat(s, messages).await;
     assert_eq!(status, 200, "{second}");
     let (name, args) = first_call(&second);
@@ -103,12 +117,12 @@ async fn duplicate_flow(provider: Provider) -> Vec<threadgate::model::scripted::
         (args["amount"].as_i64(), args["reason"].as_str()),
         (Some(2500), Some("duplicate"))
     );
-    assert_eq!(second["threadgate"]["turns_used"], 2);
+    assert_eq!(second["threadgate"]["turns_used"], 3);
 
     // One audit row per model call: tokens, latency, model; never the conversation.
     let rows = app.audit_rows().await;
     let calls: Vec<_> = rows.iter().filter(|r| r.event == "model_call").collect();
-    assert_eq!(calls.len(), 2);
+    assert_eq!(calls.len(), 3);
     for r in &calls {
         let args = r.args.as_deref().unwrap_or_default();
         assert!(args.contains(MODEL_ID) && args.contains("tokens"), "{args}");
@@ -125,7 +139,7 @@ async fn duplicate_flow(provider: Provider) -> Vec<threadgate::model::scripted::
     app.stop().await;
 
     let seen = mw.model.seen();
-    assert_eq!(seen.len(), 2);
+    assert_eq!(seen.len(), 3);
     for r in &seen {
         assert_eq!(r.model, MODEL_ID, "only the agent's model goes upstream");
         let names = r.body["tools"].to_string();

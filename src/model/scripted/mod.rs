@@ -10,9 +10,9 @@
 //! results (any JSON object with an `id` of `ch_...` and an `amount`). A customer id
 //! (`cus_...`) anywhere in the conversation is passed to the list calls.
 //!
-//! 1. **"charged twice"**: `stripe.list_charges`, then `stripe.create_refund` of the
-//!    later of two same-amount charges with `reason: duplicate`, then
-//!    `helpdesk.reply_to_thread`, then a closing text.
+//! 1. **"charged twice"**: `stripe.list_charges`, then `stripe.list_invoices`, then
+//!    `stripe.create_refund` of the later of two same-amount charges with
+//!    `reason: duplicate`, then `helpdesk.reply_to_thread`, then a closing text.
 //! 2. **"bad month"**: `stripe.list_charges`, then `stripe.create_refund` of the latest
 //!    charge with `reason: requested_by_customer` (held by the policy; the diagnosis
 //!    is the message's text), then a reply saying whether a refund (`re_...`) came
@@ -25,6 +25,7 @@
 //!    tool `stripe.teleport_money`, then HTTP 500 on every later turn.
 //!
 //! Anything else: a reply asking the customer for details, then a closing text.
+//! Every reply's text starts with the label, so the thread shows who wrote it.
 //!
 //! # Test directives (in a user message)
 //! `[scripted:flaky429:N]` and `[scripted:flaky500:N]`: the first N attempts of the

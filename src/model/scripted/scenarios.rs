@@ -34,7 +34,7 @@ pub enum Step {
 /// messages (case-insensitive).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scenario {
-    /// "charged twice": list charges, refund the duplicate, reply.
+    /// "charged twice": list charges and invoices, refund the duplicate, reply.
     Duplicate,
     /// "bad month": list charges, ask for a goodwill refund (held), reply with the outcome.
     GoodwillRefund,
@@ -161,11 +161,25 @@ fn list_charges(request: &ChatRequest) -> Step {
     )
 }
 
+fn list_invoices(request: &ChatRequest) -> Step {
+    let args = match customer(request) {
+        Some(c) => json!({"customer": c}),
+        None => json!({}),
+    };
+    call(
+        "Checking whether an invoice explains the second charge.",
+        "stripe.list_invoices",
+        args,
+    )
+}
+
+/// A reply to the customer; its text starts with [`LABEL`], so whoever reads the thread
+/// sees it was written by the scripted model.
 fn reply(text: &str) -> Step {
     call(
         "Replying to the customer with what I found.",
         "helpdesk.reply_to_thread",
-        json!({"text": text}),
+        json!({"text": format!("{LABEL} {text}")}),
     )
 }
 
@@ -207,17 +221,18 @@ fn duplicate_step(request: &ChatRequest, turn: usize) -> Step {
     let found = charges(request);
     match (turn, duplicate(&found)) {
         (0, _) => list_charges(request),
-        (1, Some((id, amount, _))) => Step::Call {
+        (1, _) => list_invoices(request),
+        (2, Some((id, amount, _))) => Step::Call {
             text: format!(
                 "Diagnosis: two charges of {amount} with the same amount; {id} is the later one and no invoice explains it. Refunding it as a duplicate."
             ),
             tool: "stripe.create_refund".into(),
             arguments: json!({"charge": id, "amount": amount, "reason": "duplicate"}).to_string(),
         },
-        (1, None) => reply(
+        (2, None) => reply(
             "I looked at your charges and found no duplicate. Could you tell me which charge you mean?",
         ),
-        (2, _) => reply(
+        (3, _) => reply(
             "You were charged twice; I refunded the duplicate charge. It reaches your card in 5 to 10 business days.",
         ),
         _ => Step::Say("Done: the duplicate is refunded and the customer has the answer.".into()),
