@@ -3,8 +3,10 @@
 //! containers from the sandbox image, the **scripted model (not a real model)** behind
 //! the model proxy, localstripe for Stripe and the Plain fake for Plain. Three signed
 //! webhooks open three threads ("charged twice", "a bad month", a prompt injection);
-//! the summary shows per thread what ran, what is held (with its approval link), what
-//! was blocked, and its branch.
+//! the summary shows per thread what ran, what is held (with its approval link on the
+//! app's real address), what was blocked, and its branch as git has it (with its last
+//! commit). The app stops at the end; `--keep` keeps it up (approval links work, a
+//! reviewer can decide) until Ctrl-C.
 //!
 //! `--first-call N` instead measures webhook → the agent's first tool call over N
 //! threads and prints the median with the load average.
@@ -24,7 +26,6 @@ use threadgate::session::store as sessions;
 use support::agent::AgentWorld;
 use support::app::TestApp;
 use support::rows::ExecRow;
-use support::world::PUBLIC_URL;
 
 /// The three threads of the demo: (title, customer's message, charges in cents).
 const THREADS: [(&str, &str, &[u64]); 3] = [
@@ -53,14 +54,28 @@ async fn main() {
         first_call_figure(count).await;
         return;
     }
-    demo().await;
+    demo(args.iter().any(|a| a == "--keep")).await;
 }
 
-async fn demo() {
+/// A free port on 127.0.0.1, so approval links can name the app's address before it
+/// starts.
+fn free_local_addr() -> std::net::SocketAddr {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    probe.local_addr().expect("its address")
+}
+
+async fn demo(keep: bool) {
     println!("threadgate demo: embedded state, local Docker, localstripe, the Plain fake,");
     println!("and the model `{MODEL_LABEL}`: every answer of the agent below is scripted.\n");
-    let w = AgentWorld::new(Provider::Scripted).await;
+    let mut w = AgentWorld::new(Provider::Scripted).await;
+    let addr = free_local_addr();
+    w.world.settings.listen = addr;
+    w.world.settings.public_url = format!("http://{addr}");
     let app = w.start().await;
+    println!(
+        "threadgate listens on http://{} (webhooks, approvals)\n",
+        app.addr
+    );
     let mut opened = Vec::new();
     for (title, text, charges) in THREADS {
         let customer = w.customer(charges).await;
@@ -74,8 +89,19 @@ async fn demo() {
         summary(&w, &app, title, thread).await;
     }
     println!("A reviewer approves a held call with POST /api/approvals/<id> (see README).");
-    println!("Everything above ran in a temporary directory, removed now.");
+    if keep {
+        println!(
+            "threadgate stays up on http://{} (--keep): Ctrl-C stops it and removes everything.",
+            app.addr
+        );
+        let _ = tokio::signal::ctrl_c().await;
+    }
     app.stop().await;
+    println!("threadgate stopped: the links above no longer answer.");
+    if !keep {
+        println!("(scripts/demo.sh --keep keeps it up until Ctrl-C.)");
+    }
+    println!("Everything ran in a temporary directory, removed now.");
 }
 
 /// The session id of `thread`.
@@ -118,7 +144,7 @@ async fn summary(w: &AgentWorld, app: &TestApp, title: &str, thread: &str) {
     for e in executions_of(app, thread).await {
         let what = match e.status.as_str() {
             "succeeded" => "ran".to_owned(),
-            "held" => format!("HELD for a person: {PUBLIC_URL}/approvals/{}", e.id),
+            "held" => format!("HELD for a person: {}", app.gate.approval_url(&e.id)),
             "blocked" => format!("BLOCKED ({})", e.because),
             other => format!("{other} {}", e.error.as_deref().unwrap_or("")),
         };
@@ -132,7 +158,34 @@ async fn summary(w: &AgentWorld, app: &TestApp, title: &str, thread: &str) {
         let first = text.lines().next().unwrap_or("");
         println!("   internal note: {first:?}");
     }
-    println!("   branch: threadgate/{thread}\n");
+    println!("   {}\n", branch_line(w, thread));
+}
+
+/// The thread's branch as git has it, with its last commit.
+fn branch_line(w: &AgentWorld, thread: &str) -> String {
+    let name = format!("threadgate/{thread}");
+    let commit = git2::Repository::open(&w.world.settings.repo.path).and_then(|repo| {
+        let commit = repo
+            .find_branch(&name, git2::BranchType::Local)?
+            .get()
+            .peel_to_commit()?;
+        let id = commit.as_object().short_id()?;
+        let base = repo.head()?.peel_to_commit()?.id() == commit.id();
+        Ok(format!(
+            "{} {}{}",
+            id.as_str().unwrap_or_default(),
+            String::from_utf8_lossy(commit.summary_bytes().unwrap_or_default()),
+            if base {
+                " (the base: nothing committed on the thread yet)"
+            } else {
+                ""
+            }
+        ))
+    });
+    match commit {
+        Ok(last) => format!("branch: {name}, last commit {last}"),
+        Err(_) => format!("branch: {name} not in git yet (the session has not committed)"),
+    }
 }
 
 fn compact(args: &serde_json::Value) -> String {
