@@ -244,3 +244,55 @@ fn the_harness_choice_is_checked_with_its_line() {
     let (ok, out) = lint(&agents);
     assert!(!ok && out.contains("colour"), "{out}");
 }
+
+/// The TOML block of the README's "Real credentials" section.
+fn readme_real_credentials() -> (String, String) {
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README");
+    let section = readme
+        .split("### Real credentials")
+        .nth(1)
+        .expect("a Real credentials section");
+    let toml = section
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("its TOML block")
+        .to_owned();
+    (
+        toml,
+        section.split("\n## ").next().unwrap_or_default().to_owned(),
+    )
+}
+
+// Before: the README's [model] example allowed only gpt-4.1-mini while the shipped
+// agent names scripted-model, so `serve` refused it and nothing said why.
+#[test]
+fn the_readmes_real_credentials_config_is_accepted_once_the_agent_names_its_model() {
+    let (toml, section) = readme_real_credentials();
+    let settings: Settings = toml::from_str(&toml).expect("the README's TOML parses");
+    for table in ["[plain]", "[stripe]", "[model]"] {
+        assert!(toml.contains(table), "{table} in {toml}");
+    }
+    for secret in ["plain_api_key", "stripe_api_key", "model_api_key"] {
+        assert!(
+            section.contains(&format!("secrets set {secret}")),
+            "{secret}"
+        );
+    }
+    let model = &settings.model.allowed[0];
+    let check = |agents: &Path| {
+        let skills = agents.parent().expect("parent").join("skills");
+        AgentBook::load_checked(agents, &skills, &Catalog::builtin(), &settings.model)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    // As shipped, the agent names the scripted model: refused, and the README says so.
+    let (_dir, shipped) = tree(|t| t);
+    let refused = check(&shipped).expect_err("the shipped model is not allowed");
+    assert!(refused.contains("support.md:"), "{refused}");
+    let edit = format!("`model: {model}`");
+    assert!(section.contains(&edit), "the README says to write {edit}");
+    // With the README's edit, accepted.
+    let (_dir, edited) = tree(|t| t.replace("model: scripted-model", &format!("model: {model}")));
+    check(&edited).expect("the edited agent passes");
+}
