@@ -17,3 +17,5 @@ pub mod web;
 mod browser;
 #[path = "review_web/http.rs"]
 mod http;
+#[path = "review_web/narrow.rs"]
+mod narrow;

@@ -28,8 +28,9 @@ pub(super) enum Decided {
     Pending(Execution),
 }
 
-/// Limits read from the charges table inside the deciding transaction.
-pub(super) struct SqlHistory<'c>(pub(super) &'c Connection);
+/// Limits read from the charges table inside the deciding transaction (and inside the
+/// approvals' re-decisions, which must count the same totals).
+pub(crate) struct SqlHistory<'c>(pub(crate) &'c Connection);
 
 impl LimitHistory for SqlHistory<'_> {
     fn total(&self, key: &str, since_unix_ms: i64) -> u128 {

@@ -17,6 +17,7 @@ mod scope;
 pub mod serve;
 pub mod socket;
 
+pub(crate) use decide::SqlHistory;
 pub use gate::{CallReply, CallRequest, Connectors, Gate, LoadedPolicy};
 pub use prepare::PreparedCall;
 pub use refusal::Refusal;
