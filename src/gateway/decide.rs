@@ -165,7 +165,7 @@ fn record(
         Some(line) => format!("{} ({}:{line})", v.because, cx.loaded.file),
         None => v.because.clone(),
     };
-    let summary = format!("{} {redacted} held: {rule_text}", call.tool);
+    let summary = super::summary::held_summary(&call.tool, &redacted, &rule_text);
     let exec = frozen(cx, call, &v, summary);
     exec_store::insert(conn, &exec)?;
     let audit = |event| executions::audit(conn, &cx.redactor, &exec, AuditStep::new(event));

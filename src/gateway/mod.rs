@@ -16,6 +16,7 @@ pub mod sandbox_api;
 mod scope;
 pub mod serve;
 pub mod socket;
+mod summary;
 
 pub(crate) use decide::SqlHistory;
 pub use gate::{CallReply, CallRequest, Connectors, Gate, LoadedPolicy};
