@@ -19,3 +19,5 @@ mod browser;
 mod http;
 #[path = "review_web/narrow.rs"]
 mod narrow;
+#[path = "review_web/pages.rs"]
+mod pages;
