@@ -32,5 +32,5 @@ echo "test.sh: suite wall time $((finished - started)) s (setup $((started - sta
     "load average $load1 $load5 $load15; exit status $status" >&2
 # One total over every test binary of both runs.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i + 1) ~ /^passed/) p += $i; if ($(i + 1) ~ /^failed/) f += $i; if ($(i + 1) ~ /^ignored/) g += $i } }
-     END { printf "tests: %d passed, %d failed, %d ignored\n", p, f, g }' "$results"
+     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, g }' "$results"
 exit "$status"
