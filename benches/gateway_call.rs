@@ -9,8 +9,9 @@
 //! - a write, `stripe.create_refund` under an `always_run` rule (completion lookups, the
 //!   decision durable before it runs, the connector, the outcome commit);
 //! - and the parts of the read path on their own: the two ownership lookups the scope
-//!   check makes (`GET` charge, `GET` customer, straight to localstripe) and one durable
-//!   commit through the application's writer.
+//!   check makes when nothing is remembered (`GET` charge, `GET` customer, straight to
+//!   localstripe), one durable commit through the application's writer, and a request
+//!   on the session socket that runs no tool (`GET /v1/tools`: connect, HTTP, JSON).
 //!
 //! Custom harness: `cargo bench --bench gateway_call`. Needs `.venv-peers`
 //! (`scripts/localstripe.sh setup`). Environment: `GATEWAY_BENCH_N` (calls of each
@@ -205,8 +206,9 @@ async fn run() {
     let mut gateway_read = Series::new("read through the gateway", n);
     let mut asked_read = Series::new("read, customer's email asked again", n);
     let mut direct_read = Series::new("read straight to localstripe", n);
-    let mut lookups = Series::new("  its two scope lookups, straight", n);
+    let mut lookups = Series::new("  two scope lookups (none remembered), straight", n);
     let mut commits = Series::new("  one durable commit (the writer)", n);
+    let mut socket = Series::new("  a GET /v1/tools on the session socket", n);
     let mut gateway_write = Series::new("write (refund) through the gateway", n);
     let mut direct_write = Series::new("write (refund) straight to localstripe", n);
     let load_before = load_average();
@@ -244,6 +246,11 @@ async fn run() {
         commit(i).await;
         keep.then(|| commits.times.push(started.elapsed()));
 
+        let started = Instant::now();
+        let (status, _) = ada.session.get("/v1/tools").await;
+        keep.then(|| socket.times.push(started.elapsed()));
+        assert_eq!(status, 200);
+
         // Distinct amounts: an identical refund would be answered from the first.
         let amount = 1 + i as u64;
         let started = Instant::now();
@@ -268,6 +275,7 @@ async fn run() {
         &mut direct_read,
         &mut lookups,
         &mut commits,
+        &mut socket,
         &mut gateway_write,
         &mut direct_write,
     ] {
