@@ -37,6 +37,7 @@ mod catalog;
 mod decimal;
 pub mod evidence;
 mod index;
+mod js_regex;
 mod kortix;
 mod limits;
 mod lint;

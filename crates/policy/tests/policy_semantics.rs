@@ -101,7 +101,7 @@ fn malformed_regex_literals_are_load_errors_with_positions() {
         ),
         (
             "policies:\n  - match: /delete/x\n    action: block\n",
-            "p.yaml:2:12: unknown regular expression flag `x` in `/delete/x`; expected i, m, s or u (g and y are ignored)",
+            "p.yaml:2:12: unknown regular expression flag `x` in `/delete/x`; expected i, m, s, u or v (d, g and y are ignored)",
         ),
         (
             "policies:\n  - match: /delete/ii\n    action: block\n",
@@ -113,7 +113,7 @@ fn malformed_regex_literals_are_load_errors_with_positions() {
         ),
         (
             "policies:\n  - match: x\n    action: block\n    conditions:\n      - {arg: a, match: '/x/I'}\n",
-            "p.yaml:5:25: unknown regular expression flag `I` in `/x/I`; expected i, m, s or u (g and y are ignored)",
+            "p.yaml:5:25: unknown regular expression flag `I` in `/x/I`; expected i, m, s, u or v (d, g and y are ignored)",
         ),
     ];
     for (source, expected) in cases {
