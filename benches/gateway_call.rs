@@ -1,8 +1,11 @@
 //! What the gateway adds to a call, measured in one run, side by side, alternating call
 //! by call, against the same request straight to localstripe with reqwest:
 //!
-//! - a read, `stripe.get_charge` (scope lookups, secret scan, a decision on a snapshot,
-//!   the connector, then decision and outcome in one group commit);
+//! - a read, `stripe.get_charge` (scope check, secret scan, a decision on a snapshot,
+//!   the connector, then decision and outcome in one group commit), with Stripe's events
+//!   configured so the customer's email is remembered, and the same read right after a
+//!   signed `customer.updated` made it ask Stripe again (as every read does without
+//!   Stripe's events);
 //! - a write, `stripe.create_refund` under an `always_run` rule (completion lookups, the
 //!   decision durable before it runs, the connector, the outcome commit);
 //! - and the parts of the read path on their own: the two ownership lookups the scope
@@ -25,6 +28,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 const WARM_UP: usize = 20;
+const WEBHOOK_SECRET: &str = "whsec_bench_0123456789";
 
 /// Reads run; a refund runs without a person (only this bench's policy says so).
 const BENCH_POLICY: &str = r#"
@@ -106,7 +110,13 @@ async fn run() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(400);
-    let world = support::world::World::with_policy_text(BENCH_POLICY).await;
+    let mut world = support::world::World::with_policy_text(BENCH_POLICY).await;
+    // Stripe's events configured, as the README recommends: the scope check remembers
+    // customer emails until Stripe says one changed.
+    world.settings.stripe.webhook_secret = Some("stripe_webhook_secret".into());
+    world
+        .store_secret("stripe_webhook_secret", WEBHOOK_SECRET)
+        .await;
     let app = world.start().await;
     let ada = world
         .customer_session(&app, "ada@example.com", &[4900, 1_000_000, 1_000_000])
@@ -152,6 +162,32 @@ async fn run() {
             let _ = response.bytes().await.expect("body");
         }
     };
+    // What Stripe sends when a customer changes: the next read asks Stripe again, as
+    // every read does without Stripe's events.
+    let forget_ada = || {
+        let http = http.clone();
+        let url = format!("http://{}/webhooks/stripe", app.addr);
+        let event = json!({
+            "id": "evt_bench", "type": "customer.updated",
+            "data": {"object": {"id": ada.id, "object": "customer"}},
+        })
+        .to_string();
+        async move {
+            let signature = threadgate::connectors::stripe::events::sign(
+                event.as_bytes(),
+                WEBHOOK_SECRET.as_bytes(),
+                chrono::Utc::now().timestamp(),
+            );
+            let response = http
+                .post(url)
+                .header("Stripe-Signature", signature)
+                .body(event)
+                .send()
+                .await
+                .expect("threadgate");
+            assert!(response.status().is_success());
+        }
+    };
     let commit = |i: usize| {
         let db = app.db.clone();
         async move {
@@ -167,6 +203,7 @@ async fn run() {
     };
 
     let mut gateway_read = Series::new("read through the gateway", n);
+    let mut asked_read = Series::new("read, customer's email asked again", n);
     let mut direct_read = Series::new("read straight to localstripe", n);
     let mut lookups = Series::new("  its two scope lookups, straight", n);
     let mut commits = Series::new("  one durable commit (the writer)", n);
@@ -187,6 +224,16 @@ async fn run() {
         let started = Instant::now();
         get(format!("/v1/charges/{charge}")).await;
         keep.then(|| direct_read.times.push(started.elapsed()));
+
+        forget_ada().await;
+        let started = Instant::now();
+        let (status, body) = ada
+            .session
+            .call("stripe.get_charge", json!({"charge": charge}), None)
+            .await;
+        let took = started.elapsed();
+        assert_eq!(status, 200, "{body}");
+        keep.then(|| asked_read.times.push(took));
 
         let started = Instant::now();
         get(format!("/v1/charges/{charge}")).await;
@@ -217,6 +264,7 @@ async fn run() {
     );
     for series in [
         &mut gateway_read,
+        &mut asked_read,
         &mut direct_read,
         &mut lookups,
         &mut commits,
@@ -227,11 +275,14 @@ async fn run() {
     }
     let (read_g, _) = gateway_read.median_p99();
     let (read_d, _) = direct_read.median_p99();
+    let (asked, _) = asked_read.median_p99();
     let (write_g, _) = gateway_write.median_p99();
     let (write_d, _) = direct_write.median_p99();
     println!(
-        "  added by the gateway at the median: read {:.0} us, write {:.0} us",
+        "  added by the gateway at the median: read {:.0} us (email asked again: {:.0} us), \
+         write {:.0} us",
         read_g - read_d,
+        asked - read_d,
         write_g - write_d
     );
     let rows = app.executions().await;

@@ -23,6 +23,7 @@ pub use anchor::{Anchor, AnchorError};
 pub use table::format_table;
 
 use crate::secrets::Redactor;
+use crate::store::{cached_execute, cached_query_row};
 
 /// What happened to an execution. Stored by name (`as_str`, read back with `FromStr`).
 #[derive(
@@ -232,13 +233,13 @@ pub fn append(
         }
         None => None,
     };
-    let last: Option<(i64, Vec<u8>)> = conn
-        .query_row(
-            "SELECT id, hash FROM audit ORDER BY id DESC LIMIT 1",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .optional()?;
+    let last: Option<(i64, Vec<u8>)> = cached_query_row(
+        conn,
+        "SELECT id, hash FROM audit ORDER BY id DESC LIMIT 1",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .optional()?;
     let (id, prev_hash) = match last {
         Some((id, hash)) => (id + 1, hash),
         None => (1, chain::GENESIS.to_vec()),
@@ -263,7 +264,8 @@ pub fn append(
         hash: Vec::new(),
     };
     row.hash = chain::row_hash(&row).to_vec();
-    conn.execute(
+    cached_execute(
+        conn,
         "INSERT INTO audit (id, at_ms, execution_id, event, session_id, thread_id, agent,
              tool, args_redacted, decision, rule, policy_hash, reviewer, outcome,
              duration_ms, prev_hash, hash)

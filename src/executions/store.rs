@@ -4,6 +4,8 @@
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
+use crate::store::{cached_execute, cached_query_row};
+
 /// Where an execution stands. Stored as snake_case text; unknown text read back is an
 /// error (`FromStr`), never a status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, strum::IntoStaticStr, strum::EnumString)]
@@ -103,7 +105,8 @@ fn row_to_execution(r: &rusqlite::Row<'_>) -> rusqlite::Result<Execution> {
 
 /// Records a new execution.
 pub fn insert(conn: &Connection, e: &Execution) -> rusqlite::Result<()> {
-    conn.execute(
+    cached_execute(
+        conn,
         &format!(
             "INSERT INTO executions ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
              ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)"
@@ -140,7 +143,8 @@ pub fn insert(conn: &Connection, e: &Execution) -> rusqlite::Result<()> {
 
 /// The execution with `id`.
 pub fn get(conn: &Connection, id: &str) -> rusqlite::Result<Option<Execution>> {
-    conn.query_row(
+    cached_query_row(
+        conn,
         &format!("SELECT {COLUMNS} FROM executions WHERE id = ?1"),
         [id],
         row_to_execution,
@@ -163,7 +167,8 @@ pub fn succeeded_binding(
     session_id: &str,
     binding_hash: &str,
 ) -> rusqlite::Result<Option<Execution>> {
-    conn.query_row(
+    cached_query_row(
+        conn,
         &format!(
             "SELECT {COLUMNS} FROM executions WHERE session_id = ?1 AND binding_hash = ?2 \
              AND status = 'succeeded' ORDER BY created_at_ms LIMIT 1"
@@ -181,7 +186,8 @@ pub fn pending_binding(
     binding_hash: &str,
     now_ms: i64,
 ) -> rusqlite::Result<Option<Execution>> {
-    conn.query_row(
+    cached_query_row(
+        conn,
         &format!(
             "SELECT {COLUMNS} FROM executions WHERE session_id = ?1 AND binding_hash = ?2 \
              AND status IN ('held', 'approved') AND (expires_at_ms IS NULL OR expires_at_ms > ?3) \
@@ -200,7 +206,8 @@ pub fn held_for_tool(
     tool: &str,
     now_ms: i64,
 ) -> rusqlite::Result<Option<String>> {
-    conn.query_row(
+    cached_query_row(
+        conn,
         "SELECT id FROM executions WHERE session_id = ?1 AND tool = ?2 AND status = 'held' \
          AND expires_at_ms > ?3 ORDER BY created_at_ms LIMIT 1",
         params![session_id, tool, now_ms],
@@ -212,7 +219,8 @@ pub fn held_for_tool(
 /// Moves an execution from `from` to `to`; false when it was not in `from` (someone
 /// else moved it first). This compare-and-set is what makes approvals run once.
 pub fn transition(conn: &Connection, id: &str, from: Status, to: Status) -> rusqlite::Result<bool> {
-    let changed = conn.execute(
+    let changed = cached_execute(
+        conn,
         "UPDATE executions SET status = ?3 WHERE id = ?1 AND status = ?2",
         params![id, from.as_str(), to.as_str()],
     )?;
@@ -227,7 +235,8 @@ pub fn narrow_held(
     canonical_args: &str,
     binding_hash: &str,
 ) -> rusqlite::Result<bool> {
-    let changed = conn.execute(
+    let changed = cached_execute(
+        conn,
         "UPDATE executions SET args = ?2, binding_hash = ?3 WHERE id = ?1 AND status = 'held'",
         params![id, canonical_args, binding_hash],
     )?;
@@ -243,7 +252,8 @@ pub fn record_decision(
     message: Option<&str>,
     now_ms: i64,
 ) -> rusqlite::Result<bool> {
-    let changed = conn.execute(
+    let changed = cached_execute(
+        conn,
         "UPDATE executions SET status = ?2, reviewer = ?3, decision_message = ?4, \
          decided_at_ms = ?5 WHERE id = ?1 AND status = 'held'",
         params![id, to.as_str(), reviewer, message, now_ms],
@@ -260,7 +270,8 @@ pub fn finish(
     error: Option<&str>,
     now_ms: i64,
 ) -> rusqlite::Result<()> {
-    conn.execute(
+    cached_execute(
+        conn,
         "UPDATE executions SET status = ?2, result = ?3, error = ?4, finished_at_ms = ?5, \
          attempts = attempts + 1 WHERE id = ?1",
         params![id, status.as_str(), result, error, now_ms],
@@ -279,7 +290,8 @@ pub fn expired_holds(conn: &Connection, now_ms: i64) -> rusqlite::Result<Vec<Exe
 
 /// The total of unreleased charges on `key` since `since_ms`.
 pub fn charged_total(conn: &Connection, key: &str, since_ms: i64) -> rusqlite::Result<i64> {
-    conn.query_row(
+    cached_query_row(
+        conn,
         "SELECT coalesce(sum(amount), 0) FROM limit_charges WHERE key = ?1 AND at_ms > ?2 \
          AND released = 0",
         params![key, since_ms],
@@ -295,7 +307,8 @@ pub fn charge(
     amount: i64,
     now_ms: i64,
 ) -> rusqlite::Result<()> {
-    conn.execute(
+    cached_execute(
+        conn,
         "INSERT INTO limit_charges (execution_id, key, amount, at_ms) VALUES (?1, ?2, ?3, ?4)",
         params![execution_id, key, amount, now_ms],
     )?;
@@ -304,7 +317,8 @@ pub fn charge(
 
 /// Gives back an execution's charges (the provider definitely refused the call).
 pub fn release_charges(conn: &Connection, execution_id: &str) -> rusqlite::Result<()> {
-    conn.execute(
+    cached_execute(
+        conn,
         "UPDATE limit_charges SET released = 1 WHERE execution_id = ?1",
         [execution_id],
     )?;
@@ -324,7 +338,8 @@ pub struct OutboxNote {
 
 /// Queues a note (in the transaction that held the call).
 pub fn enqueue_note(conn: &Connection, note: &OutboxNote, now_ms: i64) -> rusqlite::Result<()> {
-    conn.execute(
+    cached_execute(
+        conn,
         "INSERT INTO note_outbox (execution_id, thread_id, marker, text, markdown, \
          next_attempt_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![
@@ -360,7 +375,8 @@ pub fn due_notes(conn: &Connection, now_ms: i64, limit: i64) -> rusqlite::Result
 
 /// Records that Plain has the note.
 pub fn note_sent(conn: &Connection, execution_id: &str, now_ms: i64) -> rusqlite::Result<()> {
-    conn.execute(
+    cached_execute(
+        conn,
         "UPDATE note_outbox SET sent_at_ms = ?2 WHERE execution_id = ?1",
         params![execution_id, now_ms],
     )?;
@@ -374,7 +390,8 @@ pub fn note_failed(
     error: &str,
     next_attempt_ms: i64,
 ) -> rusqlite::Result<()> {
-    conn.execute(
+    cached_execute(
+        conn,
         "UPDATE note_outbox SET last_error = ?2, next_attempt_ms = ?3 \
          WHERE execution_id = ?1",
         params![execution_id, error, next_attempt_ms],
@@ -385,7 +402,8 @@ pub fn note_failed(
 /// Marks the attempt as started before sending, so a crash mid-send is known on restart
 /// (the outbox then looks for the note on the thread before sending again).
 pub fn note_attempting(conn: &Connection, execution_id: &str) -> rusqlite::Result<()> {
-    conn.execute(
+    cached_execute(
+        conn,
         "UPDATE note_outbox SET attempts = attempts + 1 WHERE execution_id = ?1",
         [execution_id],
     )?;
@@ -433,7 +451,8 @@ pub fn latest_finding(c: &Connection, thread: &str) -> rusqlite::Result<Option<S
     {
         return Ok(Some(text));
     }
-    c.query_row(
+    cached_query_row(
+        c,
         "SELECT diagnosis FROM executions WHERE thread_id = ?1 AND diagnosis IS NOT NULL \
          AND diagnosis <> '' ORDER BY created_at_ms DESC, id DESC LIMIT 1",
         [thread],
@@ -444,7 +463,8 @@ pub fn latest_finding(c: &Connection, thread: &str) -> rusqlite::Result<Option<S
 
 /// How many calls are held, and when the oldest of them was made.
 pub fn held_summary(conn: &Connection) -> rusqlite::Result<(i64, Option<i64>)> {
-    conn.query_row(
+    cached_query_row(
+        conn,
         "SELECT count(*), min(created_at_ms) FROM executions WHERE status = 'held'",
         [],
         |r| Ok((r.get(0)?, r.get(1)?)),
@@ -453,7 +473,8 @@ pub fn held_summary(conn: &Connection) -> rusqlite::Result<(i64, Option<i64>)> {
 
 /// How many notes wait to reach Plain.
 pub fn outbox_backlog(conn: &Connection) -> rusqlite::Result<i64> {
-    conn.query_row(
+    cached_query_row(
+        conn,
         "SELECT count(*) FROM note_outbox WHERE sent_at_ms IS NULL",
         [],
         |r| r.get(0),

@@ -1,0 +1,139 @@
+//! The read path remembers customer emails only while Stripe's webhook events keep them
+//! true: with `[stripe] webhook_secret`, a read answered once is answered from memory,
+//! and localstripe's real, signed `customer.updated` delivery to `POST /webhooks/stripe`
+//! makes the next read ask again (and be refused when the customer is no longer the
+//! thread's). A forged event forgets nothing. Without the secret, nothing is remembered.
+
+use serde_json::json;
+use threadgate::connectors::stripe::events::sign;
+
+use crate::support::wait::eventually;
+use crate::support::world::World;
+
+const WEBHOOK_SECRET: &str = "whsec_threadgate_test_0123456789";
+
+/// Ada's customer object, read from her own thread.
+async fn read_ada(session: &crate::support::world::Session, ada: &str) -> (u16, String) {
+    let (status, body) = session
+        .call("stripe.get_customer", json!({"customer": ada}), None)
+        .await;
+    (status, body.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_email_change_reaches_the_read_scope_through_stripes_signed_event() {
+    let mut world = World::new().await;
+    world.settings.stripe.webhook_secret = Some("stripe_webhook_secret".into());
+    world
+        .store_secret("stripe_webhook_secret", WEBHOOK_SECRET)
+        .await;
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[5000])
+        .await;
+    let session = &ada.session;
+
+    let (status, body) = read_ada(session, &ada.id).await;
+    assert_eq!(status, 200, "{body}");
+
+    // Ada's Stripe customer moves to another person's email while Stripe's events are
+    // not delivered yet: the memory still answers (this is what it saves).
+    world
+        .stripe
+        .post(
+            &format!("customers/{}", ada.id),
+            &[("email", "mallory@example.com")],
+        )
+        .await;
+    let (status, body) = read_ada(session, &ada.id).await;
+    assert_eq!(status, 200, "answered from memory: {body}");
+
+    // A forged customer.updated (wrong secret) is refused and forgets nothing.
+    let event = json!({
+        "id": "evt_forged", "type": "customer.updated",
+        "data": {"object": {"id": ada.id, "object": "customer"}},
+    })
+    .to_string();
+    let now = chrono::Utc::now().timestamp();
+    for signature in [
+        sign(event.as_bytes(), b"whsec_guessed", now),
+        sign(event.as_bytes(), WEBHOOK_SECRET.as_bytes(), now - 3600),
+        String::new(),
+    ] {
+        let response = app
+            .http
+            .post(format!("http://{}/webhooks/stripe", app.addr))
+            .header("Stripe-Signature", &signature)
+            .body(event.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "{signature}");
+        let text = response.text().await.unwrap();
+        assert!(!text.contains(WEBHOOK_SECRET), "{text}");
+    }
+    let (status, body) = read_ada(session, &ada.id).await;
+    assert_eq!(status, 200, "a forged event forgets nothing: {body}");
+
+    // localstripe delivers its real, signed events to threadgate from now on; the next
+    // change of the customer arrives as customer.updated and the read asks again.
+    let http = reqwest::Client::new();
+    let registered = http
+        .post(format!(
+            "{}/_config/webhooks/threadgate",
+            world.stripe.base_url()
+        ))
+        .form(&[
+            ("url", format!("http://{}/webhooks/stripe", app.addr)),
+            ("secret", WEBHOOK_SECRET.to_owned()),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert!(registered.status().is_success());
+    world
+        .stripe
+        .post(
+            &format!("customers/{}", ada.id),
+            &[("email", "mallory@example.net")],
+        )
+        .await;
+    eventually(
+        "the read is refused once Stripe's event arrived",
+        || async {
+            let (status, body) = read_ada(session, &ada.id).await;
+            status == 403 && body.contains("out_of_scope") && !body.contains("mallory")
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_stripes_events_every_read_asks_and_the_endpoint_is_absent() {
+    let world = World::new().await;
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[5000])
+        .await;
+    let (status, body) = read_ada(&ada.session, &ada.id).await;
+    assert_eq!(status, 200, "{body}");
+    world
+        .stripe
+        .post(
+            &format!("customers/{}", ada.id),
+            &[("email", "mallory@example.com")],
+        )
+        .await;
+    let (status, body) = read_ada(&ada.session, &ada.id).await;
+    assert_eq!(status, 403, "the very next read asks Stripe: {body}");
+    assert!(!body.contains("mallory"), "{body}");
+
+    let response = app
+        .http
+        .post(format!("http://{}/webhooks/stripe", app.addr))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+}
