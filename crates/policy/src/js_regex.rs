@@ -287,3 +287,53 @@ fn write_class(out: &mut String, negated: bool, body: &str) {
     out.push_str(body);
     out.push(']');
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn compiles(body: &str, mode: Mode) -> regex::Regex {
+        let translated = translate(body, mode).unwrap_or_else(|e| panic!("{body}: {e}"));
+        regex::Regex::new(&translated).unwrap_or_else(|e| panic!("{body} as {translated}: {e}"))
+    }
+
+    #[test]
+    fn common_patterns_keep_working() {
+        let cases = [
+            (r"^charges\.(create|update)$", "charges.create"),
+            (r"^(owner|admin)@example\.com$", "admin@example.com"),
+            (r"^[\w.-]+@[^\s@]+$", "a.b-c@x.org"),
+            (r"^\d{3,}$", "4900"),
+            (r"^a{,3}$", "a{,3}"),
+            (r"^(?<year>\d{4})-\d\d$", "2026-12"),
+            (r"^a\/b\-c\$$", "a/b-c$"),
+            (r"^\S+\s\S+$", "two words"),
+            (r"^x*?y+?$", "xxy"),
+            (r"^[^a-c]$", "d"),
+        ];
+        for (body, text) in cases {
+            assert!(compiles(body, Mode::default()).is_match(text), "{body}");
+        }
+        let unicode = Mode {
+            unicode: true,
+            ..Mode::default()
+        };
+        assert!(compiles(r"^\p{Lu}\u{e9}$", unicode).is_match("Aé"));
+    }
+
+    #[test]
+    fn translation_names_each_javascript_reading() {
+        let mode = Mode::default();
+        assert_eq!(
+            translate(r"\d\w\b", mode).as_deref(),
+            Ok(r"[0-9](?-u:\w)(?-u:\b)")
+        );
+        assert_eq!(
+            translate("a.b", mode).as_deref(),
+            Ok(r"a[^\n\r\x{2028}\x{2029}]b")
+        );
+        assert_eq!(translate("[&-]", mode).as_deref(), Ok(r"[\&-]"));
+        assert!(translate("[a", mode).is_err_and(|e| e.contains("not closed")));
+        assert!(translate(r"a\", mode).is_err_and(|e| e.contains("lone")));
+    }
+}
