@@ -21,8 +21,12 @@
 use std::fmt::Write;
 
 /// JavaScript's `\s`: WhiteSpace and LineTerminator, as the body of a class.
-const SPACE: &str =
-    r"\t\n\x0B\f\r \xA0\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000}\x{FEFF}";
+macro_rules! space {
+    () => {
+        r"\t\n\x0B\f\r \xA0\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000}\x{FEFF}"
+    };
+}
+const SPACE: &str = space!();
 /// What `.` matches without the `s` flag: anything but a line terminator.
 const DOT: &str = r"[^\n\r\x{2028}\x{2029}]";
 /// Every character (`[^]` in JavaScript).
@@ -192,63 +196,85 @@ fn escape(
             .all(|d| d.is_ascii_hexdigit())
             .then_some(digits)
     };
-    match (c, in_class) {
-        ('d', false) => out.push_str("[0-9]"),
-        ('d', true) => out.push_str("0-9"),
-        ('D', _) => out.push_str("[^0-9]"),
-        ('w', false) => out.push_str(r"(?-u:\w)"),
-        ('w', true) => out.push_str("0-9A-Za-z_"),
-        ('W', _) => out.push_str("[^0-9A-Za-z_]"),
-        ('s', false) => write_class(out, false, SPACE),
-        ('s', true) => out.push_str(SPACE),
-        ('S', _) => write_class(out, true, SPACE),
-        ('b', false) => out.push_str(r"(?-u:\b)"),
-        ('B', false) => out.push_str(r"(?-u:\B)"),
-        ('b', true) => out.push_str(r"\x08"),
-        ('n' | 'r' | 't' | 'f' | 'v', _) => {
+    if let Some(class) = class_escape(c, in_class) {
+        out.push_str(class);
+        return Ok(next);
+    }
+    match c {
+        'n' | 'r' | 't' | 'f' | 'v' => {
             out.push('\\');
             out.push(c);
         }
-        ('0', _) if !chars.get(next).is_some_and(char::is_ascii_digit) => out.push_str(r"\x00"),
-        ('0'..='9', _) | ('k', _) => {
+        '0' if !chars.get(next).is_some_and(char::is_ascii_digit) => out.push_str(r"\x00"),
+        '0'..='9' | 'k' => {
             return Err(format!(
                 "`\\{c}`: backreferences and octal escapes are not supported"
             ));
         }
-        ('x', _) => {
+        'x' => {
             let digits = hex(next, 2).ok_or("`\\x` needs two hex digits")?;
             let _ = write!(out, r"\x{{{digits}}}");
             return Ok(next + 2);
         }
-        ('u', _) => return unicode_escape(chars, next, mode, out),
-        ('c', _) => {
+        'u' => return unicode_escape(chars, next, mode, out),
+        'c' => {
             let letter = chars.get(next).filter(|l| l.is_ascii_alphabetic());
             let letter = letter.ok_or("`\\c` needs a letter")?;
             let _ = write!(out, r"\x{{{:02X}}}", u32::from(*letter) % 32);
             return Ok(next + 1);
         }
-        ('p' | 'P', _) if mode.unicode => {
-            let close = chars[next..]
-                .iter()
-                .position(|&b| b == '}')
-                .map(|p| next + p);
-            let end = close.filter(|_| chars.get(next) == Some(&'{'));
-            let end = end.ok_or_else(|| format!("`\\{c}` needs a property, like `\\{c}{{L}}`"))?;
-            out.push('\\');
-            out.extend(&chars[at..=end]);
-            return Ok(end + 1);
-        }
-        ('p' | 'P', _) => {
-            return Err(format!(
-                "`\\{c}{{…}}` needs flag `u`: without it JavaScript reads `\\{c}` as the letter {c}"
-            ));
-        }
+        'p' | 'P' => return property_escape(chars, at, mode, out),
         _ if c.is_ascii_alphanumeric() => {
             return Err(format!("`\\{c}` is not a JavaScript escape"));
         }
         _ => out.push_str(&regex::escape(c.encode_utf8(&mut [0; 4]))),
     }
     Ok(next)
+}
+
+/// `\p{…}` or `\P{…}` whose `p` is at `chars[at]`: a property with flag `u` or `v`.
+fn property_escape(
+    chars: &[char],
+    at: usize,
+    mode: Mode,
+    out: &mut String,
+) -> Result<usize, String> {
+    let c = chars[at];
+    if !mode.unicode {
+        return Err(format!(
+            "`\\{c}{{…}}` needs flag `u`: without it JavaScript reads `\\{c}` as the letter {c}"
+        ));
+    }
+    let next = at + 1;
+    let close = chars[next..]
+        .iter()
+        .position(|&b| b == '}')
+        .map(|p| next + p);
+    let end = close.filter(|_| chars.get(next) == Some(&'{'));
+    let end = end.ok_or_else(|| format!("`\\{c}` needs a property, like `\\{c}{{L}}`"))?;
+    out.push('\\');
+    out.extend(&chars[at..=end]);
+    Ok(end + 1)
+}
+
+/// The translation of a class escape (`\d`, `\w`, `\s`, `\b` and their negations),
+/// inside a class or outside one.
+fn class_escape(c: char, in_class: bool) -> Option<&'static str> {
+    Some(match (c, in_class) {
+        ('d', false) => "[0-9]",
+        ('d', true) => "0-9",
+        ('D', _) => "[^0-9]",
+        ('w', false) => r"(?-u:\w)",
+        ('w', true) => "0-9A-Za-z_",
+        ('W', _) => "[^0-9A-Za-z_]",
+        ('s', false) => concat!("[", space!(), "]"),
+        ('s', true) => SPACE,
+        ('S', _) => concat!("[^", space!(), "]"),
+        ('b', false) => r"(?-u:\b)",
+        ('B', false) => r"(?-u:\B)",
+        ('b', true) => r"\x08",
+        _ => return None,
+    })
 }
 
 /// `\uHHHH`, or `\u{H…}` with flag `u`, whose `u` is just before `chars[at]`.
@@ -280,12 +306,6 @@ fn unicode_escape(
     }
     let _ = write!(out, r"\x{{{digits}}}");
     Ok(at + 4)
-}
-
-fn write_class(out: &mut String, negated: bool, body: &str) {
-    out.push_str(if negated { "[^" } else { "[" });
-    out.push_str(body);
-    out.push(']');
 }
 
 #[cfg(test)]

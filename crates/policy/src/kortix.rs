@@ -4,7 +4,7 @@
 
 use super::lint::{Diagnostic, Severity};
 use super::pattern::{Pattern, regex_literal};
-use super::rule::{Rule, Test};
+use super::rule::{Condition, Rule, Test};
 use super::yaml::{self, Kind, Node, ScalarType};
 use super::{Action, Policy, Pos};
 
@@ -58,42 +58,7 @@ fn rule_differences(rule: &Rule, found: &mut Vec<(Pos, String)>) {
         found.push((rule.pos, not_a_string(rule.written)));
     }
     for condition in &rule.conditions {
-        let path = &condition.path.text;
-        match &condition.test {
-            Test::Compare(..) => found.push((
-                condition.pos,
-                format!("`gt`/`gte`/`lt`/`lte` are threadgate extensions; {dropped}"),
-            )),
-            Test::Match(..) if condition.written != ScalarType::String => {
-                found.push((condition.pos, not_a_string(condition.written)));
-            }
-            Test::Match(Pattern::Regex(_), text) if nested_quantifier(text) => found.push((
-                condition.pos,
-                format!(
-                    "`{text}` nests a quantifier in a quantified group (like `(a+)+`), a \
-                     shape Kortix refuses as catastrophic backtracking; {dropped}"
-                ),
-            )),
-            Test::Match(..) => {}
-        }
-        // In a `block` or `require_approval` rule the verdict is the same: Kortix's
-        // condition holds, threadgate's fails closed.
-        if condition.negate && rule.action == Action::AlwaysRun {
-            found.push((
-                condition.pos,
-                format!(
-                    "a negated condition on a missing, null, object or empty `{path}` holds in \
-                     Kortix; threadgate cannot evaluate it, so this always_run rule does not \
-                     apply"
-                ),
-            ));
-        }
-        if !kortix_path(path) {
-            found.push((
-                condition.pos,
-                format!("Kortix accepts only identifier segments in `arg` (`{path}`); {dropped}"),
-            ));
-        }
+        condition_differences(rule.action, condition, found);
     }
     for condition in &rule.evidence {
         found.push((
@@ -107,6 +72,46 @@ fn rule_differences(rule: &Rule, found: &mut Vec<(Pos, String)>) {
             "`limits` are a threadgate extension Kortix ignores: there the rule applies \
              without them"
                 .to_string(),
+        ));
+    }
+}
+
+fn condition_differences(action: Action, condition: &Condition, found: &mut Vec<(Pos, String)>) {
+    let dropped = "Kortix finds the rule's conditions malformed and drops the whole rule";
+    let path = &condition.path.text;
+    match &condition.test {
+        Test::Compare(..) => found.push((
+            condition.pos,
+            format!("`gt`/`gte`/`lt`/`lte` are threadgate extensions; {dropped}"),
+        )),
+        Test::Match(..) if condition.written != ScalarType::String => {
+            found.push((condition.pos, not_a_string(condition.written)));
+        }
+        Test::Match(Pattern::Regex(_), text) if nested_quantifier(text) => found.push((
+            condition.pos,
+            format!(
+                "`{text}` nests a quantifier in a quantified group (like `(a+)+`), a \
+                 shape Kortix refuses as catastrophic backtracking; {dropped}"
+            ),
+        )),
+        Test::Match(..) => {}
+    }
+    // In a `block` or `require_approval` rule the verdict is the same: Kortix's
+    // condition holds, threadgate's fails closed.
+    if condition.negate && action == Action::AlwaysRun {
+        found.push((
+            condition.pos,
+            format!(
+                "a negated condition on a missing, null, object or empty `{path}` holds in \
+                 Kortix; threadgate cannot evaluate it, so this always_run rule does not \
+                 apply"
+            ),
+        ));
+    }
+    if !kortix_path(path) {
+        found.push((
+            condition.pos,
+            format!("Kortix accepts only identifier segments in `arg` (`{path}`); {dropped}"),
         ));
     }
 }
