@@ -42,7 +42,7 @@
 //!
 //! Not yet alike, and not chosen (each has a README row): case-insensitive matching
 //! without `u` (globs and names included) uses Unicode's lower-casing and case folding
-//! here, JavaScript's upper-casing in Kortix, so a few non-ASCII letters compare
+//! here, JavaScript's upper-casing in Kortix, so some non-ASCII letters compare
 //! differently (the Kelvin sign and long s match `k` and `s` here only); without `u`
 //! JavaScript counts a character outside the BMP as two for `.` and classes; with `m`,
 //! `^`/`$` also meet U+2028/U+2029 in JavaScript.
