@@ -11,7 +11,7 @@
 //! - and the parts of the read path on their own: the two ownership lookups the scope
 //!   check makes when nothing is remembered (`GET` charge, `GET` customer, straight to
 //!   localstripe), one durable commit through the application's writer, and a request
-//!   on the session socket that runs no tool (`GET /v1/tools`: connect, HTTP, JSON).
+//!   on the session socket that reaches no handler (a 404: connect, HTTP, routing).
 //!
 //! Custom harness: `cargo bench --bench gateway_call`. Needs `.venv-peers`
 //! (`scripts/localstripe.sh setup`). Environment: `GATEWAY_BENCH_N` (calls of each
@@ -208,7 +208,7 @@ async fn run() {
     let mut direct_read = Series::new("read straight to localstripe", n);
     let mut lookups = Series::new("  two scope lookups (none remembered), straight", n);
     let mut commits = Series::new("  one durable commit (the writer)", n);
-    let mut socket = Series::new("  a GET /v1/tools on the session socket", n);
+    let mut socket = Series::new("  the session socket's round trip (a 404)", n);
     let mut gateway_write = Series::new("write (refund) through the gateway", n);
     let mut direct_write = Series::new("write (refund) straight to localstripe", n);
     let load_before = load_average();
@@ -247,9 +247,9 @@ async fn run() {
         keep.then(|| commits.times.push(started.elapsed()));
 
         let started = Instant::now();
-        let (status, _) = ada.session.get("/v1/tools").await;
+        let (status, _) = ada.session.get("/v1/no-such-route").await;
         keep.then(|| socket.times.push(started.elapsed()));
-        assert_eq!(status, 200);
+        assert_eq!(status, 404);
 
         // Distinct amounts: an identical refund would be answered from the first.
         let amount = 1 + i as u64;
