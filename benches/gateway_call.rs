@@ -9,8 +9,9 @@
 //! - a write, `stripe.create_refund` under an `always_run` rule (completion lookups, the
 //!   decision durable before it runs, the connector, the outcome commit);
 //! - and the parts of the read path on their own: the two ownership lookups the scope
-//!   check makes (`GET` charge, `GET` customer, straight to localstripe) and one durable
-//!   commit through the application's writer.
+//!   check makes when nothing is remembered (`GET` charge, `GET` customer, straight to
+//!   localstripe), one durable commit through the application's writer, and a request
+//!   on the session socket that reaches no handler (a 404: connect, HTTP, routing).
 //!
 //! Custom harness: `cargo bench --bench gateway_call`. Needs `.venv-peers`
 //! (`scripts/localstripe.sh setup`). Environment: `GATEWAY_BENCH_N` (calls of each
@@ -113,10 +114,7 @@ async fn run() {
     let mut world = support::world::World::with_policy_text(BENCH_POLICY).await;
     // Stripe's events configured, as the README recommends: the scope check remembers
     // customer emails until Stripe says one changed.
-    world.settings.stripe.webhook_secret = Some("stripe_webhook_secret".into());
-    world
-        .store_secret("stripe_webhook_secret", WEBHOOK_SECRET)
-        .await;
+    world.use_stripe_events(WEBHOOK_SECRET).await;
     let app = world.start().await;
     let ada = world
         .customer_session(&app, "ada@example.com", &[4900, 1_000_000, 1_000_000])
@@ -205,13 +203,12 @@ async fn run() {
     let mut gateway_read = Series::new("read through the gateway", n);
     let mut asked_read = Series::new("read, customer's email asked again", n);
     let mut direct_read = Series::new("read straight to localstripe", n);
-    let mut lookups = Series::new("  its two scope lookups, straight", n);
+    let mut lookups = Series::new("  two scope lookups (none remembered), straight", n);
     let mut commits = Series::new("  one durable commit (the writer)", n);
+    let mut socket = Series::new("  the session socket's round trip (a 404)", n);
     let mut gateway_write = Series::new("write (refund) through the gateway", n);
     let mut direct_write = Series::new("write (refund) straight to localstripe", n);
-    let load_before = load_average();
-    for i in 0..WARM_UP + n {
-        let keep = i >= WARM_UP;
+    let read_through_gateway = || async {
         let started = Instant::now();
         let (status, body) = ada
             .session
@@ -219,6 +216,12 @@ async fn run() {
             .await;
         let took = started.elapsed();
         assert_eq!(status, 200, "{body}");
+        took
+    };
+    let load_before = load_average();
+    for i in 0..WARM_UP + n {
+        let keep = i >= WARM_UP;
+        let took = read_through_gateway().await;
         keep.then(|| gateway_read.times.push(took));
 
         let started = Instant::now();
@@ -226,13 +229,7 @@ async fn run() {
         keep.then(|| direct_read.times.push(started.elapsed()));
 
         forget_ada().await;
-        let started = Instant::now();
-        let (status, body) = ada
-            .session
-            .call("stripe.get_charge", json!({"charge": charge}), None)
-            .await;
-        let took = started.elapsed();
-        assert_eq!(status, 200, "{body}");
+        let took = read_through_gateway().await;
         keep.then(|| asked_read.times.push(took));
 
         let started = Instant::now();
@@ -243,6 +240,11 @@ async fn run() {
         let started = Instant::now();
         commit(i).await;
         keep.then(|| commits.times.push(started.elapsed()));
+
+        let started = Instant::now();
+        let (status, _) = ada.session.get("/v1/no-such-route").await;
+        keep.then(|| socket.times.push(started.elapsed()));
+        assert_eq!(status, 404);
 
         // Distinct amounts: an identical refund would be answered from the first.
         let amount = 1 + i as u64;
@@ -268,6 +270,7 @@ async fn run() {
         &mut direct_read,
         &mut lookups,
         &mut commits,
+        &mut socket,
         &mut gateway_write,
         &mut direct_write,
     ] {

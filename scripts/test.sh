@@ -21,9 +21,16 @@ scripts/browser-up.sh
 export THREADGATE_REQUIRE_DOCKER=1
 started=$(date +%s)
 status=0
-cargo test --all-targets "$@" || status=$?
+results=$(mktemp)
+trap 'rm -f "$results"' EXIT
+cargo test --all-targets "$@" 2>&1 | tee -a "$results" || status=$?
+# The OpenTelemetry export is a cargo feature: its test runs with the feature on.
+cargo test --features otlp --test otlp_export "$@" 2>&1 | tee -a "$results" || status=$?
 finished=$(date +%s)
 read -r load1 load5 load15 _ < /proc/loadavg
 echo "test.sh: suite wall time $((finished - started)) s (setup $((started - started_setup)) s);" \
     "load average $load1 $load5 $load15; exit status $status" >&2
+# One total over every test binary of both runs.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i + 1) ~ /^passed/) p += $i; if ($(i + 1) ~ /^failed/) f += $i; if ($(i + 1) ~ /^ignored/) g += $i } }
+     END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, g }' "$results"
 exit "$status"

@@ -17,3 +17,7 @@ pub mod web;
 mod browser;
 #[path = "review_web/http.rs"]
 mod http;
+#[path = "review_web/narrow.rs"]
+mod narrow;
+#[path = "review_web/pages.rs"]
+mod pages;

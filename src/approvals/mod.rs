@@ -176,13 +176,7 @@ impl Approvals {
                 let due = store::expired_holds(conn, now)?;
                 let mut done = Vec::new();
                 for exec in due {
-                    if store::transition(conn, &exec.id, Status::Held, Status::Expired)? {
-                        executions::audit(
-                            conn,
-                            &redactor,
-                            &exec,
-                            AuditStep::new(AuditEvent::Expired),
-                        )?;
+                    if expire_held(conn, &redactor, &exec)? {
                         done.push(exec);
                     }
                 }
@@ -285,8 +279,7 @@ fn record_decision(
         return Ok(Recorded::Already(exec.status));
     }
     if exec.expires_at_ms.is_some_and(|at| at <= asked.now) {
-        store::transition(conn, &asked.id, Status::Held, Status::Expired)?;
-        executions::audit(conn, redactor, &exec, AuditStep::new(AuditEvent::Expired))?;
+        expire_held(conn, redactor, &exec)?;
         return Ok(Recorded::Expired(exec));
     }
     let (to, event) = match asked.choice {
@@ -302,6 +295,21 @@ fn record_decision(
     Ok(Recorded::Decided(
         store::get(conn, &asked.id)?.unwrap_or(exec),
     ))
+}
+
+/// Moves a held call whose ttl has passed to `expired` and writes its audit step, in
+/// the caller's write transaction. A compare-and-set from `held`: whether this call
+/// moved it (an expiry recorded meanwhile is not recorded twice).
+fn expire_held(
+    conn: &rusqlite::Connection,
+    redactor: &Redactor,
+    exec: &Execution,
+) -> rusqlite::Result<bool> {
+    if !store::transition(conn, &exec.id, Status::Held, Status::Expired)? {
+        return Ok(false);
+    }
+    executions::audit(conn, redactor, exec, AuditStep::new(AuditEvent::Expired))?;
+    Ok(true)
 }
 
 /// Claims an approved call (`approved` to `running`) after deciding it again against
@@ -322,7 +330,8 @@ fn claim(
         return Ok(None);
     }
     let args: serde_json::Value = serde_json::from_str(&exec.args).unwrap_or_default();
-    let history = crate::policy::MemoryHistory::new();
+    // The limits' real totals, as the gate's own decision reads them.
+    let history = crate::gateway::SqlHistory(conn);
     let now_decision = loaded
         .policy
         .decide(&exec.tool, &args, catalog, &history, now);

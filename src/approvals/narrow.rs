@@ -17,8 +17,8 @@ use crate::audit::AuditEvent;
 use crate::executions::binding_hash;
 use crate::executions::store::{self, Status};
 use crate::executions::{self, AuditStep};
-use crate::gateway::LoadedPolicy;
-use crate::policy::{Catalog, MemoryHistory, Verdict};
+use crate::gateway::{LoadedPolicy, SqlHistory};
+use crate::policy::{Catalog, Verdict};
 use crate::secrets::Redactor;
 
 /// Why a narrowing was refused.
@@ -77,6 +77,8 @@ pub fn apply(args: &Value, lower: &BTreeMap<String, i64>) -> Result<Value, Narro
 
 enum Outcome {
     Approved(Box<store::Execution>),
+    /// The ttl had passed: the row is now `expired`, with its audit step.
+    Expired(Box<store::Execution>),
     Refused(NarrowError),
     Other(DecideError),
 }
@@ -119,6 +121,12 @@ impl Approvals {
                 self.after_change(&exec);
                 Ok(Ok(*exec))
             }
+            Outcome::Expired(exec) => {
+                let waited = self.gate.now() - exec.created_at_ms;
+                crate::metrics::approval("expired", waited);
+                self.after_change(&exec);
+                Err(DecideError::Expired { id: id.to_owned() })
+            }
             Outcome::Refused(e) => Ok(Err(e)),
             Outcome::Other(e) => Err(e),
         }
@@ -146,7 +154,8 @@ impl Approvals {
             .gate
             .db
             .write(move |conn| {
-                let (held, args, narrowed) = match recheck(conn, &loaded, &catalog, &ask)? {
+                let found = recheck(conn, &loaded, &catalog, &redactor, &ask)?;
+                let (held, args, narrowed) = match found {
                     Ok(found) => found,
                     Err(outcome) => return Ok(outcome),
                 };
@@ -167,14 +176,24 @@ struct Ask {
 }
 
 /// The held call with its arguments and the narrowed ones, when it is still held, the
-/// lowering applies and the current policy does not block the narrowed call.
+/// lowering applies and the current policy does not block the narrowed call. A hold
+/// whose ttl has passed is moved to `expired` here, with its audit step, as a plain
+/// decision does.
 fn recheck(
     conn: &Connection,
     loaded: &LoadedPolicy,
     catalog: &Catalog,
+    redactor: &Redactor,
     ask: &Ask,
 ) -> rusqlite::Result<Result<(store::Execution, Value, Value), Outcome>> {
-    let held = match still_held(store::get(conn, &ask.id)?, &ask.id, ask.now) {
+    let Some(found) = store::get(conn, &ask.id)? else {
+        return Ok(Err(Outcome::Other(DecideError::NotFound(ask.id.clone()))));
+    };
+    if found.status == Status::Held && found.expires_at_ms.is_some_and(|at| at <= ask.now) {
+        super::expire_held(conn, redactor, &found)?;
+        return Ok(Err(Outcome::Expired(Box::new(found))));
+    }
+    let held = match still_held(found) {
         Ok(held) => held,
         Err(other) => return Ok(Err(Outcome::Other(other))),
     };
@@ -183,7 +202,9 @@ fn recheck(
         Ok(n) => n,
         Err(e) => return Ok(Err(Outcome::Refused(e))),
     };
-    let history = MemoryHistory::new();
+    // The limits' real totals, as the gate's own decision reads them: a rule that
+    // counts earlier calls must count them here too.
+    let history = SqlHistory(conn);
     let again = loaded
         .policy
         .decide(&held.tool, &narrowed, catalog, &history, ask.now);
@@ -230,18 +251,10 @@ fn record(
     Ok(Outcome::Approved(Box::new(exec)))
 }
 
-/// The held call, or why it can no longer be decided.
-fn still_held(
-    found: Option<store::Execution>,
-    id: &str,
-    now: i64,
-) -> Result<store::Execution, DecideError> {
-    let id = id.to_owned();
-    let Some(held) = found else {
-        return Err(DecideError::NotFound(id));
-    };
-    let lapsed = held.status == Status::Held && held.expires_at_ms.is_some_and(|at| at <= now);
-    if held.status == Status::Expired || lapsed {
+/// The held call, or why it can no longer be decided (its ttl was checked before).
+fn still_held(held: store::Execution) -> Result<store::Execution, DecideError> {
+    let id = held.id.clone();
+    if held.status == Status::Expired {
         return Err(DecideError::Expired { id });
     }
     if held.status != Status::Held {

@@ -28,8 +28,9 @@ pub(super) enum Decided {
     Pending(Execution),
 }
 
-/// Limits read from the charges table inside the deciding transaction.
-pub(super) struct SqlHistory<'c>(pub(super) &'c Connection);
+/// Limits read from the charges table inside the deciding transaction (and inside the
+/// approvals' re-decisions, which must count the same totals).
+pub(crate) struct SqlHistory<'c>(pub(crate) &'c Connection);
 
 impl LimitHistory for SqlHistory<'_> {
     fn total(&self, key: &str, since_unix_ms: i64) -> u128 {
@@ -164,7 +165,7 @@ fn record(
         Some(line) => format!("{} ({}:{line})", v.because, cx.loaded.file),
         None => v.because.clone(),
     };
-    let summary = format!("{} {redacted} held: {rule_text}", call.tool);
+    let summary = super::summary::held_summary(&call.tool, &redacted, &rule_text);
     let exec = frozen(cx, call, &v, summary);
     exec_store::insert(conn, &exec)?;
     let audit = |event| executions::audit(conn, &cx.redactor, &exec, AuditStep::new(event));

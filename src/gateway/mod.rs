@@ -16,7 +16,9 @@ pub mod sandbox_api;
 mod scope;
 pub mod serve;
 pub mod socket;
+mod summary;
 
+pub(crate) use decide::SqlHistory;
 pub use gate::{CallReply, CallRequest, Connectors, Gate, LoadedPolicy};
 pub use prepare::PreparedCall;
 pub use refusal::Refusal;

@@ -12,7 +12,7 @@ use axum::response::Response;
 use rusqlite::Connection;
 
 use super::auth::{self, Signed};
-use super::views::{ApprovalView, HistoryRow, OtherCall, QueueRow, TrailRow, when};
+use super::views::{ApprovalView, HistoryRow, OtherCall, QueueRow, TrailRow};
 use super::{ReviewState, message, render};
 use crate::approvals::{Choice, DecideError};
 use crate::executions::store::{self, Execution, Status};
@@ -434,30 +434,18 @@ pub async fn thread(
     }
 }
 
+/// The newest audit rows of `thread_id`, oldest first, read through the audit log's
+/// own query.
 fn trail(
     c: &Connection,
     thread_id: &str,
     redactor: &crate::secrets::Redactor,
 ) -> rusqlite::Result<Vec<TrailRow>> {
-    let mut stmt = c.prepare(
-        "SELECT at_ms, event, execution_id, tool, decision, rule, reviewer, outcome \
-         FROM audit WHERE thread_id = ?1 ORDER BY id LIMIT ?2",
-    )?;
-    let rows = stmt.query_map(rusqlite::params![thread_id, PAGE_ROWS * 5], |r| {
-        let text = |i: usize| -> rusqlite::Result<String> {
-            let raw = r.get::<_, Option<String>>(i)?.unwrap_or_else(|| "-".into());
-            Ok(redactor.redact(&raw).into_owned())
-        };
-        Ok(TrailRow {
-            when: when(Some(r.get(0)?)),
-            event: text(1)?,
-            execution_id: r.get::<_, Option<String>>(2)?.unwrap_or_default(),
-            tool: text(3)?,
-            decision: text(4)?,
-            rule: text(5)?,
-            reviewer: text(6)?,
-            outcome: text(7)?.chars().take(300).collect(),
-        })
-    })?;
-    rows.collect()
+    let filter = crate::audit::AuditFilter {
+        thread_id: Some(thread_id.to_owned()),
+        limit: usize::try_from(PAGE_ROWS * 5).ok(),
+        ..Default::default()
+    };
+    let rows = crate::audit::query(c, &filter)?;
+    Ok(rows.iter().map(|r| TrailRow::new(r, redactor)).collect())
 }

@@ -104,6 +104,8 @@ pub struct HistoryRow {
     pub reviewer: String,
     pub when: String,
     pub message: String,
+    /// What ran: the result or the error (redacted, cut), or the status word.
+    pub outcome: String,
     pub thread_id: String,
 }
 
@@ -120,6 +122,7 @@ impl HistoryRow {
                 .unwrap_or_else(|| "nobody (expired)".into()),
             when: when(e.decided_at_ms.or(e.finished_at_ms)),
             message: redacted(e.decision_message.as_deref(), redactor, "-"),
+            outcome: outcome(e, redactor),
             thread_id: e.thread_id.clone(),
         }
     }
@@ -263,13 +266,25 @@ fn short(hash: &str) -> String {
     hash.chars().take(12).collect()
 }
 
+/// The longest result or error shown, in characters.
+const MAX_SHOWN_OUTCOME: usize = 400;
+
+/// The result of a call that ran or its error, redacted then cut to
+/// [`MAX_SHOWN_OUTCOME`] characters (redacted first, so a cut never leaves part of a
+/// secret); the status word when there is neither.
 fn outcome(e: &Execution, redactor: &Redactor) -> String {
     let text = match (e.status, &e.result, &e.error) {
-        (Status::Succeeded, Some(r), _) => r.chars().take(400).collect(),
-        (_, _, Some(err)) => err.chars().take(400).collect(),
-        (status, _, _) => status.as_str().to_owned(),
+        (Status::Succeeded, Some(r), _) => r.as_str(),
+        (_, _, Some(err)) => err.as_str(),
+        (status, _, _) => status.as_str(),
     };
-    redactor.redact(&text).into_owned()
+    let shown = redactor.redact(text);
+    if shown.chars().count() > MAX_SHOWN_OUTCOME {
+        let cut: String = shown.chars().take(MAX_SHOWN_OUTCOME).collect();
+        format!("{cut}…")
+    } else {
+        shown.into_owned()
+    }
 }
 
 /// Another call on the same thread.
@@ -308,4 +323,22 @@ pub struct TrailRow {
     pub rule: String,
     pub reviewer: String,
     pub outcome: String,
+}
+
+impl TrailRow {
+    /// An audit row for people: every text redacted with the current redactor (a secret
+    /// stored since the row was written is hidden too), the outcome cut.
+    pub fn new(r: &crate::audit::AuditRecordRow, redactor: &Redactor) -> TrailRow {
+        let text = |t: &Option<String>| redacted(t.as_deref(), redactor, "-");
+        TrailRow {
+            when: when(Some(r.at_ms)),
+            event: redactor.redact(&r.event).into_owned(),
+            execution_id: r.execution_id.clone().unwrap_or_default(),
+            tool: text(&r.tool),
+            decision: text(&r.decision),
+            rule: text(&r.rule),
+            reviewer: text(&r.reviewer),
+            outcome: text(&r.outcome).chars().take(300).collect(),
+        }
+    }
 }

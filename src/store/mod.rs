@@ -303,23 +303,22 @@ fn writer_loop(
         // INVARIANT: a job runs only inside its own savepoint of an open transaction, so
         // a failing job never leaves partial changes in the batch. A job that cannot be
         // run is dropped, which its caller sees as `WriterGone`.
-        if conn.execute_batch("BEGIN IMMEDIATE").is_err() {
+        if cached_execute(&conn, "BEGIN IMMEDIATE", []).is_err() {
             continue;
         }
         for job in batch {
-            if conn.execute_batch("SAVEPOINT job").is_err() {
+            if cached_execute(&conn, "SAVEPOINT job", []).is_err() {
                 continue;
             }
             let (ok, finish) = job(&conn);
-            let end = if ok {
-                "RELEASE job"
+            let _ = if ok {
+                cached_execute(&conn, "RELEASE job", []).map(drop)
             } else {
-                "ROLLBACK TO job; RELEASE job"
+                conn.execute_batch("ROLLBACK TO job; RELEASE job")
             };
-            let _ = conn.execute_batch(end);
             finishers.push(finish);
         }
-        let committed = conn.execute_batch("COMMIT").map_err(|e| {
+        let committed = cached_execute(&conn, "COMMIT", []).map(drop).map_err(|e| {
             let _ = conn.execute_batch("ROLLBACK");
             e.to_string()
         });

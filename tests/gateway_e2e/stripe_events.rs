@@ -12,6 +12,14 @@ use crate::support::world::World;
 
 const WEBHOOK_SECRET: &str = "whsec_threadgate_test_0123456789";
 
+/// Gives Ada's Stripe customer another email, as a person editing it in Stripe would.
+async fn set_email(world: &World, customer: &str, email: &str) {
+    world
+        .stripe
+        .post(&format!("customers/{customer}"), &[("email", email)])
+        .await;
+}
+
 /// Ada's customer object, read from her own thread.
 async fn read_ada(session: &crate::support::world::Session, ada: &str) -> (u16, String) {
     let (status, body) = session
@@ -23,10 +31,7 @@ async fn read_ada(session: &crate::support::world::Session, ada: &str) -> (u16, 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_email_change_reaches_the_read_scope_through_stripes_signed_event() {
     let mut world = World::new().await;
-    world.settings.stripe.webhook_secret = Some("stripe_webhook_secret".into());
-    world
-        .store_secret("stripe_webhook_secret", WEBHOOK_SECRET)
-        .await;
+    world.use_stripe_events(WEBHOOK_SECRET).await;
     let app = world.start().await;
     let ada = world
         .customer_session(&app, "ada@example.com", &[5000])
@@ -38,13 +43,7 @@ async fn an_email_change_reaches_the_read_scope_through_stripes_signed_event() {
 
     // Ada's Stripe customer moves to another person's email while Stripe's events are
     // not delivered yet: the memory still answers (this is what it saves).
-    world
-        .stripe
-        .post(
-            &format!("customers/{}", ada.id),
-            &[("email", "mallory@example.com")],
-        )
-        .await;
+    set_email(&world, &ada.id, "mallory@example.com").await;
     let (status, body) = read_ada(session, &ada.id).await;
     assert_eq!(status, 200, "answered from memory: {body}");
 
@@ -91,13 +90,7 @@ async fn an_email_change_reaches_the_read_scope_through_stripes_signed_event() {
         .await
         .unwrap();
     assert!(registered.status().is_success());
-    world
-        .stripe
-        .post(
-            &format!("customers/{}", ada.id),
-            &[("email", "mallory@example.net")],
-        )
-        .await;
+    set_email(&world, &ada.id, "mallory@example.net").await;
     eventually(
         "the read is refused once Stripe's event arrived",
         || async {
@@ -117,13 +110,7 @@ async fn without_stripes_events_every_read_asks_and_the_endpoint_is_absent() {
         .await;
     let (status, body) = read_ada(&ada.session, &ada.id).await;
     assert_eq!(status, 200, "{body}");
-    world
-        .stripe
-        .post(
-            &format!("customers/{}", ada.id),
-            &[("email", "mallory@example.com")],
-        )
-        .await;
+    set_email(&world, &ada.id, "mallory@example.com").await;
     let (status, body) = read_ada(&ada.session, &ada.id).await;
     assert_eq!(status, 403, "the very next read asks Stripe: {body}");
     assert!(!body.contains("mallory"), "{body}");

@@ -233,6 +233,20 @@ async fn log_lines_carry_the_thread_session_and_execution_ids() {
         .as_str()
         .expect("execution id")
         .to_owned();
+    // supervisor → stop: the session's stop, with both ids.
+    app.supervisor.stop(&thread).await.expect("stop");
+    let stopped = format!("session_id={}", session.id);
+    crate::support::wait::eventually("the session stop is logged", || {
+        let stopped = stopped.clone();
+        async move {
+            String::from_utf8_lossy(&captured_logs()).lines().any(|l| {
+                l.contains("session_stop{")
+                    && l.contains(&stopped)
+                    && l.contains("session stop finished")
+            })
+        }
+    })
+    .await;
     app.stop().await;
 
     let logs = String::from_utf8_lossy(&captured_logs()).into_owned();

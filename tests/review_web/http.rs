@@ -1,12 +1,17 @@
 //! The review page over plain HTTP: the headers of every answer, the cookie's
 //! attributes, sign-out and idle expiry server side, a wider amount refused, nothing on
 //! a session socket, and the floods of issue 7 item 5 (made-up bearer tokens cost no
-//! argon2 hash; sign-in attempts never run more hashes at once than the pool allows).
+//! argon2 hash; sign-in attempts never run more hashes at once than the pool allows),
+//! and an approval whose ttl passed.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
+use threadgate::app::Overrides;
 use threadgate::approvals::hasher::GLOBAL_PERMITS;
 
+use crate::support::clock::TestClock;
+use crate::support::plain::repo_root;
 use crate::support::unix_http::unix_request;
 use crate::support::world::World;
 use crate::web::{PASSWORD, Web, add_reviewer, client, post_login, set_cookie};
@@ -384,6 +389,94 @@ async fn twenty_concurrent_page_approvals_make_one_refund() {
     let made = crate::support::world::refunds(&world.stripe).await;
     assert_eq!(made.len(), 1, "{made:#?}");
     assert_eq!(done["result"]["amount"], made[0]["amount"]);
+    assert!(app.verify_audit().await > 0);
+    app.stop().await;
+}
+
+/// An approval whose ttl passed (on threadgate's injected clock): a narrowed approve is
+/// refused with 410 and moves the row to `expired` with its audit step (the narrowed
+/// path used to answer 410 and leave the row `held`, unaudited); the page then says it
+/// expired and has no decide form; a plain approve or a deny is refused with 410 too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_approval_says_so_and_refuses_every_decision() {
+    let policy = std::fs::read_to_string(repo_root().join("policies/support.yaml"))
+        .expect("policy")
+        .replace("ttl: 4h", "ttl: 10m");
+    assert!(policy.contains("ttl: 10m"));
+    let world = World::with_policy_text(&policy).await;
+    let clock = TestClock::new();
+    let app = world
+        .start_with(Overrides {
+            sandbox: Some(world.sandbox.clone()),
+            clock: Some(clock.clock()),
+        })
+        .await;
+    add_reviewer(&app, "alice").await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[5000])
+        .await;
+    let id = ada.session.hold_refund(&ada.charges[0], 1000).await;
+    let web = Web::sign_in(&app, "alice").await;
+    let page_path = format!("/approvals/{id}");
+    let decide = format!("{page_path}/decide");
+    let (_, page) = web.get(&page_path).await;
+    assert!(
+        page.contains(&decide),
+        "an open approval has its form: {page}"
+    );
+
+    clock.advance(Duration::from_secs(11 * 60));
+    let (status, body) = web
+        .post(
+            &decide,
+            &[
+                ("csrf", &web.csrf),
+                ("decision", "approve"),
+                ("lower.amount", "500"),
+            ],
+        )
+        .await;
+    assert_eq!(status, 410, "{body}");
+    assert!(body.contains("expired before your decision"), "{body}");
+    let events = app.audit_events_of(&id).await;
+    assert_eq!(app.execution(&id).await.status, "expired", "{events:?}");
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("expired"),
+        "{events:?}"
+    );
+    assert_eq!(events.iter().filter(|e| *e == "expired").count(), 1);
+    let seen = ada.session.wait(&id, 5).await;
+    assert_eq!(seen["status"], "expired", "{seen}");
+
+    let (status, page) = web.get(&page_path).await;
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("This approval expired: it can no longer be decided."),
+        "{page}"
+    );
+    assert!(
+        !page.contains(&decide) && !page.contains("name=\"decision\""),
+        "no decide form on an expired approval: {page}"
+    );
+    for decision in ["approve", "deny"] {
+        let (status, body) = web
+            .post(&decide, &[("csrf", &web.csrf), ("decision", decision)])
+            .await;
+        assert_eq!(status, 410, "{decision}: {body}");
+        assert!(body.contains("expired"), "{body}");
+    }
+    assert_eq!(app.execution(&id).await.status, "expired");
+    assert_eq!(
+        app.audit_events_of(&id).await,
+        events,
+        "nothing more recorded"
+    );
+    assert!(
+        crate::support::world::refunds(&world.stripe)
+            .await
+            .is_empty()
+    );
     assert!(app.verify_audit().await > 0);
     app.stop().await;
 }

@@ -103,6 +103,14 @@ impl World {
         model
     }
 
+    /// Configures Stripe's webhook endpoint with `signing_secret` (stored as
+    /// `stripe_webhook_secret`), so the read scope remembers customer emails.
+    pub async fn use_stripe_events(&mut self, signing_secret: &str) {
+        self.settings.stripe.webhook_secret = Some("stripe_webhook_secret".into());
+        self.store_secret("stripe_webhook_secret", signing_secret)
+            .await;
+    }
+
     /// Uses a copy of `agents/support.md` with these limits.
     pub fn limit_agent(&mut self, max_tokens: u64, max_turns: u64) {
         let dir = self.dir.path().join("agents");

@@ -12,8 +12,10 @@
 //! `policy.default_mode`) means what Kortix's evaluator (`resolveEffectiveAction` in
 //! kortix-ai/suna) means: first match wins; conditions combine with a three-valued AND
 //! (a definite failure rules a rule out before any failing closed); `/body/flags` is a
-//! regular expression, always case-insensitive; numbers are matched as JavaScript's
-//! `String(n)`; a glob's `*` does not cross a line terminator.
+//! regular expression, always case-insensitive, whose body reads as JavaScript reads it
+//! (`\d`, `\w`, `\b` ASCII, `.` stopping at every line terminator: see `js_regex`);
+//! numbers are matched as JavaScript's `String(n)`; a glob's `*` does not cross a line
+//! terminator.
 //!
 //! Where threadgate differs from Kortix, it is stricter, never weaker, on purpose
 //! (`threadgate lint --kortix` names each such line; `tests/policy_kortix.rs` checks
@@ -25,11 +27,25 @@
 //! - Kortix drops a malformed rule and enforces the rest; threadgate refuses the whole
 //!   file with every problem's file:line:column;
 //! - Kortix reads an invalid `/…/` literal or unknown flag as "never matches"; here it is
-//!   a load error, as is a regular expression the `regex` crate refuses (look-around,
-//!   backreferences);
+//!   a load error, as is syntax the `regex` crate cannot read as JavaScript does
+//!   (look-around, backreferences, `\p{…}` without `u`, flag `v`'s set notation);
+//! - Kortix drops a rule whose `match` YAML reads as a number or boolean (`match: 4900`,
+//!   `match: true`: not a string). Here a number written as JavaScript writes it, or a
+//!   boolean, matches that value (`lint --kortix` warns); any other unquoted number
+//!   (`10.0`, `1e3`, `0x10`) is a load error, since it could never match a number;
+//! - Kortix drops a rule whose condition's regular expression nests a quantifier in a
+//!   quantified group (`(a+)+`, its guard against catastrophic backtracking); here it is
+//!   enforced (the `regex` crate matches in linear time), and `lint --kortix` warns;
 //! - `gt`, `gte`, `lt`, `lte` and evidence conditions are extensions Kortix finds
 //!   malformed (it drops the rule), and `limits` an extension it ignores (there the rule
 //!   applies without them).
+//!
+//! Not yet alike, and not chosen (each has a README row): case-insensitive matching
+//! without `u` (globs and names included) uses Unicode's lower-casing and case folding
+//! here, JavaScript's upper-casing in Kortix, so some non-ASCII letters compare
+//! differently (the Kelvin sign and long s match `k` and `s` here only); without `u`
+//! JavaScript counts a character outside the BMP as two for `.` and classes; with `m`,
+//! `^`/`$` also meet U+2028/U+2029 in JavaScript.
 
 mod arg_path;
 pub mod calls;
@@ -37,6 +53,7 @@ mod catalog;
 mod decimal;
 pub mod evidence;
 mod index;
+mod js_regex;
 mod kortix;
 mod limits;
 mod lint;

@@ -12,7 +12,7 @@ use super::evidence::{EvidenceCondition, EvidenceKind};
 use super::limits::Limit;
 use super::pattern::Pattern;
 use super::rule::{Comparison, Condition, Rule, Test};
-use super::yaml::{self, Kind, Node, Pos, Problem};
+use super::yaml::{self, Kind, Node, Pos, Problem, ScalarType};
 use super::{Action, DEFAULT_APPROVAL_TTL, DefaultMode, decimal};
 
 /// At most this many conditions per rule.
@@ -185,9 +185,13 @@ impl PolicyParser {
         let errors_before = self.problems.len();
         let (mut pattern, mut action, mut conditions, mut limits) = (None, None, None, None);
         let mut limits_pos = node.pos;
+        let mut match_type = ScalarType::String;
         for (name, value, key_pos) in fields {
             match name {
-                "match" => pattern = self.pattern(value),
+                "match" => {
+                    match_type = value.scalar_type().unwrap_or_default();
+                    pattern = self.pattern(value);
+                }
                 "action" => action = self.action(value),
                 "conditions" => conditions = Some(self.conditions(value, key_pos)),
                 _ => {
@@ -224,6 +228,7 @@ impl PolicyParser {
         let (conditions, evidence) = conditions.unwrap_or_default();
         Some(Rule {
             pattern,
+            written: match_type,
             text,
             action,
             conditions,
@@ -364,6 +369,7 @@ impl PolicyParser {
         let fields = known_fields(node, "a condition", &allowed, &mut self.problems)?;
         let errors_before = self.problems.len();
         let (mut path, mut tests, mut negate) = (None, Vec::new(), false);
+        let mut written = ScalarType::String;
         for (name, value, key_pos) in fields {
             match name {
                 "arg" => path = self.path(value, "arg"),
@@ -372,7 +378,13 @@ impl PolicyParser {
                     None => self.error(value.pos, "`negate` must be true or false"),
                 },
                 "match" => {
-                    tests.push((name, key_pos, self.pattern(value).map(|p| Test::Match(p.1))))
+                    written = value.scalar_type().unwrap_or_default();
+                    self.number_pattern(value);
+                    tests.push((
+                        name,
+                        key_pos,
+                        self.pattern(value).map(|(text, p)| Test::Match(p, text)),
+                    ));
                 }
                 _ => tests.push((name, key_pos, self.threshold(name, value))),
             }
@@ -398,8 +410,31 @@ impl PolicyParser {
             path: path?,
             test,
             negate,
+            written,
             pos: node.pos,
         })
+    }
+
+    /// Refuses an unquoted number in `match` that is not written as JavaScript writes
+    /// it: numbers are compared as `String(n)`, so `10.0` (`10` in JavaScript) could
+    /// never match a number, and a `block` rule with it would block nothing.
+    fn number_pattern(&mut self, node: &Node<'_>) {
+        let Kind::Scalar { text, plain: true } = &node.kind else {
+            return;
+        };
+        let Some(js) = yaml::core_number_js_text(text) else {
+            return;
+        };
+        if js != text.as_ref() {
+            self.error(
+                node.pos,
+                format!(
+                    "unquoted `match: {text}` can never match a number: numbers are compared \
+                     as JavaScript writes them, here `{js}`; write `match: '{js}'`, or quote \
+                     `'{text}'` to match that text"
+                ),
+            );
+        }
     }
 
     fn path(&mut self, node: &Node<'_>, key: &str) -> Option<ArgPath> {

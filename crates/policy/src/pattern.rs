@@ -1,14 +1,16 @@
 //! Patterns, as written in `match:` for rules and conditions.
 //!
 //! - `/body/flags` is a regular expression literal, as in Kortix: unanchored and always
-//!   case-insensitive. Flags `i`, `m` (`^`/`$` at line ends) and `s` (`.` matches a
-//!   newline) mean what they mean in JavaScript; `u` is accepted (matching is always by
-//!   Unicode scalar value); `g` and `y` are accepted and ignored, since a condition is a
-//!   single test. Any other flag, a repeated flag, an empty body, or a pattern that starts
-//!   with `/` without being such a literal is an error at load: no tool name contains `/`,
-//!   so it can only be a mistake (Kortix reads an invalid literal as "never matches").
-//!   The body is in the `regex` crate's syntax, which shares JavaScript's common core but
-//!   refuses look-around and backreferences (an error at load).
+//!   case-insensitive. Flags `i`, `m` (`^`/`$` at line ends, `\n` or `\r`) and `s` (`.`
+//!   matches a line terminator) mean what they mean in JavaScript; `u` makes `\p{…}` and
+//!   `\u{…}` escapes; `v` reads as `u`, its set notation refused; `d`, `g` and `y` are
+//!   accepted and ignored, since a condition is a single test. Any other flag, a repeated
+//!   flag, `u` with `v`, an empty body, or a pattern that starts with `/` without being
+//!   such a literal is an error at load: no tool name contains `/`, so it can only be a
+//!   mistake (Kortix reads an invalid literal as "never matches"). The body is
+//!   JavaScript's syntax, rewritten for the `regex` crate so it means what it means in
+//!   JavaScript (`\d`, `\w`, `\b` ASCII, `.` stopping at every line terminator: see
+//!   `js_regex`); look-around and backreferences are refused (an error at load).
 //! - anything with a `*` is a glob anchored at both ends; `*` matches any run of
 //!   characters, dots included, but no line terminator (`\n`, `\r`, U+2028, U+2029),
 //!   as Kortix's `.*` does not; it is the only wildcard. A lone `*` matches everything,
@@ -20,6 +22,8 @@
 //! allocating.
 
 use regex::{Regex, RegexBuilder};
+
+use super::js_regex::{self, Mode};
 
 /// A compiled pattern.
 #[derive(Clone, Debug)]
@@ -40,10 +44,13 @@ impl Pattern {
     pub fn compile(text: &str) -> Result<Self, String> {
         if text.starts_with('/') {
             let (body, flags) = regex_literal(text)?;
-            return RegexBuilder::new(body)
+            let body = js_regex::translate(body, flags.mode)
+                .map_err(|detail| format!("invalid regular expression `{text}`: {detail}"))?;
+            // The flags go inline, so that the index's `RegexSet`, built from the text,
+            // reads them too; `R`: `$` also before `\r`, as in JavaScript.
+            let inline = if flags.multi_line { "(?mR)" } else { "(?R)" };
+            return RegexBuilder::new(&format!("{inline}{body}"))
                 .case_insensitive(true)
-                .multi_line(flags.multi_line)
-                .dot_matches_new_line(flags.dot_all)
                 .size_limit(REGEX_SIZE_LIMIT)
                 .build()
                 .map(Pattern::Regex)
@@ -124,7 +131,8 @@ impl Pattern {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Flags {
     pub multi_line: bool,
-    pub dot_all: bool,
+    /// How the body reads: `u`/`v` escapes, `v` set notation, `s`.
+    pub mode: Mode,
 }
 
 /// Splits a `/body/flags` literal, or says why `text` (which starts with `/`) is not one.
@@ -147,16 +155,26 @@ pub(crate) fn regex_literal(text: &str) -> Result<(&str, Flags), String> {
         }
         seen.push(flag);
         match flag {
-            'i' | 'u' | 'g' | 'y' => {}
+            'i' | 'g' | 'y' | 'd' => {}
             'm' => flags.multi_line = true,
-            's' => flags.dot_all = true,
+            's' => flags.mode.dot_all = true,
+            'u' => flags.mode.unicode = true,
+            'v' => {
+                flags.mode.unicode = true;
+                flags.mode.sets = true;
+            }
             _ => {
                 return Err(format!(
-                    "unknown regular expression flag `{flag}` in `{text}`; expected i, m, s \
-                     or u (g and y are ignored)"
+                    "unknown regular expression flag `{flag}` in `{text}`; expected i, m, s, \
+                     u or v (d, g and y are ignored)"
                 ));
             }
         }
+    }
+    if seen.contains('u') && seen.contains('v') {
+        return Err(format!(
+            "flags `u` and `v` cannot be used together in `{text}`"
+        ));
     }
     Ok((body, flags))
 }

@@ -31,6 +31,7 @@ use super::decimal::{self, NumberText};
 use super::evidence::{Evidence, EvidenceCheck, EvidenceCondition};
 use super::limits::{Limit, LimitCharge, LimitHistory};
 use super::pattern::Pattern;
+use super::yaml::ScalarType;
 use super::{Action, Pos};
 
 /// A rule of the policy file.
@@ -39,6 +40,9 @@ pub(crate) struct Rule {
     pub pattern: Pattern,
     /// The pattern as written, shown in explanations.
     pub text: Arc<str>,
+    /// What YAML's core schema reads `match` as: Kortix drops a rule whose `match` is
+    /// not a string (`threadgate lint --kortix` says so).
+    pub written: ScalarType,
     pub action: Action,
     pub conditions: Vec<Condition>,
     /// Evidence conditions, checked after the argument conditions.
@@ -54,13 +58,17 @@ pub(crate) struct Condition {
     pub path: ArgPath,
     pub test: Test,
     pub negate: bool,
+    /// What YAML's core schema reads `match` as (`String` for the other tests): Kortix
+    /// drops a rule whose condition `match` is not a string.
+    pub written: ScalarType,
     pub pos: Pos,
 }
 
 /// What a condition tests its value with.
 #[derive(Clone, Debug)]
 pub(crate) enum Test {
-    Match(Pattern),
+    /// Match the value with a pattern, kept with its text as written.
+    Match(Pattern, Arc<str>),
     /// Compare the value with a decimal threshold, e.g. `gt: 10000`.
     Compare(Comparison, Box<str>),
 }
@@ -178,7 +186,7 @@ impl Condition {
                     None => return Outcome::Unevaluable,
                 }
             }
-            Test::Match(pattern) => {
+            Test::Match(pattern, _) => {
                 let Some(value) = value else {
                     return self.unmatchable();
                 };

@@ -97,6 +97,85 @@ impl<'a> Node<'a> {
     }
 }
 
+/// What a YAML 1.2 core-schema reader (Kortix's) makes of a scalar as written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum ScalarType {
+    /// Quoted, a block scalar, or plain text that is nothing else.
+    #[default]
+    String,
+    /// A plain number: `4900`, `-2.5`, `1e3`, `0x1F`, `0o17`, `.inf`, `.nan`.
+    Number,
+    /// A plain `true` or `false` (any of the core schema's spellings).
+    Bool,
+    /// A plain null: `~`, `null`, or nothing.
+    Null,
+}
+
+impl ScalarType {
+    /// The name a message gives this type.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScalarType::String => "a string",
+            ScalarType::Number => "a number",
+            ScalarType::Bool => "a boolean",
+            ScalarType::Null => "null",
+        }
+    }
+}
+
+impl Node<'_> {
+    /// The core-schema type of this scalar; `None` for a list or mapping.
+    pub fn scalar_type(&self) -> Option<ScalarType> {
+        match &self.kind {
+            Kind::Scalar { plain: false, .. } => Some(ScalarType::String),
+            Kind::Scalar { text, plain: true } => Some(if is_null_text(text) {
+                ScalarType::Null
+            } else if self.as_bool().is_some() {
+                ScalarType::Bool
+            } else if core_number_js_text(text).is_some() {
+                ScalarType::Number
+            } else {
+                ScalarType::String
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// For plain text the core schema reads as a number, that number as JavaScript's
+/// `String(n)` writes it (`10.0` is `10`, `0x1F` is `31`, `.inf` is `Infinity`).
+pub(crate) fn core_number_js_text(text: &str) -> Option<String> {
+    let radix = |digits: &str, base: u32| {
+        let all = !digits.is_empty() && digits.chars().all(|c| c.is_digit(base));
+        all.then(|| {
+            digits
+                .chars()
+                .filter_map(|c| c.to_digit(base))
+                .fold(0.0_f64, |n, d| n * f64::from(base) + f64::from(d))
+        })
+    };
+    let unsigned = text.strip_prefix(['-', '+']).unwrap_or(text);
+    let negative = text.starts_with('-');
+    let value = if let Some(hex) = text.strip_prefix("0x") {
+        radix(hex, 16)?
+    } else if let Some(octal) = text.strip_prefix("0o") {
+        radix(octal, 8)?
+    } else if matches!(unsigned, ".inf" | ".Inf" | ".INF") {
+        if negative {
+            f64::NEG_INFINITY
+        } else {
+            f64::INFINITY
+        }
+    } else if matches!(text, ".nan" | ".NaN" | ".NAN") {
+        f64::NAN
+    } else if is_yaml_int(text) || is_yaml_float(text) {
+        text.parse::<f64>().ok()?
+    } else {
+        return None;
+    };
+    Some(super::decimal::js_f64_text(value))
+}
+
 fn is_null_text(text: &str) -> bool {
     matches!(text, "" | "~" | "null" | "Null" | "NULL")
 }

@@ -146,7 +146,16 @@ fn match_conditions() {
             json!({"amount": 4900}),
             Holds,
         ),
+        // Unquoted, written as JavaScript writes the number (`10.0` is a load error:
+        // see policy_semantics.rs); `lint --kortix` warns that Kortix drops such a rule.
         ("{arg: amount, match: 4900}", json!({"amount": 4900}), Holds),
+        (
+            "{arg: amount, match: 4900}",
+            json!({"amount": 4900.0}),
+            Holds,
+        ),
+        ("{arg: amount, match: 4900}", json!({"amount": 490}), Fails),
+        ("{arg: flag, match: true}", json!({"flag": true}), Holds),
         (
             "{arg: amount, match: '49*'}",
             json!({"amount": 4900}),

@@ -101,7 +101,7 @@ fn malformed_regex_literals_are_load_errors_with_positions() {
         ),
         (
             "policies:\n  - match: /delete/x\n    action: block\n",
-            "p.yaml:2:12: unknown regular expression flag `x` in `/delete/x`; expected i, m, s or u (g and y are ignored)",
+            "p.yaml:2:12: unknown regular expression flag `x` in `/delete/x`; expected i, m, s, u or v (d, g and y are ignored)",
         ),
         (
             "policies:\n  - match: /delete/ii\n    action: block\n",
@@ -113,7 +113,7 @@ fn malformed_regex_literals_are_load_errors_with_positions() {
         ),
         (
             "policies:\n  - match: x\n    action: block\n    conditions:\n      - {arg: a, match: '/x/I'}\n",
-            "p.yaml:5:25: unknown regular expression flag `I` in `/x/I`; expected i, m, s or u (g and y are ignored)",
+            "p.yaml:5:25: unknown regular expression flag `I` in `/x/I`; expected i, m, s, u or v (d, g and y are ignored)",
         ),
     ];
     for (source, expected) in cases {
@@ -246,4 +246,67 @@ fn a_glob_star_does_not_cross_a_line_terminator() {
             "{text:?}"
         );
     }
+}
+
+/// A `block` rule on `x.y` with one condition `{arg: n, match: MATCH}` (MATCH as written).
+fn block_if(written: &str) -> String {
+    format!(
+        "policies:\n  - match: x.y\n    action: block\n    conditions:\n      - {{arg: n, match: {written}}}\n"
+    )
+}
+
+#[test]
+fn an_unquoted_number_not_written_as_javascript_writes_it_is_a_load_error() {
+    // `String(10.0)` is `10` in JavaScript: `match: 10.0` could never match a number, and
+    // this block rule would block nothing.
+    let cases = [
+        ("10.0", "10"),
+        ("1e3", "1000"),
+        ("+5", "5"),
+        ("007", "7"),
+        ("-0", "0"),
+        (".5", "0.5"),
+        ("0x10", "16"),
+        ("0o17", "15"),
+        ("12345678901234567890", "12345678901234567000"),
+        (".inf", "Infinity"),
+    ];
+    for (written, js) in cases {
+        assert_eq!(
+            load_error(&block_if(written)),
+            format!(
+                "p.yaml:5:25: unquoted `match: {written}` can never match a number: numbers are \
+                 compared as JavaScript writes them, here `{js}`; write `match: '{js}'`, or \
+                 quote `'{written}'` to match that text"
+            )
+        );
+    }
+    let none = Evidence::none();
+    let n = |text: &str| json!({ "n": serde_json::from_str::<Value>(text).expect("number") });
+    // Written as JavaScript writes them, unquoted numbers and booleans keep their meaning.
+    for (written, value) in [
+        ("4900", "4900"),
+        ("-2.5", "-2.5"),
+        ("1e+21", "1e21"),
+        ("true", "true"),
+    ] {
+        let p = policy(&block_if(written));
+        assert_eq!(
+            verdict(&p, "x.y", n(value), &none),
+            Verdict::Block,
+            "{written}"
+        );
+        assert_eq!(
+            verdict(&p, "x.y", n("3"), &none),
+            Verdict::Hold,
+            "{written}"
+        );
+    }
+    // Quoted, the text is a pattern like any other.
+    let p = policy(&block_if("'10.0'"));
+    assert_eq!(
+        verdict(&p, "x.y", json!({"n": "10.0"}), &none),
+        Verdict::Block
+    );
+    assert_eq!(verdict(&p, "x.y", n("10.0"), &none), Verdict::Hold);
 }

@@ -345,16 +345,22 @@ impl Supervisor {
         self.busy.insert(row.thread_id.clone(), false);
         let parts = self.parts.clone();
         let tx = self.tx.clone();
-        tokio::spawn(async move {
+        let span = tracing::info_span!("session_stop", thread_id = %row.thread_id, session_id = %row.session_id, end);
+        let stop = async move {
+            let began = std::time::Instant::now();
             let outcome = match stop_session(&parts, &row, end).await {
                 Ok(()) => Outcome::Stopped { ended: end },
                 Err(e) => Outcome::StopFailed(format!("{e:#}")),
             };
+            let ok = matches!(outcome, Outcome::Stopped { .. });
+            let took_ms = began.elapsed().as_millis() as u64;
+            tracing::info!(ok, took_ms, "session stop finished");
             let _ = tx.send(Msg::Done {
                 thread: row.thread_id,
                 outcome,
             });
-        });
+        };
+        tokio::spawn(tracing::Instrument::instrument(stop, span));
     }
 
     async fn finish(&mut self, thread: &str, outcome: Outcome) {
