@@ -106,6 +106,13 @@ async fn duplicate_charge(provider: Provider) {
         _ => "/v1/chat/completions",
     };
     assert!(paths.iter().all(|p| p == expected), "{paths:?}");
+    // The tools reach the model with the catalog's descriptions and a refund's reasons.
+    let offered = w.model.seen()[0].body["tools"].to_string();
+    assert!(
+        offered.contains(r#""enum":["duplicate","fraudulent","requested_by_customer"]"#)
+            && offered.contains("Refunds a charge of the customer"),
+        "{offered}"
+    );
     app.stop().await;
 }
 

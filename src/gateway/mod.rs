@@ -17,6 +17,7 @@ mod scope;
 pub mod serve;
 pub mod socket;
 mod summary;
+mod tool_docs;
 
 pub(crate) use decide::SqlHistory;
 pub use gate::{CallReply, CallRequest, Connectors, Gate, LoadedPolicy};

@@ -151,7 +151,7 @@ pub fn rfc3339(ms: i64) -> String {
 }
 
 /// `GET /v1/tools`: the tools the session's agent is granted, without those the policy
-/// blocks outright.
+/// blocks outright, with their descriptions and argument values (`tool_docs`).
 async fn tools(State(s): State<Scoped>) -> Response {
     let Some(agent) = s.gate.agents.get(&s.scope.agent) else {
         return Json(json!({"tools": []})).into_response();
@@ -168,9 +168,13 @@ async fn tools(State(s): State<Scoped>) -> Response {
             let args: Vec<Value> = t
                 .args
                 .iter()
-                .map(|a| json!({"name": a.name, "type": a.ty.as_str(), "required": a.required}))
+                .map(|a| super::tool_docs::arg_listing(t, a))
                 .collect();
-            json!({"name": t.name, "risk": t.risk.as_str(), "args": args})
+            let mut tool = json!({"name": t.name, "risk": t.risk.as_str(), "args": args});
+            if let Some(d) = super::tool_docs::tool_description(t.name) {
+                tool["description"] = json!(d);
+            }
+            tool
         })
         .collect();
     Json(json!({"tools": tools})).into_response()

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use threadgate::gateway::note::marker;
 
 use crate::support::plain::plain_id;
@@ -223,6 +223,26 @@ async fn the_ten_call_queue_runs_six_holds_three_and_blocks_one() {
         .collect();
     assert!(names.contains(&"stripe.create_refund"));
     assert!(!names.contains(&"stripe.delete_customer"), "{names:?}");
+    // Each tool says what it does; a refund's reason lists the values Stripe accepts.
+    let listed = tools["tools"].as_array().expect("tools");
+    assert!(
+        listed.iter().all(|t| t["description"].as_str().is_some()),
+        "{tools}"
+    );
+    let refund = listed
+        .iter()
+        .find(|t| t["name"] == "stripe.create_refund")
+        .expect("refund");
+    let reason = refund["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .find(|a| a["name"] == "reason")
+        .expect("reason");
+    assert_eq!(
+        reason["enum"],
+        json!(["duplicate", "fraudulent", "requested_by_customer"])
+    );
 
     assert!(app.verify_audit().await >= 20);
     app.stop().await;

@@ -37,7 +37,7 @@ fn m(s: &Shared) -> std::sync::MutexGuard<'_, Mock> {
 pub(crate) fn listing() -> Value {
     json!({"tools": [
         {"name": "stripe.list_invoices", "risk": "read", "args": [{"name": "customer", "type": "string", "required": false}, {"name": "limit", "type": "integer", "required": false}]},
-        {"name": "stripe.create_refund", "risk": "write", "args": [{"name": "charge", "type": "string", "required": true}, {"name": "amount", "type": "integer", "required": false}, {"name": "reason", "type": "string", "required": false}]},
+        {"name": "stripe.create_refund", "risk": "write", "description": "Refunds a charge.", "args": [{"name": "charge", "type": "string", "required": true}, {"name": "amount", "type": "integer", "required": false}, {"name": "reason", "type": "string", "required": false, "description": "Why.", "enum": ["duplicate", "fraudulent"]}]},
         {"name": "helpdesk.reply_to_thread", "risk": "write", "args": [{"name": "thread_id", "type": "string", "required": true}, {"name": "text", "type": "string", "required": true}]},
         {"name": "helpdesk.add_note", "risk": "write", "args": [{"name": "thread_id", "type": "string", "required": true}, {"name": "text", "type": "string", "required": true}]},
         {"name": "github.create_issue", "risk": "write", "args": [{"name": "labels", "type": "array of strings", "required": false}]}

@@ -19,6 +19,18 @@ fn gateway_tools_become_function_tools_with_schemas_and_a_diagnosis() {
     assert_eq!(params["properties"]["amount"]["type"], "integer");
     assert_eq!(params["required"], json!(["charge"]));
     assert_eq!(params["properties"]["diagnosis"]["type"], "string");
+    let reason = &params["properties"]["reason"];
+    assert_eq!(
+        (reason["enum"].clone(), reason["description"].as_str()),
+        (json!(["duplicate", "fraudulent"]), Some("Why."))
+    );
+    assert!(
+        refund["function"]["description"]
+            .as_str()
+            .unwrap()
+            .starts_with("Refunds a charge. Gateway tool"),
+        "{refund}"
+    );
     let issue = tools
         .definitions()
         .iter()

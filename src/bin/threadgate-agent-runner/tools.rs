@@ -26,7 +26,8 @@ pub fn function_name(tool: &str) -> String {
 }
 
 impl GatewayTools {
-    /// Reads `GET /v1/tools`'s `{"tools": [{"name","risk","args":[{"name","type","required"}]}]}`.
+    /// Reads `GET /v1/tools`'s `{"tools": [{"name","risk","description","args":[{"name",
+    /// "type","required","description","enum"}]}]}` (descriptions and enums optional).
     /// Entries without a name are skipped.
     pub fn from_listing(listing: &Value) -> GatewayTools {
         let mut tools = GatewayTools::default();
@@ -40,7 +41,13 @@ impl GatewayTools {
                 let Some(arg_name) = arg["name"].as_str() else {
                     continue;
                 };
-                properties.insert(arg_name.to_owned(), schema_of(arg["type"].as_str()));
+                let mut schema = schema_of(arg["type"].as_str());
+                for key in ["description", "enum"] {
+                    if !arg[key].is_null() {
+                        schema[key] = arg[key].clone();
+                    }
+                }
+                properties.insert(arg_name.to_owned(), schema);
                 if arg["required"].as_bool() == Some(true) {
                     required.push(arg_name.to_owned());
                 }
@@ -54,7 +61,8 @@ impl GatewayTools {
             let fname = function_name(name);
             tools.definitions.push(json!({"type": "function", "function": {
                 "name": fname,
-                "description": format!("Gateway tool `{name}` (risk: {risk}). The policy may run it, hold it for a person, or block it."),
+                "description": format!("{}Gateway tool `{name}` (risk: {risk}). The policy may run it, hold it for a person, or block it.",
+                    tool["description"].as_str().map(|d| format!("{d} ")).unwrap_or_default()),
                 "parameters": {"type": "object", "properties": properties, "required": required, "additionalProperties": false},
             }}));
             tools.names.insert(fname, name.to_owned());
