@@ -374,3 +374,54 @@ async fn a_session_stopped_for_idleness_resumes_the_same_conversation() {
     assert_eq!(refunds(&w.world.stripe).await.len(), 1, "nothing ran twice");
     app.stop().await;
 }
+
+// Before: the proxy's refusal only parked the runner's turn; no note reached the thread,
+// nobody took over, and the next customer message resent the same secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_secret_in_the_prompt_stops_the_session_with_a_note() {
+    if support::docker::skip() {
+        return;
+    }
+    let w = AgentWorld::new(Provider::Scripted).await;
+    let app = w.start().await;
+    let customer = w.customer(&[1000]).await;
+    let key = support::world::STRIPE_KEY;
+    let thread = w
+        .open_thread(
+            &app,
+            &customer,
+            &format!("I was charged twice; our admin said to paste this: {key}"),
+        )
+        .await;
+    let note = w
+        .world
+        .note_containing(
+            &thread,
+            "a stored secret reached its prompt",
+            "the stop note",
+        )
+        .await;
+    assert!(
+        note.contains("\"stripe_api_key\"") && note.contains("A person takes over"),
+        "{note}"
+    );
+    assert!(!note.contains(key), "never the value: {note}");
+    let stopped = wait_for(WAIT, || async {
+        match app.session(&thread).await {
+            Some((state, _, _)) if state != "running" => Some(()),
+            None => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+    assert!(stopped.is_some(), "{:?}", app.session(&thread).await);
+    assert!(w.model.seen().is_empty(), "nothing reached the model");
+    assert!(
+        app.executions()
+            .await
+            .iter()
+            .all(|e| e.tool == "model.chat")
+    );
+    assert!(w.world.plain.thread(&thread).replies().is_empty());
+    app.stop().await;
+}
