@@ -5,6 +5,7 @@
 //! wait lasts past it), and reads a bounded answer.
 
 use crate::secrets::ExposeSecret as _;
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -69,18 +70,7 @@ impl Upstream {
         request: &ChatRequest,
         redactor: &Redactor,
     ) -> Result<Answered, UpstreamError> {
-        let key = match self.key.resolve().await {
-            Ok(key) => Some(key),
-            // The scripted model server needs no key.
-            Err(_) if self.settings.provider == Provider::Scripted => None,
-            Err(e) => {
-                tracing::warn!(secret = %self.settings.key_secret, error = %e, "no model key");
-                return Err(UpstreamError::Failed(format!(
-                    "no model key is stored under {:?} (threadgate secrets set {})",
-                    self.settings.key_secret, self.settings.key_secret
-                )));
-            }
-        };
+        let key = self.current_key().await?;
         let started = tokio::time::Instant::now();
         let mut attempts = 0;
         loop {
@@ -90,42 +80,60 @@ impl Upstream {
                 .retry_deadline
                 .saturating_sub(started.elapsed())
                 .min(self.settings.timeout);
-            match self.attempt(request, key.as_deref(), left).await {
+            let (why, asked) = match self.attempt(request, key.as_deref(), left).await {
                 Attempt::Done(result) => {
                     return result
                         .map(|answer| Answered { answer, attempts })
                         .map_err(|e| clean(e, redactor));
                 }
-                Attempt::Retry(why, asked) => {
-                    if attempts > self.settings.retries {
-                        let why = redactor.redact(&why).into_owned();
-                        return Err(UpstreamError::Failed(format!(
-                            "the model upstream failed {attempts} times; last: {why}"
-                        )));
-                    }
-                    let backoff = self
-                        .settings
-                        .retry_base
-                        .saturating_mul(1 << (attempts - 1).min(10));
-                    let wait = asked.unwrap_or(backoff).min(self.settings.max_retry_wait);
-                    // The next attempt must start before the deadline.
-                    if started.elapsed() + wait >= self.settings.retry_deadline {
-                        let why = redactor.redact(&why).into_owned();
-                        return Err(UpstreamError::Failed(format!(
-                            "the model upstream failed {attempts} times and another wait of {} ms would pass the call's deadline of {} ms; last: {why}",
-                            wait.as_millis(),
-                            self.settings.retry_deadline.as_millis()
-                        )));
-                    }
-                    tracing::warn!(
-                        attempt = attempts,
-                        wait_ms = wait.as_millis() as u64,
-                        "model upstream failed; retrying"
-                    );
-                    tokio::time::sleep(wait).await;
-                }
+                Attempt::Retry(why, asked) => (redactor.redact(&why).into_owned(), asked),
+            };
+            if attempts > self.settings.retries {
+                return Err(UpstreamError::Failed(format!(
+                    "the model upstream failed {attempts} times; last: {why}"
+                )));
+            }
+            let wait = self.wait_before(attempts, asked);
+            // The next attempt must start before the deadline.
+            if started.elapsed() + wait >= self.settings.retry_deadline {
+                return Err(UpstreamError::Failed(format!(
+                    "the model upstream failed {attempts} times and another wait of {} ms would pass the call's deadline of {} ms; last: {why}",
+                    wait.as_millis(),
+                    self.settings.retry_deadline.as_millis()
+                )));
+            }
+            tracing::warn!(
+                attempt = attempts,
+                wait_ms = wait.as_millis() as u64,
+                "model upstream failed; retrying"
+            );
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// The stored key as of now (`None` for the scripted server, which needs none).
+    async fn current_key(&self) -> Result<Option<Arc<SecretString>>, UpstreamError> {
+        match self.key.resolve().await {
+            Ok(key) => Ok(Some(key)),
+            Err(_) if self.settings.provider == Provider::Scripted => Ok(None),
+            Err(e) => {
+                tracing::warn!(secret = %self.settings.key_secret, error = %e, "no model key");
+                Err(UpstreamError::Failed(format!(
+                    "no model key is stored under {:?} (threadgate secrets set {})",
+                    self.settings.key_secret, self.settings.key_secret
+                )))
             }
         }
+    }
+
+    /// The wait before attempt `attempts + 1`: what the upstream asked for, else the
+    /// doubling backoff; never more than `max_retry_wait`.
+    fn wait_before(&self, attempts: u32, asked: Option<Duration>) -> Duration {
+        let backoff = self
+            .settings
+            .retry_base
+            .saturating_mul(1 << (attempts - 1).min(10));
+        asked.unwrap_or(backoff).min(self.settings.max_retry_wait)
     }
 
     /// The HTTP request for `request` in the provider's format, with its key.
