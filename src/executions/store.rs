@@ -199,6 +199,23 @@ pub fn pending_binding(
     .optional()
 }
 
+/// Whether the session has a call of the same binding still waiting for a person (the
+/// read path's cheap question; [`pending_binding`] fetches it).
+pub fn has_pending_binding(
+    conn: &Connection,
+    session_id: &str,
+    binding_hash: &str,
+    now_ms: i64,
+) -> rusqlite::Result<bool> {
+    cached_query_row(
+        conn,
+        "SELECT EXISTS (SELECT 1 FROM executions WHERE session_id = ?1 AND binding_hash = ?2 \
+         AND status IN ('held', 'approved') AND (expires_at_ms IS NULL OR expires_at_ms > ?3))",
+        params![session_id, binding_hash, now_ms],
+        |r| r.get(0),
+    )
+}
+
 /// The id of a held, unexpired call to `tool` in the session, if any.
 pub fn held_for_tool(
     conn: &Connection,

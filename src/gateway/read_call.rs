@@ -43,13 +43,13 @@ impl Gate {
     ) -> Result<ReadDecision, StoreError> {
         let cx = Context::of(self, scope);
         self.db.read_blocking(move |conn| {
-            let pending = exec_store::pending_binding(
+            let pending = exec_store::has_pending_binding(
                 conn,
                 &cx.scope.session_id,
                 &call.binding_hash,
                 cx.now,
             )?;
-            if pending.is_some() {
+            if pending {
                 return Ok(ReadDecision::Undecided(call));
             }
             let judged = verdict(conn, &cx, &call)?;
