@@ -240,6 +240,7 @@ impl Foundation {
             changes,
             outbox: Notify::new(),
             supervisor,
+            holds: Arc::default(),
         })
     }
 }
@@ -461,6 +462,8 @@ impl Application {
         let base = Foundation::open(&settings, overrides).await?;
         let (handle, inbox) = Supervisor::channel(base.clock.clone());
         let gate = base.gate(&settings, handle.clone());
+        // Before any session socket serves a call: reads rely on these marks.
+        gate.holds.load(&base.db).await?;
         let approvals = Approvals::new(gate.clone());
         // Before the supervisor can open a session socket: only calls a previous run
         // left behind are recovered, never one a session makes now.

@@ -26,6 +26,8 @@ mod publish;
 mod queue;
 #[path = "gateway_e2e/read_commit.rs"]
 mod read_commit;
+#[path = "gateway_e2e/read_holds.rs"]
+mod read_holds;
 #[path = "gateway_e2e/read_scope.rs"]
 mod read_scope;
 #[path = "gateway_e2e/refund_evidence.rs"]

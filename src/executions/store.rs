@@ -216,6 +216,16 @@ pub fn has_pending_binding(
     )
 }
 
+/// The sessions that have a held or approved execution (at start, for the gate's hold
+/// marks).
+pub fn sessions_with_pending(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn.prepare(
+        "SELECT DISTINCT session_id FROM executions WHERE status IN ('held', 'approved')",
+    )?;
+    let rows = stmt.query_map([], |r| r.get(0))?;
+    rows.collect()
+}
+
 /// The id of a held, unexpired call to `tool` in the session, if any.
 pub fn held_for_tool(
     conn: &Connection,

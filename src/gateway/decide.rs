@@ -84,12 +84,17 @@ impl Gate {
         call: PreparedCall,
     ) -> Result<Decided, crate::store::StoreError> {
         let cx = Context::of(self, scope);
+        let holds = self.holds.clone();
         self.db
             .write(move |conn| {
                 if let Some(found) = earlier_binding(conn, &cx, &call)? {
                     return Ok(found);
                 }
                 let verdicted = verdict(conn, &cx, &call)?;
+                if verdicted.verdict == Verdict::Hold {
+                    // Before the commit, so a read never misses a hold it could see.
+                    holds.mark(&cx.scope.session_id);
+                }
                 record(conn, &cx, call, verdicted)
             })
             .await
@@ -120,24 +125,7 @@ pub(super) fn verdict(
     cx: &Context,
     call: &PreparedCall,
 ) -> rusqlite::Result<Verdicted> {
-    let decision = cx.loaded.policy.decide_with_evidence(
-        &call.tool,
-        &call.args,
-        &cx.catalog,
-        &SqlHistory(conn),
-        cx.now,
-        &call.evidence,
-    );
-    let mut because = decision.because.to_string();
-    for check in &decision.evidence {
-        because.push_str(&format!("; evidence {check}"));
-    }
-    let mut out = Verdicted {
-        verdict: decision.verdict,
-        because,
-        rule_line: decision.rule_line.map(i64::from),
-        charges: decision.charges,
-    };
+    let mut out = policy_verdict(cx, call, &SqlHistory(conn));
     if out.verdict == Verdict::Run {
         let earlier = exec_store::held_for_tool(conn, &cx.scope.session_id, &call.tool, cx.now)?;
         let reason = call.forced_hold.clone().or_else(|| {
@@ -150,6 +138,33 @@ pub(super) fn verdict(
         }
     }
     Ok(out)
+}
+
+/// The policy's verdict alone, with limit totals from `history` (no hold of the session
+/// taken into account).
+pub(super) fn policy_verdict(
+    cx: &Context,
+    call: &PreparedCall,
+    history: &dyn LimitHistory,
+) -> Verdicted {
+    let decision = cx.loaded.policy.decide_with_evidence(
+        &call.tool,
+        &call.args,
+        &cx.catalog,
+        history,
+        cx.now,
+        &call.evidence,
+    );
+    let mut because = decision.because.to_string();
+    for check in &decision.evidence {
+        because.push_str(&format!("; evidence {check}"));
+    }
+    Verdicted {
+        verdict: decision.verdict,
+        because,
+        rule_line: decision.rule_line.map(i64::from),
+        charges: decision.charges,
+    }
 }
 
 /// Writes the execution frozen as decided, its charges, its audit steps and, for a

@@ -115,6 +115,8 @@ pub struct Gate {
     pub outbox: Notify,
     /// The supervisor, created before the gate (its channel first, its task later).
     pub supervisor: SupervisorHandle,
+    /// The sessions that may have a call waiting for a person (loaded at start).
+    pub holds: Arc<super::holds::HoldMarks>,
 }
 
 impl Gate {

@@ -5,6 +5,7 @@
 mod complete;
 mod decide;
 pub mod gate;
+pub mod holds;
 pub mod note;
 mod outcome;
 mod prepare;

@@ -6,22 +6,25 @@
 //! group commit. The agent is answered only after that commit: a read the audit lacks is
 //! a read nobody saw. If the commit fails the agent gets a 500 and no result.
 //!
-//! Only a read the snapshot plainly lets run takes this way. A read held or blocked by
+//! In a session that has never had a hold ([`super::holds`]), there is nothing pending
+//! to find, so the policy alone decides, without a database read; otherwise the
+//! snapshot is asked. Only a read the snapshot plainly lets run takes this way. A read held or blocked by
 //! the policy, one with an identical call pending, one whose rule reserves limit amounts,
 //! or one completion forces to hold goes back to the write path ([`Gate::call`]'s
 //! `decide`), which decides it durably in the writer before anything runs, as it does
 //! for every write. [`verdict`] is the decision itself, shared by both ways.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use super::decide::{Context, frozen, verdict};
+use super::decide::{Context, frozen, policy_verdict, verdict};
 use super::gate::{CallReply, Gate};
 use super::outcome::write_outcome;
 use super::prepare::PreparedCall;
 use super::refusal::Refusal;
 use crate::audit::AuditEvent;
 use crate::executions::{self, AuditStep, Execution, store as exec_store};
-use crate::policy::Verdict;
+use crate::policy::{LimitHistory, Verdict};
 use crate::session::SessionScope;
 use crate::store::StoreError;
 
@@ -33,6 +36,25 @@ pub(super) enum ReadDecision {
     Undecided(PreparedCall),
 }
 
+/// A limit history that answers nothing: a rule that asks for totals sends the read to
+/// the write path, which reads them in its transaction.
+#[derive(Default)]
+struct Unasked(AtomicBool);
+
+impl Unasked {
+    fn asked(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+impl LimitHistory for Unasked {
+    fn total(&self, _key: &str, _since_unix_ms: i64) -> u128 {
+        self.0.store(true, Ordering::Relaxed);
+        // Counted as exhausted, as an unreadable history is; the answer is not used.
+        u128::MAX
+    }
+}
+
 impl Gate {
     /// Decides a read on a snapshot, writing nothing. The snapshot is read on the
     /// calling thread: a few indexed lookups, cheaper than a trip to the blocking pool.
@@ -42,6 +64,22 @@ impl Gate {
         call: PreparedCall,
     ) -> Result<ReadDecision, StoreError> {
         let cx = Context::of(self, scope);
+        if !self.holds.may_have(&scope.session_id) {
+            // Nothing of this session waits for a person: no identical call pending and
+            // no held call to the tool, so only the policy decides, without the database
+            // unless a rule asks for limit totals (then the write path decides).
+            let history = Unasked::default();
+            let judged = policy_verdict(&cx, &call, &history);
+            if history.asked()
+                || judged.verdict != Verdict::Run
+                || !judged.charges.is_empty()
+                || call.forced_hold.is_some()
+            {
+                return Ok(ReadDecision::Undecided(call));
+            }
+            let exec = frozen(&cx, call, &judged, String::new());
+            return Ok(ReadDecision::Run(Box::new(exec)));
+        }
         self.db.read_blocking(move |conn| {
             let pending = exec_store::has_pending_binding(
                 conn,
