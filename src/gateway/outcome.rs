@@ -25,20 +25,36 @@ pub(super) fn write_outcome(
     duration: i64,
     now: i64,
 ) -> rusqlite::Result<()> {
-    let (status, result, error) = match outcome {
-        Outcome::Succeeded(result) => (Status::Succeeded, Some(result.to_string()), None),
-        Outcome::Failed(error) => (Status::Failed, None, Some(error.as_str())),
-        Outcome::Unknown(error) => (Status::NeedsCheck, None, Some(error.as_str())),
-    };
+    let (status, result, error) = outcome.fields();
     exec_store::finish(conn, &exec.id, status, result.as_deref(), error, now)?;
     if status == Status::Failed {
         exec_store::release_charges(conn, &exec.id)?;
     }
-    let step = match error {
-        None => AuditStep::new(AuditEvent::Ran).outcome(Some("ok")),
-        Some(error) => AuditStep::new(AuditEvent::Failed).outcome(Some(error)),
-    };
-    executions::audit(conn, redactor, exec, step.duration_ms(duration))
+    executions::audit(conn, redactor, exec, outcome.step().duration_ms(duration))
+}
+
+/// Writes a call decided on a snapshot and already run, as one new row in its final
+/// state (never seen `running`: it is written in the same transaction) with its
+/// requested, decided and outcome steps. Such a call reserves no limit amounts.
+pub(super) fn write_finished(
+    conn: &rusqlite::Connection,
+    redactor: &Redactor,
+    mut exec: Execution,
+    outcome: &Outcome,
+    duration: i64,
+    now: i64,
+) -> rusqlite::Result<()> {
+    let (status, result, error) = outcome.fields();
+    exec.status = status;
+    exec.result = result;
+    exec.error = error.map(str::to_owned);
+    exec.finished_at_ms = Some(now);
+    exec.attempts += 1;
+    exec_store::insert(conn, &exec)?;
+    for event in [AuditEvent::Requested, AuditEvent::Decided] {
+        executions::audit(conn, redactor, &exec, AuditStep::new(event))?;
+    }
+    executions::audit(conn, redactor, &exec, outcome.step().duration_ms(duration))
 }
 
 /// How a sent call ended, as recorded.
@@ -48,4 +64,23 @@ pub(super) enum Outcome {
     Failed(String),
     /// Perhaps done, on a provider without idempotency keys: a person must check.
     Unknown(String),
+}
+
+impl Outcome {
+    /// The execution's final status, result and error.
+    fn fields(&self) -> (Status, Option<String>, Option<&str>) {
+        match self {
+            Outcome::Succeeded(result) => (Status::Succeeded, Some(result.to_string()), None),
+            Outcome::Failed(error) => (Status::Failed, None, Some(error.as_str())),
+            Outcome::Unknown(error) => (Status::NeedsCheck, None, Some(error.as_str())),
+        }
+    }
+
+    /// The audit step that records it.
+    fn step(&self) -> AuditStep<'_> {
+        match self.fields().2 {
+            None => AuditStep::new(AuditEvent::Ran).outcome(Some("ok")),
+            Some(error) => AuditStep::new(AuditEvent::Failed).outcome(Some(error)),
+        }
+    }
 }

@@ -1,29 +1,30 @@
 //! Reads in one durable commit.
 //!
 //! A call of catalog risk class `read` is decided on a read snapshot (no commit), run,
-//! and then its execution row, its `requested` and `decided` audit rows and its outcome
-//! (`ran` or `failed`) are written in one transaction, which the writer folds into one
-//! group commit. The agent is answered only after that commit: a read the audit lacks is
-//! a read nobody saw. If the commit fails the agent gets a 500 and no result.
+//! and then its execution row, in its final state, with its `requested`, `decided` and
+//! outcome (`ran` or `failed`) audit rows, is written in one transaction, which the
+//! writer folds into one group commit. The agent is answered only after that commit: a
+//! read the audit lacks is a read nobody saw. If the commit fails the agent gets a 500
+//! and no result.
 //!
-//! In a session that has never had a hold ([`super::holds`]), there is nothing pending
+//! In a session that has never had a hold ([`super::holds`]) there is nothing pending
 //! to find, so the policy alone decides, without a database read; otherwise the
-//! snapshot is asked. Only a read the snapshot plainly lets run takes this way. A read held or blocked by
-//! the policy, one with an identical call pending, one whose rule reserves limit amounts,
-//! or one completion forces to hold goes back to the write path ([`Gate::call`]'s
-//! `decide`), which decides it durably in the writer before anything runs, as it does
-//! for every write. [`verdict`] is the decision itself, shared by both ways.
+//! snapshot is asked. Only a read the snapshot plainly lets run takes this way. A read
+//! held or blocked by the policy, one with an identical call pending, one whose rule
+//! reserves limit amounts, or one completion forces to hold goes back to the write path
+//! ([`Gate::call`]'s `decide`), which decides it durably in the writer before anything
+//! runs, as it does for every write. [`verdict`] is the decision itself, shared by both
+//! ways.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use super::decide::{Context, frozen, policy_verdict, verdict};
 use super::gate::{CallReply, Gate};
-use super::outcome::write_outcome;
+use super::outcome::write_finished;
 use super::prepare::PreparedCall;
 use super::refusal::Refusal;
-use crate::audit::AuditEvent;
-use crate::executions::{self, AuditStep, Execution, store as exec_store};
+use crate::executions::{Execution, store as exec_store};
 use crate::policy::{LimitHistory, Verdict};
 use crate::session::SessionScope;
 use crate::store::StoreError;
@@ -110,13 +111,7 @@ impl Gate {
         let record = ran.record;
         let written = self
             .db
-            .write(move |conn| {
-                exec_store::insert(conn, &exec)?;
-                for event in [AuditEvent::Requested, AuditEvent::Decided] {
-                    executions::audit(conn, &redactor, &exec, AuditStep::new(event))?;
-                }
-                write_outcome(conn, &redactor, &exec, &record, duration, now)
-            })
+            .write(move |conn| write_finished(conn, &redactor, *exec, &record, duration, now))
             .await;
         match written {
             Ok(()) => {
