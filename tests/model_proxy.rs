@@ -96,6 +96,17 @@ pub async fn chat_raw(session: &Session, body: &Value) -> (u16, Value) {
 }
 
 /// A conversation opening with the customer's `text`.
+/// Asserts a model call failed upstream (502 `upstream_error`) with `why` in its message.
+pub fn assert_upstream_error(status: u16, body: &Value, why: &str) {
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (502, Some("upstream_error")),
+        "{body}"
+    );
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(message.contains(why), "{why}: {body}");
+}
+
 pub fn customer_says(text: &str) -> Value {
     json!([
         {"role": "system", "content": "You are the support agent."},

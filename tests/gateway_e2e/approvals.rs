@@ -6,10 +6,6 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use threadgate::app::Overrides;
-
-use crate::support::clock::TestClock;
-use crate::support::plain::repo_root;
 use crate::support::unix_http::unix_request;
 use crate::support::world::{World, refunds};
 
@@ -141,18 +137,8 @@ async fn twenty_concurrent_approvals_make_exactly_one_refund() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_approval_answers_410_and_never_runs() {
-    let policy = std::fs::read_to_string(repo_root().join("policies/support.yaml"))
-        .expect("policy")
-        .replace("ttl: 4h", "ttl: 1s");
-    assert!(policy.contains("ttl: 1s"));
-    let world = World::with_policy_text(&policy).await;
-    let clock = TestClock::new();
-    let app = world
-        .start_with(Overrides {
-            sandbox: Some(world.sandbox.clone()),
-            clock: Some(clock.clock()),
-        })
-        .await;
+    let world = World::with_approval_ttl("1s").await;
+    let (app, clock) = world.start_with_clock().await;
     let ada = world
         .customer_session(&app, "ada@example.com", &[5000])
         .await;

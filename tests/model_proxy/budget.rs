@@ -3,7 +3,6 @@
 //! session stopped; concurrent calls cannot overspend.
 
 use threadgate::model::Provider;
-use threadgate::session::{SessionState, store as sessions};
 
 use crate::support::app::TestApp;
 use crate::support::wait::eventually;
@@ -22,16 +21,7 @@ async fn note_and_stop(world: &World, app: &TestApp, s: &Session) -> usize {
             .any(|(_, t)| t.contains("model budget is spent"))
     })
     .await;
-    eventually("the session stops", || async {
-        let t = s.thread_id.clone();
-        let row = app
-            .db
-            .read(move |c| sessions::get(c, &t))
-            .await
-            .expect("read");
-        row.is_none_or(|r| r.state != SessionState::Running)
-    })
-    .await;
+    app.session_stops(&s.thread_id).await;
     let notes = world.plain.thread(&s.thread_id).notes();
     let budget: Vec<_> = notes
         .iter()

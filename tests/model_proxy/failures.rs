@@ -4,11 +4,9 @@
 
 use serde_json::json;
 use threadgate::model::Provider;
-use threadgate::session::{SessionState, store as sessions};
 
-use crate::support::wait::eventually;
 use crate::support::world::{STRIPE_KEY, Session};
-use crate::{ModelWorld, chat, chat_raw, customer_says, first_call};
+use crate::{ModelWorld, assert_upstream_error, chat, chat_raw, customer_says, first_call};
 
 async fn session(mw: &ModelWorld, app: &crate::support::app::TestApp, email: &str) -> Session {
     mw.world.customer_session(app, email, &[900]).await.session
@@ -63,16 +61,7 @@ async fn a_stored_secret_in_the_prompt_stops_the_session_with_a_note() {
         );
         assert!(values.iter().all(|v| !note.contains(v)), "{note}");
         // The session stops, as for a spent budget: a person takes over.
-        eventually("the session stops", || async {
-            let t = s.thread_id.clone();
-            let row = app
-                .db
-                .read(move |c| sessions::get(c, &t))
-                .await
-                .expect("read");
-            row.is_none_or(|r| r.state != SessionState::Running)
-        })
-        .await;
+        app.session_stops(&s.thread_id).await;
         let notes = mw.world.plain.thread(&s.thread_id).notes();
         assert_eq!(notes.len(), 1, "one note: {notes:?}");
     }
@@ -171,18 +160,7 @@ async fn an_unreachable_or_slow_upstream_is_an_error_not_a_hang() {
     let app = mw.world.start().await;
     let s = session(&mw, &app, "slow@example.com").await;
     let (status, body) = chat(&s, customer_says("[scripted:slow:5000] charged twice")).await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (502, Some("upstream_error")),
-        "{body}"
-    );
-    assert!(
-        body["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("timed out"),
-        "{body}"
-    );
+    assert_upstream_error(status, &body, "timed out");
     app.stop().await;
 }
 
@@ -263,18 +241,7 @@ async fn retry_after_is_honoured_within_the_calls_deadline() {
     let app = mw.world.start().await;
     let s = session(&mw, &app, "deadline@example.com").await;
     let (status, body) = chat(&s, customer_says("[scripted:retryafter1:9] charged twice")).await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (502, Some("upstream_error")),
-        "{body}"
-    );
-    assert!(
-        body["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("deadline"),
-        "{body}"
-    );
+    assert_upstream_error(status, &body, "deadline");
     assert_eq!(mw.model.seen().len(), 1, "no retry past the deadline");
     app.stop().await;
 }

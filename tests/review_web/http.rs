@@ -7,11 +7,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use threadgate::app::Overrides;
 use threadgate::approvals::hasher::GLOBAL_PERMITS;
 
-use crate::support::clock::TestClock;
-use crate::support::plain::repo_root;
 use crate::support::unix_http::unix_request;
 use crate::support::world::World;
 use crate::web::{PASSWORD, Web, add_reviewer, client, post_login, set_cookie};
@@ -121,28 +118,10 @@ async fn a_wider_amount_is_refused_and_nothing_is_reachable_from_a_session_socke
 
     let web = Web::sign_in(&app, "alice").await;
     let decide = format!("/approvals/{id}/decide");
-    let (status, body) = web
-        .post(
-            &decide,
-            &[
-                ("csrf", &web.csrf),
-                ("decision", "approve"),
-                ("lower.amount", "1001"),
-            ],
-        )
-        .await;
+    let (status, body) = web.approve_lower(&id, "amount", "1001").await;
     assert_eq!(status, 422, "{body}");
     assert!(body.contains("may only be lowered"), "{body}");
-    let (status, _) = web
-        .post(
-            &decide,
-            &[
-                ("csrf", &web.csrf),
-                ("decision", "approve"),
-                ("lower.charge", "5"),
-            ],
-        )
-        .await;
+    let (status, _) = web.approve_lower(&id, "charge", "5").await;
     assert_eq!(status, 422);
     assert_eq!(app.execution(&id).await.status, "held");
 
@@ -399,18 +378,8 @@ async fn twenty_concurrent_page_approvals_make_one_refund() {
 /// expired and has no decide form; a plain approve or a deny is refused with 410 too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_approval_says_so_and_refuses_every_decision() {
-    let policy = std::fs::read_to_string(repo_root().join("policies/support.yaml"))
-        .expect("policy")
-        .replace("ttl: 4h", "ttl: 10m");
-    assert!(policy.contains("ttl: 10m"));
-    let world = World::with_policy_text(&policy).await;
-    let clock = TestClock::new();
-    let app = world
-        .start_with(Overrides {
-            sandbox: Some(world.sandbox.clone()),
-            clock: Some(clock.clock()),
-        })
-        .await;
+    let world = World::with_approval_ttl("10m").await;
+    let (app, clock) = world.start_with_clock().await;
     add_reviewer(&app, "alice").await;
     let ada = world
         .customer_session(&app, "ada@example.com", &[5000])
@@ -426,16 +395,7 @@ async fn an_expired_approval_says_so_and_refuses_every_decision() {
     );
 
     clock.advance(Duration::from_secs(11 * 60));
-    let (status, body) = web
-        .post(
-            &decide,
-            &[
-                ("csrf", &web.csrf),
-                ("decision", "approve"),
-                ("lower.amount", "500"),
-            ],
-        )
-        .await;
+    let (status, body) = web.approve_lower(&id, "amount", "500").await;
     assert_eq!(status, 410, "{body}");
     assert!(body.contains("expired before your decision"), "{body}");
     let events = app.audit_events_of(&id).await;

@@ -54,18 +54,6 @@ async fn binding_of(app: &TestApp, id: &str) -> String {
         .expect("binding hash")
 }
 
-async fn approve_lower(web: &Web, id: &str, amount: &str) -> (u16, String) {
-    web.post(
-        &format!("/approvals/{id}/decide"),
-        &[
-            ("csrf", &web.csrf),
-            ("decision", "approve"),
-            ("lower.amount", amount),
-        ],
-    )
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_narrowed_request_is_bound_anew_and_a_block_rule_refuses_it() {
     let world = World::with_policy_text(POLICY).await;
@@ -79,7 +67,7 @@ async fn a_narrowed_request_is_bound_anew_and_a_block_rule_refuses_it() {
     let web = Web::sign_in(&app, "alice").await;
 
     // $0.50 falls under the first rule: blocked, and nothing changes.
-    let (status, body) = approve_lower(&web, &id, "50").await;
+    let (status, body) = web.approve_lower(&id, "amount", "50").await;
     assert_eq!(status, 422, "{body}");
     assert!(
         body.contains("blocked by the current policy"),
@@ -92,7 +80,7 @@ async fn a_narrowed_request_is_bound_anew_and_a_block_rule_refuses_it() {
     );
     assert_eq!(binding_of(&app, &id).await, held);
 
-    let (status, body) = approve_lower(&web, &id, "600").await;
+    let (status, body) = web.approve_lower(&id, "amount", "600").await;
     assert_eq!(status, 200, "{body}");
     let narrowed = binding_of(&app, &id).await;
     assert_ne!(
@@ -129,14 +117,14 @@ async fn a_narrowed_request_is_decided_with_the_limits_real_totals() {
     let id = ada.session.hold_refund(&ada.charges[2], 2000).await;
     let web = Web::sign_in(&app, "alice").await;
 
-    let (status, body) = approve_lower(&web, &id, "400").await;
+    let (status, body) = web.approve_lower(&id, "amount", "400").await;
     assert_eq!(status, 422, "{body}");
     assert!(body.contains("blocked by the current policy"), "{body}");
     assert_eq!(app.execution(&id).await.status, "held");
     assert_eq!(refunds(&world.stripe).await.len(), 2, "nothing more ran");
 
     // Approved as asked, it is not a small refund: it runs.
-    let (status, body) = approve_lower(&web, &id, "2000").await;
+    let (status, body) = web.approve_lower(&id, "amount", "2000").await;
     assert_eq!(status, 200, "{body}");
     let done = ada.session.wait(&id, 30).await;
     assert_eq!(done["status"], "ok", "{done}");

@@ -5,10 +5,8 @@
 use std::time::Duration;
 
 use serde_json::json;
-use threadgate::app::Overrides;
 
 use crate::support::app::TestApp;
-use crate::support::clock::TestClock;
 use crate::support::world::{World, refunds};
 use crate::web::{Web, add_reviewer};
 
@@ -61,13 +59,7 @@ async fn decide(web: &Web, id: &str, decision: &str) -> u16 {
 async fn the_queue_the_approval_and_the_history_show_their_fields() {
     let mut world = World::new().await;
     world.settings.plain.thread_url = Some(THREAD_URL.to_owned());
-    let clock = TestClock::new();
-    let app = world
-        .start_with(Overrides {
-            sandbox: Some(world.sandbox.clone()),
-            clock: Some(clock.clock()),
-        })
-        .await;
+    let (app, clock) = world.start_with_clock().await;
     add_reviewer(&app, "alice").await;
     add_reviewer(&app, "bob").await;
     let ada = world

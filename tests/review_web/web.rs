@@ -155,6 +155,21 @@ impl Web {
             .expect("post");
         (r.status().as_u16(), r.text().await.unwrap_or_default())
     }
+
+    /// Approves `id` with its numeric argument `field` lowered to `value` (the page's
+    /// narrowing form); (status, body).
+    pub async fn approve_lower(&self, id: &str, field: &str, value: &str) -> (u16, String) {
+        let lowered = format!("lower.{field}");
+        self.post(
+            &format!("/approvals/{id}/decide"),
+            &[
+                ("csrf", &self.csrf),
+                ("decision", "approve"),
+                (&lowered, value),
+            ],
+        )
+        .await
+    }
 }
 
 // ---------------------------------------------------------------------------------

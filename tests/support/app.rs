@@ -117,6 +117,20 @@ impl Drop for TestApp {
 
 impl TestApp {
     /// Shuts the application down and waits until it has stopped serving.
+    /// Waits until `thread`'s session is no longer running (stopped or ended).
+    pub async fn session_stops(&self, thread: &str) {
+        super::wait::eventually("the session stops", || async {
+            let t = thread.to_owned();
+            let row = self
+                .db
+                .read(move |c| threadgate::session::store::get(c, &t))
+                .await
+                .expect("read");
+            row.is_none_or(|r| r.state != threadgate::session::SessionState::Running)
+        })
+        .await;
+    }
+
     pub async fn stop(mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());

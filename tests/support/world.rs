@@ -21,6 +21,7 @@ use threadgate::session::{SessionState, store as sessions};
 use threadgate::store::Db;
 
 use super::app::{TestApp, spawn_app};
+use super::clock::TestClock;
 use super::github_stub::{self, GithubStub};
 use super::localstripe::LocalStripe;
 use super::logs;
@@ -179,6 +180,28 @@ impl World {
             clock: None,
         })
         .await
+    }
+
+    /// As [`World::start`], on a clock the test moves ([`TestClock::advance`]).
+    pub async fn start_with_clock(&self) -> (TestApp, TestClock) {
+        let clock = TestClock::new();
+        let app = self
+            .start_with(Overrides {
+                sandbox: Some(self.sandbox.clone()),
+                clock: Some(clock.clock()),
+            })
+            .await;
+        (app, clock)
+    }
+
+    /// A world under `policies/support.yaml` with its approvals' ttl set to `ttl`
+    /// (e.g. `10m`).
+    pub async fn with_approval_ttl(ttl: &str) -> World {
+        let shipped =
+            std::fs::read_to_string(repo_root().join("policies/support.yaml")).expect("policy");
+        let policy = shipped.replace("ttl: 4h", &format!("ttl: {ttl}"));
+        assert_ne!(policy, shipped, "the shipped policy's ttl line changed");
+        World::with_policy_text(&policy).await
     }
 
     /// As [`World::start`] with `overrides` (`sandbox: None` runs real Docker).
