@@ -108,25 +108,6 @@ async fn an_mcp_client_in_a_real_container_gets_the_gated_tools_through_the_brid
     app.stop().await;
 }
 
-/// The newest build of `examples/mcp_probe.rs` in `examples`: `cargo test --all-targets`
-/// leaves it only under its hashed name (`mcp_probe-<hash>`), `cargo build --example`
-/// under both names.
-fn newest_probe(examples: &Path) -> Option<PathBuf> {
-    let entries = std::fs::read_dir(examples).ok()?;
-    entries
-        .filter_map(Result::ok)
-        .filter(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let hashed = name
-                .strip_prefix("mcp_probe-")
-                .is_some_and(|hash| hash.chars().all(|c| c.is_ascii_hexdigit()));
-            name == "mcp_probe" || hashed
-        })
-        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
-        .max_by_key(|(modified, _)| *modified)
-        .map(|(_, path)| path)
-}
-
 /// `examples/mcp_probe.rs`, stripped into `dir`. `cargo test --all-targets` (as
 /// `scripts/test.sh` runs it) has built it; under nextest, which releases cargo's
 /// build lock while tests run, it is built here, so it is never stale.
@@ -142,13 +123,12 @@ fn built_probe(dir: &Path) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join("target"));
-    let examples = target.join("debug/examples");
-    let built = newest_probe(&examples).unwrap_or_else(|| {
-        panic!(
-            "no mcp_probe build in {}: run `cargo build --example mcp_probe` (or `cargo test --all-targets`)",
-            examples.display()
-        )
-    });
+    let built = target.join("debug/examples/mcp_probe");
+    assert!(
+        built.exists(),
+        "{} is missing: run `cargo build --example mcp_probe` (or `cargo test --all-targets`)",
+        built.display()
+    );
     let stripped = dir.join("mcp-probe");
     let status = Command::new("strip")
         .arg("-o")
