@@ -23,6 +23,9 @@ started=$(date +%s)
 status=0
 results=$(mktemp)
 trap 'rm -f "$results"' EXIT
+# The MCP probe runs inside a sandbox container as a program: `cargo test` would build
+# the example only as a test harness.
+cargo build --example mcp_probe
 cargo test --all-targets "$@" 2>&1 | tee -a "$results" || status=$?
 # The OpenTelemetry export is a cargo feature: its test runs with the feature on.
 cargo test --features otlp --test otlp_export "$@" 2>&1 | tee -a "$results" || status=$?

@@ -108,9 +108,10 @@ async fn an_mcp_client_in_a_real_container_gets_the_gated_tools_through_the_brid
     app.stop().await;
 }
 
-/// `examples/mcp_probe.rs`, stripped into `dir`. `cargo test --all-targets` (as
-/// `scripts/test.sh` runs it) has built it; under nextest, which releases cargo's
-/// build lock while tests run, it is built here, so it is never stale.
+/// `examples/mcp_probe.rs`, stripped into `dir`. `scripts/test.sh` builds it with
+/// `cargo build --example mcp_probe` before `cargo test` (which builds examples as test
+/// harnesses, under hashed names, not the program); under nextest, which releases
+/// cargo's build lock while tests run, it is built here, so it is never stale.
 fn built_probe(dir: &Path) -> PathBuf {
     if std::env::var_os("NEXTEST").is_some() {
         let status = Command::new(env!("CARGO"))
@@ -126,7 +127,7 @@ fn built_probe(dir: &Path) -> PathBuf {
     let built = target.join("debug/examples/mcp_probe");
     assert!(
         built.exists(),
-        "{} is missing: run `cargo build --example mcp_probe` (or `cargo test --all-targets`)",
+        "{} is missing: run `cargo build --example mcp_probe` (scripts/test.sh does)",
         built.display()
     );
     let stripped = dir.join("mcp-probe");
