@@ -179,6 +179,11 @@ pub fn succeeded_binding(
     .optional()
 }
 
+/// A session's (`?1`) execution of the same binding (`?2`) still waiting for a person at
+/// `?3`: the one predicate of [`pending_binding`] and [`has_pending_binding`].
+const PENDING_BINDING: &str = "session_id = ?1 AND binding_hash = ?2 \
+     AND status IN ('held', 'approved') AND (expires_at_ms IS NULL OR expires_at_ms > ?3)";
+
 /// A session's execution of the same binding still waiting for a person, if any.
 pub fn pending_binding(
     conn: &Connection,
@@ -188,11 +193,7 @@ pub fn pending_binding(
 ) -> rusqlite::Result<Option<Execution>> {
     cached_query_row(
         conn,
-        &format!(
-            "SELECT {COLUMNS} FROM executions WHERE session_id = ?1 AND binding_hash = ?2 \
-             AND status IN ('held', 'approved') AND (expires_at_ms IS NULL OR expires_at_ms > ?3) \
-             ORDER BY created_at_ms LIMIT 1"
-        ),
+        &format!("SELECT {COLUMNS} FROM executions WHERE {PENDING_BINDING} ORDER BY created_at_ms LIMIT 1"),
         params![session_id, binding_hash, now_ms],
         row_to_execution,
     )
@@ -209,8 +210,7 @@ pub fn has_pending_binding(
 ) -> rusqlite::Result<bool> {
     cached_query_row(
         conn,
-        "SELECT EXISTS (SELECT 1 FROM executions WHERE session_id = ?1 AND binding_hash = ?2 \
-         AND status IN ('held', 'approved') AND (expires_at_ms IS NULL OR expires_at_ms > ?3))",
+        &format!("SELECT EXISTS (SELECT 1 FROM executions WHERE {PENDING_BINDING})"),
         params![session_id, binding_hash, now_ms],
         |r| r.get(0),
     )

@@ -65,39 +65,39 @@ impl Gate {
         call: PreparedCall,
     ) -> Result<ReadDecision, StoreError> {
         let cx = Context::of(self, scope);
-        if !self.holds.may_have(&scope.session_id) {
+        let judged = if self.holds.may_have(&scope.session_id) {
+            let judged = self.db.read_blocking(|conn| {
+                let pending = exec_store::has_pending_binding(
+                    conn,
+                    &cx.scope.session_id,
+                    &call.binding_hash,
+                    cx.now,
+                )?;
+                if pending {
+                    return Ok(None);
+                }
+                verdict(conn, &cx, &call).map(Some)
+            })?;
+            match judged {
+                Some(judged) => judged,
+                None => return Ok(ReadDecision::Undecided(call)),
+            }
+        } else {
             // Nothing of this session waits for a person: no identical call pending and
             // no held call to the tool, so only the policy decides, without the database
             // unless a rule asks for limit totals (then the write path decides).
             let history = Unasked::default();
             let judged = policy_verdict(&cx, &call, &history);
-            if history.asked()
-                || judged.verdict != Verdict::Run
-                || !judged.charges.is_empty()
-                || call.forced_hold.is_some()
-            {
+            if history.asked() || call.forced_hold.is_some() {
                 return Ok(ReadDecision::Undecided(call));
             }
-            let exec = frozen(&cx, call, &judged, String::new());
-            return Ok(ReadDecision::Run(Box::new(exec)));
+            judged
+        };
+        if judged.verdict != Verdict::Run || !judged.charges.is_empty() {
+            return Ok(ReadDecision::Undecided(call));
         }
-        self.db.read_blocking(move |conn| {
-            let pending = exec_store::has_pending_binding(
-                conn,
-                &cx.scope.session_id,
-                &call.binding_hash,
-                cx.now,
-            )?;
-            if pending {
-                return Ok(ReadDecision::Undecided(call));
-            }
-            let judged = verdict(conn, &cx, &call)?;
-            if judged.verdict != Verdict::Run || !judged.charges.is_empty() {
-                return Ok(ReadDecision::Undecided(call));
-            }
-            let exec = frozen(&cx, call, &judged, String::new());
-            Ok(ReadDecision::Run(Box::new(exec)))
-        })
+        let exec = frozen(&cx, call, &judged, String::new());
+        Ok(ReadDecision::Run(Box::new(exec)))
     }
 
     /// Runs a read decided on a snapshot, then commits its execution row, decision and
