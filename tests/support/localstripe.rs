@@ -29,8 +29,28 @@ pub struct LocalStripe {
 }
 
 impl LocalStripe {
-    /// Starts localstripe on a free loopback port and waits until it answers.
+    /// Starts localstripe on a free loopback port and waits until it answers. The port
+    /// is free when chosen but another process (a test starting its own localstripe) can
+    /// take it before localstripe binds it; an instance that exits at once is started
+    /// again on another port, a few times.
     pub fn start() -> Self {
+        const ATTEMPTS: usize = 5;
+        for attempt in 1..=ATTEMPTS {
+            let mut stripe = Self::spawn();
+            match stripe.wait_until_ready() {
+                Ok(()) => return stripe,
+                Err(status) if attempt < ATTEMPTS => {
+                    eprintln!("localstripe exited before answering ({status}); another port");
+                }
+                Err(status) => {
+                    panic!("localstripe exited before answering, {ATTEMPTS} times: {status}")
+                }
+            }
+        }
+        unreachable!("the last attempt returns or panics")
+    }
+
+    fn spawn() -> Self {
         let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
         let python = repo.join(".venv-peers/bin/python");
         assert!(
@@ -59,14 +79,12 @@ impl LocalStripe {
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|error| panic!("cannot start {}: {error}", python.display()));
-        let mut stripe = Self {
+        Self {
             child,
             port,
             http: reqwest::Client::new(),
             state,
-        };
-        stripe.wait_until_ready();
-        stripe
+        }
     }
 
     /// The file this instance keeps its state in.
@@ -79,14 +97,15 @@ impl LocalStripe {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    fn wait_until_ready(&mut self) {
+    /// Waits until localstripe answers; `Err` with its exit status when it exits first.
+    fn wait_until_ready(&mut self) -> Result<(), std::process::ExitStatus> {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("localstripe exited before answering: {status}");
+                return Err(status);
             }
             if answers(self.port) {
-                return;
+                return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
