@@ -467,7 +467,10 @@ impl Application {
         let approvals = Approvals::new(gate.clone());
         // Before the supervisor can open a session socket: only calls a previous run
         // left behind are recovered, never one a session makes now.
-        let leftovers = approvals.leftovers().await;
+        let leftovers = approvals
+            .leftovers()
+            .await
+            .context("cannot read the calls a previous run left approved or running")?;
         let model = model_proxy(&settings, &base.secrets, gate.clone()).await?;
         let sockets = session_sockets(&settings, &base, &gate, model, handle.clone());
         let parts = supervisor_parts(&settings, &base, &gate, sockets.clone());

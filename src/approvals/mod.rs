@@ -182,8 +182,15 @@ impl Approvals {
                 }
                 Ok(done)
             })
-            .await
-            .unwrap_or_default();
+            .await;
+        let expired = match expired {
+            Ok(expired) => expired,
+            Err(e) => {
+                // Nothing expired in this pass; the next pass finds the same calls due.
+                tracing::error!(error = %e, "cannot expire held calls; retried next pass");
+                return 0;
+            }
+        };
         for exec in &expired {
             crate::metrics::approval("expired", now - exec.created_at_ms);
             self.after_change(exec);
@@ -194,18 +201,20 @@ impl Approvals {
     /// The calls an earlier run of threadgate left approved or in flight. Read at start,
     /// before any session socket opens: a call a session makes after that is never a
     /// leftover, so recovery cannot re-send or mark one that is running now.
-    pub async fn leftovers(&self) -> Leftovers {
+    ///
+    /// A failed read is an error, not an empty list: an approved call that is never
+    /// read back would never run, so threadgate does not start without knowing them.
+    pub async fn leftovers(&self) -> Result<Leftovers, crate::store::StoreError> {
         let read = |status| async move {
             self.gate
                 .db
                 .read(move |c| store::with_status(c, status))
                 .await
-                .unwrap_or_default()
         };
-        Leftovers {
-            approved: read(Status::Approved).await,
-            running: read(Status::Running).await,
-        }
+        Ok(Leftovers {
+            approved: read(Status::Approved).await?,
+            running: read(Status::Running).await?,
+        })
     }
 
     /// After a restart: runs approved calls that had not run, re-sends calls whose

@@ -321,8 +321,17 @@ async fn apply_decision(
             .await
             .map(Ok),
         Some(Choice::Approve) => {
-            if let Some(refusal) = approve_refusal(state, id).await {
-                return refused(StatusCode::CONFLICT, refusal);
+            match approve_refusal(state, id).await {
+                Ok(None) => {}
+                Ok(Some(refusal)) => return refused(StatusCode::CONFLICT, refusal),
+                Err(e) => {
+                    // Unchecked is not "nothing hidden": the approval waits for a read.
+                    tracing::error!(execution = id, error = %e, "cannot check what the page hides");
+                    return refused(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "The call could not be read back to check it; nothing was approved. Try again.".into(),
+                    );
+                }
             }
             let lower = match parse_lower(&form.lower) {
                 Ok(lower) => lower,
@@ -386,18 +395,25 @@ fn parse_lower(fields: &BTreeMap<String, String>) -> Result<BTreeMap<String, i64
         .collect()
 }
 
-/// Why the call `id` cannot be approved from the page (something is not shown).
-async fn approve_refusal(state: &ReviewState, id: &str) -> Option<String> {
+/// Why the call `id` cannot be approved from the page (something is not shown). A call
+/// that does not exist has no such reason (the decision then answers 404); a failed read
+/// is an error, never "nothing hidden".
+async fn approve_refusal(
+    state: &ReviewState,
+    id: &str,
+) -> Result<Option<String>, crate::store::StoreError> {
     let owned = id.to_owned();
-    let e = state
+    let found = state
         .approvals
         .gate
         .db
         .read(move |c| store::get(c, &owned))
-        .await
-        .ok()??;
+        .await?;
+    let Some(e) = found else {
+        return Ok(None);
+    };
     let (_, left_out) = super::views::left_out(&state.approvals.gate.current_redactor(), &e.args);
-    (!left_out.is_empty()).then_some(left_out)
+    Ok((!left_out.is_empty()).then_some(left_out))
 }
 
 /// `GET /threads/{thread_id}`: every audited event of the thread's calls.

@@ -42,6 +42,13 @@ impl Default for SessionSettings {
     }
 }
 
+impl SessionSettings {
+    /// [`SessionSettings::reconcile_every`] in milliseconds, saturating.
+    pub fn reconcile_every_ms(&self) -> i64 {
+        i64::try_from(self.reconcile_every.as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let text = String::deserialize(d)?;
     humantime::parse_duration(&text).map_err(serde::de::Error::custom)

@@ -491,3 +491,69 @@ async fn restart_adopts_live_containers_reaps_strays_and_resumes_vanished_ones()
                 || c.container_id == containers[1].container_id)
     );
 }
+
+/// Makes every read of the sessions table fail, as a database that is down or locked
+/// would, until [`restore_sessions_table`].
+async fn break_sessions_table(db: &Db) {
+    db.write(|c| c.execute_batch("ALTER TABLE sessions RENAME TO sessions_away"))
+        .await
+        .expect("rename");
+}
+
+async fn restore_sessions_table(db: &Db) {
+    db.write(|c| c.execute_batch("ALTER TABLE sessions_away RENAME TO sessions"))
+        .await
+        .expect("rename back");
+}
+
+#[tokio::test]
+async fn a_failed_read_of_live_sessions_stops_no_container() {
+    let h = harness(4);
+    h.event("th_1", "customer", 1_000).await;
+    h.event("th_2", "customer", 1_000).await;
+    assert_eq!(h.running_containers().await, 2);
+    break_sessions_table(&h.db).await;
+    h.handle.reconcile();
+    h.settle().await;
+    assert_eq!(
+        h.running_containers().await,
+        2,
+        "a reconcile that could not read the live sessions stopped containers"
+    );
+    assert_eq!(h.sandbox.start_count(), 2, "nothing resumed either");
+    // Once the database answers again, the next pass adopts both: nothing was lost.
+    restore_sessions_table(&h.db).await;
+    h.handle.reconcile();
+    h.settle().await;
+    assert_eq!(h.running_containers().await, 2);
+    assert_eq!(h.sandbox.start_count(), 2);
+    assert_eq!(h.state("th_1").await, Some(SessionState::Running));
+}
+
+#[tokio::test]
+async fn failed_reads_in_the_tick_stop_and_start_nothing() {
+    let h = harness(1);
+    h.event("th_1", "customer", 1_000).await;
+    h.event("th_2", "customer", 1_000).await;
+    assert_eq!(h.state("th_2").await, Some(SessionState::Queued));
+    assert!(
+        h.db.write(|c| store::request_stop(c, "th_1"))
+            .await
+            .expect("stop")
+    );
+    break_sessions_table(&h.db).await;
+    // Ticks (every 500 ms) read the stop requests, the queue and the pause flag, and
+    // idle sessions; every one of those reads fails now.
+    h.now.fetch_add(10 * 60_000, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    h.settle().await;
+    assert_eq!(h.running_containers().await, 1, "nothing stopped");
+    assert_eq!(h.sandbox.start_count(), 1, "nothing started");
+    restore_sessions_table(&h.db).await;
+    // The stored stop request is still there and is carried out once reads work; the
+    // freed slot goes to the queued thread.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    h.settle().await;
+    assert_eq!(h.state("th_1").await, Some(SessionState::Ended));
+    assert_eq!(h.state("th_2").await, Some(SessionState::Running));
+}

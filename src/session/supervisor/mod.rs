@@ -32,6 +32,8 @@ use crate::workspace::volume;
 const TICK: Duration = Duration::from_millis(500);
 /// The longest a failed start waits before it is tried again.
 const MAX_BACKOFF_MS: i64 = 5 * 60 * 1000;
+/// How soon a reconciliation whose database read failed is tried again.
+const RECONCILE_RETRY_MS: i64 = 5_000;
 
 /// The actor's state.
 pub struct Supervisor {
@@ -271,8 +273,16 @@ impl Supervisor {
         }
     }
 
+    /// Whether sessions are paused. A failed read counts as paused: nothing starts on
+    /// an answer the database did not give.
     async fn paused(&self) -> bool {
-        self.parts.db.read(store::paused).await.unwrap_or(true)
+        match self.parts.db.read(store::paused).await {
+            Ok(paused) => paused,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read whether sessions are paused; starting none");
+                true
+            }
+        }
     }
 
     /// Starts the session's container if a slot is free and sessions are not paused;
@@ -371,11 +381,14 @@ impl Supervisor {
                 worktree,
             } => {
                 let t = thread.to_owned();
-                let _ = self
+                if let Err(e) = self
                     .parts
                     .db
                     .write(move |c| store::set_worktree(c, &t, &worktree))
-                    .await;
+                    .await
+                {
+                    tracing::error!(thread, error = %e, "cannot record the session's worktree");
+                }
                 self.set_state(thread, SessionState::Running, Some(container_id))
                     .await;
                 self.touch(thread);
@@ -385,11 +398,14 @@ impl Supervisor {
                 self.slots.remove(thread);
                 tracing::error!(thread, error = %error, "session failed to start; will retry");
                 let (t, now) = (thread.to_owned(), self.now());
-                let _ = self
+                if let Err(e) = self
                     .parts
                     .db
                     .write(move |c| store::record_failure(c, &t, &error, now))
-                    .await;
+                    .await
+                {
+                    tracing::error!(thread, error = %e, "cannot record the failed start");
+                }
             }
             Outcome::Stopped { ended } => {
                 self.slots.remove(thread);
@@ -420,12 +436,19 @@ impl Supervisor {
         {
             return;
         }
-        let queued = self
+        let queued = match self
             .parts
             .db
             .read(|c| store::in_states(c, &[SessionState::Queued]))
             .await
-            .unwrap_or_default();
+        {
+            Ok(queued) => queued,
+            Err(e) => {
+                // Nothing starts on an unknown queue; the next tick reads it again.
+                tracing::error!(error = %e, "cannot read queued sessions; retried next tick");
+                return;
+            }
+        };
         let now = self.now();
         for row in queued {
             if self.slots.len() >= self.parts.settings.max_live {
@@ -443,12 +466,14 @@ impl Supervisor {
     async fn tick(&mut self) {
         let now = self.now();
         // Operators' stop requests.
-        let stops = self
-            .parts
-            .db
-            .read(store::stop_requests)
-            .await
-            .unwrap_or_default();
+        let stops = match self.parts.db.read(store::stop_requests).await {
+            Ok(stops) => stops,
+            Err(e) => {
+                // The requests stay stored; the next tick reads them again.
+                tracing::error!(error = %e, "cannot read stop requests; retried next tick");
+                Vec::new()
+            }
+        };
         for thread in stops {
             if !self.busy.contains_key(&thread)
                 && let Err(e) = self.stop_thread(&thread).await
@@ -477,8 +502,7 @@ impl Supervisor {
         }
         self.stop_full_workspaces().await;
         self.start_queued().await;
-        let every = self.parts.settings.reconcile_every.as_millis() as i64;
-        if now - self.last_reconcile_ms >= every {
+        if now - self.last_reconcile_ms >= self.parts.settings.reconcile_every_ms() {
             self.reconcile().await;
         }
     }
@@ -486,21 +510,38 @@ impl Supervisor {
     /// Makes containers match the database: adopts the containers of live sessions,
     /// removes every other container labelled with this instance, and resumes live
     /// sessions whose container vanished.
+    ///
+    /// Both inputs must be known: a failed read of either skips the whole pass (nothing
+    /// stopped, removed or resumed) and it is tried again after [`RECONCILE_RETRY_MS`].
     async fn reconcile(&mut self) {
-        self.last_reconcile_ms = self.now();
+        let now = self.now();
+        self.last_reconcile_ms = now;
+        let retry_at = now
+            .saturating_sub(self.parts.settings.reconcile_every_ms())
+            .saturating_add(RECONCILE_RETRY_MS);
         let containers = match self.parts.sandbox.list().await {
             Ok(c) => c,
             Err(e) => {
-                tracing::error!(error = %e, "cannot list containers");
+                tracing::error!(error = %e, "cannot list containers; reconcile skipped");
+                self.last_reconcile_ms = retry_at;
                 return;
             }
         };
-        let live = self
+        // INVARIANT: an empty list here means no session is live, never that the read
+        // failed: every container not in it is stopped below.
+        let live = match self
             .parts
             .db
             .read(|c| store::in_states(c, &[SessionState::Starting, SessionState::Running]))
             .await
-            .unwrap_or_default();
+        {
+            Ok(live) => live,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read live sessions; reconcile skipped");
+                self.last_reconcile_ms = retry_at;
+                return;
+            }
+        };
         let by_session: HashMap<&str, &SessionRow> =
             live.iter().map(|r| (r.session_id.as_str(), r)).collect();
         let mut adopted = HashSet::new();
