@@ -205,6 +205,7 @@ impl Foundation {
             default_branch: settings.repo.default_branch.clone(),
             worktrees_dir: settings.worktrees_dir(),
             remote: settings.repo.remote.clone(),
+            commit_limits: settings.repo.commit_limits(),
         })?;
         Ok(Foundation {
             db,

@@ -186,6 +186,20 @@ pub struct RepoSettings {
     pub path: PathBuf,
     pub default_branch: Option<String>,
     pub remote: Option<String>,
+    /// New files one commit of a worktree may add; past it the rest are left out.
+    pub max_commit_files: usize,
+    /// New bytes of content one commit may add; past it the rest are left out.
+    pub max_commit_bytes: u64,
+}
+
+impl RepoSettings {
+    /// The caps on one commit, as the workspace applies them.
+    pub fn commit_limits(&self) -> crate::workspace::CommitLimits {
+        crate::workspace::CommitLimits {
+            max_files: self.max_commit_files,
+            max_bytes: self.max_commit_bytes,
+        }
+    }
 }
 
 /// The container every session runs in.
@@ -267,10 +281,13 @@ impl Default for PlainSettings {
 
 impl Default for RepoSettings {
     fn default() -> Self {
+        let limits = crate::workspace::CommitLimits::default();
         RepoSettings {
             path: PathBuf::from("."),
             default_branch: None,
             remote: None,
+            max_commit_files: limits.max_files,
+            max_commit_bytes: limits.max_bytes,
         }
     }
 }

@@ -5,6 +5,8 @@
 // Test code: an unwrap or expect that fails is a failed test, with its message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "workspace_git/caps.rs"]
+mod caps;
 #[path = "workspace_git/hostile.rs"]
 mod hostile;
 #[path = "workspace_git/support.rs"]
@@ -319,6 +321,7 @@ fn default_branch_is_chosen_and_protected() {
             default_branch: branch.map(str::to_owned),
             worktrees_dir: worktrees.to_owned(),
             remote: None,
+            commit_limits: Default::default(),
         })
     };
     let wts = tmp.path().join("wt");
@@ -406,6 +409,7 @@ fn push_sends_only_the_thread_branch() {
         default_branch: None,
         worktrees_dir: fx.worktrees.clone(),
         remote: Some("backup".into()),
+        commit_limits: Default::default(),
     })
     .unwrap();
     fs::write(wt.path.join("README.md"), "pushed again\n").unwrap();

@@ -1,6 +1,7 @@
 //! Committing a worktree onto its thread's branch, and pushing that branch.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 
 use git2::{ErrorCode, PushOptions, Remote, RemoteCallbacks, Repository, Signature};
 use rustix::fs::{CWD, Mode, OFlags};
@@ -35,9 +36,18 @@ pub(crate) fn commit(
         .map_err(WorkspaceError::git(thread_id, "reading the branch tip"))?;
 
     let root = open_worktree_root(settings, thread_id)?;
-    let mut snapshot = Snapshot::new(&repo, thread_id, scanner);
+    // Every object of this commit is written in memory, then stored as one pack: a
+    // worktree of many small files must not become as many loose objects on disk.
+    let odb = repo.odb().map_err(WorkspaceError::git(
+        thread_id,
+        "reading the object database",
+    ))?;
+    let pending = odb
+        .add_new_mempack_backend(MEMPACK_PRIORITY)
+        .map_err(WorkspaceError::git(thread_id, "opening the in-memory pack"))?;
+    let mut snapshot = Snapshot::new(&repo, thread_id, scanner, settings.commit_limits);
     let tree_id = snapshot.root_tree(&root, &base)?;
-    let skipped = snapshot.skipped;
+    let skipped = snapshot.into_skipped();
     if tree_id == base.id() {
         return Ok(CommitOutcome {
             commit: None,
@@ -54,12 +64,49 @@ pub(crate) fn commit(
     let new_tip = repo
         .commit(None, &signature, &signature, &message, &tree, &[&parent])
         .map_err(WorkspaceError::git(thread_id, "writing the commit"))?;
+    write_pack(&repo, &odb, &pending, thread_id)?;
     move_branch(&repo, thread_id, &thread_ref, old_tip, new_tip)?;
     tracing::info!(thread_id, commit = %new_tip, skipped = skipped.len(), "committed worktree");
     Ok(CommitOutcome {
         commit: Some(new_tip.to_string()),
         skipped,
     })
+}
+
+/// The in-memory pack's priority among the object database's backends: above the
+/// on-disk ones, so that every object written during a commit lands in it.
+const MEMPACK_PRIORITY: i32 = 999;
+
+/// At most this many left-out files are listed one by one in a commit message.
+const MAX_LISTED_SKIPS: usize = 100;
+
+/// Stores what `pending` holds as one indexed pack in the repository, before any ref
+/// points at it.
+fn write_pack(
+    repo: &Repository,
+    odb: &git2::Odb<'_>,
+    pending: &git2::Mempack<'_>,
+    thread_id: &str,
+) -> Result<(), WorkspaceError> {
+    let mut pack = git2::Buf::new();
+    pending.dump(repo, &mut pack).map_err(WorkspaceError::git(
+        thread_id,
+        "packing the commit's objects",
+    ))?;
+    let mut writer = odb
+        .packwriter()
+        .map_err(WorkspaceError::git(thread_id, "writing the pack"))?;
+    writer.write_all(&pack).map_err(WorkspaceError::io(
+        thread_id,
+        repo.path().join("objects/pack"),
+    ))?;
+    writer
+        .commit()
+        .map_err(WorkspaceError::git(thread_id, "indexing the pack"))?;
+    pending.reset().map_err(WorkspaceError::git(
+        thread_id,
+        "clearing the in-memory pack",
+    ))
 }
 
 /// Moves exactly `thread_ref` from `old` to `new`, failing if it no longer points at
@@ -120,10 +167,17 @@ fn commit_message(thread_id: &str, skipped: &[SkippedFile]) -> String {
     );
     if !skipped.is_empty() {
         message.push_str("\nLeft out:\n");
-        for file in skipped {
+        for file in skipped.iter().take(MAX_LISTED_SKIPS) {
             // Paths and reasons never carry a secret value (see SkippedFile); the path is
             // quoted so that an agent-chosen name cannot forge lines of the message.
             let _ = writeln!(message, "- {:?}: {}", file.path, file.reason);
+        }
+        if skipped.len() > MAX_LISTED_SKIPS {
+            let _ = writeln!(
+                message,
+                "- and {} more entries, not listed",
+                skipped.len() - MAX_LISTED_SKIPS
+            );
         }
     }
     let _ = write!(message, "\nThreadgate-Thread: {thread_id}\n");

@@ -67,6 +67,30 @@ pub struct RepoConfig {
     pub worktrees_dir: PathBuf,
     /// A remote name (configured in the repository) or URL; `None` disables pushing.
     pub remote: Option<String>,
+    /// What one commit may add to the repository.
+    pub commit_limits: CommitLimits,
+}
+
+/// What one commit of a worktree may add to threadgate's repository (`[repo]
+/// max_commit_files`, `max_commit_bytes`). Only content the repository does not hold
+/// yet counts: an unchanged checkout of a large repository costs nothing. Past either
+/// cap the remaining new files are left out (the branch keeps their previous versions)
+/// and the commit message says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitLimits {
+    /// New files (blobs, symlinks included) at most.
+    pub max_files: usize,
+    /// New bytes of file content at most.
+    pub max_bytes: u64,
+}
+
+impl Default for CommitLimits {
+    fn default() -> Self {
+        CommitLimits {
+            max_files: 10_000,
+            max_bytes: 256 << 20,
+        }
+    }
 }
 
 /// Handle on the per-thread branches and worktrees. Cheap to clone and share.
@@ -149,6 +173,18 @@ pub enum SkipReason {
     /// which git refuses or warns about on checkout.
     #[error("git control file as a symlink")]
     SymlinkedGitFile,
+    /// The commit already adds as many new files or bytes as [`CommitLimits`] allows;
+    /// this file and `more` later ones are left out, and the branch keeps their previous
+    /// versions.
+    #[error(
+        "this commit reached {cap}: left out with {more} more new files; the branch keeps their previous versions"
+    )]
+    OverCommitCap {
+        /// The cap reached, by its config key and value.
+        cap: String,
+        /// How many further files were left out for the same reason.
+        more: usize,
+    },
     /// The entry could not be read (permissions, vanished while reading).
     #[error("unreadable: {error}")]
     Unreadable {
@@ -167,6 +203,8 @@ struct Settings {
     worktrees_dir: PathBuf,
     /// The remote to push to.
     remote: Option<String>,
+    /// What one commit may add.
+    commit_limits: CommitLimits,
 }
 
 impl Workspaces {
@@ -192,6 +230,7 @@ impl Workspaces {
                 default_ref,
                 worktrees_dir,
                 remote: cfg.remote,
+                commit_limits: cfg.commit_limits,
             }),
         })
     }
@@ -286,6 +325,7 @@ impl std::fmt::Debug for RepoConfig {
             .field("default_branch", &self.default_branch)
             .field("worktrees_dir", &self.worktrees_dir)
             .field("remote", &self.remote.as_deref().map(names::redact_remote))
+            .field("commit_limits", &self.commit_limits)
             .finish()
     }
 }

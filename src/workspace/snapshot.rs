@@ -13,12 +13,12 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use aho_corasick::AhoCorasick;
-use git2::{Oid, Repository, Tree, TreeEntry};
+use git2::{ObjectType, Oid, Repository, Tree, TreeEntry};
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 
 use crate::secrets::{MIN_SECRET_LEN, Redactor, SecretString};
 use crate::workspace::names::{self, NameProblem};
-use crate::workspace::{SkipReason, SkippedFile, WorkspaceError};
+use crate::workspace::{CommitLimits, SkipReason, SkippedFile, WorkspaceError};
 
 /// Files larger than this are left out of commits (GitHub warns from 50 MiB).
 pub const MAX_FILE_BYTES: u64 = 50 * 1024 * 1024;
@@ -87,6 +87,12 @@ pub(crate) struct Snapshot<'a> {
     scanner: Option<SecretScanner>,
     /// Entries left out so far.
     pub(crate) skipped: Vec<SkippedFile>,
+    limits: CommitLimits,
+    /// New files and bytes written so far (content the repository did not hold).
+    new_files: usize,
+    new_bytes: u64,
+    /// The first file left out for a cap, the cap, and how many more followed it.
+    over_cap: Option<(PathBuf, String, usize)>,
 }
 
 /// What one directory entry becomes in the tree.
@@ -110,13 +116,30 @@ impl<'a> Snapshot<'a> {
         repo: &'a Repository,
         thread_id: &'a str,
         scanner: Option<SecretScanner>,
+        limits: CommitLimits,
     ) -> Self {
         Snapshot {
             repo,
             thread_id,
             scanner,
             skipped: Vec::new(),
+            limits,
+            new_files: 0,
+            new_bytes: 0,
+            over_cap: None,
         }
+    }
+
+    /// The entries left out, the files over a cap summed up in one entry (a flood of
+    /// tiny files must not become a flood of lines).
+    pub(crate) fn into_skipped(mut self) -> Vec<SkippedFile> {
+        if let Some((path, cap, more)) = self.over_cap.take() {
+            self.skipped.push(SkippedFile {
+                path,
+                reason: SkipReason::OverCommitCap { cap, more },
+            });
+        }
+        self.skipped
     }
 
     /// Builds the tree of the worktree whose root directory is open as `root`. `base` is
@@ -223,8 +246,8 @@ impl<'a> Snapshot<'a> {
             Err(e) => return Ok(unreadable(e)),
         };
         match FileType::from_raw_mode(stat.st_mode) {
-            FileType::RegularFile => self.file_entry(dir, name, base),
-            FileType::Symlink => self.link_entry(dir, name),
+            FileType::RegularFile => self.file_entry(dir, path, name, base),
+            FileType::Symlink => self.link_entry(dir, path, name, base),
             FileType::Directory => self.subdir_entry(dir, path, name, base, depth),
             other => Ok(Entry::Skip(SkipReason::Unsupported {
                 kind: kind_name(other),
@@ -235,6 +258,7 @@ impl<'a> Snapshot<'a> {
     fn file_entry(
         &mut self,
         dir: &OwnedFd,
+        path: &Path,
         name: &[u8],
         base: Option<&TreeEntry<'_>>,
     ) -> Result<Entry, WorkspaceError> {
@@ -286,10 +310,16 @@ impl<'a> Snapshot<'a> {
         } else {
             MODE_BLOB
         };
-        self.blob(&content, mode)
+        self.blob(path, &content, mode, base)
     }
 
-    fn link_entry(&mut self, dir: &OwnedFd, name: &[u8]) -> Result<Entry, WorkspaceError> {
+    fn link_entry(
+        &mut self,
+        dir: &OwnedFd,
+        path: &Path,
+        name: &[u8],
+        base: Option<&TreeEntry<'_>>,
+    ) -> Result<Entry, WorkspaceError> {
         if names::is_git_control_file(name) {
             return Ok(Entry::Skip(SkipReason::SymlinkedGitFile));
         }
@@ -301,7 +331,7 @@ impl<'a> Snapshot<'a> {
         if let Some(reason) = self.secret_in(&target) {
             return Ok(Entry::Skip(reason));
         }
-        self.blob(&target, MODE_LINK)
+        self.blob(path, &target, MODE_LINK, base)
     }
 
     fn subdir_entry(
@@ -373,12 +403,73 @@ impl<'a> Snapshot<'a> {
         })
     }
 
-    fn blob(&self, content: &[u8], mode: i32) -> Result<Entry, WorkspaceError> {
-        let id = self
+    /// The blob of `content`: content the repository holds already is free; new content
+    /// counts against [`CommitLimits`], and past them the file is left out (the branch's
+    /// version of `path`, if any, stays).
+    fn blob(
+        &mut self,
+        path: &Path,
+        content: &[u8],
+        mode: i32,
+        base: Option<&TreeEntry<'_>>,
+    ) -> Result<Entry, WorkspaceError> {
+        let id = Oid::hash_object(ObjectType::Blob, content)
+            .map_err(WorkspaceError::git(self.thread_id, "hashing a blob"))?;
+        let known = self
+            .repo
+            .odb()
+            .map_err(WorkspaceError::git(
+                self.thread_id,
+                "reading the object database",
+            ))?
+            .exists(id);
+        if known {
+            return Ok(Entry::Keep { id, mode });
+        }
+        let bytes = u64::try_from(content.len()).unwrap_or(u64::MAX);
+        if let Some(cap) = self.cap_reached(bytes) {
+            return Ok(self.left_out_for_cap(path, cap, base));
+        }
+        self.new_files += 1;
+        self.new_bytes = self.new_bytes.saturating_add(bytes);
+        let written = self
             .repo
             .blob(content)
             .map_err(WorkspaceError::git(self.thread_id, "writing a blob"))?;
-        Ok(Entry::Keep { id, mode })
+        Ok(Entry::Keep { id: written, mode })
+    }
+
+    /// The cap (by config key and value) that one more new file of `bytes` would pass.
+    fn cap_reached(&self, bytes: u64) -> Option<String> {
+        if self.new_files >= self.limits.max_files {
+            return Some(format!(
+                "[repo] max_commit_files ({})",
+                self.limits.max_files
+            ));
+        }
+        if self.new_bytes.saturating_add(bytes) > self.limits.max_bytes {
+            return Some(format!(
+                "[repo] max_commit_bytes ({})",
+                self.limits.max_bytes
+            ));
+        }
+        None
+    }
+
+    fn left_out_for_cap(
+        &mut self,
+        path: &Path,
+        cap: String,
+        base: Option<&TreeEntry<'_>>,
+    ) -> Entry {
+        match &mut self.over_cap {
+            Some((_, _, more)) => *more += 1,
+            None => self.over_cap = Some((path.to_owned(), cap, 0)),
+        }
+        match base.map(|e| (e.id(), e.filemode())) {
+            Some((id, mode @ (MODE_BLOB | MODE_EXEC | MODE_LINK))) => Entry::Keep { id, mode },
+            _ => Entry::Absent,
+        }
     }
 
     fn skip(&mut self, path: PathBuf, reason: SkipReason) {

@@ -129,6 +129,7 @@ impl DockerWorld {
                 path: self.repo_path(),
                 default_branch: Some("main".into()),
                 remote: None,
+                ..defaults.repo
             },
             sandbox: SandboxSettings {
                 image: docker::image(),

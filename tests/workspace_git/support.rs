@@ -42,6 +42,7 @@ impl Fixture {
             default_branch: None,
             worktrees_dir: worktrees.clone(),
             remote: None,
+            commit_limits: Default::default(),
         };
         adjust(&mut cfg);
         let ws = Workspaces::open(cfg).unwrap();

@@ -96,8 +96,12 @@ pub(super) async fn stop_session(
         // and unmounting; what the directory shows now is not the session's work.
         if path.exists() && !volume::is_unmounted(&path) {
             let report = workspaces.commit(&thread, &path, &secrets)?;
-            for skipped in &report.skipped {
+            for skipped in report.skipped.iter().take(20) {
                 tracing::warn!(thread, file = %skipped, "left a file out of the commit");
+            }
+            if report.skipped.len() > 20 {
+                let more = report.skipped.len() - 20;
+                tracing::warn!(thread, more, "left more files out of the commit");
             }
             if let Some(commit) = &report.commit {
                 tracing::info!(thread, commit, "committed the session's work");
