@@ -226,7 +226,7 @@ fn record(
     args: &Value,
     narrowed: &Value,
 ) -> rusqlite::Result<Outcome> {
-    let canonical = narrowed.to_string();
+    let canonical = executions::canonical_args(narrowed);
     let binding = binding_hash(&held.tool, &canonical, &held.account, &held.session_id);
     let note = describe(args, &ask.lower);
     let text = match ask.message.as_deref() {

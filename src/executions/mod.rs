@@ -10,5 +10,5 @@ mod frozen;
 pub mod store;
 
 pub use audit::{AuditStep, record as audit};
-pub use frozen::{binding_hash, new_execution_id, redact_args};
+pub use frozen::{binding_hash, canonical_args, new_execution_id, redact_args};
 pub use store::{Execution, OutboxNote, Status};

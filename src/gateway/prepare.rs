@@ -70,7 +70,7 @@ impl Gate {
             )
             .await?;
         let args = Value::Object(args);
-        let canonical = args.to_string();
+        let canonical = executions::canonical_args(&args);
         let account = format!("{spec_connector}:default");
         Ok(PreparedCall {
             binding_hash: binding_hash(&req.tool, &canonical, &account, &scope.session_id),
