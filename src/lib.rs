@@ -18,6 +18,7 @@ pub mod health;
 pub mod mcp;
 pub mod metrics;
 pub mod model;
+pub mod money;
 /// The policy engine, a crate of its own (`crates/policy`) so its purity is checked by
 /// the compiler: re-exported here so `threadgate::policy` stays its path.
 pub use threadgate_policy as policy;

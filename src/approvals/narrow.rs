@@ -18,6 +18,7 @@ use crate::executions::binding_hash;
 use crate::executions::store::{self, Status};
 use crate::executions::{self, AuditStep};
 use crate::gateway::{LoadedPolicy, SqlHistory};
+use crate::money::money_arg;
 use crate::policy::{Catalog, Verdict};
 use crate::secrets::Redactor;
 
@@ -233,8 +234,9 @@ fn record(
         Some(m) if !m.trim().is_empty() => format!("{m}\n({note})"),
         _ => note.clone(),
     };
+    let summary = narrowed_summary(&held, redactor, args, narrowed, ask);
     let (id, now) = (ask.id.as_str(), ask.now);
-    if !store::narrow_held(conn, id, &canonical, &binding)?
+    if !store::narrow_held(conn, id, &canonical, &binding, &summary)?
         || !store::record_decision(conn, id, Status::Approved, &ask.reviewer, Some(&text), now)?
     {
         return Ok(Outcome::Other(DecideError::AlreadyDecided {
@@ -264,16 +266,63 @@ fn still_held(held: store::Execution) -> Result<store::Execution, DecideError> {
     Ok(held)
 }
 
-/// "approved narrower: amount 1000 -> 400".
+/// "approved narrower: amount 25.00 USD -> 10.00 USD" (money in its currency's units,
+/// any other number as it is).
 fn describe(args: &Value, lower: &BTreeMap<String, i64>) -> String {
     let parts: Vec<String> = lower
         .iter()
         .map(|(k, v)| {
             let held = args.get(k).and_then(Value::as_i64).unwrap_or_default();
-            format!("{k} {held} -> {v}")
+            match money_arg(args, k) {
+                Some(currency) => {
+                    format!("{k} {} -> {}", currency.format(held), currency.format(*v))
+                }
+                None => format!("{k} {held} -> {v}"),
+            }
         })
         .collect();
     format!("approved narrower: {}", parts.join(", "))
+}
+
+/// The summary of what will run once narrowed, saying what was asked and who lowered
+/// it: "Refund 10.00 USD on ch_1 (duplicate), narrowed from 25.00 USD by alice; held:
+/// refund (policy.yaml:33)". Built from the redacted arguments, like the held summary.
+fn narrowed_summary(
+    held: &store::Execution,
+    redactor: &Redactor,
+    args: &Value,
+    narrowed: &Value,
+    ask: &Ask,
+) -> String {
+    let was: Vec<String> = ask
+        .lower
+        .keys()
+        .filter_map(|k| {
+            let before = args.get(k).and_then(Value::as_i64)?;
+            (narrowed.get(k).and_then(Value::as_i64) != Some(before)).then(|| {
+                match money_arg(args, k) {
+                    Some(currency) => currency.format(before),
+                    None => format!("{k} {before}"),
+                }
+            })
+        })
+        .collect();
+    let phrase =
+        crate::gateway::call_phrase(&held.tool, &executions::redact_args(redactor, narrowed));
+    let held_because = held
+        .summary
+        .as_deref()
+        .and_then(|s| s.rsplit_once("; held: "))
+        .map(|(_, rule)| format!("; held: {rule}"))
+        .unwrap_or_default();
+    if was.is_empty() {
+        return format!("{phrase}{held_because}");
+    }
+    format!(
+        "{phrase}, narrowed from {} by {}{held_because}",
+        was.join(", "),
+        ask.reviewer
+    )
 }
 
 #[cfg(test)]

@@ -254,18 +254,20 @@ pub fn transition(conn: &Connection, id: &str, from: Status, to: Status) -> rusq
     Ok(changed == 1)
 }
 
-/// Replaces a held call's frozen arguments and binding (a narrowed approval); false when
+/// Replaces a held call's frozen arguments, binding and summary (a narrowed approval); false when
 /// it is no longer held.
 pub fn narrow_held(
     conn: &Connection,
     id: &str,
     canonical_args: &str,
     binding_hash: &str,
+    summary: &str,
 ) -> rusqlite::Result<bool> {
     let changed = cached_execute(
         conn,
-        "UPDATE executions SET args = ?2, binding_hash = ?3 WHERE id = ?1 AND status = 'held'",
-        params![id, canonical_args, binding_hash],
+        "UPDATE executions SET args = ?2, binding_hash = ?3, summary = ?4 \
+         WHERE id = ?1 AND status = 'held'",
+        params![id, canonical_args, binding_hash, summary],
     )?;
     Ok(changed == 1)
 }

@@ -18,7 +18,7 @@ pub(super) fn held_summary(tool: &str, redacted_args: &Value, rule_text: &str) -
 }
 
 /// The call in words, or `tool {compact args}` for a tool without a phrase.
-pub(super) fn phrase(tool: &str, args: &Value) -> String {
+pub(crate) fn phrase(tool: &str, args: &Value) -> String {
     let s = |key: &str| args.get(key).and_then(Value::as_str).map(one_line);
     let said =
         match tool {

@@ -321,9 +321,8 @@ async fn apply_decision(
             .await
             .map(Ok),
         Some(Choice::Approve) => {
-            match approve_refusal(state, id).await {
-                Ok(None) => {}
-                Ok(Some(refusal)) => return refused(StatusCode::CONFLICT, refusal),
+            let held = match read_call(state, id).await {
+                Ok(held) => held,
                 Err(e) => {
                     // Unchecked is not "nothing hidden": the approval waits for a read.
                     tracing::error!(execution = id, error = %e, "cannot check what the page hides");
@@ -332,8 +331,21 @@ async fn apply_decision(
                         "The call could not be read back to check it; nothing was approved. Try again.".into(),
                     );
                 }
-            }
-            let lower = match parse_lower(&form.lower) {
+            };
+            // A call that does not exist has nothing hidden and no currency: the decision
+            // below answers 404 for it.
+            let args = match &held {
+                Some(e) => {
+                    let redactor = state.approvals.gate.current_redactor();
+                    let (_, left_out) = super::views::left_out(&redactor, &e.args);
+                    if !left_out.is_empty() {
+                        return refused(StatusCode::CONFLICT, left_out);
+                    }
+                    serde_json::from_str(&e.args).unwrap_or(serde_json::Value::Null)
+                }
+                None => serde_json::Value::Null,
+            };
+            let lower = match parse_lower(&form.lower, &args) {
                 Ok(lower) => lower,
                 Err(text) => return refused(StatusCode::UNPROCESSABLE_ENTITY, text),
             };
@@ -373,47 +385,75 @@ async fn apply_decision(
         )),
         Err(DecideError::AlreadyDecided { status, .. }) => Ok((
             StatusCode::CONFLICT,
-            format!(
-                "Someone else already decided this approval ({status}): your decision was not recorded."
-            ),
+            already_decided(state, name, id, status).await,
             "warn",
         )),
         Err(DecideError::Store(e)) => Err(Box::new(internal(who, e))),
     }
 }
 
-/// The `lower.<argument>` fields as whole numbers.
-fn parse_lower(fields: &BTreeMap<String, String>) -> Result<BTreeMap<String, i64>, String> {
+/// The `lower.<argument>` fields in the smallest unit: an amount of money typed in its
+/// currency's units ("10.00" USD is 1000), converted exactly; any other argument as a
+/// whole number.
+fn parse_lower(
+    fields: &BTreeMap<String, String>,
+    args: &serde_json::Value,
+) -> Result<BTreeMap<String, i64>, String> {
     fields
         .iter()
         .map(|(arg, text)| {
-            text.trim()
-                .parse::<i64>()
-                .map(|n| (arg.clone(), n))
-                .map_err(|_| format!("{arg} must be a whole number (got {text:?})."))
+            let value = match crate::money::money_arg(args, arg) {
+                Some(currency) => currency
+                    .parse_units(text)
+                    .map_err(|e| format!("{arg}: {e}."))?,
+                None => text
+                    .trim()
+                    .parse::<i64>()
+                    .map_err(|_| format!("{arg} must be a whole number (got {text:?})."))?,
+            };
+            Ok((arg.clone(), value))
         })
         .collect()
 }
 
-/// Why the call `id` cannot be approved from the page (something is not shown). A call
-/// that does not exist has no such reason (the decision then answers 404); a failed read
-/// is an error, never "nothing hidden".
-async fn approve_refusal(
+/// The call `id` as stored, or `None`; a failed read is an error, never "nothing".
+async fn read_call(
     state: &ReviewState,
     id: &str,
-) -> Result<Option<String>, crate::store::StoreError> {
+) -> Result<Option<Execution>, crate::store::StoreError> {
     let owned = id.to_owned();
-    let found = state
+    state
         .approvals
         .gate
         .db
         .read(move |c| store::get(c, &owned))
-        .await?;
-    let Some(e) = found else {
-        return Ok(None);
+        .await
+}
+
+/// Why a decision on an already decided call was not recorded, saying who decided it
+/// and when: "You approved this at 14:02 UTC" when it was the same reviewer.
+async fn already_decided(state: &ReviewState, me: &str, id: &str, status: &str) -> String {
+    let decided = match read_call(state, id).await {
+        Ok(Some(e)) => e,
+        _ => {
+            return format!(
+                "This approval was already decided ({status}): your decision was not recorded."
+            );
+        }
     };
-    let (_, left_out) = super::views::left_out(&state.approvals.gate.current_redactor(), &e.args);
-    Ok((!left_out.is_empty()).then_some(left_out))
+    let verb = match decided.status {
+        Status::Denied => "denied",
+        Status::Expired => "let expire",
+        _ => "approved",
+    };
+    let at = super::views::when(decided.decided_at_ms);
+    match decided.reviewer.as_deref() {
+        Some(by) if by == me => {
+            format!("You {verb} this at {at}: nothing more was done.")
+        }
+        Some(by) => format!("{by} already {verb} this at {at}: your decision was not recorded."),
+        None => format!("This call {status} at {at}: your decision was not recorded."),
+    }
 }
 
 /// `GET /threads/{thread_id}`: every audited event of the thread's calls.

@@ -128,10 +128,35 @@ impl HistoryRow {
     }
 }
 
-/// A numeric argument the reviewer may lower.
+/// A numeric argument the reviewer may lower: an amount of money is shown and typed in
+/// its currency's units ("25.00", USD), any other number as a whole number.
 pub struct Narrowable {
     pub name: String,
-    pub held: i64,
+    /// The held value as the reviewer reads and types it.
+    pub held: String,
+    /// The currency's code when the argument is money, else empty.
+    pub currency: String,
+    /// The input's `step` ("0.01" for USD, "1" for a count or JPY).
+    pub step: String,
+}
+
+impl Narrowable {
+    fn new(args: &Value, name: String, held: i64) -> Narrowable {
+        match crate::money::money_arg(args, &name) {
+            Some(currency) => Narrowable {
+                held: currency.units(held),
+                step: currency.units(1),
+                currency: currency.code(),
+                name,
+            },
+            None => Narrowable {
+                held: held.to_string(),
+                currency: String::new(),
+                step: "1".into(),
+                name,
+            },
+        }
+    }
 }
 
 /// One approval's page.
@@ -252,7 +277,7 @@ impl ApprovalView {
             diagnosis,
             narrowable: narrow::narrowable(&parsed)
                 .into_iter()
-                .map(|(name, held)| Narrowable { name, held })
+                .map(|(name, held)| Narrowable::new(&parsed, name, held))
                 .collect(),
             reviewer: e.reviewer.clone().unwrap_or_else(|| "-".into()),
             decided_at: when(e.decided_at_ms),

@@ -116,12 +116,12 @@ async fn reviewers_deny_and_approve_a_lower_amount_in_a_browser() {
     // Alice approves a lower amount; then Bob's denial finds it already decided.
     let amount = alice.wait_for("input[name='lower.amount']").await;
     amount.clear().await.expect("clear");
-    amount.send_keys("800").await.expect("type");
+    amount.send_keys("8.00").await.expect("type");
     alice.submit("button[value=approve]").await;
     assert!(alice.text("p.banner").await.starts_with("Approved."));
     bob.submit("button[value=deny]").await;
     let told = bob.text("p.banner").await;
-    assert!(told.contains("already decided"), "{told}");
+    assert!(told.contains("alice already approved this at"), "{told}");
     assert!(
         bob.client
             .find_all(Locator::Css("button[value=deny]"))

@@ -118,7 +118,7 @@ async fn a_wider_amount_is_refused_and_nothing_is_reachable_from_a_session_socke
 
     let web = Web::sign_in(&app, "alice").await;
     let decide = format!("/approvals/{id}/decide");
-    let (status, body) = web.approve_lower(&id, "amount", "1001").await;
+    let (status, body) = web.approve_lower(&id, "amount", "10.01").await;
     assert_eq!(status, 422, "{body}");
     assert!(body.contains("may only be lowered"), "{body}");
     let (status, _) = web.approve_lower(&id, "charge", "5").await;
@@ -336,7 +336,7 @@ async fn twenty_concurrent_page_approvals_make_one_refund() {
         let (webs, path) = (webs.clone(), format!("/approvals/{id}/decide"));
         tasks.push(tokio::spawn(async move {
             let web = &webs[i % 2];
-            let amount = if i % 4 < 2 { "1000" } else { "600" };
+            let amount = if i % 4 < 2 { "10.00" } else { "6.00" };
             web.post(
                 &path,
                 &[
@@ -395,7 +395,7 @@ async fn an_expired_approval_says_so_and_refuses_every_decision() {
     );
 
     clock.advance(Duration::from_secs(11 * 60));
-    let (status, body) = web.approve_lower(&id, "amount", "500").await;
+    let (status, body) = web.approve_lower(&id, "amount", "5.00").await;
     assert_eq!(status, 410, "{body}");
     assert!(body.contains("expired before your decision"), "{body}");
     let events = app.audit_events_of(&id).await;

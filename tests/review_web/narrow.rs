@@ -67,7 +67,7 @@ async fn a_narrowed_request_is_bound_anew_and_a_block_rule_refuses_it() {
     let web = Web::sign_in(&app, "alice").await;
 
     // $0.50 falls under the first rule: blocked, and nothing changes.
-    let (status, body) = web.approve_lower(&id, "amount", "50").await;
+    let (status, body) = web.approve_lower(&id, "amount", "0.50").await;
     assert_eq!(status, 422, "{body}");
     assert!(
         body.contains("blocked by the current policy"),
@@ -80,7 +80,7 @@ async fn a_narrowed_request_is_bound_anew_and_a_block_rule_refuses_it() {
     );
     assert_eq!(binding_of(&app, &id).await, held);
 
-    let (status, body) = web.approve_lower(&id, "amount", "600").await;
+    let (status, body) = web.approve_lower(&id, "amount", "6.00").await;
     assert_eq!(status, 200, "{body}");
     let narrowed = binding_of(&app, &id).await;
     assert_ne!(
@@ -117,17 +117,72 @@ async fn a_narrowed_request_is_decided_with_the_limits_real_totals() {
     let id = ada.session.hold_refund(&ada.charges[2], 2000).await;
     let web = Web::sign_in(&app, "alice").await;
 
-    let (status, body) = web.approve_lower(&id, "amount", "400").await;
+    let (status, body) = web.approve_lower(&id, "amount", "4").await;
     assert_eq!(status, 422, "{body}");
     assert!(body.contains("blocked by the current policy"), "{body}");
     assert_eq!(app.execution(&id).await.status, "held");
     assert_eq!(refunds(&world.stripe).await.len(), 2, "nothing more ran");
 
     // Approved as asked, it is not a small refund: it runs.
-    let (status, body) = web.approve_lower(&id, "amount", "2000").await;
+    let (status, body) = web.approve_lower(&id, "amount", "20.00").await;
     assert_eq!(status, 200, "{body}");
     let done = ada.session.wait(&id, 30).await;
     assert_eq!(done["status"], "ok", "{done}");
     assert_eq!(refunds(&world.stripe).await.len(), 3);
+    app.stop().await;
+}
+
+/// Money on the page is in its currency's units: the held $25.00 refund is shown and
+/// narrowed as "25.00" USD (a reviewer typing 10 approves ten dollars, not ten cents),
+/// converted exactly (more decimals than USD has are refused by name); afterwards the
+/// page and the history say what ran and who lowered it, and the same reviewer
+/// submitting again is told it was her own decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amounts_are_shown_and_narrowed_in_the_currency_units() {
+    let world = World::new().await;
+    let app = world.start().await;
+    add_reviewer(&app, "alice").await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[5000])
+        .await;
+    let id = ada.session.hold_refund(&ada.charges[0], 2500).await;
+    let web = Web::sign_in(&app, "alice").await;
+    let page_path = format!("/approvals/{id}");
+    let (_, page) = web.get(&page_path).await;
+    assert!(
+        page.contains("amount in USD (at most 25.00 USD") && page.contains("value=\"25.00\""),
+        "{page}"
+    );
+    assert!(page.contains("step=\"0.01\""), "{page}");
+
+    let (status, body) = web.approve_lower(&id, "amount", "10.005").await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body.contains("more decimals than USD has (2)"), "{body}");
+    assert_eq!(app.execution(&id).await.status, "held");
+
+    let (status, body) = web.approve_lower(&id, "amount", "10").await;
+    assert_eq!(status, 200, "{body}");
+    let done = ada.session.wait(&id, 30).await;
+    assert_eq!(done["status"], "ok", "{done}");
+    let made = refunds(&world.stripe).await;
+    assert_eq!(made.len(), 1, "{made:#?}");
+    assert_eq!(made[0]["amount"], 1000, "ten dollars, in cents");
+
+    let (_, page) = web.get(&page_path).await;
+    let told = "Refund 10.00 USD on";
+    let narrowed = "narrowed from 25.00 USD by alice";
+    assert!(page.contains(told) && page.contains(narrowed), "{page}");
+    assert!(page.contains("amount 25.00 USD -&#62; 10.00 USD"), "{page}");
+    let (_, history) = web.get("/approvals/history").await;
+    assert!(
+        history.contains(told) && history.contains(narrowed),
+        "{history}"
+    );
+
+    // Alice submits again (a second tab, a double click): her own decision, said so.
+    let (status, body) = web.approve_lower(&id, "amount", "10").await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("You approved this at"), "{body}");
+    assert_eq!(refunds(&world.stripe).await.len(), 1, "nothing more ran");
     app.stop().await;
 }
