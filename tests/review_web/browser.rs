@@ -150,7 +150,7 @@ async fn reviewers_deny_and_approve_a_lower_amount_in_a_browser() {
         "{history}"
     );
     assert!(
-        history.contains("approved narrower: amount 2000 -> 800"),
+        history.contains("approved narrower: amount 20.00 USD -> 8.00 USD"),
         "{history}"
     );
     alice
