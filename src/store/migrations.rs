@@ -56,11 +56,18 @@ const MIGRATIONS: &[Migration] = &[
 /// Applies every migration newer than the database's `user_version`, each in its own
 /// transaction together with the version bump.
 pub(super) fn apply(conn: &mut Connection) -> Result<(), StoreError> {
-    let current: usize = conn
+    let version = conn
         .pragma_query_value(None, "user_version", |row| row.get::<_, i64>(0))
-        .map_err(StoreError::Sql)?
-        .try_into()
-        .unwrap_or(0);
+        .map_err(StoreError::Sql)?;
+    // A version this binary does not know is never "nothing applied": a newer binary
+    // wrote it, and running the old code on the new schema could lose data.
+    let current = usize::try_from(version)
+        .ok()
+        .filter(|v| *v <= MIGRATIONS.len())
+        .ok_or(StoreError::SchemaNewer {
+            found: version,
+            known: MIGRATIONS.len(),
+        })?;
     for (index, migration) in MIGRATIONS.iter().enumerate().skip(current) {
         let fail = |source| StoreError::Migration {
             name: migration.name,

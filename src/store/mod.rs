@@ -44,6 +44,17 @@ pub enum StoreError {
         #[source]
         source: rusqlite::Error,
     },
+    /// The database's schema is of a later threadgate than this one.
+    #[error(
+        "the database's schema is version {found}, newer than this threadgate knows ({known}): \
+         run the threadgate that wrote it, or restore a backup taken before the upgrade"
+    )]
+    SchemaNewer {
+        /// The version found (`PRAGMA user_version`).
+        found: i64,
+        /// The newest version this binary has.
+        known: usize,
+    },
     #[error("cannot restrict the permissions of {path}: {source}")]
     Permissions {
         path: PathBuf,

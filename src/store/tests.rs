@@ -139,3 +139,40 @@ async fn the_log_is_checkpointed_off_the_writer() {
         .expect("count");
     assert_eq!(count, 300);
 }
+
+#[test]
+fn a_schema_newer_than_the_binary_is_refused_by_name_and_left_untouched() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    drop(Db::open(&path).expect("open"));
+    let newer = {
+        let conn = Connection::open(&path).expect("raw");
+        let known: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .expect("version");
+        conn.pragma_update(None, "user_version", known + 1)
+            .expect("bump");
+        known + 1
+    };
+    let Err(err) = Db::open(&path) else {
+        panic!("a newer schema must not open");
+    };
+    let text = err.to_string();
+    assert!(
+        matches!(err, StoreError::SchemaNewer { found, .. } if found == newer),
+        "{text}"
+    );
+    assert!(text.contains(&format!("version {newer}")), "{text}");
+    let conn = Connection::open(&path).expect("raw");
+    let after: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .expect("version");
+    assert_eq!(after, newer, "nothing was applied or rewritten");
+    conn.pragma_update(None, "user_version", -1)
+        .expect("negative");
+    drop(conn);
+    assert!(matches!(
+        Db::open(&path).map(drop),
+        Err(StoreError::SchemaNewer { found: -1, .. })
+    ));
+}
