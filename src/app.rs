@@ -469,6 +469,7 @@ impl Application {
         // left behind are recovered, never one a session makes now.
         let leftovers = approvals.leftovers().await;
         let model = model_proxy(&settings, &base.secrets, gate.clone()).await?;
+        let transcripts = tokio::spawn(crate::model::retention::run(model.clone()));
         let sockets = session_sockets(&settings, &base, &gate, model, handle.clone());
         let parts = supervisor_parts(&settings, &base, &gate, sockets.clone());
         let _task = Supervisor::start(parts, inbox);
@@ -484,6 +485,7 @@ impl Application {
             (leftovers, recovery_done),
             events,
         );
+        background.push(transcripts);
         let limits = server_limits(&settings);
         let metrics_addr = match settings.telemetry.metrics_listen {
             Some(at) => {
