@@ -18,6 +18,8 @@ mod budget;
 mod failures;
 #[path = "model_proxy/limits.rs"]
 mod limits;
+#[path = "model_proxy/memory.rs"]
+mod memory;
 #[path = "model_proxy/transcript.rs"]
 mod transcript;
 
