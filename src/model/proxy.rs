@@ -2,13 +2,14 @@
 //!
 //! Calls of one session are serialised, so concurrent calls cannot overspend, and at
 //! most `max_queued_calls` wait (429 `too_many_calls` beyond, before the body is read;
-//! [`super::queue`]). Once a call's turn comes, in order: the request parses (400),
-//! names no model but the agent's (403 `model_not_allowed`), the session's budget is
-//! not spent (429 `budget_exhausted`, with the note queued and the session stopped), no
-//! stored secret value is anywhere in the request, in any string or key of what the
-//! runner sent or of what would go upstream (403 `secret_in_prompt`, with a note naming
-//! the secret and the session stopped like a spent budget: every later call is
-//! refused), and the request's size alone fits the tokens left (at `bytes_per_token`;
+//! [`super::queue`]). Once a call's turn comes, in order: the body is JSON (400); no
+//! stored secret value is in any string or key of it, whatever the field (403
+//! `secret_in_prompt`, with a note naming the secret and the session stopped like a
+//! spent budget: every later call is refused); it is a chat request (400) naming no
+//! model but the agent's (403 `model_not_allowed`); the session's budget is not spent
+//! (429 `budget_exhausted`, with the note queued and the session stopped); no secret
+//! value is in what would go upstream either (text parts joined, names rewritten; as
+//! above); and the request's size alone fits the tokens left (at `bytes_per_token`;
 //! else 429 `budget_exhausted` and the stop, before anything is sent). Then the turn is
 //! counted, the call forwarded with retries, the tokens counted and an audit row
 //! written (never the text).
@@ -110,8 +111,14 @@ impl ModelProxy {
         let raw: Value = serde_json::from_slice(&body)
             .map_err(|e| ProxyError::BadRequest(format!("the body is not JSON: {e}")))?;
         drop(body);
-        let mut request = openai::parse_request(&raw).map_err(ProxyError::BadRequest)?;
         let agent = self.agent(scope)?;
+        let redactor = self.gate.current_redactor();
+        // Every string and key of what the runner sent, then of what would go upstream
+        // (where text parts are joined and names rewritten).
+        if let Some(name) = scan::secret_in_json(&redactor, &raw) {
+            return Err(self.secret_stop(scope, &agent, &name).await);
+        }
+        let mut request = openai::take_request(raw).map_err(ProxyError::BadRequest)?;
         self.check_model(scope, &agent, &request.model).await?;
         request.model = agent.model.clone();
         let spent = self.spent(scope).await?;
@@ -119,13 +126,6 @@ impl ModelProxy {
             self.stop(scope, budget_note::budget(&why)).await?;
             return Err(ProxyError::BudgetExhausted(why));
         }
-        let redactor = self.gate.current_redactor();
-        // Every string and key of what the runner sent, then of what would go upstream
-        // (where text parts are joined and names rewritten).
-        if let Some(name) = scan::secret_in_json(&redactor, &raw) {
-            return Err(self.secret_stop(scope, &agent, &name).await);
-        }
-        drop(raw);
         let remaining = agent.limits.max_tokens.saturating_sub(spent.tokens);
         let cap = u32::try_from(remaining).unwrap_or(u32::MAX).max(1);
         // Never more than the budget left, nor (when the runner names none) more than
@@ -135,7 +135,7 @@ impl ModelProxy {
             .unwrap_or(self.settings.default_max_tokens);
         request.max_tokens = Some(asked.min(cap));
         let names = ToolNames::for_request(&request);
-        let wire = self.upstream.encode(&names.to_wire(request));
+        let wire = self.upstream.encode(names.to_wire(request));
         if let Some(name) = scan::secret_in_json(&redactor, &wire) {
             return Err(self.secret_stop(scope, &agent, &name).await);
         }
@@ -166,8 +166,8 @@ impl ModelProxy {
         (least >= remaining).then(|| {
             format!(
                 "the request's {bytes} bytes are at least {least} tokens (at most [model] \
-                 bytes_per_token ({per_token}) bytes a token), more than the {remaining} left of \
-                 the session's budget of {} model tokens",
+                 bytes_per_token ({per_token}) bytes a token), which cannot fit the {remaining} \
+                 left of the session's budget of {} model tokens",
                 agent.limits.max_tokens
             )
         })

@@ -67,13 +67,33 @@ impl Upstream {
 
     /// `request` in the provider's format: what [`Upstream::send`] sends, once
     /// serialised (the proxy scans and measures exactly that).
-    pub fn encode(&self, request: &ChatRequest) -> Value {
-        match self.settings.provider {
-            Provider::Openai | Provider::Scripted => openai::request_to_wire(request),
-            Provider::Anthropic => {
-                anthropic::request_to_wire(request, self.settings.default_max_tokens)
+    /// The tools' schemas, which can be most of a request, are moved into the body
+    /// rather than copied.
+    pub fn encode(&self, mut request: ChatRequest) -> Value {
+        let schemas: Vec<Value> = request
+            .tools
+            .iter_mut()
+            .map(|t| t.parameters.take())
+            .collect();
+        let (mut body, slot) = match self.settings.provider {
+            Provider::Openai | Provider::Scripted => {
+                (openai::request_to_wire(&request), "/function/parameters")
+            }
+            Provider::Anthropic => (
+                anthropic::request_to_wire(&request, self.settings.default_max_tokens),
+                "/input_schema",
+            ),
+        };
+        drop(request);
+        // Both adapters write one tool per offered tool, in order.
+        if let Some(tools) = body.get_mut("tools").and_then(Value::as_array_mut) {
+            for (tool, schema) in tools.iter_mut().zip(schemas) {
+                if let Some(at) = tool.pointer_mut(slot) {
+                    *at = schema;
+                }
             }
         }
+        body
     }
 
     /// Sends `body` (an [`Upstream::encode`]d request, serialised), retrying what is
