@@ -473,6 +473,7 @@ impl Application {
             .await
             .context("cannot read the calls a previous run left approved or running")?;
         let model = model_proxy(&settings, &base.secrets, gate.clone()).await?;
+        let transcripts = tokio::spawn(crate::model::retention::run(model.clone()));
         let sockets = session_sockets(&settings, &base, &gate, model, handle.clone());
         let parts = supervisor_parts(&settings, &base, &gate, sockets.clone());
         let _task = Supervisor::start(parts, inbox);
@@ -488,6 +489,7 @@ impl Application {
             (leftovers, recovery_done),
             events,
         );
+        background.push(transcripts);
         let limits = server_limits(&settings);
         let metrics_addr = match settings.telemetry.metrics_listen {
             Some(at) => {

@@ -16,6 +16,10 @@ mod adapters;
 mod budget;
 #[path = "model_proxy/failures.rs"]
 mod failures;
+#[path = "model_proxy/limits.rs"]
+mod limits;
+#[path = "model_proxy/memory.rs"]
+mod memory;
 #[path = "model_proxy/transcript.rs"]
 mod transcript;
 

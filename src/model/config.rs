@@ -62,10 +62,24 @@ pub struct ModelSettings {
     pub default_max_tokens: u32,
     /// The largest request body the socket accepts for a model call.
     pub max_request_bytes: usize,
+    /// Model calls of one session that may wait while one of its calls runs (calls of
+    /// a session run one at a time); one more is refused with 429 `too_many_calls`.
+    /// A waiting call holds only its raw body, parsed once its turn comes.
+    pub max_queued_calls: usize,
+    /// The most request bytes one token is taken to cover when a call's size is
+    /// checked against the session's remaining token budget before it is sent: a
+    /// request of N bytes counts as at least N / `bytes_per_token` tokens. Tokenizers
+    /// cover about 3 to 4 bytes of English or JSON per token, so 8 errs on the side of
+    /// letting a call through.
+    pub bytes_per_token: u64,
     /// The largest upstream answer read.
     pub max_answer_bytes: usize,
     /// The largest transcript a session may store (413 above).
     pub transcript_max_bytes: usize,
+    /// A transcript not written for this long is deleted (checked at start and hourly);
+    /// a session resumed after that starts a new conversation.
+    #[serde(deserialize_with = "duration")]
+    pub transcript_retention: Duration,
 }
 
 impl Default for ModelSettings {
@@ -83,8 +97,11 @@ impl Default for ModelSettings {
             anthropic_version: "2023-06-01".into(),
             default_max_tokens: 4096,
             max_request_bytes: 4 * 1024 * 1024,
+            max_queued_calls: 2,
+            bytes_per_token: 8,
             max_answer_bytes: 4 * 1024 * 1024,
             transcript_max_bytes: 2 * 1024 * 1024,
+            transcript_retention: Duration::from_secs(30 * 24 * 3600),
         }
     }
 }
@@ -115,12 +132,18 @@ mod tests {
     fn the_model_table_parses_and_refuses_unknown_keys() {
         let text = "[model]\nprovider = \"anthropic\"\nbase_url = \"https://api.anthropic.com\"\n\
                     allowed = [\"claude-x\"]\ntimeout = \"30s\"\nretries = 2\n\
-                    retry_deadline = \"2m\"\n";
+                    retry_deadline = \"2m\"\nmax_queued_calls = 1\nbytes_per_token = 6\n\
+                    transcript_retention = \"7d\"\n";
         let s: Settings = toml::from_str(text).expect("parses");
         assert_eq!(s.model.provider, super::Provider::Anthropic);
         assert!(s.model.allows("claude-x") && !s.model.allows("scripted-model"));
         assert_eq!(s.model.timeout, std::time::Duration::from_secs(30));
         assert_eq!(s.model.retry_deadline, std::time::Duration::from_secs(120));
+        assert_eq!((s.model.max_queued_calls, s.model.bytes_per_token), (1, 6));
+        assert_eq!(
+            s.model.transcript_retention,
+            std::time::Duration::from_secs(7 * 24 * 3600)
+        );
         let err = toml::from_str::<Settings>("[model]\nprovder = \"openai\"\n").expect_err("typo");
         assert!(err.to_string().contains("provder"), "{err}");
         let err =

@@ -62,6 +62,30 @@ pub fn parse_request(body: &Value) -> Result<ChatRequest, String> {
     })
 }
 
+/// [`parse_request`] of a body the caller gives up: the tools' schemas, which can be
+/// most of a request, are moved into the request rather than copied.
+pub fn take_request(mut body: Value) -> Result<ChatRequest, String> {
+    let schemas: Vec<Value> = match body.get_mut("tools").and_then(Value::as_array_mut) {
+        Some(tools) => tools
+            .iter_mut()
+            .map(|t| {
+                t.pointer_mut("/function/parameters")
+                    .map(Value::take)
+                    .unwrap_or_default()
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let mut request = parse_request(&body)?;
+    drop(body);
+    for (tool, schema) in request.tools.iter_mut().zip(schemas) {
+        if !schema.is_null() {
+            tool.parameters = schema;
+        }
+    }
+    Ok(request)
+}
+
 /// Text content: a string, null, or an array of `{"type":"text","text":...}` parts.
 fn content_text(v: Option<&Value>) -> Result<String, String> {
     match v {

@@ -1,25 +1,31 @@
 //! The model proxy: one model call of a session's runner, checked and forwarded.
 //!
-//! Order of checks: the request parses (400), names no model but the agent's (403
-//! `model_not_allowed`), the session's budget is not spent (429 `budget_exhausted`,
-//! with the note queued and the session stopped), no stored secret value is in the
-//! prompt (403 `secret_in_prompt`, with a note naming the secret and the session
-//! stopped like a spent budget: every later call is refused). Then the turn is counted, the call forwarded with
-//! retries, the tokens counted and an audit row written (never the text).
-//! Calls of one session are serialised, so concurrent calls cannot overspend.
+//! Calls of one session are serialised, so concurrent calls cannot overspend, and at
+//! most `max_queued_calls` wait (429 `too_many_calls` beyond, before the body is read;
+//! [`super::queue`]). Once a call's turn comes, in order: the body is JSON (400); no
+//! stored secret value is in any string or key of it, whatever the field (403
+//! `secret_in_prompt`, with a note naming the secret and the session stopped like a
+//! spent budget: every later call is refused); it is a chat request (400) naming no
+//! model but the agent's (403 `model_not_allowed`); the session's budget is not spent
+//! (429 `budget_exhausted`, with the note queued and the session stopped); no secret
+//! value is in what would go upstream either (text parts joined, names rewritten; as
+//! above); and the request's size alone fits the tokens left (at `bytes_per_token`;
+//! else 429 `budget_exhausted` and the stop, before anything is sent). Then the turn is
+//! counted, the call forwarded with retries, the tokens counted and an audit row
+//! written (never the text).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
+use axum::body::Bytes;
 use serde_json::{Value, json};
 
 use super::config::ModelSettings;
 use super::names::ToolNames;
+use super::queue::{Calls, Place};
 use super::store as model_store;
-use super::types::ChatRequest;
 use super::upstream::{Answered, Upstream, UpstreamError};
-use super::{budget_note, openai};
+use super::{budget_note, openai, scan};
 use crate::approvals::stop_note::StopNote;
 use crate::audit::{self, AuditEvent, AuditRecord};
 use crate::gateway::Gate;
@@ -38,6 +44,8 @@ pub enum ProxyError {
     #[error("{0}")]
     BudgetExhausted(String),
     #[error("{0}")]
+    TooManyCalls(String),
+    #[error("{0}")]
     Upstream(String),
     #[error("{0}")]
     Malformed(String),
@@ -55,7 +63,7 @@ pub struct ModelProxy {
     pub gate: Arc<Gate>,
     pub settings: ModelSettings,
     upstream: Upstream,
-    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    calls: Calls,
 }
 
 impl ModelProxy {
@@ -63,16 +71,10 @@ impl ModelProxy {
     pub fn new(gate: Arc<Gate>, settings: ModelSettings, upstream: Upstream) -> ModelProxy {
         ModelProxy {
             gate,
+            calls: Calls::new(settings.max_queued_calls),
             settings,
             upstream,
-            locks: Mutex::new(HashMap::new()),
         }
-    }
-
-    fn session_lock(&self, session_id: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-        locks.retain(|_, l| Arc::strong_count(l) > 1);
-        locks.entry(session_id.to_owned()).or_default().clone()
     }
 
     fn agent(&self, scope: &SessionScope) -> Result<AgentDefinition, ProxyError> {
@@ -81,27 +83,48 @@ impl ModelProxy {
         })
     }
 
-    /// One model call: `body` is the runner's chat-completions request; the answer is
-    /// a `chat.completion` object with the session's spending under `threadgate`.
+    /// A place for one more model call of the session, or 429 `too_many_calls` when
+    /// one runs and `max_queued_calls` already wait (asked before the body is read).
+    pub fn queue(&self, scope: &SessionScope) -> Result<Place, ProxyError> {
+        self.calls.enter(&scope.session_id).map_err(|full| {
+            ProxyError::TooManyCalls(format!(
+                "the session already has {} model calls in flight (one running, the others waiting), \
+                 the most [model] max_queued_calls ({}) allows; send the next when one answers",
+                full.in_flight, full.max_queued
+            ))
+        })
+    }
+
+    /// One model call: `body` is the runner's chat-completions request, read but not
+    /// parsed; the answer is a `chat.completion` object with the session's spending
+    /// under `threadgate`.
     #[tracing::instrument(name = "model_call", skip_all, fields(thread_id = %scope.thread_id, session_id = %scope.session_id))]
-    pub async fn chat(&self, scope: &SessionScope, body: &Value) -> Result<Value, ProxyError> {
-        let mut request = openai::parse_request(body).map_err(ProxyError::BadRequest)?;
+    pub async fn chat(
+        &self,
+        place: Place,
+        scope: &SessionScope,
+        body: Bytes,
+    ) -> Result<Value, ProxyError> {
+        // Parsed only once the call's turn comes: the parsed tree is many times the size
+        // of the bytes, and a waiting call must not hold it.
+        let _serial = place.turn().await;
+        let raw: Value = serde_json::from_slice(&body)
+            .map_err(|e| ProxyError::BadRequest(format!("the body is not JSON: {e}")))?;
+        drop(body);
         let agent = self.agent(scope)?;
+        let redactor = self.gate.current_redactor();
+        // Every string and key of what the runner sent, then of what would go upstream
+        // (where text parts are joined and names rewritten).
+        if let Some(name) = scan::secret_in_json(&redactor, &raw) {
+            return Err(self.secret_stop(scope, &agent, &name).await);
+        }
+        let mut request = openai::take_request(raw).map_err(ProxyError::BadRequest)?;
         self.check_model(scope, &agent, &request.model).await?;
         request.model = agent.model.clone();
-        let lock = self.session_lock(&scope.session_id);
-        let _serial = lock.lock().await;
         let spent = self.spent(scope).await?;
         if let Some(why) = over_budget(&agent, &spent) {
             self.stop(scope, budget_note::budget(&why)).await?;
             return Err(ProxyError::BudgetExhausted(why));
-        }
-        if let Some(name) = self.secret_in(&request) {
-            self.refused(scope, &agent, "secret_in_prompt").await?;
-            self.stop(scope, budget_note::secret(&name)).await?;
-            return Err(ProxyError::SecretInPrompt(format!(
-                "the prompt holds the value of the stored secret {name:?}; it is never sent to the model, and the session stops"
-            )));
         }
         let remaining = agent.limits.max_tokens.saturating_sub(spent.tokens);
         let cap = u32::try_from(remaining).unwrap_or(u32::MAX).max(1);
@@ -111,6 +134,16 @@ impl ModelProxy {
             .max_tokens
             .unwrap_or(self.settings.default_max_tokens);
         request.max_tokens = Some(asked.min(cap));
+        let names = ToolNames::for_request(&request);
+        let wire = self.upstream.encode(names.to_wire(request));
+        if let Some(name) = scan::secret_in_json(&redactor, &wire) {
+            return Err(self.secret_stop(scope, &agent, &name).await);
+        }
+        let wire = Bytes::from(serde_json::to_vec(&wire).map_err(internal)?);
+        if let Some(why) = self.cannot_fit(wire.len(), remaining, &agent) {
+            self.stop(scope, budget_note::budget(&why)).await?;
+            return Err(ProxyError::BudgetExhausted(why));
+        }
         let (s, t) = (scope.session_id.clone(), scope.thread_id.clone());
         self.gate
             .db
@@ -118,13 +151,46 @@ impl ModelProxy {
             .await
             .map_err(internal)?;
         self.gate.supervisor.touch(&scope.thread_id);
-        let names = ToolNames::for_request(&request);
-        let wire_request = names.to_wire(request);
         let started = Instant::now();
-        let redactor = self.gate.current_redactor();
-        let sent = self.upstream.send(&wire_request, &redactor).await;
+        let sent = self.upstream.send(wire, &redactor).await;
         let latency = started.elapsed().as_millis() as i64;
         self.finish(scope, &agent, sent, latency, names).await
+    }
+
+    /// Why a request of `bytes` cannot fit the `remaining` tokens of the session's
+    /// budget, if it cannot: it counts as at least `bytes / bytes_per_token` tokens,
+    /// and the answer needs one more.
+    fn cannot_fit(&self, bytes: usize, remaining: u64, agent: &AgentDefinition) -> Option<String> {
+        let per_token = self.settings.bytes_per_token.max(1);
+        let least = (bytes as u64).div_ceil(per_token);
+        (least >= remaining).then(|| {
+            format!(
+                "the request's {bytes} bytes are at least {least} tokens (at most [model] \
+                 bytes_per_token ({per_token}) bytes a token), which cannot fit the {remaining} \
+                 left of the session's budget of {} model tokens",
+                agent.limits.max_tokens
+            )
+        })
+    }
+
+    /// Refuses a call holding the value of the stored secret `name`: the audit row,
+    /// the note naming the secret, the session stopped like a spent budget.
+    async fn secret_stop(
+        &self,
+        scope: &SessionScope,
+        agent: &AgentDefinition,
+        name: &str,
+    ) -> ProxyError {
+        let stopped = async {
+            self.refused(scope, agent, "secret_in_prompt").await?;
+            self.stop(scope, budget_note::secret(name)).await
+        };
+        if let Err(e) = stopped.await {
+            return e;
+        }
+        ProxyError::SecretInPrompt(format!(
+            "the prompt holds the value of the stored secret {name:?}; it is never sent to the model, and the session stops"
+        ))
     }
 
     /// Only the agent's model, and only when the config allows it.
@@ -234,6 +300,28 @@ impl ModelProxy {
             .map_err(internal)
     }
 
+    /// The audit row of a transcript refused for holding the value of the stored
+    /// secret `name` (its name only).
+    pub async fn transcript_refused(
+        &self,
+        scope: &SessionScope,
+        name: &str,
+    ) -> Result<(), ProxyError> {
+        let record = AuditRecord {
+            tool: Some("model.transcript".into()),
+            args: Some(json!({"secret": name})),
+            outcome: Some("secret_in_transcript".into()),
+            ..model_record(scope, AuditEvent::Refused)
+        };
+        let redactor = self.gate.current_redactor();
+        self.gate
+            .db
+            .write(move |c| audit::append(c, &record, &redactor))
+            .await
+            .map(|_| ())
+            .map_err(internal)
+    }
+
     async fn spent(&self, scope: &SessionScope) -> Result<model_store::Spent, ProxyError> {
         let s = scope.session_id.clone();
         self.gate
@@ -241,20 +329,6 @@ impl ModelProxy {
             .read(move |c| model_store::spent(c, &s))
             .await
             .map_err(internal)
-    }
-
-    /// The name of a stored secret whose value the prompt holds (never the value).
-    fn secret_in(&self, request: &ChatRequest) -> Option<String> {
-        let redactor = self.gate.current_redactor();
-        let params: Vec<String> = request
-            .tools
-            .iter()
-            .map(|t| t.parameters.to_string())
-            .collect();
-        request
-            .texts()
-            .chain(params.iter().map(String::as_str))
-            .find_map(|t| redactor.find(t.as_bytes()).map(str::to_owned))
     }
 
     /// Marks the session's model calls stopped; the first time, queues `note` on the

@@ -3,16 +3,17 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
 use super::proxy::{ModelProxy, ProxyError};
+use super::scan;
 use super::store::{self as model_store, StoredTranscript};
 use crate::api_error::ApiError;
 use crate::gateway::SandboxRouter;
@@ -30,15 +31,12 @@ impl SandboxRouter for Arc<ModelProxy> {
             proxy: self.clone(),
             scope,
         };
-        // One byte over each cap still reads, so the handler answers 413 in the
-        // socket's error shape instead of axum's plain text.
-        let chat_limit = self.settings.max_request_bytes + 1;
+        // One byte over the cap still reads, so the handler answers 413 in the
+        // socket's error shape instead of axum's plain text. A model call reads its
+        // body itself, once it has a place in the session's queue.
         let transcript_limit = self.settings.transcript_max_bytes + 1;
         Router::new()
-            .route(
-                "/v1/model/chat/completions",
-                post(chat).layer(DefaultBodyLimit::max(chat_limit)),
-            )
+            .route("/v1/model/chat/completions", post(chat))
             .route(
                 "/v1/transcript",
                 get(get_transcript)
@@ -49,18 +47,59 @@ impl SandboxRouter for Arc<ModelProxy> {
     }
 }
 
+/// 413: the body is over `[model] key` (`max` bytes).
+fn too_large(key: &str, max: usize) -> Box<Response> {
+    Box::new(
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("the body exceeds [model] {key} ({max} bytes)"),
+        )
+        .into_response(),
+    )
+}
+
+/// The body, at most `max` bytes (`[model] key`), or the error answer (413 above it,
+/// 400 when it cannot be read whole, in time).
+async fn read_capped(
+    headers: &HeaderMap,
+    body: Body,
+    key: &str,
+    max: usize,
+) -> Result<Bytes, Box<Response>> {
+    use http_body_util::BodyExt as _;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > max) {
+        return Err(too_large(key, max));
+    }
+    let mut body = body;
+    let mut read = Vec::with_capacity(declared.unwrap_or(0));
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            Box::new(
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    format!("cannot read the body: {e}"),
+                )
+                .into_response(),
+            )
+        })?;
+        if let Ok(data) = frame.into_data() {
+            if read.len() + data.len() > max {
+                return Err(too_large(key, max));
+            }
+            read.extend_from_slice(&data);
+        }
+    }
+    Ok(Bytes::from(read))
+}
+
 /// The body as JSON, or the error answer (413 over `max`, 400 when not JSON).
 fn json_body(body: Result<Bytes, BytesRejection>, max: usize) -> Result<Value, Box<Response>> {
-    let too_large = || {
-        Box::new(
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
-                format!("the body exceeds {max} bytes"),
-            )
-            .into_response(),
-        )
-    };
+    let too_large = || too_large("transcript_max_bytes", max);
     let bytes = match body {
         Ok(b) => b,
         Err(r) if r.status() == StatusCode::PAYLOAD_TOO_LARGE => return Err(too_large()),
@@ -86,12 +125,19 @@ fn json_body(body: Result<Bytes, BytesRejection>, max: usize) -> Result<Value, B
     })
 }
 
-async fn chat(State(s): State<Scoped>, body: Result<Bytes, BytesRejection>) -> Response {
-    let body = match json_body(body, s.proxy.settings.max_request_bytes) {
-        Ok(v) => v,
+/// `POST /v1/model/chat/completions`: a place in the session's queue first, then the
+/// body (so a refused call is never read), parsed only when its turn comes.
+async fn chat(State(s): State<Scoped>, headers: HeaderMap, body: Body) -> Response {
+    let place = match s.proxy.queue(&s.scope) {
+        Ok(place) => place,
+        Err(e) => return ApiError::from(e).into_response(),
+    };
+    let max = s.proxy.settings.max_request_bytes;
+    let body = match read_capped(&headers, body, "max_request_bytes", max).await {
+        Ok(b) => b,
         Err(r) => return *r,
     };
-    match s.proxy.chat(&s.scope, &body).await {
+    match s.proxy.chat(place, &s.scope, body).await {
         Ok(answer) => Json(answer).into_response(),
         Err(e) => ApiError::from(e).into_response(),
     }
@@ -120,7 +166,8 @@ async fn get_transcript(State(s): State<Scoped>) -> Response {
     }
 }
 
-/// `PUT /v1/transcript`: replaces the conversation (at most `transcript_max_bytes`).
+/// `PUT /v1/transcript`: replaces the conversation (at most `transcript_max_bytes`,
+/// and no stored secret's value in it).
 async fn put_transcript(State(s): State<Scoped>, body: Result<Bytes, BytesRejection>) -> Response {
     let max = s.proxy.settings.transcript_max_bytes;
     let body = match json_body(body, max) {
@@ -149,6 +196,22 @@ async fn put_transcript(State(s): State<Scoped>, body: Result<Bytes, BytesReject
             }
         },
     };
+    // The transcript leaves the sandbox like a prompt: no stored secret's value in
+    // any string or key of it (refused, audited by the secret's name, as a tool call's
+    // arguments are; the stored transcript is left as it was).
+    if let Some(name) = scan::secret_in_json(&s.proxy.gate.current_redactor(), &body) {
+        return match s.proxy.transcript_refused(&s.scope, &name).await {
+            Ok(()) => ApiError::new(
+                StatusCode::FORBIDDEN,
+                "secret_in_transcript",
+                format!(
+                    "the transcript holds the value of the stored secret {name:?}; it was not stored"
+                ),
+            )
+            .into_response(),
+            Err(e) => ApiError::from(e).into_response(),
+        };
+    }
     let stored = StoredTranscript {
         messages: messages.to_string(),
         events_consumed,
@@ -185,6 +248,7 @@ impl From<ProxyError> for ApiError {
             ProxyError::ModelNotAllowed(_) => (StatusCode::FORBIDDEN, "model_not_allowed"),
             ProxyError::SecretInPrompt(_) => (StatusCode::FORBIDDEN, "secret_in_prompt"),
             ProxyError::BudgetExhausted(_) => (StatusCode::TOO_MANY_REQUESTS, "budget_exhausted"),
+            ProxyError::TooManyCalls(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_calls"),
             ProxyError::Upstream(_) => (StatusCode::BAD_GATEWAY, "upstream_error"),
             ProxyError::Malformed(_) => (StatusCode::BAD_GATEWAY, "upstream_malformed"),
             ProxyError::Internal => return ApiError::internal(),

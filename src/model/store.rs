@@ -116,3 +116,11 @@ pub fn put_transcript(
     )?;
     Ok(())
 }
+
+/// Deletes the transcripts last written at or before `written_before_ms`; how many.
+pub fn forget_transcripts(conn: &Connection, written_before_ms: i64) -> rusqlite::Result<usize> {
+    conn.execute(
+        "DELETE FROM transcripts WHERE updated_at_ms <= ?1",
+        [written_before_ms],
+    )
+}

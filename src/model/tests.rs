@@ -232,3 +232,15 @@ fn the_five_scripts_follow_the_issue() {
     );
     assert_eq!(next_step(&convo("garbage", 2)), Step::Status(500));
 }
+
+#[test]
+fn a_request_taken_whole_is_the_request_parsed() {
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [
+        {"type": "function", "function": {"name": "a", "parameters": {"type": "object", "properties": {"k": {"type": "string"}}}}},
+        {"type": "function", "function": {"name": "b"}},
+        {"type": "function", "function": {"name": "c", "parameters": null}},
+    ]});
+    let parsed = openai::parse_request(&body).expect("parses");
+    assert_eq!(openai::take_request(body).expect("taken"), parsed);
+    assert!(openai::take_request(json!({"messages": [], "tools": [{"type": "web"}]})).is_err());
+}

@@ -96,23 +96,3 @@ pub struct ChatAnswer {
     pub finish_reason: String,
     pub usage: Usage,
 }
-
-impl ChatRequest {
-    /// Every piece of text this request would send upstream, for the secret scan.
-    pub fn texts(&self) -> impl Iterator<Item = &str> {
-        let messages = self.messages.iter().flat_map(|m| {
-            std::iter::once(m.content.as_str())
-                .chain(m.tool_call_id.as_deref())
-                .chain(
-                    m.tool_calls
-                        .iter()
-                        .flat_map(|c| [c.id.as_str(), c.name.as_str(), c.arguments.as_str()]),
-                )
-        });
-        let tools = self
-            .tools
-            .iter()
-            .flat_map(|t| [t.name.as_str(), t.description.as_str()]);
-        messages.chain(tools)
-    }
-}

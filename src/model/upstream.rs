@@ -1,5 +1,5 @@
-//! The upstream client: sends one [`ChatRequest`] in the configured provider's format
-//! with the stored key (read per call through the secrets store, cached until the
+//! The upstream client: writes a [`ChatRequest`] in the configured provider's format
+//! ([`Upstream::encode`]), sends that body with the stored key (read per call through the secrets store, cached until the
 //! store's generation moves, like a connector's [`Credential`]), retries timeouts, 429s (honouring `Retry-After`) and 5xx with
 //! backoff, all within one deadline per call (`retry_deadline`: no attempt runs and no
 //! wait lasts past it), and reads a bounded answer.
@@ -8,6 +8,7 @@ use crate::secrets::ExposeSecret as _;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Bytes;
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -64,12 +65,40 @@ impl Upstream {
         })
     }
 
-    /// Sends `request`, retrying what is worth retrying; `redactor` cleans error text.
-    pub async fn send(
-        &self,
-        request: &ChatRequest,
-        redactor: &Redactor,
-    ) -> Result<Answered, UpstreamError> {
+    /// `request` in the provider's format: what [`Upstream::send`] sends, once
+    /// serialised (the proxy scans and measures exactly that).
+    /// The tools' schemas, which can be most of a request, are moved into the body
+    /// rather than copied.
+    pub fn encode(&self, mut request: ChatRequest) -> Value {
+        let schemas: Vec<Value> = request
+            .tools
+            .iter_mut()
+            .map(|t| t.parameters.take())
+            .collect();
+        let (mut body, slot) = match self.settings.provider {
+            Provider::Openai | Provider::Scripted => {
+                (openai::request_to_wire(&request), "/function/parameters")
+            }
+            Provider::Anthropic => (
+                anthropic::request_to_wire(&request, self.settings.default_max_tokens),
+                "/input_schema",
+            ),
+        };
+        drop(request);
+        // Both adapters write one tool per offered tool, in order.
+        if let Some(tools) = body.get_mut("tools").and_then(Value::as_array_mut) {
+            for (tool, schema) in tools.iter_mut().zip(schemas) {
+                if let Some(at) = tool.pointer_mut(slot) {
+                    *at = schema;
+                }
+            }
+        }
+        body
+    }
+
+    /// Sends `body` (an [`Upstream::encode`]d request, serialised), retrying what is
+    /// worth retrying; `redactor` cleans error text.
+    pub async fn send(&self, body: Bytes, redactor: &Redactor) -> Result<Answered, UpstreamError> {
         let key = self.current_key().await?;
         let started = tokio::time::Instant::now();
         let mut attempts = 0;
@@ -80,7 +109,7 @@ impl Upstream {
                 .retry_deadline
                 .saturating_sub(started.elapsed())
                 .min(self.settings.timeout);
-            let (why, asked) = match self.attempt(request, key.as_deref(), left).await {
+            let (why, asked) = match self.attempt(&body, key.as_deref(), left).await {
                 Attempt::Done(result) => {
                     return result
                         .map(|answer| Answered { answer, attempts })
@@ -136,20 +165,18 @@ impl Upstream {
         asked.unwrap_or(backoff).min(self.settings.max_retry_wait)
     }
 
-    /// The HTTP request for `request` in the provider's format, with its key.
-    fn build(&self, request: &ChatRequest, key: Option<&SecretString>) -> reqwest::RequestBuilder {
+    /// The HTTP request carrying `body`, with its key.
+    fn build(&self, body: &Bytes, key: Option<&SecretString>) -> reqwest::RequestBuilder {
         let base = self.settings.base_url.trim_end_matches('/');
-        let (url, body) = match self.settings.provider {
-            Provider::Openai | Provider::Scripted => (
-                format!("{base}/chat/completions"),
-                openai::request_to_wire(request),
-            ),
-            Provider::Anthropic => (
-                format!("{base}/v1/messages"),
-                anthropic::request_to_wire(request, self.settings.default_max_tokens),
-            ),
+        let url = match self.settings.provider {
+            Provider::Openai | Provider::Scripted => format!("{base}/chat/completions"),
+            Provider::Anthropic => format!("{base}/v1/messages"),
         };
-        let http = self.client.post(url).json(&body);
+        let http = self
+            .client
+            .post(url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.clone());
         match (self.settings.provider, key) {
             (Provider::Anthropic, key) => {
                 let http = http.header("anthropic-version", &self.settings.anthropic_version);
@@ -165,13 +192,8 @@ impl Upstream {
 
     /// One attempt, given at most `left` (the call's remaining time, at most the
     /// per-attempt timeout).
-    async fn attempt(
-        &self,
-        request: &ChatRequest,
-        key: Option<&SecretString>,
-        left: Duration,
-    ) -> Attempt {
-        let http = self.build(request, key).timeout(left);
+    async fn attempt(&self, body: &Bytes, key: Option<&SecretString>, left: Duration) -> Attempt {
+        let http = self.build(body, key).timeout(left);
         let response = match http.send().await {
             Ok(r) => r,
             Err(e) => return Attempt::Retry(describe(&e), None),

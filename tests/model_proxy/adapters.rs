@@ -159,6 +159,10 @@ async fn the_openai_adapter_forwards_with_the_bearer_key_and_maps_tool_names_bac
         assert_eq!(r.bearer.as_deref(), Some(MODEL_KEY));
         assert_eq!(r.api_key, None);
     }
+    // Each offered tool's schema goes as it was offered.
+    let tool = &seen[0].body["tools"][0]["function"];
+    assert_eq!(tool["parameters"]["type"], "object", "{tool}");
+    assert!(tool["parameters"]["properties"].is_object(), "{tool}");
     // The tool result went back as a `tool` message answering the call.
     let last = &seen[1].body["messages"];
     assert_eq!(last[3]["role"], "tool");
@@ -175,6 +179,11 @@ async fn the_anthropic_adapter_converts_tool_use_and_tool_result_both_ways() {
         assert_eq!(r.bearer, None);
         assert_eq!(r.body["system"], "You are the support agent.");
         assert!(r.body["max_tokens"].as_u64().is_some());
+        let schema = &r.body["tools"][0]["input_schema"];
+        assert!(
+            schema["properties"].is_object(),
+            "the schema as offered: {schema}"
+        );
     }
     let messages = &seen[1].body["messages"];
     assert_eq!(messages[1]["role"], "assistant");

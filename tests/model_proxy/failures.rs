@@ -80,6 +80,71 @@ async fn a_stored_secret_in_the_prompt_stops_the_session_with_a_note() {
     app.stop().await;
 }
 
+// Before: the scan read chosen fields only, and a named tool choice was not among them:
+// `tool_choice.function.name` carried a stored secret to the model provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_secret_anywhere_in_the_request_stops_the_session() {
+    let mw = ModelWorld::new(Provider::Openai).await;
+    let app = mw.world.start().await;
+    let plain_key = crate::support::plain_fake::API_KEY;
+    let github = crate::support::github_stub::TOKEN;
+    let tool = |description: &str, parameters: serde_json::Value| {
+        json!({"type": "function", "function": {"name": "stripe.list_charges",
+            "description": description, "parameters": parameters}})
+    };
+    let plain_tool = tool("list charges", json!({"type": "object"}));
+    let messages = customer_says("charged twice");
+    let attempts = [
+        (
+            "tool_choice.function.name",
+            "stripe_api_key",
+            json!({"messages": messages, "tools": [plain_tool],
+                "tool_choice": {"type": "function", "function": {"name": STRIPE_KEY}}}),
+        ),
+        (
+            "a tool's description",
+            "plain_api_key",
+            json!({"messages": messages,
+                "tools": [tool(&format!("use {plain_key} here"), json!({"type": "object"}))]}),
+        ),
+        (
+            "a key",
+            "github_token",
+            json!({"messages": messages, "tools": [plain_tool], "metadata": {github: "x"}}),
+        ),
+        (
+            "a nested field",
+            "stripe_api_key",
+            json!({"messages": [{"role": "user", "content": "hi",
+                "extra": {"trace": [{"id": format!("id-{STRIPE_KEY}")}]}}]}),
+        ),
+    ];
+    let values = [STRIPE_KEY, plain_key, github];
+    for (i, (place, name, body)) in attempts.into_iter().enumerate() {
+        let s = session(&mw, &app, &format!("anywhere{i}@example.com")).await;
+        let (status, answer) = chat_raw(&s, &body).await;
+        assert_eq!(
+            (status, answer["error"].as_str()),
+            (403, Some("secret_in_prompt")),
+            "{place}: {answer}"
+        );
+        assert!(values.iter().all(|v| !answer.to_string().contains(v)));
+        let note = mw
+            .world
+            .note_containing(
+                &s.thread_id,
+                "a stored secret reached its prompt",
+                "the stop note",
+            )
+            .await;
+        assert!(note.contains(&format!("{name:?}")), "{place}: {note}");
+        assert!(values.iter().all(|v| !note.contains(v)), "{note}");
+        app.session_stops(&s.thread_id).await;
+    }
+    assert!(mw.model.seen().is_empty(), "nothing reached the model");
+    app.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_model_and_streaming_are_refused() {
     let mw = ModelWorld::new(Provider::Openai).await;
