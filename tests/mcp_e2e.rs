@@ -4,7 +4,7 @@
 //! sealed request state is good once, for its own call and session. The first tests run
 //! threadgate with the fake sandbox (the client talks to the session socket from the
 //! test); `in_container` runs the client inside a real sandbox container, behind the
-//! runner's bridge.
+//! runner's bridge. Issue 17 (`logs`): nothing secret reaches the logs at trace.
 //!
 //! Needs `.venv-peers` (`scripts/localstripe.sh setup`); `in_container` also needs
 //! Docker and the sandbox image (see `tests/agent_e2e.rs`).
@@ -20,6 +20,8 @@ pub mod client;
 mod elicitation;
 #[path = "mcp_e2e/gated.rs"]
 mod gated;
+#[path = "mcp_e2e/logs.rs"]
+mod logs;
 
 #[path = "mcp_e2e/in_container.rs"]
 mod in_container;
