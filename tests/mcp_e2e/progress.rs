@@ -77,3 +77,44 @@ async fn a_wait_with_a_progress_token_reports_progress_until_its_result() {
     client.cancel().await.expect("close");
     app.stop().await;
 }
+
+/// The official TypeScript SDK, with its default request timeout (60 s), gets
+/// `threadgate_wait`'s answer ("still pending") instead of a timeout error: the wait's
+/// default (25 s) is below it. Runs when `MCP_SDK_DIR` names a directory where
+/// `npm install @modelcontextprotocol/sdk` was run (and `node` is on the path);
+/// otherwise it says so and passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_typescript_sdk_gets_an_answer_within_its_default_timeout() {
+    let Some(sdk) = std::env::var_os("MCP_SDK_DIR") else {
+        eprintln!("skipped: MCP_SDK_DIR is not set (see scripts/mcp-ts-wait.cjs)");
+        return;
+    };
+    let world = World::new().await;
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[5000])
+        .await;
+    let id = ada.session.hold_refund(&ada.charges[0], 1000).await;
+    let script = crate::support::plain::repo_root().join("scripts/mcp-ts-wait.cjs");
+    let run = tokio::process::Command::new("node")
+        .arg(script)
+        .arg(&ada.session.socket)
+        .arg(&id)
+        .env("MCP_SDK_DIR", sdk)
+        .output();
+    let out = tokio::time::timeout(GUARD, run)
+        .await
+        .expect("node ends")
+        .expect("node runs");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said: Value = serde_json::from_str(said.trim()).expect("one JSON line");
+    let result = &said["result"]["structuredContent"];
+    assert_eq!(result["status"], "pending_approval", "{said}");
+    assert_eq!(result["execution_id"], json!(id), "{said}");
+    app.stop().await;
+}
