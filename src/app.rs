@@ -315,7 +315,10 @@ fn session_sockets(
         db: base.db.clone(),
         agents: base.agents.clone(),
         supervisor,
-        calls: Arc::new(crate::mcp::CallsWithMcp::new(gate.clone())) as Arc<dyn SandboxRouter>,
+        calls: Arc::new(crate::mcp::CallsWithMcp::new(
+            gate.clone(),
+            settings.mcp.clone(),
+        )) as Arc<dyn SandboxRouter>,
         model: Arc::new(model) as Arc<dyn SandboxRouter>,
     });
     let limits = ConnLimits {

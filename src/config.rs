@@ -74,6 +74,8 @@ pub struct Settings {
     pub sessions: SessionSettings,
     /// The model proxy on the session socket (`[model]`).
     pub model: crate::model::ModelSettings,
+    /// MCP on the session socket (`[mcp]`).
+    pub mcp: crate::mcp::McpSettings,
     pub server: ServerSettings,
     /// Metrics, readiness and trace export (`[telemetry]`).
     pub telemetry: TelemetrySettings,
@@ -235,6 +237,7 @@ impl Default for Settings {
             sandbox: SandboxSettings::default(),
             sessions: SessionSettings::default(),
             model: crate::model::ModelSettings::default(),
+            mcp: crate::mcp::McpSettings::default(),
             server: ServerSettings::default(),
             telemetry: TelemetrySettings::default(),
         }

@@ -8,12 +8,40 @@
 //! `supervisor`, `session_start`) and the call path (`gate`, `execute`,
 //! `connector_call`), so one grep for an id shows a call's life. In JSON each line has
 //! the innermost span under `span` and the whole chain under `spans`.
+//!
+//! Dependencies are capped whatever `RUST_LOG` asks ([`DEPENDENCY_CAPS`]): at debug and
+//! trace they log raw requests and answers (rmcp every JSON-RPC message, the HTTP
+//! stacks their URLs and frames, bollard its calls), which carry tool arguments,
+//! results, customers' emails and secrets. Every line goes through [`lines`], so the
+//! cap holds for every subscriber threadgate builds.
 
 use std::io::IsTerminal as _;
 
+use tracing::level_filters::LevelFilter;
+use tracing_subscriber::filter::{FilterExt as _, Targets};
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::{EnvFilter, Layer as _, Registry};
+
+/// The most any target outside threadgate's own crates (`threadgate*`) logs, whatever
+/// `RUST_LOG` asks: warnings and errors, which say what failed without the payloads.
+pub const DEPENDENCY_CAP: LevelFilter = LevelFilter::WARN;
+
+/// Dependencies capped lower than [`DEPENDENCY_CAP`]: rmcp's warnings quote what a
+/// client sent (a refused `Host` header, a handler's error data), so only its errors
+/// are kept.
+pub const DEPENDENCY_CAPS: &[(&str, LevelFilter)] = &[("rmcp", LevelFilter::ERROR)];
+
+/// The cap on every target: threadgate's own crates as `RUST_LOG` says, every other
+/// at [`DEPENDENCY_CAP`] or its entry of [`DEPENDENCY_CAPS`].
+pub fn dependency_caps() -> Targets {
+    DEPENDENCY_CAPS.iter().fold(
+        Targets::new()
+            .with_default(DEPENDENCY_CAP)
+            .with_target("threadgate", LevelFilter::TRACE),
+        |targets, (target, cap)| targets.with_target(*target, *cap),
+    )
+}
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +73,8 @@ pub fn use_colours(is_terminal: bool, no_color: Option<&str>) -> bool {
     is_terminal && no_color.is_none_or(str::is_empty)
 }
 
-/// The log lines: `format` to `writer`, filtered by `filter`, with their spans' fields.
+/// The log lines: `format` to `writer`, filtered by `filter` within the
+/// [`dependency_caps`], with their spans' fields.
 fn lines<W>(
     format: LogFormat,
     filter: EnvFilter,
@@ -55,6 +84,7 @@ fn lines<W>(
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
+    let filter = filter.and(dependency_caps());
     match format {
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
@@ -73,7 +103,7 @@ where
 }
 
 /// The subscriber [`init`] installs: lines in `format` to `writer`, filtered by
-/// `filter`, with their spans' fields.
+/// `filter` within the [`dependency_caps`], with their spans' fields.
 pub fn subscriber<W>(
     format: LogFormat,
     filter: EnvFilter,
@@ -228,6 +258,42 @@ mod tests {
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+
+    /// Issue 17, item 9: at `RUST_LOG=trace` threadgate's own lines are all there, while
+    /// a dependency's debug and trace lines (where rmcp and the HTTP stacks log raw
+    /// requests and answers) and rmcp's warnings never are.
+    #[test]
+    fn dependencies_are_capped_whatever_rust_log_asks() {
+        let buffer = Buffer::default();
+        let sink = buffer.clone();
+        let directives = "trace,rmcp=trace,hyper=trace,h2=trace,reqwest=trace,bollard=trace";
+        let sub = subscriber(
+            LogFormat::Text,
+            EnvFilter::new(directives),
+            move || sink.clone(),
+            false,
+        );
+        tracing::subscriber::with_default(sub, || {
+            tracing::trace!(target: "threadgate::gateway", "ours at trace");
+            tracing::trace!(target: "threadgate_policy", "our crate at trace");
+            tracing::debug!(target: "rmcp::service", "payload-debug rmcp");
+            tracing::trace!(target: "rmcp::service", "payload-trace rmcp");
+            tracing::debug!(target: "hyper::proto", "payload-debug hyper");
+            tracing::trace!(target: "h2::codec", "payload-trace h2");
+            tracing::debug!(target: "reqwest::connect", "payload-debug reqwest");
+            tracing::debug!(target: "bollard::docker", "payload-debug bollard");
+            tracing::info!(target: "tower_http::trace", "payload-info tower_http");
+            tracing::warn!(target: "rmcp::transport", "payload-warn rmcp");
+            tracing::error!(target: "rmcp::transport", "rmcp error kept");
+            tracing::warn!(target: "hyper_util::client", "hyper warning kept");
+        });
+        let text = String::from_utf8(buffer.0.lock().expect("buffer").clone()).expect("utf8");
+        assert!(text.contains("ours at trace"), "{text}");
+        assert!(text.contains("our crate at trace"), "{text}");
+        assert!(text.contains("rmcp error kept"), "{text}");
+        assert!(text.contains("hyper warning kept"), "{text}");
+        assert!(!text.contains("payload-"), "{text}");
     }
 
     #[test]

@@ -4,7 +4,10 @@
 //! sealed request state is good once, for its own call and session. The first tests run
 //! threadgate with the fake sandbox (the client talks to the session socket from the
 //! test); `in_container` runs the client inside a real sandbox container, behind the
-//! runner's bridge.
+//! runner's bridge. Issue 17 (`listing`, `logs`, `progress`): `tools/list` describes
+//! tools as `GET /v1/tools` does, an unknown tool is -32602, `/mcp` and REST answer to
+//! the same hosts, nothing secret reaches the logs at trace, and a wait reports
+//! progress.
 //!
 //! Needs `.venv-peers` (`scripts/localstripe.sh setup`); `in_container` also needs
 //! Docker and the sandbox image (see `tests/agent_e2e.rs`).
@@ -20,6 +23,12 @@ pub mod client;
 mod elicitation;
 #[path = "mcp_e2e/gated.rs"]
 mod gated;
+#[path = "mcp_e2e/listing.rs"]
+mod listing;
+#[path = "mcp_e2e/logs.rs"]
+mod logs;
+#[path = "mcp_e2e/progress.rs"]
+mod progress;
 
 #[path = "mcp_e2e/in_container.rs"]
 mod in_container;

@@ -6,6 +6,7 @@ mod complete;
 mod decide;
 pub mod gate;
 pub mod holds;
+pub mod host;
 pub mod note;
 mod outcome;
 mod prepare;
@@ -18,7 +19,7 @@ mod scope;
 pub mod serve;
 pub mod socket;
 mod summary;
-mod tool_docs;
+pub mod tool_docs;
 
 pub(crate) use decide::SqlHistory;
 pub use gate::{CallReply, CallRequest, Connectors, Gate, LoadedPolicy};

@@ -1,7 +1,8 @@
 //! The sandbox API: what a session's agent can ask of threadgate over its socket.
 //!
 //! Every handler takes the session's [`SessionScope`] from the socket the request came
-//! in on; nothing in a request can name another session.
+//! in on; nothing in a request can name another session. Every route of the socket,
+//! the merged ones included, is behind the one `Host` check ([`super::host`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,6 +60,7 @@ impl SandboxRouter for Arc<SandboxApi> {
             .with_state(state);
         base.merge(self.model.router(scope.clone()))
             .merge(self.calls.router(scope))
+            .layer(axum::middleware::from_fn(super::host::check_host))
     }
 }
 

@@ -1,13 +1,21 @@
-//! What `GET /v1/tools` tells the agent about each catalog tool beyond its name and
-//! argument types: a description of the tool and of each argument, and the values an
-//! argument takes when the connector accepts only a few (a refund's `reason`: Stripe's
-//! own list, the one the connector checks). A catalog tool without a description here
-//! is caught by this module's test.
+//! What the agent's model is told about each catalog tool beyond its name and argument
+//! types: a description of the tool and of each argument, and the values an argument
+//! takes when the connector accepts only a few (a refund's `reason`: Stripe's own list,
+//! the one the connector checks). The one source of both `GET /v1/tools` (what the
+//! built-in runner offers its model) and MCP's `tools/list` (its JSON input schemas).
+//! A catalog tool or argument without a description here is caught by this module's
+//! tests.
 
 use serde_json::{Value, json};
 
 use crate::connectors::stripe::REFUND_REASONS;
-use crate::policy::{ArgSpec, ToolSpec};
+use crate::policy::{ArgSpec, ArgType, ToolSpec};
+
+/// What the optional `diagnosis` argument of every gateway tool is for.
+pub const DIAGNOSIS_DESCRIPTION: &str = "What you found and why you make this call, with the evidence. A person reads it if the call is held for approval.";
+
+/// Said of an argument the gateway fills in (`ArgSpec::filled_by_gateway`).
+const FILLED: &str = "threadgate fills it in from the thread or the charge; you may leave it out.";
 
 /// What the tool does, for the model.
 pub fn tool_description(tool: &str) -> Option<&'static str> {
@@ -38,8 +46,19 @@ pub fn tool_description(tool: &str) -> Option<&'static str> {
     })
 }
 
-/// What an argument means, for the model.
-fn arg_description(tool: &str, arg: &str) -> Option<&'static str> {
+/// What an argument means, for the model; an argument the gateway fills in says so.
+pub fn arg_description(tool: &str, arg: &ArgSpec) -> Option<String> {
+    let own = own_arg_description(tool, arg.name);
+    if !arg.filled_by_gateway {
+        return own.map(str::to_owned);
+    }
+    Some(match own {
+        Some(d) => format!("{d} {FILLED}"),
+        None => FILLED.to_owned(),
+    })
+}
+
+fn own_arg_description(tool: &str, arg: &str) -> Option<&'static str> {
     Some(match (tool, arg) {
         ("stripe.create_refund", "amount") => {
             "The amount to refund in the charge's smallest currency unit (cents); the whole charge when left out."
@@ -58,12 +77,23 @@ fn arg_description(tool: &str, arg: &str) -> Option<&'static str> {
         (_, "query") => "What to search for.",
         (_, "repo") => "The repository, `owner/name`.",
         (_, "path") => "The file's path in the repository.",
+        (_, "ref") => "The branch, tag or commit to read it at; the default branch when left out.",
+        (_, "title") => "The issue's title.",
+        (_, "body") => "The issue's text, as Markdown.",
+        (_, "labels") => "Labels to put on the issue.",
+        (_, "plan") => "The Stripe price id (`price_...`) to move the subscription to.",
+        (_, "quantity") => "The subscription's new quantity.",
+        (_, "cancel_at_period_end") => {
+            "Whether the subscription ends at the end of the period already paid."
+        }
+        (_, "currency") => "The charge's currency (three-letter ISO code, lowercase).",
+        (_, "thread_id") => "This support thread's id.",
         _ => return None,
     })
 }
 
 /// The values an argument takes, when only a few are accepted.
-fn arg_values(tool: &str, arg: &str) -> Option<&'static [&'static str]> {
+pub fn arg_values(tool: &str, arg: &str) -> Option<&'static [&'static str]> {
     match (tool, arg) {
         ("stripe.create_refund", "reason") => Some(REFUND_REASONS),
         _ => None,
@@ -72,8 +102,24 @@ fn arg_values(tool: &str, arg: &str) -> Option<&'static [&'static str]> {
 
 /// One argument as `GET /v1/tools` lists it.
 pub fn arg_listing(tool: &ToolSpec, a: &ArgSpec) -> Value {
-    let mut v = json!({"name": a.name, "type": a.ty.as_str(), "required": a.required});
-    if let Some(d) = arg_description(tool.name, a.name) {
+    let v = json!({"name": a.name, "type": a.ty.as_str(), "required": a.required});
+    with_docs(v, tool, a)
+}
+
+/// One argument as a JSON schema (MCP's input schemas): its type, with the same
+/// description and values as [`arg_listing`].
+pub fn arg_schema(tool: &ToolSpec, a: &ArgSpec) -> Value {
+    let v = match a.ty {
+        ArgType::String => json!({"type": "string"}),
+        ArgType::Integer => json!({"type": "integer"}),
+        ArgType::Boolean => json!({"type": "boolean"}),
+        ArgType::StringArray => json!({"type": "array", "items": {"type": "string"}}),
+    };
+    with_docs(v, tool, a)
+}
+
+fn with_docs(mut v: Value, tool: &ToolSpec, a: &ArgSpec) -> Value {
+    if let Some(d) = arg_description(tool.name, a) {
         v["description"] = json!(d);
     }
     if let Some(values) = arg_values(tool.name, a.name) {
@@ -95,6 +141,27 @@ mod tests {
                 "{} has no description",
                 t.name
             );
+        }
+    }
+
+    #[test]
+    fn every_argument_is_described_and_filled_ones_say_so() {
+        let catalog = Catalog::builtin();
+        for t in catalog.tools() {
+            for a in t.args {
+                let said = arg_description(t.name, a);
+                assert!(said.is_some(), "{}.{} has no description", t.name, a.name);
+                assert_eq!(
+                    said.is_some_and(|d| d.contains(FILLED)),
+                    a.filled_by_gateway,
+                    "{}.{}",
+                    t.name,
+                    a.name
+                );
+                let (listed, schema) = (arg_listing(t, a), arg_schema(t, a));
+                assert_eq!(listed["description"], schema["description"]);
+                assert_eq!(listed["enum"], schema["enum"]);
+            }
         }
     }
 

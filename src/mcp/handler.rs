@@ -1,5 +1,5 @@
-//! One session's MCP tools: list, call through the gate, wait, and redeem a sealed
-//! request state.
+//! One session's MCP tools: list, call through the gate, wait (with progress
+//! notifications), and redeem a sealed request state.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -8,9 +8,10 @@ use std::time::Duration;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ElicitRequest, ElicitRequestParams,
     Implementation, InputRequest, InputRequiredResult, JsonObject, ListToolsResult, MetaObject,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig,
+    PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ServerCapabilities,
+    ServerConfig,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{Peer, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 
@@ -19,13 +20,49 @@ use super::state::{HeldState, fresh_nonce, request_digest};
 use super::tools::{DIAGNOSIS, WAIT_TOOL, gateway_tool, wait_tool};
 use crate::executions::store::{self as exec_store, Execution, Status};
 use crate::gateway::routes::{agent_view, rfc3339};
-use crate::gateway::{CallReply, CallRequest};
+use crate::gateway::{CallReply, CallRequest, Refusal};
 use crate::session::SessionScope;
 
 /// The `_meta` key prefix of threadgate's fields.
 const META: &str = "threadgate";
-/// How long `threadgate_wait` waits when not told.
-const DEFAULT_WAIT_SECONDS: u64 = 60;
+
+/// Where a wait reports its progress: the client's token of the request, and the
+/// request's peer.
+struct Progress {
+    peer: Peer<RoleServer>,
+    token: ProgressToken,
+    /// The last progress value sent (each must be larger).
+    last: f64,
+}
+
+impl Progress {
+    /// The progress reporter of a request, when its `_meta` carries a token.
+    fn of(context: &RequestContext<RoleServer>) -> Option<Progress> {
+        let token = context.meta.get_progress_token()?;
+        Some(Progress {
+            peer: context.peer.clone(),
+            token,
+            last: -1.0,
+        })
+    }
+
+    /// Sends one notification: seconds waited of `timeout`, and what is awaited.
+    async fn report(&mut self, waited: Duration, timeout: Duration, exec: &Execution) {
+        let progress = waited.as_secs_f64().max(self.last + 0.001);
+        self.last = progress;
+        let param = ProgressNotificationParam::new(self.token.clone(), progress)
+            .with_total(timeout.as_secs_f64())
+            .with_message(format!(
+                "waiting for a person's decision on execution {} ({})",
+                exec.id,
+                exec.status.as_str()
+            ));
+        if let Err(e) = self.peer.notify_progress(param).await {
+            // The client went away; the wait ends with its request.
+            tracing::debug!(error = %e, "cannot send a progress notification");
+        }
+    }
+}
 
 /// The MCP server as one session's socket serves it.
 #[derive(Clone)]
@@ -43,8 +80,9 @@ impl SessionTools {
     /// The tools the agent may call, in the catalog's order, then `threadgate_wait`.
     pub fn tools(&self) -> Vec<rmcp::model::Tool> {
         let gate = &self.server.gate;
+        let wait = wait_tool(self.server.settings.wait_default.as_secs());
         let Some(agent) = gate.agents.get(&self.scope.agent) else {
-            return vec![wait_tool()];
+            return vec![wait];
         };
         let loaded = gate.current_policy();
         let mut tools: Vec<_> = gate
@@ -55,11 +93,18 @@ impl SessionTools {
             .filter(|t| !loaded.policy.always_blocks(t.name, &gate.catalog))
             .map(gateway_tool)
             .collect();
-        tools.push(wait_tool());
+        tools.push(wait);
         tools
     }
 
-    async fn call(&self, params: CallToolRequestParams, url_mode: bool) -> CallToolResponse {
+    /// A gateway tool's call. A name the catalog does not have is an invalid-params
+    /// error (-32602), after the gate has counted and logged it as on REST.
+    async fn call(
+        &self,
+        params: CallToolRequestParams,
+        url_mode: bool,
+        progress: Option<Progress>,
+    ) -> Result<CallToolResponse, ErrorData> {
         let gate = &self.server.gate;
         gate.supervisor.touch(&self.scope.thread_id);
         let mut args = Value::Object(params.arguments.unwrap_or_default());
@@ -71,7 +116,7 @@ impl SessionTools {
         let tool = params.name.into_owned();
         let digest = request_digest(&tool, &args);
         if let Some(sealed) = params.request_state {
-            return self.redeem(&tool, &sealed, &digest).await;
+            return Ok(self.redeem(&tool, &sealed, &digest, progress).await);
         }
         let reply = gate
             .call(
@@ -83,7 +128,13 @@ impl SessionTools {
                 },
             )
             .await;
-        match reply {
+        Ok(match reply {
+            CallReply::Refused(Refusal::UnknownTool(message)) => {
+                return Err(ErrorData::invalid_params(
+                    message,
+                    Some(json!({"error": "unknown_tool"})),
+                ));
+            }
             CallReply::Held {
                 execution,
                 approval_url,
@@ -91,7 +142,7 @@ impl SessionTools {
                 .input_required(&execution, &approval_url, digest)
                 .into(),
             other => reply_result(other).into(),
-        }
+        })
     }
 
     /// The held call as an input request: the approval page to open, and the sealed
@@ -132,7 +183,13 @@ impl SessionTools {
     /// session and this exact call, unexpired and unused; then it waits on the
     /// execution like `threadgate_wait`. Still undecided at the wait's end, the client
     /// gets a fresh input request (the redeemed state is spent).
-    async fn redeem(&self, tool: &str, sealed: &str, digest: &str) -> CallToolResponse {
+    async fn redeem(
+        &self,
+        tool: &str,
+        sealed: &str,
+        digest: &str,
+        progress: Option<Progress>,
+    ) -> CallToolResponse {
         let gate = &self.server.gate;
         let state = match self.server.sealer.redeem(
             &self.scope.session_id,
@@ -157,10 +214,8 @@ impl SessionTools {
             )
             .into();
         }
-        match self
-            .settle(exec, Duration::from_secs(DEFAULT_WAIT_SECONDS))
-            .await
-        {
+        let wait = self.server.settings.wait_default;
+        match self.settle(exec, wait, progress).await {
             Ok((exec, false)) if !exec.status.is_final() => {
                 let url = gate.approval_url(&exec.id);
                 self.input_required(&exec, &url, state.request_digest)
@@ -171,12 +226,12 @@ impl SessionTools {
         }
     }
 
-    async fn wait(&self, args: &JsonObject) -> CallToolResult {
+    async fn wait(&self, args: &JsonObject, progress: Option<Progress>) -> CallToolResult {
         let Some(id) = args.get("execution_id").and_then(Value::as_str) else {
             return refused("invalid_arguments", "execution_id (a string) is required");
         };
         let seconds = match args.get("timeout_seconds") {
-            None => DEFAULT_WAIT_SECONDS,
+            None => self.server.settings.wait_default.as_secs(),
             Some(v) => match v.as_u64() {
                 Some(s) if s >= 1 => s.min(super::MAX_WAIT_SECONDS),
                 _ => {
@@ -187,41 +242,54 @@ impl SessionTools {
                 }
             },
         };
-        match self.load(id).await {
-            Ok(exec) => self.wait_for(exec, Duration::from_secs(seconds)).await,
-            Err(r) => r,
-        }
-    }
-
-    /// Waits on `exec` and answers it as `threadgate_wait` does.
-    async fn wait_for(&self, exec: Execution, timeout: Duration) -> CallToolResult {
-        match self.settle(exec, timeout).await {
+        let exec = match self.load(id).await {
+            Ok(exec) => exec,
+            Err(r) => return r,
+        };
+        match self
+            .settle(exec, Duration::from_secs(seconds), progress)
+            .await
+        {
             Ok((exec, expired)) => execution_result(&exec, expired),
             Err(r) => r,
         }
     }
 
     /// Waits until `exec` is final, `timeout` passes, or its approval expires; answers
-    /// the execution as it then is and whether its approval ran out.
+    /// the execution as it then is and whether its approval ran out. With `progress`,
+    /// reports when the wait starts and every `[mcp] progress_interval` after.
     async fn settle(
         &self,
         mut exec: Execution,
         timeout: Duration,
+        mut progress: Option<Progress>,
     ) -> Result<(Execution, bool), CallToolResult> {
         let gate = &self.server.gate;
         let mut changes = gate.changes.subscribe();
-        let deadline = tokio::time::Instant::now() + timeout;
+        let started = tokio::time::Instant::now();
+        let deadline = started + timeout;
+        let mut next_report = started;
         loop {
             let expired =
                 !exec.status.is_final() && exec.expires_at_ms.is_some_and(|at| at <= gate.now());
-            if exec.status.is_final() || expired || tokio::time::Instant::now() >= deadline {
+            let now = tokio::time::Instant::now();
+            if exec.status.is_final() || expired || now >= deadline {
                 return Ok((exec, expired));
+            }
+            if let Some(p) = progress.as_mut()
+                && now >= next_report
+            {
+                p.report(now - started, timeout, &exec).await;
+                next_report = now + self.server.settings.progress_interval;
             }
             let until_expiry = exec
                 .expires_at_ms
                 .map(|at| Duration::from_millis(u64::try_from(at - gate.now()).unwrap_or(0)))
                 .unwrap_or(timeout);
-            let wake = deadline.min(tokio::time::Instant::now() + until_expiry);
+            let mut wake = deadline.min(now + until_expiry);
+            if progress.is_some() {
+                wake = wake.min(next_report);
+            }
             let id = exec.id.clone();
             let _ = tokio::time::timeout_at(wake, async {
                 loop {
@@ -283,9 +351,10 @@ impl ServerHandler for SessionTools {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        let progress = Progress::of(&context);
         if request.name == WAIT_TOOL {
             let args = request.arguments.unwrap_or_default();
-            return Ok(self.wait(&args).await.into());
+            return Ok(self.wait(&args, progress).await.into());
         }
         let modern = context
             .protocol_version()
@@ -295,7 +364,7 @@ impl ServerHandler for SessionTools {
                 .client_capabilities()
                 .and_then(|c| c.elicitation)
                 .is_some_and(|e| e.url.is_some());
-        Ok(self.call(request, url_mode).await)
+        self.call(request, url_mode, progress).await
     }
 }
 

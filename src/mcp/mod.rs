@@ -11,12 +11,20 @@
 //!   and in the text); a client that declares URL-mode elicitation also gets it as an
 //!   input request pointing at the approval page, whose sealed `requestState`
 //!   ([`state`]) redeems once for the call's result.
-//! - `threadgate_wait`: waits on an execution of this session, never past its expiry.
+//! - `threadgate_wait`: waits on an execution of this session, never past its expiry
+//!   (`[mcp] wait_default` when not told), sending progress notifications while it
+//!   waits to a client that gave a progress token.
+//! - A tool name the catalog does not have is JSON-RPC error -32602 (invalid params),
+//!   as the MCP specification asks; a known tool the gate refuses is an error result.
+//!
+//! The socket's one `Host` check ([`crate::gateway::host`]) stands in front of `/mcp`
+//! as of every other route; rmcp's own is off, so there is one list.
 //!
 //! Inside the container a harness reaches this at `http://127.0.0.1:PORT/mcp` through
 //! the runner's bridge (`threadgate-agent-runner`).
 
 mod handler;
+mod settings;
 pub mod state;
 pub mod tools;
 
@@ -30,6 +38,7 @@ use crate::gateway::{Gate, SandboxRouter};
 use crate::session::SessionScope;
 
 pub use handler::SessionTools;
+pub use settings::McpSettings;
 pub use state::StateSealer;
 
 /// The longest one `threadgate_wait` call waits.
@@ -43,21 +52,19 @@ pub const MCP_PATH: &str = "/mcp";
 pub struct McpServer {
     pub gate: Arc<Gate>,
     pub sealer: StateSealer,
+    pub settings: McpSettings,
 }
 
 impl McpServer {
     /// An MCP server over `gate`, with a fresh request-state key.
-    pub fn new(gate: Arc<Gate>) -> McpServer {
+    pub fn new(gate: Arc<Gate>, settings: McpSettings) -> McpServer {
         McpServer {
             gate,
-            sealer: StateSealer::new(),
+            sealer: StateSealer::new(settings.max_redeemed_per_session),
+            settings,
         }
     }
 }
-
-/// The `Host` values the endpoint accepts: the bridge's loopback address, and the
-/// names clients put on the unix socket.
-const ALLOWED_HOSTS: &[&str] = &["127.0.0.1", "localhost", "threadgate"];
 
 impl SandboxRouter for Arc<McpServer> {
     fn router(&self, scope: SessionScope) -> Router {
@@ -66,7 +73,8 @@ impl SandboxRouter for Arc<McpServer> {
             .with_legacy_session_mode(false)
             .with_json_response(true)
             .with_sse_keep_alive(None)
-            .with_allowed_hosts(ALLOWED_HOSTS.iter().copied())
+            // The socket's one `Host` check (`gateway::host`) is in front of every route.
+            .disable_allowed_hosts()
             // No browser has a business here: any `Origin` is refused with 403.
             .enforce_origin_validation()
             .with_max_request_body_bytes(MAX_REQUEST_BYTES);
@@ -88,9 +96,9 @@ pub struct CallsWithMcp {
 
 impl CallsWithMcp {
     /// REST tool calls and MCP over the same gate.
-    pub fn new(gate: Arc<Gate>) -> CallsWithMcp {
+    pub fn new(gate: Arc<Gate>, settings: McpSettings) -> CallsWithMcp {
         CallsWithMcp {
-            mcp: Arc::new(McpServer::new(gate.clone())),
+            mcp: Arc::new(McpServer::new(gate.clone(), settings)),
             gate,
         }
     }

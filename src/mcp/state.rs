@@ -3,6 +3,10 @@
 //! bound to the session (associated data), the execution and its binding hash, a
 //! digest of the call as the client sent it, and the approval's expiry; and good once.
 //!
+//! Redeemed states are remembered per session until they expire, each session with its
+//! own slots (`[mcp] max_redeemed_per_session`): a session that fills its own is
+//! refused, never another session.
+//!
 //! The key lives only in memory, so a restart turns every outstanding state into a
 //! forgery: single use then holds across restarts without a table, and a client that
 //! is refused still has `threadgate_wait`.
@@ -24,9 +28,9 @@ const AAD_PREFIX: &[u8] = b"threadgate mcp request state v1\0";
 const NONCE_LEN: usize = 24;
 /// The longest sealed state accepted (a real one is about 300 characters).
 const MAX_SEALED_LEN: usize = 2048;
-/// How many redeemed states are remembered until their expiry; past it, redemptions
-/// are refused (fail closed) until some expire.
-pub const MAX_REDEEMED: usize = 10_000;
+/// How often every session's expired redemptions are forgotten (a session that no
+/// longer redeems keeps none past this after they expire).
+const SWEEP_EVERY_MS: i64 = 60_000;
 
 /// What a sealed state carries.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,31 +58,54 @@ pub enum StateError {
     Replayed,
     #[error("the request state does not match this call")]
     Mismatch,
-    #[error("too many request states are outstanding; use threadgate_wait")]
-    Full,
+    #[error(
+        "this session has {0} redeemed request states not yet expired, the most \
+         [mcp] max_redeemed_per_session ({0}) allows; use threadgate_wait"
+    )]
+    Full(usize),
 }
 
-/// Seals and opens request states; remembers the redeemed ones.
+/// Seals and opens request states; remembers the redeemed ones, per session.
 pub struct StateSealer {
     key: Zeroizing<[u8; 32]>,
-    /// nonce → expiry (unix ms) of every redeemed state not yet expired.
-    redeemed: Mutex<HashMap<String, i64>>,
+    /// How many redeemed states one session keeps until they expire.
+    max_per_session: usize,
+    redeemed: Mutex<Redeemed>,
 }
 
-impl Default for StateSealer {
-    fn default() -> Self {
-        Self::new()
+/// The redeemed states not yet expired.
+#[derive(Default)]
+struct Redeemed {
+    /// session id → nonce → expiry (unix ms).
+    by_session: HashMap<String, HashMap<String, i64>>,
+    /// When every session's expired entries were last forgotten (unix ms).
+    swept_at_ms: i64,
+}
+
+impl Redeemed {
+    /// Forgets what expired in every session, at most once per [`SWEEP_EVERY_MS`].
+    fn sweep(&mut self, now_ms: i64) {
+        if now_ms - self.swept_at_ms < SWEEP_EVERY_MS {
+            return;
+        }
+        self.swept_at_ms = now_ms;
+        self.by_session.retain(|_, states| {
+            states.retain(|_, expiry| *expiry > now_ms);
+            !states.is_empty()
+        });
     }
 }
 
 impl StateSealer {
-    /// A sealer with a fresh random key.
-    pub fn new() -> StateSealer {
+    /// A sealer with a fresh random key, keeping at most `max_per_session` redeemed
+    /// states per session.
+    pub fn new(max_per_session: usize) -> StateSealer {
         let mut key = Zeroizing::new([0u8; 32]);
         rand::rng().fill_bytes(key.as_mut());
         StateSealer {
             key,
-            redeemed: Mutex::new(HashMap::new()),
+            max_per_session,
+            redeemed: Mutex::new(Redeemed::default()),
         }
     }
 
@@ -123,14 +150,21 @@ impl StateSealer {
             return Err(StateError::Mismatch);
         }
         let mut redeemed = self.redeemed.lock().unwrap_or_else(|p| p.into_inner());
-        redeemed.retain(|_, expiry| *expiry > now_ms);
-        if redeemed.contains_key(&state.nonce) {
+        redeemed.sweep(now_ms);
+        // INVARIANT: states are bound to their session (associated data), so a nonce is
+        // only ever looked up among its own session's.
+        let session = redeemed
+            .by_session
+            .entry(session_id.to_owned())
+            .or_default();
+        session.retain(|_, expiry| *expiry > now_ms);
+        if session.contains_key(&state.nonce) {
             return Err(StateError::Replayed);
         }
-        if redeemed.len() >= MAX_REDEEMED {
-            return Err(StateError::Full);
+        if session.len() >= self.max_per_session {
+            return Err(StateError::Full(self.max_per_session));
         }
-        redeemed.insert(state.nonce.clone(), state.expires_at_ms);
+        session.insert(state.nonce.clone(), state.expires_at_ms);
         Ok(state)
     }
 
@@ -193,6 +227,9 @@ fn associated_data(session_id: &str) -> Vec<u8> {
 mod tests {
     use super::*;
 
+    /// The per-session cap of the tests' sealers.
+    const CAP: usize = 50;
+
     fn state(expires_at_ms: i64) -> HeldState {
         HeldState {
             execution_id: "ex_1".into(),
@@ -208,7 +245,7 @@ mod tests {
 
     #[test]
     fn a_sealed_state_opens_once_for_its_session_and_call() {
-        let s = StateSealer::new();
+        let s = StateSealer::new(CAP);
         let st = state(2_000);
         let sealed = s.seal("se_a", &st);
         assert_eq!(
@@ -232,7 +269,7 @@ mod tests {
 
     #[test]
     fn expired_tampered_and_foreign_states_are_refused() {
-        let s = StateSealer::new();
+        let s = StateSealer::new(CAP);
         let st = state(2_000);
         let sealed = s.seal("se_a", &st);
         assert_eq!(
@@ -247,7 +284,7 @@ mod tests {
             s.redeem("se_a", &tampered, &st.request_digest, 1_000),
             Err(StateError::Forged)
         );
-        let other = StateSealer::new().seal("se_a", &st);
+        let other = StateSealer::new(CAP).seal("se_a", &st);
         assert_eq!(
             s.redeem("se_a", &other, &st.request_digest, 1_000),
             Err(StateError::Forged),
@@ -263,8 +300,8 @@ mod tests {
 
     #[test]
     fn redemptions_are_capped_until_states_expire() {
-        let s = StateSealer::new();
-        for _ in 0..MAX_REDEEMED {
+        let s = StateSealer::new(CAP);
+        for _ in 0..CAP {
             let st = state(5_000);
             let sealed = s.seal("se_a", &st);
             s.redeem("se_a", &sealed, &st.request_digest, 1_000)
@@ -272,11 +309,63 @@ mod tests {
         }
         let st = state(9_000);
         let sealed = s.seal("se_a", &st);
-        assert_eq!(
-            s.redeem("se_a", &sealed, &st.request_digest, 1_000),
-            Err(StateError::Full)
+        let full = s.redeem("se_a", &sealed, &st.request_digest, 1_000);
+        assert_eq!(full, Err(StateError::Full(CAP)));
+        let said = full.expect_err("full").to_string();
+        assert!(
+            said.contains("[mcp] max_redeemed_per_session (50)"),
+            "the refusal names the limit: {said}"
         );
         // Once the earlier ones expire, the same state is good (it was not marked).
         assert_eq!(s.redeem("se_a", &sealed, &st.request_digest, 5_000), Ok(st));
+    }
+
+    /// Issue 17, item 8: one session filling its own slots does not refuse another
+    /// session's genuine state (the slots were shared by all sessions).
+    #[test]
+    fn a_session_that_fills_its_slots_refuses_only_itself() {
+        let s = StateSealer::new(CAP);
+        let mut refused = 0;
+        for _ in 0..CAP * 3 {
+            let st = state(5_000);
+            let sealed = s.seal("se_greedy", &st);
+            if s.redeem("se_greedy", &sealed, &st.request_digest, 1_000)
+                == Err(StateError::Full(CAP))
+            {
+                refused += 1;
+            }
+        }
+        assert_eq!(
+            refused,
+            CAP * 2,
+            "the greedy session is held to its own slots"
+        );
+        for other in ["se_b", "se_c"] {
+            let st = state(5_000);
+            let sealed = s.seal(other, &st);
+            assert_eq!(
+                s.redeem(other, &sealed, &st.request_digest, 1_000),
+                Ok(st),
+                "{other}'s genuine state"
+            );
+        }
+    }
+
+    #[test]
+    fn expired_redemptions_of_every_session_are_forgotten() {
+        let s = StateSealer::new(CAP);
+        for session in ["se_a", "se_b"] {
+            let st = state(5_000);
+            let sealed = s.seal(session, &st);
+            s.redeem(session, &sealed, &st.request_digest, 1_000)
+                .expect("redeemed");
+        }
+        let st = state(SWEEP_EVERY_MS * 3);
+        let sealed = s.seal("se_c", &st);
+        s.redeem("se_c", &sealed, &st.request_digest, SWEEP_EVERY_MS * 2)
+            .expect("redeemed");
+        let redeemed = s.redeemed.lock().expect("lock");
+        let sessions: Vec<&String> = redeemed.by_session.keys().collect();
+        assert_eq!(sessions, vec!["se_c"], "the expired sessions are gone");
     }
 }

@@ -1,5 +1,6 @@
 //! The gateway's tools as MCP tool definitions: JSON input schemas from the catalog's
-//! arguments, annotations from its risk classes, and threadgate's own
+//! arguments with the descriptions and values `GET /v1/tools` gives (one source,
+//! `gateway::tool_docs`), annotations from its risk classes, and threadgate's own
 //! `threadgate_wait`.
 
 use std::sync::Arc;
@@ -7,7 +8,8 @@ use std::sync::Arc;
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use serde_json::{Map, Value, json};
 
-use crate::policy::{ArgType, Risk, ToolSpec};
+use crate::gateway::tool_docs;
+use crate::policy::{Risk, ToolSpec};
 
 /// The tool that waits on a held call's execution.
 pub const WAIT_TOOL: &str = "threadgate_wait";
@@ -16,24 +18,21 @@ pub const WAIT_TOOL: &str = "threadgate_wait";
 /// makes the call, shown to the person who approves a held call.
 pub const DIAGNOSIS: &str = "diagnosis";
 
-/// The MCP definition of catalog tool `spec`.
+/// The MCP definition of catalog tool `spec`: its description as `GET /v1/tools`
+/// gives it, then [`gate_note`]; each argument's schema with its description and
+/// values from the same source.
 pub fn gateway_tool(spec: &ToolSpec) -> Tool {
     let mut properties = Map::new();
     let mut required = Vec::new();
     for arg in spec.args {
-        let mut schema = schema_of(arg.ty);
-        if arg.filled_by_gateway {
-            schema["description"] = json!("Filled in by threadgate from the session; optional.");
-        }
-        properties.insert(arg.name.to_owned(), schema);
+        properties.insert(arg.name.to_owned(), tool_docs::arg_schema(spec, arg));
         if arg.required {
             required.push(arg.name);
         }
     }
     properties.insert(
         DIAGNOSIS.into(),
-        json!({"type": "string", "description":
-            "What you found and why you make this call, with the evidence. A person reads it if the call is held for approval."}),
+        json!({"type": "string", "description": tool_docs::DIAGNOSIS_DESCRIPTION}),
     );
     let schema = json!({
         "type": "object",
@@ -41,12 +40,21 @@ pub fn gateway_tool(spec: &ToolSpec) -> Tool {
         "required": required,
         "additionalProperties": false,
     });
-    let description = format!(
+    let description = match tool_docs::tool_description(spec.name) {
+        Some(own) => format!("{own} {}", gate_note(spec)),
+        None => gate_note(spec),
+    };
+    Tool::new(spec.name, description, Arc::new(object(schema))).with_annotations(annotations(spec))
+}
+
+/// What follows a tool's own description: its risk and how the gate answers (the
+/// built-in runner says the same after the same description).
+pub fn gate_note(spec: &ToolSpec) -> String {
+    format!(
         "Gateway tool `{}` (risk: {}). threadgate's policy decides each call: it runs, is held \
          for a person (the result says pending_approval; then call {WAIT_TOOL}), or is blocked.",
         spec.name, spec.risk
-    );
-    Tool::new(spec.name, description, Arc::new(object(schema))).with_annotations(annotations(spec))
+    )
 }
 
 /// Annotations from the risk class: reads are read-only; money and account changes
@@ -63,14 +71,15 @@ pub fn annotations(spec: &ToolSpec) -> ToolAnnotations {
         .open_world(true)
 }
 
-/// The definition of [`WAIT_TOOL`].
-pub fn wait_tool() -> Tool {
+/// The definition of [`WAIT_TOOL`], whose `timeout_seconds` defaults to
+/// `default_wait_seconds`.
+pub fn wait_tool(default_wait_seconds: u64) -> Tool {
     let schema = json!({
         "type": "object",
         "properties": {
             "execution_id": {"type": "string", "description": "The execution id of a held call (from its pending_approval result)."},
             "timeout_seconds": {"type": "integer", "minimum": 1, "maximum": super::MAX_WAIT_SECONDS,
-                "description": "How long to wait at most (default 60); never past the approval's expiry."},
+                "description": format!("How long to wait at most (default {default_wait_seconds}); never past the approval's expiry. While it waits, a progress notification goes to a request that carries a progressToken.")},
         },
         "required": ["execution_id"],
         "additionalProperties": false,
@@ -89,15 +98,6 @@ pub fn wait_tool() -> Tool {
             .idempotent(true)
             .open_world(false),
     )
-}
-
-fn schema_of(ty: ArgType) -> Value {
-    match ty {
-        ArgType::String => json!({"type": "string"}),
-        ArgType::Integer => json!({"type": "integer"}),
-        ArgType::Boolean => json!({"type": "boolean"}),
-        ArgType::StringArray => json!({"type": "array", "items": {"type": "string"}}),
-    }
 }
 
 fn object(v: Value) -> JsonObject {

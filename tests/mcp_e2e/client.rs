@@ -5,11 +5,14 @@ use std::path::Path;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientConfig,
-    ElicitationCapability, Implementation, ProtocolVersion, UrlElicitationCapability,
+    ElicitationCapability, Implementation, ProgressNotificationParam, ProtocolVersion,
+    UrlElicitationCapability,
 };
-use rmcp::service::{ClientLifecycleMode, ClientServiceExt as _, RunningService};
+use rmcp::service::{
+    ClientLifecycleMode, ClientServiceExt as _, NotificationContext, RunningService,
+};
 use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::{RoleClient, ServiceExt as _};
+use rmcp::{ClientHandler, RoleClient, ServiceExt as _};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -26,6 +29,49 @@ pub async fn connect(socket: &Path, url_elicitation: bool) -> Client {
         .serve_with_lifecycle(transport(socket), lifecycle)
         .await
         .expect("the MCP client connects")
+}
+
+/// A client of revision 2026-07-28 whose progress notifications arrive on the
+/// answered channel.
+pub async fn connect_with_progress(
+    socket: &Path,
+) -> (
+    RunningService<RoleClient, ProgressRecorder>,
+    tokio::sync::mpsc::UnboundedReceiver<ProgressNotificationParam>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let lifecycle = ClientLifecycleMode::Discover {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+    };
+    let recorder = ProgressRecorder {
+        config: config(false),
+        seen: tx,
+    };
+    let client = recorder
+        .serve_with_lifecycle(transport(socket), lifecycle)
+        .await
+        .expect("the MCP client connects");
+    (client, rx)
+}
+
+/// A client handler that passes on every progress notification.
+pub struct ProgressRecorder {
+    config: ClientConfig,
+    seen: tokio::sync::mpsc::UnboundedSender<ProgressNotificationParam>,
+}
+
+impl ClientHandler for ProgressRecorder {
+    fn get_info(&self) -> ClientConfig {
+        self.config.clone()
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let _ = self.seen.send(params);
+    }
 }
 
 /// A client of an earlier revision (the `initialize` handshake).
@@ -91,13 +137,22 @@ pub fn text(result: &CallToolResult) -> String {
 
 /// A raw `POST /mcp` with `extra_headers`; answers the status code and the text.
 pub async fn raw_post(socket: &Path, extra_headers: &str, body: &str) -> (u16, String) {
+    let headers = format!(
+        "Host: threadgate\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\n\
+         {extra_headers}"
+    );
+    raw_request(socket, "POST /mcp", &headers, body).await
+}
+
+/// A raw HTTP/1.1 request (`line` is its method and path) with `headers` (each ending
+/// in CRLF, `Host` included when wanted); answers the status code and the text.
+pub async fn raw_request(socket: &Path, line: &str, headers: &str, body: &str) -> (u16, String) {
     let mut stream = tokio::net::UnixStream::connect(socket)
         .await
         .expect("connect");
     let request = format!(
-        "POST /mcp HTTP/1.1\r\nHost: threadgate\r\nContent-Type: application/json\r\n\
-         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\n\
-         {extra_headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{line} HTTP/1.1\r\n{headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     // The server may answer (413) and close before a large body is all written.

@@ -1,9 +1,8 @@
 //! The gated tools over MCP, against the session socket.
 
-use rmcp::model::CallToolResponse;
 use serde_json::{Value, json};
 
-use crate::client::{body, call, call_once, connect, raw_post, text};
+use crate::client::{body, call, connect, raw_post, text};
 use crate::support::plain::plain_id;
 use crate::support::world::{STRIPE_KEY, World, refunds};
 
@@ -227,27 +226,6 @@ async fn a_request_with_an_origin_is_refused_with_403() {
     }
     let (status, _) = raw_post(socket, method, &"[".repeat(2 << 20)).await;
     assert_eq!(status, 413, "a body over the cap");
-    app.stop().await;
-}
-
-/// The listing's tools answer `tools/call` with a complete result whatever the client
-/// declares (no elicitation: nothing changes).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unknown_tool_is_refused_by_the_gate() {
-    let world = World::new().await;
-    let app = world.start().await;
-    let ada = world
-        .customer_session(&app, "ada@example.com", &[5000])
-        .await;
-    let client = connect(&ada.session.socket, true).await;
-    match call_once(&client, "stripe.mint_money", json!({"amount": 1})).await {
-        CallToolResponse::Complete(r) => {
-            assert_eq!(r.is_error, Some(true));
-            assert_eq!(body(&r)["error"], "unknown_tool", "{r:?}");
-        }
-        other => panic!("{other:?}"),
-    }
-    client.cancel().await.expect("close");
     app.stop().await;
 }
 

@@ -224,7 +224,7 @@ async fn put_early_refused(socket: &std::path::Path, body: &str) -> u16 {
         .await
         .expect("connect");
     let head = format!(
-        "PUT /v1/transcript HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\
+        "PUT /v1/transcript HTTP/1.1\r\nHost: threadgate\r\nConnection: close\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );

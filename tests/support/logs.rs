@@ -1,5 +1,7 @@
-//! Captured logs: one process-wide subscriber writing every event (debug and above, every
-//! crate) into a buffer the tests search. `THREADGATE_E2E_LOGS=/tmp/e2e.log` writes the
+//! Captured logs: one process-wide subscriber, threadgate's own (`telemetry::subscriber`)
+//! at `RUST_LOG=trace`, writing every line it lets through into a buffer the tests
+//! search: what a server run at the most verbose level would write, dependencies capped
+//! as in production. `THREADGATE_E2E_LOGS=/tmp/e2e.log` writes the
 //! buffer to a file whenever a [`super::app::TestApp`] stops, for debugging a failure.
 
 use std::sync::{Arc, Mutex, OnceLock};
@@ -27,11 +29,12 @@ pub fn capture_logs() {
     LOGS.get_or_init(|| {
         let buffer = Arc::new(Mutex::new(Vec::new()));
         let sink = buffer.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("debug"))
-            .with_ansi(false)
-            .with_writer(move || LogSink(sink.clone()))
-            .finish();
+        let subscriber = threadgate::telemetry::subscriber(
+            threadgate::telemetry::LogFormat::Text,
+            tracing_subscriber::EnvFilter::new("trace"),
+            move || LogSink(sink.clone()),
+            false,
+        );
         let _ = tracing::subscriber::set_global_default(subscriber);
         buffer
     });
