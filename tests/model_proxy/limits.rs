@@ -31,7 +31,7 @@ pub async fn post_tolerant(socket: &Path, body: &[u8]) -> (u16, Value) {
         .await
         .expect("connect");
     let head = format!(
-        "POST /v1/model/chat/completions HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\
+        "POST /v1/model/chat/completions HTTP/1.1\r\nHost: threadgate\r\nConnection: close\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
