@@ -18,6 +18,13 @@ if ! command -v rg >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends ripgrep
 fi
 scripts/browser-up.sh
+# The official TypeScript MCP SDK, for the test that a TypeScript client's default
+# timeout gets threadgate_wait's answer (mcp_e2e's progress tests).
+if [ ! -d .mcp-sdk/node_modules/@modelcontextprotocol/sdk ]; then
+    echo "test.sh: installing @modelcontextprotocol/sdk with npm into .mcp-sdk" >&2
+    npm install --prefix .mcp-sdk --no-audit --no-fund --silent @modelcontextprotocol/sdk@1.32.2 >&2
+fi
+export MCP_SDK_DIR="$PWD/.mcp-sdk"
 export THREADGATE_REQUIRE_DOCKER=1
 started=$(date +%s)
 status=0
