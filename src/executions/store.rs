@@ -161,6 +161,61 @@ pub fn with_status(conn: &Connection, status: Status) -> rusqlite::Result<Vec<Ex
     rows.collect()
 }
 
+/// Which held calls the review queue shows, and in which order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeldFilter {
+    /// Only this thread's calls.
+    pub thread_id: Option<String>,
+    /// Only calls of this tool.
+    pub tool: Option<String>,
+    /// Only calls held at least this long (ms).
+    pub min_age_ms: i64,
+    /// Newest first instead of oldest first.
+    pub newest_first: bool,
+}
+
+/// One page of the calls that wait for a person at `now` (held, not past their ttl)
+/// under `filter`, and how many there are in all.
+pub fn held_page(
+    conn: &Connection,
+    filter: &HeldFilter,
+    now: i64,
+    limit: i64,
+    offset: i64,
+) -> rusqlite::Result<(Vec<Execution>, i64)> {
+    const WHERE: &str = "status = 'held' AND (expires_at_ms IS NULL OR expires_at_ms > ?1) \
+        AND (?2 IS NULL OR thread_id = ?2) AND (?3 IS NULL OR tool = ?3) \
+        AND created_at_ms <= ?4";
+    let born_by = now.saturating_sub(filter.min_age_ms);
+    let order = if filter.newest_first {
+        "created_at_ms DESC, id DESC"
+    } else {
+        "created_at_ms, id"
+    };
+    let args = params![now, filter.thread_id, filter.tool, born_by];
+    let total = conn.query_row(
+        &format!("SELECT count(*) FROM executions WHERE {WHERE}"),
+        args,
+        |r| r.get(0),
+    )?;
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS} FROM executions WHERE {WHERE} ORDER BY {order} LIMIT ?5 OFFSET ?6"
+    ))?;
+    let rows = stmt.query_map(
+        params![now, filter.thread_id, filter.tool, born_by, limit, offset],
+        row_to_execution,
+    )?;
+    Ok((rows.collect::<rusqlite::Result<_>>()?, total))
+}
+
+/// The tools that have calls waiting for a person, by name.
+pub fn held_tools(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut stmt =
+        conn.prepare("SELECT DISTINCT tool FROM executions WHERE status = 'held' ORDER BY tool")?;
+    let rows = stmt.query_map([], |r| r.get(0))?;
+    rows.collect()
+}
+
 /// A session's execution of the same binding that already succeeded, if any.
 pub fn succeeded_binding(
     conn: &Connection,

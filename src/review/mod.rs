@@ -14,6 +14,7 @@
 
 pub mod auth;
 mod pages;
+mod queue;
 mod views;
 
 use std::sync::Arc;
@@ -81,7 +82,7 @@ pub fn router(state: ReviewState) -> Router {
     Router::new()
         .route("/login", get(auth::login_form).post(auth::login))
         .route("/logout", post(auth::logout))
-        .route("/approvals", get(pages::queue))
+        .route("/approvals", get(queue::queue))
         .route("/approvals/history", get(pages::history))
         .route("/approvals/{id}", get(pages::approval))
         .route("/approvals/{id}/decide", post(pages::decide))

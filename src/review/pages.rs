@@ -1,4 +1,4 @@
-//! The review page's handlers: the queue, the history, one approval (and deciding it),
+//! The review page's handlers: the history, one approval (and deciding it),
 //! and a thread's audit trail. Every handler needs a live session; every POST needs the
 //! session's CSRF token.
 
@@ -12,7 +12,7 @@ use axum::response::Response;
 use rusqlite::Connection;
 
 use super::auth::{self, Signed};
-use super::views::{ApprovalView, HistoryRow, OtherCall, QueueRow, TrailRow};
+use super::views::{ApprovalView, HistoryRow, OtherCall, TrailRow};
 use super::{ReviewState, message, render};
 use crate::approvals::{Choice, DecideError};
 use crate::executions::store::{self, Execution, Status};
@@ -21,16 +21,6 @@ use crate::executions::store::{self, Execution, Status};
 const PAGE_ROWS: i64 = 200;
 /// The longest message a reviewer may send back.
 const MAX_MESSAGE: usize = 2000;
-
-#[derive(Template)]
-#[template(path = "review/queue.html")]
-struct QueuePage<'a> {
-    reviewer: &'a str,
-    csrf: &'a str,
-    banner: &'a str,
-    banner_kind: &'a str,
-    rows: Vec<QueueRow>,
-}
 
 #[derive(Template)]
 #[template(path = "review/history.html")]
@@ -65,7 +55,7 @@ struct ThreadPage<'a> {
     rows: Vec<TrailRow>,
 }
 
-fn internal(who: &Signed, e: impl std::fmt::Display) -> Response {
+pub(super) fn internal(who: &Signed, e: impl std::fmt::Display) -> Response {
     tracing::error!(error = %e, "review page failed");
     message(
         StatusCode::INTERNAL_SERVER_ERROR,
@@ -76,58 +66,13 @@ fn internal(who: &Signed, e: impl std::fmt::Display) -> Response {
 }
 
 /// The thread's customer as recorded with its session.
-fn customer(c: &Connection, thread_id: &str) -> rusqlite::Result<String> {
+pub(super) fn customer(c: &Connection, thread_id: &str) -> rusqlite::Result<String> {
     let row = crate::session::store::get(c, thread_id)?.map(|s| (s.customer_email, s.customer_id));
     Ok(match row {
         Some((Some(email), _)) => email,
         Some((None, Some(id))) => id,
         _ => "unknown".into(),
     })
-}
-
-/// `GET /approvals`: what waits for a decision, oldest first.
-pub async fn queue(State(state): State<ReviewState>, headers: HeaderMap) -> Response {
-    let Some(who) = auth::current(&state, &headers).await else {
-        return auth::sign_in_first("/approvals");
-    };
-    let now = state.approvals.gate.now();
-    let read = state
-        .approvals
-        .gate
-        .db
-        .read(move |c| {
-            let mut rows = Vec::new();
-            for e in store::with_status(c, Status::Held)? {
-                if e.expires_at_ms.is_none_or(|at| at > now) {
-                    let cust = customer(c, &e.thread_id)?;
-                    rows.push((e, cust));
-                }
-            }
-            Ok(rows)
-        })
-        .await;
-    let rows = match read {
-        Ok(rows) => rows,
-        Err(e) => return internal(&who, e),
-    };
-    let redactor = state.approvals.gate.current_redactor();
-    let rows = rows
-        .into_iter()
-        .map(|(e, cust)| {
-            let link = state.thread_link(&e.thread_id);
-            QueueRow::new(&e, now, &redactor, cust, link)
-        })
-        .collect();
-    render(
-        StatusCode::OK,
-        &QueuePage {
-            reviewer: &who.reviewer.name,
-            csrf: &who.csrf,
-            banner: "",
-            banner_kind: "",
-            rows,
-        },
-    )
 }
 
 /// `GET /approvals/history`: decided and expired holds, newest first.

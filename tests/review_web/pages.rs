@@ -158,3 +158,81 @@ async fn the_queue_the_approval_and_the_history_show_their_fields() {
     );
     app.stop().await;
 }
+
+/// The queue comes a page at a time (25 held calls), filtered by thread, tool and age,
+/// oldest or newest first, with the filters kept in the page links; a filter the page
+/// cannot read is a 400 naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_pages_and_filters_held_calls() {
+    let world = World::new().await;
+    let app = world.start().await;
+    add_reviewer(&app, "alice").await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[100_000])
+        .await;
+    let bob = world
+        .customer_session(&app, "bob@example.com", &[100_000])
+        .await;
+    let mut ada_holds = Vec::new();
+    for i in 0..22 {
+        ada_holds.push(ada.session.hold_refund(&ada.charges[0], 1_000 + i).await);
+    }
+    let mut bob_holds = Vec::new();
+    for i in 0..6 {
+        bob_holds.push(bob.session.hold_refund(&bob.charges[0], 2_000 + i).await);
+    }
+    let web = Web::sign_in(&app, "alice").await;
+    let ids_on = |page: &str| -> Vec<String> {
+        page.match_indices("href=\"/approvals/ex_")
+            .map(|(at, _)| page[at + 17..].split('"').next().unwrap_or("").to_owned())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect()
+    };
+
+    let (status, first) = web.get("/approvals").await;
+    assert_eq!(status, 200);
+    assert!(first.contains("Page 1 of 2"), "{first}");
+    assert!(first.contains("<span class=\"count\">28</span>"), "{first}");
+    assert_eq!(ids_on(&first).len(), 25);
+    assert!(first.contains("href=\"/approvals?page=2\""), "{first}");
+    assert!(
+        first.find(&ada_holds[0]) < first.find(&ada_holds[1]),
+        "oldest first"
+    );
+    let (_, second) = web.get("/approvals?page=2").await;
+    assert_eq!(ids_on(&second).len(), 3);
+    assert!(second.contains("Page 2 of 2"), "{second}");
+
+    let thread = &bob.session.thread_id;
+    let (_, bobs) = web
+        .get(&format!("/approvals?thread={thread}&order=newest"))
+        .await;
+    let shown = ids_on(&bobs);
+    let mut expected = bob_holds.clone();
+    expected.sort();
+    assert_eq!(shown, expected, "only bob's thread");
+    assert!(
+        bobs.find(&bob_holds[5]) < bobs.find(&bob_holds[0]),
+        "newest first"
+    );
+    let (_, none) = web.get("/approvals?tool=github.create_issue").await;
+    assert!(
+        ids_on(&none).is_empty() && none.contains("under these filters"),
+        "{none}"
+    );
+    let (_, young) = web.get("/approvals?age=2h").await;
+    assert!(ids_on(&young).is_empty(), "nothing has waited two hours");
+
+    for (query, field) in [
+        ("order=sideways", "order"),
+        ("page=0", "page"),
+        ("age=soon", "age"),
+        ("thread=%3Cscript%3E", "thread"),
+    ] {
+        let (status, body) = web.get(&format!("/approvals?{query}")).await;
+        assert_eq!(status, 400, "{query}: {body}");
+        assert!(body.contains(&format!("{field} must")), "{query}: {body}");
+    }
+    app.stop().await;
+}
