@@ -177,7 +177,7 @@ fn record(
 ) -> rusqlite::Result<Decided> {
     let redacted = redact_args(&cx.redactor, &call.args);
     let rule_text = match v.rule_line {
-        Some(line) => format!("{} ({}:{line})", v.because, cx.loaded.file),
+        Some(line) => format!("{} ({}:{line})", v.because, cx.loaded.name),
         None => v.because.clone(),
     };
     let summary = super::summary::held_summary(&call.tool, &redacted, &rule_text);

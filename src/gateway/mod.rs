@@ -21,7 +21,7 @@ mod summary;
 mod tool_docs;
 
 pub(crate) use decide::SqlHistory;
-pub use gate::{CallReply, CallRequest, Connectors, Gate, LoadedPolicy};
+pub use gate::{CallReply, CallRequest, Connectors, Gate, LoadedPolicy, policy_name};
 pub use prepare::PreparedCall;
 pub use refusal::Refusal;
 pub use sandbox_api::SandboxApi;
