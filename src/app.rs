@@ -361,7 +361,7 @@ fn supervisor_parts(
         default_agent: settings.default_agent.clone(),
         clock: base.clock.clone(),
         publisher: publisher(settings, gate, &base.db, base_branch),
-        notes: Some(Arc::new(approvals::stop_note::OutboxStopNotes::new(
+        notes: Some(Arc::new(crate::gateway::stop_note::OutboxStopNotes::new(
             gate.clone(),
         ))),
     }

@@ -17,6 +17,7 @@ pub mod sandbox_api;
 mod scope;
 pub mod serve;
 pub mod socket;
+pub mod stop_note;
 mod summary;
 mod tool_docs;
 
