@@ -243,6 +243,7 @@ impl Foundation {
             outbox: Notify::new(),
             supervisor,
             holds: Arc::default(),
+            max_pending_holds: settings.sessions.max_pending_holds,
         })
     }
 }

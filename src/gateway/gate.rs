@@ -127,6 +127,9 @@ pub struct Gate {
     pub supervisor: SupervisorHandle,
     /// The sessions that may have a call waiting for a person (loaded at start).
     pub holds: Arc<super::holds::HoldMarks>,
+    /// Calls of one session waiting for a person at most (`[sessions]
+    /// max_pending_holds`; 0: no limit).
+    pub max_pending_holds: usize,
 }
 
 impl Gate {
