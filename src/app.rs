@@ -90,9 +90,11 @@ pub fn open_db(settings: &Settings) -> anyhow::Result<Db> {
 pub fn load_policy(path: &Path) -> anyhow::Result<LoadedPolicy> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read policy file {}", path.display()))?;
-    let name = path.display().to_string();
-    let policy = Policy::parse(&text, &name).map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(LoadedPolicy::new(policy, name))
+    // Start-up errors name the whole path (the operator reads them); the loaded
+    // policy carries only its name, which is what notes and answers show.
+    let policy =
+        Policy::parse(&text, &path.display().to_string()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(LoadedPolicy::new(policy, crate::gateway::policy_name(path)))
 }
 
 /// Opens the secrets store under the master key of the settings
@@ -242,16 +244,21 @@ impl Foundation {
             outbox: Notify::new(),
             supervisor,
             holds: Arc::default(),
+            max_pending_holds: settings.sessions.max_pending_holds,
         })
     }
 }
 
-/// The running policy's file and hash, for `/readyz`.
-fn policy_info(gate: &Arc<Gate>) -> crate::health::LoadedPolicyInfo {
-    let gate = gate.clone();
+/// The running policy's file, name and hash, for `/readyz`.
+fn policy_info(settings: &Settings, gate: &Arc<Gate>) -> crate::health::LoadedPolicyInfo {
+    let (gate, path) = (gate.clone(), settings.policy_file.clone());
     Arc::new(move || {
         let p = gate.current_policy();
-        (std::path::PathBuf::from(&p.file), p.hash_hex.clone())
+        crate::health::PolicyInfo {
+            path: path.clone(),
+            name: p.name.clone(),
+            hash: p.hash_hex.clone(),
+        }
     })
 }
 
@@ -261,7 +268,7 @@ fn readiness(settings: &Settings, base: &Foundation, gate: &Arc<Gate>) -> crate:
         db: base.db.clone(),
         sandbox: base.sandbox.clone(),
         image: settings.sandbox.image.clone(),
-        policy: policy_info(gate),
+        policy: policy_info(settings, gate),
         timeout: settings.telemetry.ready_timeout,
         clock: base.clock.clone(),
     }
@@ -359,7 +366,7 @@ fn supervisor_parts(
         default_agent: settings.default_agent.clone(),
         clock: base.clock.clone(),
         publisher: publisher(settings, gate, &base.db, base_branch),
-        notes: Some(Arc::new(approvals::stop_note::OutboxStopNotes::new(
+        notes: Some(Arc::new(crate::gateway::stop_note::OutboxStopNotes::new(
             gate.clone(),
         ))),
     }

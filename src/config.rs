@@ -525,12 +525,13 @@ mod tests {
         let path = dir.path().join("t.toml");
         std::fs::write(
             &path,
-            "listen = \"127.0.0.1:9000\"\n[sessions]\nmax_live = 3\nidle_timeout = \"2m\"\n",
+            "listen = \"127.0.0.1:9000\"\n[sessions]\nmax_live = 3\nidle_timeout = \"2m\"\nmax_pending_holds = 7\n",
         )
         .expect("write");
         let mut s = Settings::from_file(&path).expect("parse");
         assert_eq!(s.sessions.max_live, 3);
         assert_eq!(s.sessions.idle_timeout, Duration::from_secs(120));
+        assert_eq!(s.sessions.max_pending_holds, 7);
         s.apply_env(|k| (k == "THREADGATE_MAX_LIVE_SESSIONS").then(|| "5".to_owned()))
             .expect("env");
         assert_eq!(s.sessions.max_live, 5);

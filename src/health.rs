@@ -6,7 +6,8 @@
 //! Each check has its own time limit (`[telemetry] ready_timeout`), so a stuck
 //! dependency makes the answer a clear 503, never a hang. The body names each check
 //! and, for a failed one, what failed; it carries no secret (no key, no setting value
-//! beyond the image and policy file names).
+//! beyond the image and the policy's name) and no path of the host: it is not
+//! authenticated.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -23,8 +24,19 @@ use serde_json::{Map, Value, json};
 use crate::sandbox::{SandboxError, SandboxRuntime};
 use crate::store::Db;
 
-/// The policy the gate runs now: its file and its hash (hex).
-pub type LoadedPolicyInfo = Arc<dyn Fn() -> (PathBuf, String) + Send + Sync>;
+/// The policy the gate runs now.
+pub type LoadedPolicyInfo = Arc<dyn Fn() -> PolicyInfo + Send + Sync>;
+
+/// The policy the gate runs: where to read it again, the name it is shown by, and its
+/// hash (hex).
+#[derive(Debug, Clone)]
+pub struct PolicyInfo {
+    /// Read to see whether it still parses; never shown.
+    pub path: PathBuf,
+    /// What the body shows (the file's name).
+    pub name: String,
+    pub hash: String,
+}
 
 /// What `/readyz` checks.
 #[derive(Clone)]
@@ -50,7 +62,7 @@ pub struct Check {
     pub name: &'static str,
     /// `None` when it passed; what failed otherwise.
     pub error: Option<String>,
-    /// What a passing check wants to say (the policy's file and hash).
+    /// What a passing check wants to say (the policy's name and hash).
     pub detail: Option<Value>,
 }
 
@@ -148,12 +160,13 @@ impl Readiness {
 
     /// The policy file the gate runs must still parse: a restart would fail otherwise.
     async fn policy(&self) -> Check {
-        let (file, hash) = (self.policy)();
-        let path = file.clone();
+        let PolicyInfo { path, name, hash } = (self.policy)();
+        let shown = name.clone();
         let parsed = tokio::task::spawn_blocking(move || {
+            // The errors name the policy, never its path: this answer is public.
             let text = std::fs::read_to_string(&path)
-                .map_err(|e| format!("cannot read policy file {}: {e}", path.display()))?;
-            crate::policy::Policy::parse(&text, &path.display().to_string())
+                .map_err(|e| format!("cannot read policy file {shown}: {}", e.kind()))?;
+            crate::policy::Policy::parse(&text, &shown)
                 .map(|p| hex::encode(p.hash()))
                 .map_err(|e| format!("the policy file no longer parses: {e}"))
         })
@@ -163,7 +176,7 @@ impl Readiness {
         match parsed {
             Ok(on_disk) => Check {
                 detail: Some(json!({
-                    "file": file.display().to_string(),
+                    "file": name,
                     "hash": hash,
                     "changed_on_disk": on_disk != hash,
                 })),
@@ -243,7 +256,11 @@ mod tests {
             db,
             sandbox: fake.clone(),
             image: "threadgate-sandbox:latest".into(),
-            policy: Arc::new(move || (policy.clone(), hash.clone())),
+            policy: Arc::new(move || PolicyInfo {
+                path: policy.clone(),
+                name: crate::gateway::policy_name(&policy),
+                hash: hash.clone(),
+            }),
             timeout: Duration::from_secs(5),
             clock: Arc::new(|| 1_000),
         };
@@ -291,6 +308,8 @@ mod tests {
         assert!(image.contains("threadgate-sandbox:latest"), "{body}");
         let policy_error = body["checks"]["policy"]["error"].as_str().unwrap_or("");
         assert!(policy_error.contains("policy.yaml"), "{body}");
+        let dir_text = dir.path().display().to_string();
+        assert!(!body.to_string().contains(&dir_text), "no path: {body}");
         assert_eq!(body["checks"]["docker"]["ok"], true);
     }
 }

@@ -14,6 +14,8 @@ pub mod support;
 mod approvals;
 #[path = "gateway_e2e/floods.rs"]
 mod floods;
+#[path = "gateway_e2e/holds.rs"]
+mod holds;
 #[path = "gateway_e2e/leaks.rs"]
 mod leaks;
 #[path = "gateway_e2e/limits.rs"]

@@ -21,3 +21,5 @@ mod http;
 mod narrow;
 #[path = "review_web/pages.rs"]
 mod pages;
+#[path = "review_web/paths.rs"]
+mod paths;

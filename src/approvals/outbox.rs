@@ -1,40 +1,84 @@
 //! The note outbox: internal notes for held calls reach Plain even if Plain is down
 //! when the call is held, and are never posted twice. A note is queued in the same
 //! transaction that holds its call; an attempt is recorded before it is sent, so after
-//! a crash the outbox first looks for the note's marker on the thread's timeline.
+//! a crash the outbox first looks for the note's marker (keyed: see `gateway::note`)
+//! on the thread's timeline.
+//!
+//! Notes go out in rounds, fairly across threads: a round takes at most
+//! [`NOTES_PER_THREAD`] of each thread's due notes, every thread's oldest first, so a
+//! session that floods its thread with holds delays another thread's note by one round
+//! at most, never by its whole backlog. A round whose notes cannot be read is logged
+//! and tried again at the next wake-up; it is never taken for "nothing is due".
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::executions::store::{self, OutboxNote};
 use crate::gateway::Gate;
+use crate::store::StoreError;
 
 /// The longest the outbox waits between retries of one note.
 const MAX_BACKOFF_MS: i64 = 10 * 60 * 1000;
+/// Notes of one thread in one round at most.
+pub const NOTES_PER_THREAD: i64 = 2;
+/// Notes in one round at most.
+const NOTES_PER_ROUND: i64 = 50;
 
-/// Sends every due note once; returns how many reached Plain.
-pub async fn drain(gate: &Gate) -> usize {
+/// Sends every due note, round by round, until none is due; returns how many reached
+/// Plain. An error reading the due notes ends the drain with that error (what was
+/// sent before it stays sent).
+pub async fn drain(gate: &Gate) -> Result<usize, StoreError> {
     let Some(helpdesk) = gate.connectors.helpdesk.clone() else {
-        return 0;
+        return Ok(0);
     };
-    let now = gate.now();
-    let due = gate
-        .db
-        .read(move |c| store::due_notes(c, now, 50))
-        .await
-        .unwrap_or_default();
     let mut sent = 0;
+    loop {
+        let now = gate.now();
+        let due = gate
+            .db
+            .read(move |c| store::due_notes(c, now, NOTES_PER_THREAD, NOTES_PER_ROUND))
+            .await?;
+        if due.is_empty() {
+            return Ok(sent);
+        }
+        let round = send_round(gate, &helpdesk, due).await;
+        sent += round.sent;
+        if round.settled == 0 {
+            // Not one note was recorded as sent or put off: the database refuses
+            // writes. The next wake-up tries again rather than spinning here.
+            return Ok(sent);
+        }
+    }
+}
+
+/// What one round did: notes that reached Plain, and notes whose attempt was recorded
+/// (sent, or put off until their next attempt).
+struct Round {
+    sent: usize,
+    settled: usize,
+}
+
+async fn send_round(
+    gate: &Gate,
+    helpdesk: &crate::connectors::HelpdeskConnector,
+    due: Vec<OutboxNote>,
+) -> Round {
+    let mut round = Round {
+        sent: 0,
+        settled: 0,
+    };
     for note in due {
-        match send(gate, &helpdesk, &note).await {
+        match send(gate, helpdesk, &note).await {
             Ok(()) => {
                 let (id, now) = (note.execution_id.clone(), gate.now());
-                if gate
-                    .db
-                    .write(move |c| store::note_sent(c, &id, now))
-                    .await
-                    .is_ok()
-                {
-                    sent += 1;
+                match gate.db.write(move |c| store::note_sent(c, &id, now)).await {
+                    Ok(()) => {
+                        round.sent += 1;
+                        round.settled += 1;
+                    }
+                    Err(e) => {
+                        tracing::error!(execution = %note.execution_id, error = %e, "note posted but not recorded; its marker is looked for before it is posted again");
+                    }
                 }
             }
             Err(error) => {
@@ -42,14 +86,20 @@ pub async fn drain(gate: &Gate) -> usize {
                 let (id, next) = (note.execution_id.clone(), gate.now() + backoff);
                 let error = gate.current_redactor().redact(&error).into_owned();
                 tracing::warn!(execution = %note.execution_id, error = %error, "cannot post the note yet; will retry");
-                let _ = gate
+                match gate
                     .db
                     .write(move |c| store::note_failed(c, &id, &error, next))
-                    .await;
+                    .await
+                {
+                    Ok(()) => round.settled += 1,
+                    Err(e) => {
+                        tracing::error!(execution = %note.execution_id, error = %e, "cannot record a failed note attempt");
+                    }
+                }
             }
         }
     }
-    sent
+    round
 }
 
 async fn send(
@@ -83,7 +133,9 @@ async fn send(
 /// Runs the outbox until the process stops: on every wake-up and every few seconds.
 pub async fn run(gate: Arc<Gate>) {
     loop {
-        drain(&gate).await;
+        if let Err(e) = drain(&gate).await {
+            tracing::error!(error = %e, "cannot read the notes due; trying again at the next round");
+        }
         let _ = tokio::time::timeout(Duration::from_secs(2), gate.outbox.notified()).await;
     }
 }

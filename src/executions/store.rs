@@ -281,6 +281,18 @@ pub fn sessions_with_pending(conn: &Connection) -> rusqlite::Result<Vec<String>>
     rows.collect()
 }
 
+/// How many of the session's calls are held and unexpired at `now_ms`.
+pub fn held_count(conn: &Connection, session_id: &str, now_ms: i64) -> rusqlite::Result<usize> {
+    cached_query_row(
+        conn,
+        "SELECT count(*) FROM executions WHERE session_id = ?1 AND status = 'held' \
+         AND expires_at_ms > ?2",
+        params![session_id, now_ms],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+}
+
 /// The id of a held, unexpired call to `tool` in the session, if any.
 pub fn held_for_tool(
     conn: &Connection,
@@ -438,13 +450,24 @@ pub fn enqueue_note(conn: &Connection, note: &OutboxNote, now_ms: i64) -> rusqli
     Ok(())
 }
 
-/// Notes due for an attempt.
-pub fn due_notes(conn: &Connection, now_ms: i64, limit: i64) -> rusqlite::Result<Vec<OutboxNote>> {
-    let mut stmt = conn.prepare(
-        "SELECT execution_id, thread_id, marker, text, markdown, attempts FROM note_outbox \
-         WHERE sent_at_ms IS NULL AND next_attempt_ms <= ?1 ORDER BY next_attempt_ms LIMIT ?2",
+/// Notes due for an attempt, fairly across threads: at most `per_thread` of each
+/// thread (its oldest), taken round by round (every thread's oldest first, then every
+/// thread's second, ...), `limit` in all. A thread with a backlog cannot keep another
+/// thread's note waiting behind it.
+pub fn due_notes(
+    conn: &Connection,
+    now_ms: i64,
+    per_thread: i64,
+    limit: i64,
+) -> rusqlite::Result<Vec<OutboxNote>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT execution_id, thread_id, marker, text, markdown, attempts FROM ( \
+           SELECT *, row_number() OVER ( \
+             PARTITION BY thread_id ORDER BY next_attempt_ms, execution_id) AS turn \
+           FROM note_outbox WHERE sent_at_ms IS NULL AND next_attempt_ms <= ?1) \
+         WHERE turn <= ?2 ORDER BY turn, next_attempt_ms, execution_id LIMIT ?3",
     )?;
-    let rows = stmt.query_map(params![now_ms, limit], |r| {
+    let rows = stmt.query_map(params![now_ms, per_thread, limit], |r| {
         Ok(OutboxNote {
             execution_id: r.get(0)?,
             thread_id: r.get(1)?,

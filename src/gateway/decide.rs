@@ -3,7 +3,8 @@
 //! first; otherwise the policy decides (limit totals read from `limit_charges`, in the
 //! same transaction), a run becomes a hold while another call to the tool waits for a
 //! person, and the execution row, its limit charges, its audit steps and, for a hold,
-//! the note are written together.
+//! the note are written together. A hold past the session's `max_pending_holds` is
+//! refused instead, and the session's stop note queued in the same transaction.
 
 use std::sync::Arc;
 
@@ -11,6 +12,7 @@ use rusqlite::Connection;
 
 use super::gate::{Gate, LoadedPolicy};
 use super::prepare::PreparedCall;
+use super::stop_note::StopNote;
 use crate::audit::AuditEvent;
 use crate::executions::{
     self, AuditStep, Execution, Status, new_execution_id, redact_args, store as exec_store,
@@ -26,6 +28,13 @@ pub(super) enum Decided {
     Blocked(Execution),
     Replay(Execution),
     Pending(Execution),
+    /// Would be held while `limit` calls of the session already wait for a person:
+    /// refused, nothing of it recorded, and the session's stop note queued (`first`:
+    /// by this call).
+    TooManyHolds {
+        limit: usize,
+        first: bool,
+    },
 }
 
 /// Limits read from the charges table inside the deciding transaction (and inside the
@@ -85,6 +94,7 @@ impl Gate {
     ) -> Result<Decided, crate::store::StoreError> {
         let cx = Context::of(self, scope);
         let holds = self.holds.clone();
+        let max_holds = self.max_pending_holds;
         self.db
             .write(move |conn| {
                 if let Some(found) = earlier_binding(conn, &cx, &call)? {
@@ -92,6 +102,9 @@ impl Gate {
                 }
                 let verdicted = verdict(conn, &cx, &call)?;
                 if verdicted.verdict == Verdict::Hold {
+                    if let Some(over) = too_many_holds(conn, &cx, max_holds)? {
+                        return Ok(over);
+                    }
                     // Before the commit, so a read never misses a hold it could see.
                     holds.mark(&cx.scope.session_id);
                 }
@@ -116,6 +129,21 @@ fn earlier_binding(
     }
     let pending = exec_store::pending_binding(conn, session, &call.binding_hash, cx.now)?;
     Ok(pending.map(Decided::Pending))
+}
+
+/// When `limit` (not 0) calls of the session already wait for a person, the refusal of
+/// one more, with the session's stop note queued in this transaction (once).
+fn too_many_holds(
+    conn: &Connection,
+    cx: &Context,
+    limit: usize,
+) -> rusqlite::Result<Option<Decided>> {
+    if limit == 0 || exec_store::held_count(conn, &cx.scope.session_id, cx.now)? < limit {
+        return Ok(None);
+    }
+    let note = StopNote::too_many_holds(limit);
+    let first = super::stop_note::queue(conn, &cx.scope, &note, cx.now, &cx.redactor)?;
+    Ok(Some(Decided::TooManyHolds { limit, first }))
 }
 
 /// The policy's verdict, made a hold when completion forced one or another call to the
@@ -177,7 +205,7 @@ fn record(
 ) -> rusqlite::Result<Decided> {
     let redacted = redact_args(&cx.redactor, &call.args);
     let rule_text = match v.rule_line {
-        Some(line) => format!("{} ({}:{line})", v.because, cx.loaded.file),
+        Some(line) => format!("{} ({}:{line})", v.because, cx.loaded.name),
         None => v.because.clone(),
     };
     let summary = super::summary::held_summary(&call.tool, &redacted, &rule_text);

@@ -41,19 +41,29 @@ impl Connectors {
 /// The policy in force, with what the audit records about it.
 pub struct LoadedPolicy {
     pub policy: Policy,
-    pub file: String,
+    /// The policy's name as people and the agent see it (the file's name, e.g.
+    /// `support.yaml`): never the host's path, which says nothing to a reviewer and
+    /// too much to an agent.
+    pub name: String,
     pub hash_hex: String,
 }
 
 impl LoadedPolicy {
-    pub fn new(policy: Policy, file: String) -> LoadedPolicy {
+    pub fn new(policy: Policy, name: String) -> LoadedPolicy {
         let hash_hex = hex::encode(policy.hash());
         LoadedPolicy {
             policy,
-            file,
+            name,
             hash_hex,
         }
     }
+}
+
+/// The name a policy file is shown by: its file name, without the directories.
+pub fn policy_name(path: &std::path::Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "policy".into())
 }
 
 /// A tool call as the agent sends it.
@@ -117,6 +127,9 @@ pub struct Gate {
     pub supervisor: SupervisorHandle,
     /// The sessions that may have a call waiting for a person (loaded at start).
     pub holds: Arc<super::holds::HoldMarks>,
+    /// Calls of one session waiting for a person at most (`[sessions]
+    /// max_pending_holds`; 0: no limit).
+    pub max_pending_holds: usize,
 }
 
 impl Gate {

@@ -18,11 +18,12 @@ pub mod sandbox_api;
 mod scope;
 pub mod serve;
 pub mod socket;
+pub mod stop_note;
 mod summary;
 pub mod tool_docs;
 
 pub(crate) use decide::SqlHistory;
-pub use gate::{CallReply, CallRequest, Connectors, Gate, LoadedPolicy};
+pub use gate::{CallReply, CallRequest, Connectors, Gate, LoadedPolicy, policy_name};
 pub use prepare::PreparedCall;
 pub use refusal::Refusal;
 pub use sandbox_api::SandboxApi;

@@ -1,16 +1,36 @@
-//! The internal note a held call puts on its thread: the agent's diagnosis (labelled as
-//! the agent's), the call with redacted arguments, the rule that held it and the
-//! approval link. Each note carries a marker with its execution id so the outbox can
-//! find it on the thread after a crash instead of posting it twice.
+//! The internal note a held call puts on its thread: the approval link first, then the
+//! call with redacted arguments and the rule that held it, then the agent's diagnosis
+//! (labelled as the agent's, quoted line by line). Each note carries a marker so the
+//! outbox can find it on the thread after a crash instead of posting it twice.
+//!
+//! Agent-written text never makes a line of its own: every line ending an agent could
+//! use (`\r\n`, a bare `\r`, U+0085, U+2028, U+2029, vertical tab, form feed) is
+//! normalised before the text is quoted, and in Markdown every ASCII punctuation mark
+//! of it is escaped, so no link, heading or emphasis of the agent's is rendered.
+//!
+//! The marker is keyed: besides the execution id it holds a random key made when the
+//! note is queued and kept only in the outbox's row. An agent knows its execution ids
+//! and can write notes on its thread, but cannot write a note the outbox would take
+//! for the real one.
 
+use rand::Rng as _;
 use serde_json::Value;
 
 use crate::executions::store::{Execution, OutboxNote};
 use crate::secrets::Redactor;
 
-/// The marker line that identifies a note's execution on the thread's timeline.
-pub fn marker(execution_id: &str) -> String {
+/// The line that names a note's execution for people reading the thread (and the
+/// start of its marker).
+pub fn reference(execution_id: &str) -> String {
     format!("threadgate-execution: {execution_id}")
+}
+
+/// A new marker for the note of `execution_id`: its [`reference`] and a random key
+/// that no one outside the orchestrator has seen before the note is posted.
+pub fn new_marker(execution_id: &str) -> String {
+    let mut key = [0u8; 16];
+    rand::rng().fill_bytes(&mut key);
+    format!("{} note-key {}", reference(execution_id), hex::encode(key))
 }
 
 /// Builds the note for a held call.
@@ -24,29 +44,38 @@ pub fn held_note(
     let diagnosis = exec
         .diagnosis
         .as_deref()
-        .map(|d| redactor.redact(d).into_owned())
-        .unwrap_or_else(|| "(the agent gave no diagnosis)".into());
-    let args = serde_json::to_string_pretty(redacted_args).unwrap_or_default();
-    let marker = marker(&exec.id);
-    let quoted: String = diagnosis.lines().map(|l| format!("> {l}\n")).collect();
+        .map(|d| redactor.redact(d).into_owned());
+    let lines = match &diagnosis {
+        Some(d) => agent_lines(d),
+        None => vec!["(the agent gave no diagnosis)".to_owned()],
+    };
+    let rule = one_line(rule);
+    let marker = new_marker(&exec.id);
+    let quoted_md: String = lines
+        .iter()
+        .map(|l| format!("> {}\n", escape_markdown(l)))
+        .collect();
+    let quoted_text: String = lines.iter().map(|l| format!("> {l}\n")).collect();
+    let args = json_on_lines(&serde_json::to_string_pretty(redacted_args).unwrap_or_default());
     let markdown = format!(
         "**A call is waiting for a person's approval**\n\n\
-         **The agent's diagnosis** (written by the agent, not verified):\n\n{quoted}\n\
-         **The call:** `{tool}`\n\n```json\n{args}\n```\n\n\
-         **Held by:** {rule}\n\n\
          **Approve or deny:** {approval_url}\n\n\
+         **The call:** `{tool}`\n\n```json\n{args}\n```\n\n\
+         **Held by:** {rule_md}\n\n\
+         **The agent's diagnosis** (written by the agent, not verified):\n\n{quoted_md}\n\
          _{marker}_\n",
         tool = exec.tool,
+        rule_md = escape_markdown(&rule),
     );
+    let indented: String = args.lines().map(|l| format!("    {l}\n")).collect();
     let text = format!(
-        "A call is waiting for a person's approval.\n\n\
-         The agent's diagnosis (written by the agent, not verified):\n{diagnosis}\n\n\
-         The call: {tool} {args_line}\n\
-         Held by: {rule}\n\
+        "A call is waiting for a person's approval.\n\
          Approve or deny: {approval_url}\n\n\
+         The call: {tool}\n{indented}\
+         Held by: {rule}\n\n\
+         The agent's diagnosis (written by the agent, not verified):\n{quoted_text}\n\
          {marker}\n",
         tool = exec.tool,
-        args_line = redacted_args,
     );
     OutboxNote {
         execution_id: exec.id.clone(),
@@ -57,3 +86,73 @@ pub fn held_note(
         attempts: 0,
     }
 }
+
+/// Whether `c` ends a line somewhere a note may be shown (a Markdown renderer, a plain
+/// text view, a browser).
+fn is_line_break(c: char) -> bool {
+    matches!(
+        c,
+        '\n' | '\r' | '\u{0B}' | '\u{0C}' | '\u{85}' | '\u{2028}' | '\u{2029}'
+    )
+}
+
+/// Agent-written `text` as lines: every line ending normalised (`\r\n` counts once),
+/// other control characters shown as U+FFFD, trailing blank lines dropped.
+pub fn agent_lines(text: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if is_line_break(c) {
+            if c == '\r' && chars.peek() == Some(&'\n') {
+                chars.next();
+            }
+            lines.push(std::mem::take(&mut line));
+        } else if c.is_control() && c != '\t' {
+            line.push('\u{FFFD}');
+        } else {
+            line.push(c);
+        }
+    }
+    lines.push(line);
+    while lines.len() > 1 && lines.last().is_some_and(|l| l.trim().is_empty()) {
+        lines.pop();
+    }
+    lines
+}
+
+/// `text` on one line: its lines joined by a space.
+fn one_line(text: &str) -> String {
+    agent_lines(text).join(" ")
+}
+
+/// `line` with every ASCII punctuation mark backslash-escaped: CommonMark renders it
+/// as written, with no link, autolink, image, HTML, emphasis, code or heading.
+pub fn escape_markdown(line: &str) -> String {
+    let mut out = String::with_capacity(line.len() + line.len() / 4);
+    for c in line.chars() {
+        if c.is_ascii_punctuation() {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// JSON text with the line breaks serde_json leaves raw inside strings (U+0085, U+2028,
+/// U+2029) written as escapes, so a value cannot end a line of the note. Valid JSON
+/// still: outside strings serde_json writes none of them.
+fn json_on_lines(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        match c {
+            '\u{85}' | '\u{2028}' | '\u{2029}' => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+#[path = "note_tests.rs"]
+mod tests;

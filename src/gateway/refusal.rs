@@ -27,6 +27,14 @@ pub enum Refusal {
     /// call is wrong), else the provider could not be reached.
     #[error("{message}")]
     LookupFailed { message: String, definite: bool },
+    /// The call would be held while `limit` calls of the session already wait for a
+    /// person; the session is stopped.
+    #[error(
+        "the session already has {limit} calls waiting for a person, the most \
+         [sessions] max_pending_holds ({limit}) allows: this call is refused and the \
+         session stops; a person takes over the thread"
+    )]
+    TooManyHolds { limit: usize },
     /// The call could not be recorded.
     #[error("internal error")]
     Internal,
@@ -42,6 +50,7 @@ impl Refusal {
             Refusal::SecretInArguments(_) => "secret_in_arguments",
             Refusal::OutOfScope(_) => "out_of_scope",
             Refusal::LookupFailed { .. } => "lookup_failed",
+            Refusal::TooManyHolds { .. } => "too_many_holds",
             Refusal::Internal => "internal",
         }
     }

@@ -286,6 +286,7 @@ impl From<Refusal> for ApiError {
             Refusal::LookupFailed {
                 definite: false, ..
             } => StatusCode::BAD_GATEWAY,
+            Refusal::TooManyHolds { .. } => StatusCode::TOO_MANY_REQUESTS,
             Refusal::Internal => return ApiError::internal(),
         };
         let code = refusal.code();
@@ -330,6 +331,7 @@ mod tests {
                 502,
                 "lookup_failed",
             ),
+            (Refusal::TooManyHolds { limit: 3 }, 429, "too_many_holds"),
             (Refusal::Internal, 500, "internal"),
         ];
         for (refusal, status, code) in cases {

@@ -69,7 +69,30 @@ impl Gate {
                 execution_id: exec.id,
                 rule: exec.because,
             },
+            Decided::TooManyHolds { limit, first } => {
+                if first {
+                    self.stop_flooding_session(scope, limit);
+                }
+                CallReply::Refused(Refusal::TooManyHolds { limit })
+            }
         }
+    }
+
+    /// Posts the stop note already queued and stops the session, off this call: a
+    /// session that asks people for more than `limit` calls at once is handed to a
+    /// person.
+    fn stop_flooding_session(&self, scope: &SessionScope, limit: usize) {
+        tracing::warn!(
+            limit,
+            "too many calls waiting for a person; stopping the session"
+        );
+        self.outbox.notify_one();
+        let (supervisor, thread) = (self.supervisor.clone(), scope.thread_id.clone());
+        tokio::spawn(async move {
+            if let Err(e) = supervisor.stop(&thread).await {
+                tracing::warn!(thread, error = %e, "cannot stop a session with too many holds");
+            }
+        });
     }
 
     /// Runs a call decided `run` (status `running`) through its connector, records the

@@ -1,5 +1,6 @@
 //! The sessions' settings (`[sessions]` in the config file): how many run at once, when
-//! an idle one gives up its container, the caps on its socket and workspace.
+//! an idle one gives up its container, the caps on its socket, its workspace and its
+//! calls waiting for a person.
 
 use std::time::Duration;
 
@@ -27,6 +28,10 @@ pub struct SessionSettings {
     /// Free space kept for the database on the data directory's disk: below it, new
     /// sessions wait (webhooks are still stored).
     pub disk_reserve_bytes: u64,
+    /// Calls of one session waiting for a person at most: a further call that would be
+    /// held is refused and the session stops with a note (a person takes over). 0
+    /// turns the limit off.
+    pub max_pending_holds: usize,
 }
 
 impl Default for SessionSettings {
@@ -38,6 +43,7 @@ impl Default for SessionSettings {
             socket_max_connections: 32,
             workspace_bytes: 2 << 30,
             disk_reserve_bytes: 1 << 30,
+            max_pending_holds: 20,
         }
     }
 }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use serde_json::{Value, json};
-use threadgate::gateway::note::marker;
+use threadgate::gateway::note::reference;
 
 use crate::support::plain::plain_id;
 use crate::support::wait::eventually;
@@ -188,7 +188,7 @@ async fn the_ten_call_queue_runs_six_holds_three_and_blocks_one() {
         let matching: Vec<&String> = notes
             .iter()
             .map(|(_, text)| text)
-            .filter(|text| text.contains(&marker(id)))
+            .filter(|text| text.contains(&reference(id)))
             .collect();
         assert_eq!(matching.len(), 1, "one note for {tool}: {notes:#?}");
         let text = matching[0];

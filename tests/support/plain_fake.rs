@@ -184,6 +184,25 @@ impl PlainFake {
         failures.extend(std::iter::repeat_n(failure, count));
     }
 
+    /// Forgets the failures [`PlainFake::fail_next`] queued and not yet used.
+    pub fn clear_failures(&self) {
+        self.state.failures.lock().expect("lock").clear();
+    }
+
+    /// The thread ids of the notes created so far (`createNote`), in the order Plain
+    /// received them.
+    pub fn note_order(&self) -> Vec<String> {
+        self.operations()
+            .iter()
+            .filter(|op| op.root_fields == ["createNote"])
+            .filter_map(|op| {
+                op.variables["input"]["threadId"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .collect()
+    }
+
     /// Answers the next `mutation` (e.g. `"createNote"`) with this `MutationError`.
     pub fn mutation_error_on(&self, mutation: &str, error: MutationErrorSpec) {
         self.model()

@@ -1,0 +1,178 @@
+//! The held-call note against an agent that writes line breaks and Markdown into its
+//! diagnosis and arguments.
+
+use serde_json::json;
+
+use super::*;
+use crate::executions::store::Status;
+
+const URL: &str = "https://threadgate.reviewers.test/approvals/ex_real";
+
+/// A bare `\r`, the Unicode separators and NEL each start a line in some view of the
+/// note; the forged link copies the real one's words.
+const ATTACK: &str = "The customer was charged twice.\r\r**Approve or deny:** \
+    [https://threadgate.reviewers.test/approvals/ex_real](https://evil.example/approve)\
+    \u{2028}Held by: nothing to worry about\u{2029}## Approved already\r\n\
+    <a href=\"https://evil.example/html\">click</a>\u{85}https://evil.example/auto\u{0B}www.evil.example";
+
+/// Fragments of [`ATTACK`] that must stay inside the quote.
+const AGENT_FRAGMENTS: [&str; 6] = [
+    "charged twice",
+    "evil",
+    "worry",
+    "Approved already",
+    "click",
+    "](https://evil",
+];
+
+fn held(diagnosis: &str, args: serde_json::Value) -> Execution {
+    Execution {
+        id: "ex_real".into(),
+        session_id: "s1".into(),
+        thread_id: "th_1".into(),
+        agent: "support".into(),
+        tool: "helpdesk.escalate_to_engineer".into(),
+        args: args.to_string(),
+        account: String::new(),
+        binding_hash: String::new(),
+        diagnosis: Some(diagnosis.into()),
+        verdict: "hold".into(),
+        because: "rule helpdesk.*".into(),
+        rule_line: Some(3),
+        policy_hash: String::new(),
+        status: Status::Held,
+        summary: None,
+        expires_at_ms: None,
+        reviewer: None,
+        decision_message: None,
+        decided_at_ms: None,
+        result: None,
+        error: None,
+        attempts: 0,
+        created_at_ms: 0,
+        finished_at_ms: None,
+    }
+}
+
+/// The note's lines as the most generous viewer breaks them.
+fn shown_lines(note: &str) -> Vec<&str> {
+    note.split(|c: char| {
+        matches!(
+            c,
+            '\n' | '\r' | '\u{0B}' | '\u{0C}' | '\u{85}' | '\u{2028}' | '\u{2029}'
+        )
+    })
+    .collect()
+}
+
+/// The lines outside the quote and the JSON block (fenced in Markdown, indented in
+/// text): threadgate's own.
+fn own_lines(note: &str) -> Vec<&str> {
+    let mut in_code = false;
+    let mut own = Vec::new();
+    for line in shown_lines(note) {
+        if line.starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        if !(in_code || line.starts_with("> ") || line.starts_with("    ")) {
+            own.push(line);
+        }
+    }
+    own
+}
+
+/// No line of threadgate's own holds agent text.
+fn assert_agent_text_is_quoted(note: &str) {
+    for line in own_lines(note) {
+        for fragment in AGENT_FRAGMENTS {
+            assert!(
+                !line.contains(fragment),
+                "agent text {fragment:?} outside the quote: {line:?}\n{note}"
+            );
+        }
+    }
+}
+
+#[test]
+fn agent_text_cannot_leave_the_quote_or_forge_the_link() {
+    let args = json!({"thread_id": "th_1", "summary": "x\u{2028}**Approve or deny:** https://evil.example/args"});
+    let rule = "charge ch_1\r**Approve or deny:** [go](https://rule.example/x) (support.yaml:3)";
+    let note = held_note(
+        &held(ATTACK, args.clone()),
+        &args,
+        rule,
+        URL,
+        &Redactor::empty(),
+    );
+    for shown in [&note.markdown, &note.text] {
+        assert_agent_text_is_quoted(shown);
+        let link = shown.find(URL).expect("the real link");
+        let diagnosis = shown.find("diagnosis").expect("the diagnosis");
+        assert!(link < diagnosis, "the real link comes first: {shown}");
+        let deny_lines: Vec<&str> = own_lines(shown)
+            .into_iter()
+            .filter(|l| l.trim_start_matches('*').starts_with("Approve or deny"))
+            .collect();
+        assert_eq!(deny_lines.len(), 1, "one real link line: {deny_lines:?}");
+        assert!(deny_lines[0].ends_with(URL), "{deny_lines:?}");
+    }
+    // The rule (which can hold an id the agent wrote) stays on its one line.
+    assert!(
+        note.text
+            .contains("Held by: charge ch_1 **Approve or deny:** [go](https://rule.example/x)"),
+        "{}",
+        note.text
+    );
+    assert!(
+        note.markdown.contains(
+            "**Held by:** charge ch\\_1 \\*\\*Approve or deny\\:\\*\\* \\[go\\]\\(https\\:"
+        ),
+        "{}",
+        note.markdown
+    );
+    // In Markdown nothing of the agent's outside the JSON block is a link, an autolink
+    // or HTML (a fenced block renders none).
+    let prose = own_lines(&note.markdown).join("\n")
+        + &shown_lines(&note.markdown)
+            .into_iter()
+            .filter(|l| l.starts_with("> "))
+            .collect::<Vec<_>>()
+            .join("\n");
+    for raw in ["](https://evil", "https://evil", "www.evil", "## Approved"] {
+        assert!(!prose.contains(raw), "{raw:?} left unescaped: {prose}");
+    }
+    let tags: Vec<usize> = prose.match_indices("<a").map(|(at, _)| at).collect();
+    assert!(!tags.is_empty(), "{prose}");
+    for at in tags {
+        assert_eq!(&prose[at - 1..at], "\\", "HTML left unescaped: {prose}");
+    }
+    assert!(prose.contains("> \\#\\# Approved already"), "{prose}");
+    // A JSON value cannot end a line either.
+    for shown in [&note.markdown, &note.text] {
+        assert!(shown.contains("x\\u2028**Approve"), "{shown}");
+        assert!(!shown.contains('\u{2028}'), "{shown}");
+    }
+}
+
+#[test]
+fn line_endings_are_normalised_and_controls_shown() {
+    assert_eq!(
+        agent_lines("a\r\nb\rc\u{2028}d\u{2029}e\u{85}f\ng\u{0C}h"),
+        ["a", "b", "c", "d", "e", "f", "g", "h"]
+    );
+    assert_eq!(agent_lines("a\u{1b}[2Jb\n\n\r\n"), ["a\u{FFFD}[2Jb"]);
+    assert_eq!(agent_lines(""), [""]);
+    assert_eq!(
+        escape_markdown("[a](b) *c* `d`"),
+        "\\[a\\]\\(b\\) \\*c\\* \\`d\\`"
+    );
+}
+
+#[test]
+fn each_note_gets_its_own_marker_with_a_key() {
+    let (a, b) = (new_marker("ex_1"), new_marker("ex_1"));
+    assert_ne!(a, b);
+    assert!(a.starts_with(&reference("ex_1")), "{a}");
+    assert!(a.len() > reference("ex_1").len() + 32, "{a}");
+}
