@@ -59,6 +59,9 @@ async fn decide(web: &Web, id: &str, decision: &str) -> u16 {
 async fn the_queue_the_approval_and_the_history_show_their_fields() {
     let mut world = World::new().await;
     world.settings.plain.thread_url = Some(THREAD_URL.to_owned());
+    // The hour the clock moves below must not make the session idle: its socket would
+    // close (and reopen on the decision) while the test still talks to it.
+    world.settings.sessions.idle_timeout = Duration::from_secs(24 * 3600);
     let (app, clock) = world.start_with_clock().await;
     add_reviewer(&app, "alice").await;
     add_reviewer(&app, "bob").await;
@@ -164,7 +167,9 @@ async fn the_queue_the_approval_and_the_history_show_their_fields() {
 /// cannot read is a 400 naming the field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_queue_pages_and_filters_held_calls() {
-    let world = World::new().await;
+    let mut world = World::new().await;
+    // More held calls in one session than the default cap on pending holds.
+    world.settings.sessions.max_pending_holds = 30;
     let app = world.start().await;
     add_reviewer(&app, "alice").await;
     let ada = world
