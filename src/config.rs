@@ -177,6 +177,10 @@ pub struct ProviderSettings {
     /// Stripe only: how long a remembered customer email is used at most, in case an
     /// event is lost (`15m` by default).
     pub email_max_age: Duration,
+    /// Stripe only: the longest `Stripe-Signature` header and the most entries in it
+    /// that `POST /webhooks/stripe` reads (`webhook_max_signature_bytes`, 1024, and
+    /// `webhook_max_signature_entries`, 8); a longer one is refused before any MAC.
+    pub signature_limits: crate::connectors::stripe::events::SignatureLimits,
 }
 
 /// The repository whose branches sessions work on.
@@ -237,6 +241,7 @@ fn default_stripe() -> ProviderSettings {
         repos: Vec::new(),
         webhook_secret: None,
         email_max_age: DEFAULT_EMAIL_MAX_AGE,
+        signature_limits: Default::default(),
     }
 }
 
@@ -247,6 +252,7 @@ fn default_github() -> ProviderSettings {
         repos: Vec::new(),
         webhook_secret: None,
         email_max_age: DEFAULT_EMAIL_MAX_AGE,
+        signature_limits: Default::default(),
     }
 }
 
@@ -427,6 +433,7 @@ mod provider {
     use serde::{Deserialize, Deserializer};
 
     use super::{ProviderSettings, default_github, default_stripe};
+    use crate::connectors::stripe::events::SignatureLimits;
 
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -437,34 +444,49 @@ mod provider {
         webhook_secret: Option<String>,
         #[serde(default, with = "super::humantime_serde_compat::option")]
         email_max_age: Option<std::time::Duration>,
+        webhook_max_signature_bytes: Option<usize>,
+        webhook_max_signature_entries: Option<usize>,
     }
 
     fn merge<'de, D: Deserializer<'de>>(
         d: D,
         defaults: ProviderSettings,
+        stripe: bool,
     ) -> Result<ProviderSettings, D::Error> {
         let partial = Partial::deserialize(d)?;
+        let limits = defaults.signature_limits;
+        let signature_limits = SignatureLimits {
+            max_bytes: partial
+                .webhook_max_signature_bytes
+                .unwrap_or(limits.max_bytes),
+            max_entries: partial
+                .webhook_max_signature_entries
+                .unwrap_or(limits.max_entries),
+        };
+        let stripe_only = partial.webhook_secret.is_some()
+            || partial.webhook_max_signature_bytes.is_some()
+            || partial.webhook_max_signature_entries.is_some();
+        if stripe_only && !stripe {
+            return Err(serde::de::Error::custom(
+                "webhook_secret and webhook_max_signature_* belong in [stripe], not [github]",
+            ));
+        }
         Ok(ProviderSettings {
             api_url: partial.api_url.unwrap_or(defaults.api_url),
             key_secret: partial.key_secret.unwrap_or(defaults.key_secret),
             repos: partial.repos.unwrap_or(defaults.repos),
             webhook_secret: partial.webhook_secret.or(defaults.webhook_secret),
             email_max_age: partial.email_max_age.unwrap_or(defaults.email_max_age),
+            signature_limits,
         })
     }
 
     pub fn stripe<'de, D: Deserializer<'de>>(d: D) -> Result<ProviderSettings, D::Error> {
-        merge(d, default_stripe())
+        merge(d, default_stripe(), true)
     }
 
     pub fn github<'de, D: Deserializer<'de>>(d: D) -> Result<ProviderSettings, D::Error> {
-        let settings = merge(d, default_github())?;
-        if settings.webhook_secret.is_some() {
-            return Err(serde::de::Error::custom(
-                "webhook_secret belongs in [stripe], not [github]",
-            ));
-        }
-        Ok(settings)
+        merge(d, default_github(), false)
     }
 }
 
