@@ -121,6 +121,11 @@ pub struct ServerSettings {
     /// Time a client has to send a request's body.
     #[serde(with = "humantime_serde_compat")]
     pub body_timeout: Duration,
+    /// The longest a reviewer's name waits between sign-in attempts once it has had
+    /// failures from anywhere (the per-name back-off; a name from one client address
+    /// is locked separately).
+    #[serde(with = "humantime_serde_compat")]
+    pub sign_in_backoff_max: Duration,
 }
 
 impl Default for ServerSettings {
@@ -130,6 +135,7 @@ impl Default for ServerSettings {
             max_connections_per_address: 64,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
+            sign_in_backoff_max: Duration::from_secs(15),
         }
     }
 }
@@ -571,6 +577,29 @@ mod tests {
         std::fs::write(&path, "[stripe]\napi_ur = \"x\"\n").expect("write");
         let err = Settings::from_file(&path).expect_err("unknown key");
         assert!(err.to_string().contains("api_ur"), "{err}");
+    }
+
+    #[test]
+    fn the_stripe_signature_limits_and_the_sign_in_back_off_are_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.toml");
+        let s = Settings::default();
+        assert_eq!(s.stripe.signature_limits.max_bytes, 1024);
+        assert_eq!(s.stripe.signature_limits.max_entries, 8);
+        assert_eq!(s.server.sign_in_backoff_max, Duration::from_secs(15));
+        std::fs::write(
+            &path,
+            "[stripe]\nwebhook_max_signature_bytes = 300\nwebhook_max_signature_entries = 3\n\
+             [server]\nsign_in_backoff_max = \"1m\"\n",
+        )
+        .expect("write");
+        let s = Settings::from_file(&path).expect("parse");
+        assert_eq!(s.stripe.signature_limits.max_bytes, 300);
+        assert_eq!(s.stripe.signature_limits.max_entries, 3);
+        assert_eq!(s.server.sign_in_backoff_max, Duration::from_secs(60));
+        std::fs::write(&path, "[github]\nwebhook_max_signature_entries = 3\n").expect("write");
+        let err = Settings::from_file(&path).expect_err("stripe only");
+        assert!(err.to_string().contains("belong in [stripe]"), "{err}");
     }
 
     #[test]
