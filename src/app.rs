@@ -397,11 +397,14 @@ fn people_router(
         .merge(crate::health::router(readiness))
         .merge(intake_router)
         .merge(approvals::http::router(approvals.clone()))
-        .merge(crate::review::router(crate::review::ReviewState::new(
-            approvals.clone(),
-            &settings.public_url,
-            settings.plain.thread_url.clone(),
-        )));
+        .merge(crate::review::router(
+            crate::review::ReviewState::new(
+                approvals.clone(),
+                &settings.public_url,
+                settings.plain.thread_url.clone(),
+            )
+            .with_sign_in_backoff_max(settings.server.sign_in_backoff_max),
+        ));
     if let Some(stripe_events) = connector_setup::stripe_events(
         settings,
         &base.connectors,

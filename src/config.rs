@@ -123,6 +123,11 @@ pub struct ServerSettings {
     /// Time a client has to send a request's body.
     #[serde(with = "humantime_serde_compat")]
     pub body_timeout: Duration,
+    /// The longest a reviewer's name waits between sign-in attempts once it has had
+    /// failures from anywhere (the per-name back-off; a name from one client address
+    /// is locked separately).
+    #[serde(with = "humantime_serde_compat")]
+    pub sign_in_backoff_max: Duration,
 }
 
 impl Default for ServerSettings {
@@ -132,6 +137,7 @@ impl Default for ServerSettings {
             max_connections_per_address: 64,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
+            sign_in_backoff_max: Duration::from_secs(15),
         }
     }
 }
@@ -179,6 +185,10 @@ pub struct ProviderSettings {
     /// Stripe only: how long a remembered customer email is used at most, in case an
     /// event is lost (`15m` by default).
     pub email_max_age: Duration,
+    /// Stripe only: the longest `Stripe-Signature` header and the most entries in it
+    /// that `POST /webhooks/stripe` reads (`webhook_max_signature_bytes`, 1024, and
+    /// `webhook_max_signature_entries`, 8); a longer one is refused before any MAC.
+    pub signature_limits: crate::connectors::stripe::events::SignatureLimits,
 }
 
 /// The repository whose branches sessions work on.
@@ -254,6 +264,7 @@ fn default_stripe() -> ProviderSettings {
         repos: Vec::new(),
         webhook_secret: None,
         email_max_age: DEFAULT_EMAIL_MAX_AGE,
+        signature_limits: Default::default(),
     }
 }
 
@@ -264,6 +275,7 @@ fn default_github() -> ProviderSettings {
         repos: Vec::new(),
         webhook_secret: None,
         email_max_age: DEFAULT_EMAIL_MAX_AGE,
+        signature_limits: Default::default(),
     }
 }
 
@@ -447,6 +459,7 @@ mod provider {
     use serde::{Deserialize, Deserializer};
 
     use super::{ProviderSettings, default_github, default_stripe};
+    use crate::connectors::stripe::events::SignatureLimits;
 
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -457,34 +470,49 @@ mod provider {
         webhook_secret: Option<String>,
         #[serde(default, with = "super::humantime_serde_compat::option")]
         email_max_age: Option<std::time::Duration>,
+        webhook_max_signature_bytes: Option<usize>,
+        webhook_max_signature_entries: Option<usize>,
     }
 
     fn merge<'de, D: Deserializer<'de>>(
         d: D,
         defaults: ProviderSettings,
+        stripe: bool,
     ) -> Result<ProviderSettings, D::Error> {
         let partial = Partial::deserialize(d)?;
+        let limits = defaults.signature_limits;
+        let signature_limits = SignatureLimits {
+            max_bytes: partial
+                .webhook_max_signature_bytes
+                .unwrap_or(limits.max_bytes),
+            max_entries: partial
+                .webhook_max_signature_entries
+                .unwrap_or(limits.max_entries),
+        };
+        let stripe_only = partial.webhook_secret.is_some()
+            || partial.webhook_max_signature_bytes.is_some()
+            || partial.webhook_max_signature_entries.is_some();
+        if stripe_only && !stripe {
+            return Err(serde::de::Error::custom(
+                "webhook_secret and webhook_max_signature_* belong in [stripe], not [github]",
+            ));
+        }
         Ok(ProviderSettings {
             api_url: partial.api_url.unwrap_or(defaults.api_url),
             key_secret: partial.key_secret.unwrap_or(defaults.key_secret),
             repos: partial.repos.unwrap_or(defaults.repos),
             webhook_secret: partial.webhook_secret.or(defaults.webhook_secret),
             email_max_age: partial.email_max_age.unwrap_or(defaults.email_max_age),
+            signature_limits,
         })
     }
 
     pub fn stripe<'de, D: Deserializer<'de>>(d: D) -> Result<ProviderSettings, D::Error> {
-        merge(d, default_stripe())
+        merge(d, default_stripe(), true)
     }
 
     pub fn github<'de, D: Deserializer<'de>>(d: D) -> Result<ProviderSettings, D::Error> {
-        let settings = merge(d, default_github())?;
-        if settings.webhook_secret.is_some() {
-            return Err(serde::de::Error::custom(
-                "webhook_secret belongs in [stripe], not [github]",
-            ));
-        }
-        Ok(settings)
+        merge(d, default_github(), false)
     }
 }
 
@@ -570,6 +598,29 @@ mod tests {
         std::fs::write(&path, "[stripe]\napi_ur = \"x\"\n").expect("write");
         let err = Settings::from_file(&path).expect_err("unknown key");
         assert!(err.to_string().contains("api_ur"), "{err}");
+    }
+
+    #[test]
+    fn the_stripe_signature_limits_and_the_sign_in_back_off_are_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.toml");
+        let s = Settings::default();
+        assert_eq!(s.stripe.signature_limits.max_bytes, 1024);
+        assert_eq!(s.stripe.signature_limits.max_entries, 8);
+        assert_eq!(s.server.sign_in_backoff_max, Duration::from_secs(15));
+        std::fs::write(
+            &path,
+            "[stripe]\nwebhook_max_signature_bytes = 300\nwebhook_max_signature_entries = 3\n\
+             [server]\nsign_in_backoff_max = \"1m\"\n",
+        )
+        .expect("write");
+        let s = Settings::from_file(&path).expect("parse");
+        assert_eq!(s.stripe.signature_limits.max_bytes, 300);
+        assert_eq!(s.stripe.signature_limits.max_entries, 3);
+        assert_eq!(s.server.sign_in_backoff_max, Duration::from_secs(60));
+        std::fs::write(&path, "[github]\nwebhook_max_signature_entries = 3\n").expect("write");
+        let err = Settings::from_file(&path).expect_err("stripe only");
+        assert!(err.to_string().contains("belong in [stripe]"), "{err}");
     }
 
     #[test]

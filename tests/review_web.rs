@@ -17,6 +17,8 @@ pub mod web;
 mod browser;
 #[path = "review_web/http.rs"]
 mod http;
+#[path = "review_web/lockout.rs"]
+mod lockout;
 #[path = "review_web/narrow.rs"]
 mod narrow;
 #[path = "review_web/pages.rs"]

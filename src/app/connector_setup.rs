@@ -117,6 +117,7 @@ pub fn stripe_events(
             stripe,
             secret: Credential::live(secret, store),
             clock,
+            limits: settings.stripe.signature_limits,
         },
     ))
 }

@@ -7,14 +7,21 @@
 //! memory is at most `permits` x 19 MiB; a caller beyond `max_waiting` queued ones is
 //! told [`HashError::Busy`] at once instead of queueing. Counters make the bound
 //! observable to tests and operators.
+//!
+//! The memory itself is allocated once per turn and reused ([`memory`]): freed after
+//! each hash, it stayed with the allocator and a sign-in flood grew the process by
+//! hundreds of MiB per burst (issue 17 item 4).
+
+mod memory;
 
 use crate::secrets::ExposeSecret as _;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
-use argon2::password_hash::PasswordVerifier as _;
-use argon2::{Argon2, PasswordHasher as _};
 use tokio::sync::Semaphore;
+
+use memory::BlockPool;
+pub use memory::MAX_M_COST_KIB;
 
 use crate::secrets::SecretString;
 
@@ -44,6 +51,8 @@ pub struct Hasher {
     running: AtomicUsize,
     peak: AtomicUsize,
     started: AtomicUsize,
+    /// The hashing memory: at most one buffer per turn, kept between hashes.
+    memory: Arc<BlockPool>,
 }
 
 /// Decrements a counter when dropped (a cancelled request still gives its place back).
@@ -67,6 +76,7 @@ impl Hasher {
             running: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
             started: AtomicUsize::new(0),
+            memory: BlockPool::new(),
         }
     }
 
@@ -93,23 +103,30 @@ impl Hasher {
         self.started.load(Ordering::SeqCst)
     }
 
-    /// An argon2id PHC hash of `password`.
+    /// How many hashing buffers the pool keeps (never more than its permits).
+    pub fn buffers(&self) -> usize {
+        self.memory.kept()
+    }
+
+    /// A standard argon2id PHC hash of `password` (argon2's default parameters).
     pub async fn hash(&self, password: SecretString) -> Result<String, HashError> {
+        let memory = self.memory.clone();
         self.run(move || {
-            Argon2::default()
-                .hash_password(password.expose_secret().as_bytes())
-                .map(|h| h.to_string())
+            memory
+                .hash(password.expose_secret().as_bytes())
                 .map_err(|e| HashError::Failed(e.to_string()))
         })
         .await
     }
 
-    /// Whether `password` matches the PHC hash `phc`.
+    /// Whether `password` matches the argon2 PHC hash `phc`. A stored string that is
+    /// not a usable argon2 hash is an error, not a mismatch.
     pub async fn verify(&self, password: SecretString, phc: String) -> Result<bool, HashError> {
+        let memory = self.memory.clone();
         self.run(move || {
-            Ok(Argon2::default()
-                .verify_password(password.expose_secret().as_bytes(), phc.as_str())
-                .is_ok())
+            memory
+                .verify(password.expose_secret().as_bytes(), &phc)
+                .map_err(|e| HashError::Failed(e.to_string()))
         })
         .await
     }
@@ -191,5 +208,102 @@ mod tests {
         assert!(busy > 0, "nobody was turned away");
         assert_eq!(hasher.started() - 1, 400 - busy);
         assert_eq!(hasher.peak(), 1);
+    }
+
+    /// The pool's hashes are argon2's standard PHC strings: the argon2 crate's own
+    /// verifier accepts them, and the pool accepts the crate's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hashes_are_standard_argon2id_phc_strings_both_ways() {
+        use argon2::password_hash::PasswordVerifier as _;
+        use argon2::{Argon2, PasswordHasher as _};
+
+        let hasher = Hasher::new(2, 8);
+        let phc = hasher
+            .hash(SecretString::from("correct horse battery"))
+            .await
+            .expect("hash");
+        assert!(phc.starts_with("$argon2id$v=19$m=19456,t=2,p=1$"), "{phc}");
+        let parsed = argon2::PasswordHash::new(&phc).expect("a PHC string");
+        assert!(
+            Argon2::default()
+                .verify_password(b"correct horse battery", &parsed)
+                .is_ok()
+        );
+        assert!(
+            Argon2::default()
+                .verify_password(b"correct horse batter", &parsed)
+                .is_err()
+        );
+
+        let theirs = Argon2::default()
+            .hash_password(b"made by the crate")
+            .expect("hash")
+            .to_string();
+        let yes = hasher.verify(SecretString::from("made by the crate"), theirs.clone());
+        assert!(yes.await.expect("verify"));
+        let no = hasher.verify(SecretString::from("made by the crat"), theirs);
+        assert!(!no.await.expect("verify"));
+    }
+
+    /// Other parameters than the default (an older hash) are read from the string.
+    #[tokio::test]
+    async fn a_hash_with_other_parameters_is_checked_with_them() {
+        use argon2::{Algorithm, Argon2, Params, PasswordHasher as _, Version};
+
+        let params = Params::new(4096, 3, 1, Some(16)).expect("params");
+        let theirs = Argon2::new(Algorithm::Argon2id, Version::V0x13, params)
+            .hash_password(b"older password")
+            .expect("hash")
+            .to_string();
+        let hasher = Hasher::new(1, 4);
+        let yes = hasher.verify(SecretString::from("older password"), theirs.clone());
+        assert!(yes.await.expect("verify"));
+        let no = hasher.verify(SecretString::from("older passwort"), theirs);
+        assert!(!no.await.expect("verify"));
+    }
+
+    #[tokio::test]
+    async fn a_stored_string_that_is_no_argon2_hash_is_an_error_not_a_mismatch() {
+        let hasher = Hasher::new(1, 4);
+        for stored in [
+            "",
+            "sha256:abcd",
+            "$argon2id$v=19$m=999999999,t=2,p=1$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA",
+        ] {
+            let checked = hasher.verify(SecretString::from("pw"), stored.into()).await;
+            assert!(
+                matches!(checked, Err(HashError::Failed(_))),
+                "{stored}: {checked:?}"
+            );
+        }
+    }
+
+    /// Issue 17 item 4: every hash allocated its ~19 MiB afresh and the allocator kept
+    /// what was freed. Now the memory is one buffer per turn, reused: a flood of 60
+    /// checks on a pool of 2 turns leaves at most 2 buffers, whatever the threads.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_flood_reuses_at_most_one_buffer_per_turn() {
+        let hasher = std::sync::Arc::new(Hasher::new(2, 1000));
+        let phc = hasher
+            .hash(SecretString::from("pw for the flood"))
+            .await
+            .expect("hash");
+        assert_eq!(hasher.buffers(), 1);
+        let mut tasks = Vec::new();
+        for i in 0..60 {
+            let (h, phc) = (hasher.clone(), phc.clone());
+            tasks.push(tokio::spawn(async move {
+                h.verify(SecretString::from(format!("guess {i}")), phc)
+                    .await
+            }));
+        }
+        for t in tasks {
+            assert!(!t.await.expect("task").expect("verified"));
+        }
+        assert!(
+            (1..=2).contains(&hasher.buffers()),
+            "{} buffers",
+            hasher.buffers()
+        );
     }
 }

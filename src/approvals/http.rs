@@ -50,11 +50,11 @@ pub fn router(approvals: Approvals) -> Router {
         })
 }
 
-/// The client's address as the throttle keys it (`addr:unknown` when the listener does
-/// not record peers).
+/// The client's address as the throttle keys it (an IPv6 /64 as one address, as the
+/// listener counts it; `addr:unknown` when the listener does not record peers).
 pub fn client_key(headers_ext: &axum::http::Extensions) -> String {
     match headers_ext.get::<ConnectInfo<SocketAddr>>() {
-        Some(ConnectInfo(addr)) => format!("addr:{}", addr.ip()),
+        Some(ConnectInfo(addr)) => super::throttle::client_key(addr.ip()),
         None => "addr:unknown".to_owned(),
     }
 }

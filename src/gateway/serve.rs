@@ -201,7 +201,7 @@ impl Drop for AddressShare {
 
 /// The address a connection counts against: IPv4 as is (and IPv4-mapped IPv6 as the
 /// IPv4 it maps), IPv6 by its /64, which one client usually holds whole.
-fn address_key(ip: IpAddr) -> IpAddr {
+pub fn address_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(v4) => IpAddr::V4(v4),
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

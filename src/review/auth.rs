@@ -22,6 +22,7 @@ use subtle::ConstantTimeEq as _;
 use super::{ReviewState, render};
 use crate::approvals::http::client_key;
 use crate::approvals::reviewers::{self, Reviewer, ReviewerError};
+use crate::approvals::throttle::SignInKeys;
 use crate::secrets::SecretString;
 
 /// A session ends after this long without a request.
@@ -268,13 +269,12 @@ pub async fn login(
         );
     }
     let name = form.name.trim();
-    let name_key = format!("name:{}", name.to_ascii_lowercase());
-    let addr_key = client_key(&ext);
+    let keys = SignInKeys::new(name, &client_key(&ext));
     let now = state.approvals.gate.now();
-    if let Err(wait) = state.throttle.check(&[&name_key, &addr_key], now) {
+    if let Err(wait) = state.throttle.check_sign_in(&keys, now) {
         let text = format!(
-            "Too many failed sign-ins for this name or from this address. Try again in {} minutes.",
-            wait.div_ceil(60)
+            "Too many failed sign-ins for this name or from this address. Try again in {}.",
+            wait_text(wait)
         );
         return login_page(
             &state,
@@ -288,11 +288,11 @@ pub async fn login(
     match reviewers::verify_password(&state.approvals.gate.db, &state.hasher, name, password).await
     {
         Ok(Some(reviewer)) => {
-            state.throttle.clear(&name_key);
+            state.throttle.clear_sign_in(&keys);
             start_session(&state, reviewer, &form.next).await
         }
         Ok(None) => {
-            state.throttle.fail(&[&name_key, &addr_key], now);
+            state.throttle.fail_sign_in(&keys, now);
             login_page(
                 &state,
                 StatusCode::UNAUTHORIZED,
@@ -317,6 +317,15 @@ pub async fn login(
                 "Internal error.",
             )
         }
+    }
+}
+
+/// A wait for people: seconds below two minutes, minutes above.
+fn wait_text(seconds: u64) -> String {
+    match seconds {
+        1 => "1 second".to_owned(),
+        0..120 => format!("{seconds} seconds"),
+        _ => format!("{} minutes", seconds.div_ceil(60)),
     }
 }
 

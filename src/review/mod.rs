@@ -6,11 +6,12 @@
 //! and run once whichever way a person decides it), never the reverse.
 //!
 //! Safety: reviewers sign in with name and password ([`auth`]; argon2id through the
-//! bounded [`Hasher`], failures throttled per name and per client address); the
-//! session cookie is HttpOnly, SameSite=Strict, Secure when the public URL is https, and
-//! expires after [`auth::IDLE_MS`] idle or [`auth::ABSOLUTE_MS`] in all; every form
-//! carries the session's CSRF token; every response carries a strict CSP without inline
-//! script, `X-Frame-Options: DENY`, `Referrer-Policy: no-referrer` and `no-store`.
+//! bounded [`Hasher`]; failures lock a name from one client address and that address,
+//! and slow a name from anywhere); the session cookie is HttpOnly, SameSite=Strict,
+//! Secure when the public URL is https, and expires after [`auth::IDLE_MS`] idle or
+//! [`auth::ABSOLUTE_MS`] in all; every form carries the session's CSRF token; every
+//! response carries a strict CSP without inline script, `X-Frame-Options: DENY`,
+//! `Referrer-Policy: no-referrer` and `no-store`.
 
 pub mod auth;
 mod pages;
@@ -40,7 +41,7 @@ pub struct ReviewState {
     pub approvals: Approvals,
     /// The bounded argon2 pool for sign-ins.
     pub hasher: Arc<Hasher>,
-    /// Failed sign-ins per name and per client address.
+    /// Failed sign-ins per name and client address, per address, and per name.
     pub throttle: Arc<Throttle>,
     /// Whether cookies carry `Secure` (the public URL is https).
     pub secure_cookies: bool,
@@ -58,6 +59,14 @@ impl ReviewState {
             secure_cookies: is_https(public_url),
             thread_url,
         }
+    }
+
+    /// The same state with the per-name sign-in back-off at most `max`
+    /// (`[server] sign_in_backoff_max`).
+    pub fn with_sign_in_backoff_max(mut self, max: std::time::Duration) -> Self {
+        let max_ms = i64::try_from(max.as_millis()).unwrap_or(i64::MAX);
+        self.throttle = Arc::new(Throttle::default().with_backoff_max(max_ms));
+        self
     }
 
     /// The Plain link of a thread, or "" when none is configured.

@@ -124,3 +124,73 @@ async fn without_stripes_events_every_read_asks_and_the_endpoint_is_absent() {
         .unwrap();
     assert_eq!(response.status(), 404);
 }
+
+/// A `Stripe-Signature` of thousands of `v1` entries over a 1 MiB body (issue 17 item 1:
+/// each entry used to cost one HMAC of the whole body on a runtime worker, before
+/// anything was authenticated).
+fn flood_request(app: &crate::support::app::TestApp) -> reqwest::RequestBuilder {
+    let now = chrono::Utc::now().timestamp();
+    let header = format!("t={now}{}", format!(",v1={}", "ab".repeat(32)).repeat(6000));
+    app.http
+        .post(format!("http://{}/webhooks/stripe", app.addr))
+        .header("Stripe-Signature", header)
+        .body(vec![b'x'; 1 << 20])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signature_of_thousands_of_entries_is_refused_and_healthz_answers_during_a_flood() {
+    let mut world = World::new().await;
+    world.use_stripe_events(WEBHOOK_SECRET).await;
+    let app = world.start().await;
+
+    // A figure, not an assertion: how long one such request takes to be refused.
+    let started = std::time::Instant::now();
+    let response = flood_request(&app).send().await.unwrap();
+    assert_eq!(response.status(), 400);
+    let text = response.text().await.unwrap();
+    eprintln!(
+        "refused a 6,000-entry Stripe-Signature over a 1 MiB body in {:?}",
+        started.elapsed()
+    );
+    assert!(
+        text.contains("webhook_max_signature_bytes (1024)"),
+        "{text}"
+    );
+
+    // Four clients send such requests in a loop while /healthz is probed: every probe
+    // answers (the timeout is a generous liveness guard; before the fix a probe waited
+    // for tens of seconds of MACs on both runtime workers).
+    let mut flood = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let request = flood_request(&app);
+        flood.spawn(async move {
+            let mut statuses = Vec::new();
+            for _ in 0..10 {
+                let sent = request.try_clone().unwrap().send().await.unwrap();
+                statuses.push(sent.status().as_u16());
+            }
+            statuses
+        });
+    }
+    let probe = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let mut probes = 0;
+    while probes < 10 || !flood.is_empty() && probes < 1000 {
+        let health = probe
+            .get(format!("http://{}/healthz", app.addr))
+            .send()
+            .await
+            .expect("/healthz answers during the flood");
+        assert_eq!(health.status(), 200);
+        probes += 1;
+        while let Some(done) = flood.try_join_next() {
+            assert!(done.unwrap().iter().all(|s| *s == 400));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    while let Some(done) = flood.join_next().await {
+        assert!(done.unwrap().iter().all(|s| *s == 400));
+    }
+}
