@@ -7,6 +7,8 @@
 
 use serde_json::Value;
 
+use crate::money::Currency;
+
 /// The longest quoted text (a title, a reply) in a phrase, in characters.
 const MAX_QUOTE: usize = 80;
 /// The longest compact arguments of the fallback, in characters.
@@ -53,9 +55,9 @@ fn refund(args: &Value) -> String {
         .and_then(Value::as_str)
         .map(one_line)
         .unwrap_or_else(|| "an unnamed charge".into());
-    let currency = args.get("currency").and_then(Value::as_str);
-    let amount = match (args.get("amount").and_then(Value::as_u64), currency) {
-        (Some(n), Some(cur)) => format!("{} {}", money(n, cur), one_line(cur).to_uppercase()),
+    let currency = Currency::of_args(args);
+    let amount = match (args.get("amount").and_then(Value::as_i64), currency) {
+        (Some(n), Some(cur)) => cur.format(n),
         (Some(n), None) => format!("{n} (smallest currency unit)"),
         (None, _) => "the whole remaining amount".into(),
     };
@@ -87,20 +89,6 @@ fn subscription(args: &Value, sub: &str) -> String {
         changes.join(", ")
     };
     format!("Change subscription {sub}{}: {what}", of_customer(args))
-}
-
-/// An amount in the smallest unit as a decimal: 1000 USD cents is "10.00", 1000 JPY
-/// is "1000".
-fn money(n: u64, currency: &str) -> String {
-    const ZERO_DECIMAL: [&str; 16] = [
-        "bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf", "ugx", "vnd", "vuv",
-        "xaf", "xof", "xpf",
-    ];
-    if ZERO_DECIMAL.contains(&currency.to_ascii_lowercase().as_str()) {
-        n.to_string()
-    } else {
-        format!("{}.{:02}", n / 100, n % 100)
-    }
 }
 
 fn of_customer(args: &Value) -> String {
