@@ -100,7 +100,12 @@ impl Approvals {
             let Some(exec) = exec else {
                 return Err(DecideError::NotFound(id.to_owned()));
             };
-            let args: Value = serde_json::from_str(&exec.args).unwrap_or_default();
+            // Unreadable arguments are not "no change": a narrowing must never become an
+            // approval of the call as held.
+            let Ok(args) = serde_json::from_str::<Value>(&exec.args) else {
+                let arg = lower.keys().next().cloned().unwrap_or_default();
+                return Ok(Err(NarrowError::NotNumeric(arg)));
+            };
             lower
                 .iter()
                 .any(|(k, v)| args.get(k).and_then(Value::as_i64) != Some(*v))
