@@ -36,8 +36,9 @@ pub(crate) fn commit(
         .map_err(WorkspaceError::git(thread_id, "reading the branch tip"))?;
 
     let root = open_worktree_root(settings, thread_id)?;
-    // Every object of this commit is written in memory, then stored as one pack: a
-    // worktree of many small files must not become as many loose objects on disk.
+    // Every small object of this commit is written in memory, then stored as one pack: a
+    // worktree of many small files must not become as many loose objects on disk. Large
+    // blobs go straight to disk through a second handle without the in-memory backend.
     let odb = repo.odb().map_err(WorkspaceError::git(
         thread_id,
         "reading the object database",
@@ -45,7 +46,8 @@ pub(crate) fn commit(
     let pending = odb
         .add_new_mempack_backend(MEMPACK_PRIORITY)
         .map_err(WorkspaceError::git(thread_id, "opening the in-memory pack"))?;
-    let mut snapshot = Snapshot::new(&repo, thread_id, scanner, settings.commit_limits);
+    let loose = settings.open_repository()?;
+    let mut snapshot = Snapshot::new((&repo, &loose), thread_id, scanner, settings.commit_limits);
     let tree_id = snapshot.root_tree(&root, &base)?;
     let skipped = snapshot.into_skipped();
     if tree_id == base.id() {

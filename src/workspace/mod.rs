@@ -54,7 +54,7 @@ use std::sync::Arc;
 use git2::{Repository, RepositoryOpenFlags};
 
 pub use error::WorkspaceError;
-pub use snapshot::{MAX_DEPTH, MAX_FILE_BYTES};
+pub use snapshot::{LOOSE_BLOB_BYTES, MAX_DEPTH, MAX_FILE_BYTES};
 
 /// Where threadgate's repository and the thread worktrees live.
 #[derive(Clone)]

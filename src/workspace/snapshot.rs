@@ -80,9 +80,17 @@ impl SecretScanner {
     }
 }
 
+/// Blobs at least this large are written straight to the repository as loose objects
+/// rather than into the commit's pack: packing a large blob costs a delta search and a
+/// second pass of compression for nothing a pack of small files gains.
+pub const LOOSE_BLOB_BYTES: usize = 512 * 1024;
+
 /// One tree-building pass over a worktree.
 pub(crate) struct Snapshot<'a> {
     repo: &'a Repository,
+    /// The same repository without the in-memory pack, for blobs of
+    /// [`LOOSE_BLOB_BYTES`] or more.
+    loose: &'a Repository,
     thread_id: &'a str,
     scanner: Option<SecretScanner>,
     /// Entries left out so far.
@@ -113,13 +121,14 @@ enum Entry {
 
 impl<'a> Snapshot<'a> {
     pub(crate) fn new(
-        repo: &'a Repository,
+        (repo, loose): (&'a Repository, &'a Repository),
         thread_id: &'a str,
         scanner: Option<SecretScanner>,
         limits: CommitLimits,
     ) -> Self {
         Snapshot {
             repo,
+            loose,
             thread_id,
             scanner,
             skipped: Vec::new(),
@@ -432,8 +441,12 @@ impl<'a> Snapshot<'a> {
         }
         self.new_files += 1;
         self.new_bytes = self.new_bytes.saturating_add(bytes);
-        let written = self
-            .repo
+        let target = if content.len() >= LOOSE_BLOB_BYTES {
+            self.loose
+        } else {
+            self.repo
+        };
+        let written = target
             .blob(content)
             .map_err(WorkspaceError::git(self.thread_id, "writing a blob"))?;
         Ok(Entry::Keep { id: written, mode })

@@ -148,4 +148,13 @@ fn a_commit_writes_one_pack_and_no_loose_objects() {
         300
     );
     assert_eq!(tree["notes/deep/n7.md"].1, b"note 7\n".to_vec());
+
+    // A large blob is not worth packing: it is stored loose, alone.
+    let big: Vec<u8> = (0..threadgate::workspace::LOOSE_BLOB_BYTES + 10)
+        .map(|i| (i % 251) as u8)
+        .collect();
+    fs::write(wt.path.join("big.bin"), &big).unwrap();
+    fx.ws.commit("th_pack", &[]).unwrap();
+    assert_eq!(loose_objects(&git_dir), loose_before + 1);
+    assert_eq!(fx.tree_of(fx.tip("th_pack"))["big.bin"].1, big);
 }
