@@ -28,6 +28,7 @@ fn done(thread_id: &str) -> Vec<u8> {
     event["webhookMetadata"]["webhookDeliveryAttemptTimestamp"] = json!(at);
     event["payload"]["thread"]["id"] = json!(thread_id);
     event["payload"]["previousThread"]["id"] = json!(thread_id);
+    event["payload"]["thread"]["title"] = json!("Invoice [total] is wrong");
     serde_json::to_vec(&event).expect("serialize")
 }
 
@@ -78,6 +79,18 @@ async fn an_ended_session_pushes_its_branch_and_opens_one_draft_pull_request() {
         )
         .await;
     assert_eq!(status, 200, "{body}");
+    // What the model cost the session (the proxy's usage row, as it would write it).
+    let (session_id, t) = (ada.session.id.clone(), thread.clone());
+    app.db
+        .write(move |c| {
+            c.execute(
+                "INSERT INTO model_usage (session_id, thread_id, turns_used, tokens_used) \
+                 VALUES (?1, ?2, 3, 4567)",
+                [&session_id, &t],
+            )
+        })
+        .await
+        .expect("usage");
     end(&app, &thread).await;
 
     // The branch is on the remote, at the local tip.
@@ -99,6 +112,22 @@ async fn an_ended_session_pushes_its_branch_and_opens_one_draft_pull_request() {
         "{text}"
     );
     assert!(text.contains("rounded twice in src/invoice.rs"), "{text}");
+    // The thread's subject, the agent's findings quoted, every gated call with its
+    // decision, the files changed and the cost.
+    for expected in [
+        "Subject: Invoice \\[total\\] is wrong\n",
+        "> The invoice total is rounded twice in src/invoice.rs.\n",
+        "## Gated calls (1)\n\n- helpdesk\\.add\\_note: ran\\, succeeded\n",
+        "## Files changed (1)\n\n- added: FINDINGS\\.md\n",
+        "3 model turns, 4567 tokens.",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+    }
+    // Support sees on the thread that an engineer has something to review.
+    let url = pull["html_url"].as_str().expect("url").to_owned();
+    world
+        .note_containing(&thread, &url, "the pull request's note")
+        .await;
 
     // The customer writes again, the agent changes more, the thread ends again: the
     // same pull request is updated, none is added.
@@ -125,12 +154,23 @@ async fn an_ended_session_pushes_its_branch_and_opens_one_draft_pull_request() {
     let pulls = world.github.pulls();
     assert_eq!(pulls.len(), 1, "{pulls:#?}");
     assert_eq!(pulls[0]["updates"], 1);
-    assert!(
-        pulls[0]["body"]
-            .as_str()
-            .expect("body")
-            .contains("round once")
-    );
+    // The new description replaces the old one: the latest finding, both calls, both
+    // files; the first finding is no longer quoted.
+    let text = pulls[0]["body"].as_str().expect("body");
+    for expected in [
+        "> Second look: the fix is to round once.\n",
+        "## Gated calls (2)\n",
+        "## Files changed (2)\n",
+        "- added: FIX\\.md\n",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+    }
+    assert!(!text.contains("> The invoice total"), "{text}");
+    assert_eq!(text.matches("## What the agent found").count(), 1, "{text}");
+    // One note for the pull request, not one per update.
+    let notes = app.notes(&thread).await;
+    let linking = notes.iter().filter(|n| n.contains(&url)).count();
+    assert_eq!(linking, 1, "{notes:#?}");
     let local = branch_tip(&world.settings.repo.path, &thread).expect("local branch");
     assert_eq!(branch_tip(&remote, &thread), Some(local));
 
