@@ -161,6 +161,7 @@ fn publisher(
         thread_calls: crate::executions::thread_calls::thread_calls,
         thread_cost: crate::model::store::thread_cost,
         notes: Arc::new(notes),
+        on_done: settings.github.on_done,
     }))
 }
 

@@ -11,7 +11,8 @@
 //! passes through the redactor first: no stored secret value reaches GitHub. Agent- and
 //! customer-written text cannot forge the description's structure: the agent's findings
 //! are quoted line by line, and one-line texts (the subject, a call's summary, a path)
-//! are Markdown-escaped.
+//! are Markdown-escaped. Once published, `[github] on_done` says whether the pull
+//! request stays a draft, is marked ready for review, or is closed.
 
 use std::sync::Arc;
 
@@ -50,6 +51,31 @@ pub trait BranchPublisher: Send + Sync {
     ) -> anyhow::Result<PullRequest>;
 }
 
+/// What becomes of a session's pull request when its thread is done (`[github]
+/// on_done`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDone {
+    /// Left as it is (a draft, unless someone changed it).
+    #[default]
+    Draft,
+    /// Marked ready for review.
+    Ready,
+    /// Closed (a follow-up's session reopens and updates it).
+    Close,
+}
+
+impl OnDone {
+    /// The value as `[github] on_done` writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnDone::Draft => "draft",
+            OnDone::Ready => "ready",
+            OnDone::Close => "close",
+        }
+    }
+}
+
 /// Leaves the internal note that tells the thread's people a pull request waits for an
 /// engineer (through the note outbox, which lives above this module).
 #[async_trait::async_trait]
@@ -82,6 +108,8 @@ pub struct GithubPublisher {
     pub thread_cost: CostReader,
     /// Queues the pull request's note on the thread.
     pub notes: Arc<dyn PullNotes>,
+    /// What becomes of the pull request once published (the thread is done).
+    pub on_done: OnDone,
 }
 
 /// Reads the agent's latest finding on a thread, in a read transaction.
@@ -180,6 +208,18 @@ impl BranchPublisher for GithubPublisher {
             .opened(scope, &pull)
             .await
             .context("queueing the pull request's note")?;
+        let done = match self.on_done {
+            OnDone::Draft => Ok(()),
+            OnDone::Ready => self.github.mark_ready(&pull).await,
+            OnDone::Close => self.github.close_pull(&self.repo, pull.number).await,
+        };
+        done.map_err(|e| {
+            anyhow::anyhow!(
+                "the pull request is published, but [github] on_done ({}) failed: {}",
+                self.on_done.as_str(),
+                redactor.redact(&e.to_string())
+            )
+        })?;
         Ok(pull)
     }
 }

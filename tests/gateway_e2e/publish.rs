@@ -8,6 +8,7 @@
 use std::path::Path;
 
 use serde_json::{Value, json};
+use threadgate::session::publish::OnDone;
 use threadgate::session::{SessionState, store as sessions};
 
 use crate::support::app::TestApp;
@@ -197,5 +198,69 @@ async fn without_a_remote_the_branch_stays_local() {
     assert!(tree.get_name("FINDINGS.md").is_some());
     assert!(world.github.pulls().is_empty());
     assert!(world.github.requests().is_empty());
+    app.stop().await;
+}
+
+/// Ends a session of a new thread that left a file, with `on_done` set; returns the
+/// world, the app and the thread.
+async fn ended_with(on_done: OnDone) -> (World, TestApp, String) {
+    let mut world = World::new().await;
+    world.settings.repo.remote = Some(bare_remote(&world).display().to_string());
+    world.settings.github.on_done = on_done;
+    let app = world.start().await;
+    let ada = world.customer_session(&app, "ada@example.com", &[]).await;
+    let thread = ada.session.thread_id.clone();
+    let worktree = world.settings.worktrees_dir().join(&thread);
+    std::fs::write(worktree.join("FINDINGS.md"), "rounding twice\n").expect("write");
+    end(&app, &thread).await;
+    (world, app, thread)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_done_ready_marks_the_pull_request_ready_for_review() {
+    let (world, app, _thread) = ended_with(OnDone::Ready).await;
+    let pulls = world.github.pulls();
+    assert_eq!(pulls.len(), 1, "{pulls:#?}");
+    assert_eq!(pulls[0]["draft"], false, "{pulls:#?}");
+    assert_eq!(pulls[0]["state"], "open");
+    let graphql = world.github.requests();
+    assert!(
+        graphql
+            .iter()
+            .any(|r| r.method == "POST" && r.path == "/graphql"),
+        "{graphql:#?}"
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_done_close_closes_it_and_a_follow_up_reopens_the_same_one() {
+    let (world, app, thread) = ended_with(OnDone::Close).await;
+    let pulls = world.github.pulls();
+    assert_eq!(pulls.len(), 1, "{pulls:#?}");
+    assert_eq!(pulls[0]["state"], "closed");
+
+    // A follow-up: the session goes on, ends again, and the one pull request is
+    // reopened, updated and closed again, never duplicated.
+    let mut reopen: Value =
+        serde_json::from_slice(&email_received(&thread, &plain_id("c"), "ada@example.com"))
+            .expect("json");
+    let at = (chrono::Utc::now() + chrono::Duration::seconds(2))
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    reopen["timestamp"] = json!(at);
+    let reopen = serde_json::to_vec(&reopen).expect("serialize");
+    assert_eq!(app.send_webhook(&reopen).await, 200);
+    world.session_of(&app, &thread).await;
+    let worktree = world.settings.worktrees_dir().join(&thread);
+    std::fs::write(worktree.join("FIX.md"), "round once\n").expect("write");
+    end(&app, &thread).await;
+    let pulls = world.github.pulls();
+    assert_eq!(pulls.len(), 1, "{pulls:#?}");
+    assert_eq!(pulls[0]["state"], "closed");
+    let body = pulls[0]["body"].as_str().expect("body");
+    assert!(body.contains("- added: FIX\\.md\n"), "{body}");
+    let url = pulls[0]["html_url"].as_str().expect("url").to_owned();
+    let notes = app.notes(&thread).await;
+    assert_eq!(notes.iter().filter(|n| n.contains(&url)).count(), 1);
     app.stop().await;
 }
