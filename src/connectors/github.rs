@@ -41,6 +41,8 @@ pub struct PullRequest {
     pub created: bool,
     /// Its GraphQL node id (what marking it ready for review takes).
     pub node_id: String,
+    /// Whether it is a draft now.
+    pub draft: bool,
 }
 
 /// The GitHub connector. Cheap to clone.
@@ -353,6 +355,7 @@ fn pull_request(answer: &Value, created: bool) -> PullRequest {
         html_url: answer["html_url"].as_str().unwrap_or_default().to_owned(),
         created,
         node_id: answer["node_id"].as_str().unwrap_or_default().to_owned(),
+        draft: answer["draft"].as_bool().unwrap_or(false),
     }
 }
 

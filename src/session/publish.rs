@@ -209,7 +209,9 @@ impl BranchPublisher for GithubPublisher {
             .await
             .context("queueing the pull request's note")?;
         let done = match self.on_done {
+            // One already ready (an earlier end, a person) is left as it is.
             OnDone::Draft => Ok(()),
+            OnDone::Ready if !pull.draft => Ok(()),
             OnDone::Ready => self.github.mark_ready(&pull).await,
             OnDone::Close => self.github.close_pull(&self.repo, pull.number).await,
         };

@@ -216,20 +216,45 @@ async fn ended_with(on_done: OnDone) -> (World, TestApp, String) {
     (world, app, thread)
 }
 
+/// The customer writes again (after the DONE, which is dated a second ahead), the
+/// session goes on, leaves another file, and the thread is done again.
+async fn follow_up_and_end(world: &World, app: &TestApp, thread: &str) {
+    let mut reopen: Value =
+        serde_json::from_slice(&email_received(thread, &plain_id("c"), "ada@example.com"))
+            .expect("json");
+    let at = (chrono::Utc::now() + chrono::Duration::seconds(2))
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    reopen["timestamp"] = json!(at);
+    let reopen = serde_json::to_vec(&reopen).expect("serialize");
+    assert_eq!(app.send_webhook(&reopen).await, 200);
+    world.session_of(app, thread).await;
+    let worktree = world.settings.worktrees_dir().join(thread);
+    std::fs::write(worktree.join("FIX.md"), "round once\n").expect("write");
+    end(app, thread).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_done_ready_marks_the_pull_request_ready_for_review() {
-    let (world, app, _thread) = ended_with(OnDone::Ready).await;
+    let (world, app, thread) = ended_with(OnDone::Ready).await;
     let pulls = world.github.pulls();
     assert_eq!(pulls.len(), 1, "{pulls:#?}");
     assert_eq!(pulls[0]["draft"], false, "{pulls:#?}");
     assert_eq!(pulls[0]["state"], "open");
-    let graphql = world.github.requests();
-    assert!(
-        graphql
+    let marks = |world: &World| {
+        world
+            .github
+            .requests()
             .iter()
-            .any(|r| r.method == "POST" && r.path == "/graphql"),
-        "{graphql:#?}"
-    );
+            .filter(|r| r.method == "POST" && r.path == "/graphql")
+            .count()
+    };
+    assert_eq!(marks(&world), 1);
+    // After a follow-up it is updated and, being ready already, left as it is.
+    follow_up_and_end(&world, &app, &thread).await;
+    let pulls = world.github.pulls();
+    assert_eq!(pulls.len(), 1, "{pulls:#?}");
+    assert_eq!(pulls[0]["updates"], 1);
+    assert_eq!(marks(&world), 1);
     app.stop().await;
 }
 
@@ -242,18 +267,7 @@ async fn on_done_close_closes_it_and_a_follow_up_reopens_the_same_one() {
 
     // A follow-up: the session goes on, ends again, and the one pull request is
     // reopened, updated and closed again, never duplicated.
-    let mut reopen: Value =
-        serde_json::from_slice(&email_received(&thread, &plain_id("c"), "ada@example.com"))
-            .expect("json");
-    let at = (chrono::Utc::now() + chrono::Duration::seconds(2))
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    reopen["timestamp"] = json!(at);
-    let reopen = serde_json::to_vec(&reopen).expect("serialize");
-    assert_eq!(app.send_webhook(&reopen).await, 200);
-    world.session_of(&app, &thread).await;
-    let worktree = world.settings.worktrees_dir().join(&thread);
-    std::fs::write(worktree.join("FIX.md"), "round once\n").expect("write");
-    end(&app, &thread).await;
+    follow_up_and_end(&world, &app, &thread).await;
     let pulls = world.github.pulls();
     assert_eq!(pulls.len(), 1, "{pulls:#?}");
     assert_eq!(pulls[0]["state"], "closed");
