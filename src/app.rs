@@ -150,6 +150,7 @@ fn publisher(
     let github = gate.connectors.github.clone()?;
     let repo = settings.github.repos.first()?.clone();
     let g = gate.clone();
+    let notes = crate::gateway::pull_note::OutboxPullNotes::new(gate.clone(), repo.clone());
     Some(Arc::new(crate::session::GithubPublisher {
         github,
         repo,
@@ -157,6 +158,10 @@ fn publisher(
         db: db.clone(),
         redactor: Arc::new(move || g.current_redactor()),
         latest_finding: crate::executions::store::latest_finding,
+        thread_calls: crate::executions::thread_calls::thread_calls,
+        thread_cost: crate::model::store::thread_cost,
+        notes: Arc::new(notes),
+        on_done: settings.github.on_done,
     }))
 }
 

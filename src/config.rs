@@ -189,6 +189,9 @@ pub struct ProviderSettings {
     /// that `POST /webhooks/stripe` reads (`webhook_max_signature_bytes`, 1024, and
     /// `webhook_max_signature_entries`, 8); a longer one is refused before any MAC.
     pub signature_limits: crate::connectors::stripe::events::SignatureLimits,
+    /// GitHub only: what becomes of a session's pull request when its thread is done
+    /// (`draft`, the default: left as it is; `ready`: marked ready for review; `close`).
+    pub on_done: crate::session::publish::OnDone,
 }
 
 /// The repository whose branches sessions work on.
@@ -265,6 +268,7 @@ fn default_stripe() -> ProviderSettings {
         webhook_secret: None,
         email_max_age: DEFAULT_EMAIL_MAX_AGE,
         signature_limits: Default::default(),
+        on_done: Default::default(),
     }
 }
 
@@ -276,6 +280,7 @@ fn default_github() -> ProviderSettings {
         webhook_secret: None,
         email_max_age: DEFAULT_EMAIL_MAX_AGE,
         signature_limits: Default::default(),
+        on_done: Default::default(),
     }
 }
 
@@ -472,6 +477,7 @@ mod provider {
         email_max_age: Option<std::time::Duration>,
         webhook_max_signature_bytes: Option<usize>,
         webhook_max_signature_entries: Option<usize>,
+        on_done: Option<crate::session::publish::OnDone>,
     }
 
     fn merge<'de, D: Deserializer<'de>>(
@@ -497,6 +503,11 @@ mod provider {
                 "webhook_secret and webhook_max_signature_* belong in [stripe], not [github]",
             ));
         }
+        if partial.on_done.is_some() && stripe {
+            return Err(serde::de::Error::custom(
+                "on_done belongs in [github], not [stripe]",
+            ));
+        }
         Ok(ProviderSettings {
             api_url: partial.api_url.unwrap_or(defaults.api_url),
             key_secret: partial.key_secret.unwrap_or(defaults.key_secret),
@@ -504,6 +515,7 @@ mod provider {
             webhook_secret: partial.webhook_secret.or(defaults.webhook_secret),
             email_max_age: partial.email_max_age.unwrap_or(defaults.email_max_age),
             signature_limits,
+            on_done: partial.on_done.unwrap_or(defaults.on_done),
         })
     }
 
@@ -621,6 +633,31 @@ mod tests {
         std::fs::write(&path, "[github]\nwebhook_max_signature_entries = 3\n").expect("write");
         let err = Settings::from_file(&path).expect_err("stripe only");
         assert!(err.to_string().contains("belong in [stripe]"), "{err}");
+    }
+
+    #[test]
+    fn on_done_is_a_github_key_with_three_values() {
+        use crate::session::publish::OnDone;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.toml");
+        std::fs::write(&path, "[github]\napi_url = \"http://127.0.0.1:1\"\n").expect("write");
+        let s = Settings::from_file(&path).expect("parse");
+        assert_eq!(s.github.on_done, OnDone::Draft);
+        for (text, value) in [
+            ("draft", OnDone::Draft),
+            ("ready", OnDone::Ready),
+            ("close", OnDone::Close),
+        ] {
+            std::fs::write(&path, format!("[github]\non_done = \"{text}\"\n")).expect("write");
+            let s = Settings::from_file(&path).expect("parse");
+            assert_eq!(s.github.on_done, value);
+        }
+        std::fs::write(&path, "[github]\non_done = \"merge\"\n").expect("write");
+        let err = Settings::from_file(&path).expect_err("unknown value");
+        assert!(err.to_string().contains("merge"), "{err}");
+        std::fs::write(&path, "[stripe]\non_done = \"close\"\n").expect("write");
+        let err = Settings::from_file(&path).expect_err("a github key");
+        assert!(err.to_string().contains("on_done"), "{err}");
     }
 
     #[test]

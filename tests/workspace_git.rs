@@ -559,3 +559,32 @@ fn encoded_secrets_are_left_out_too() {
         );
     }
 }
+
+#[test]
+fn changed_files_diff_the_branch_tip_against_the_default_branch() {
+    use threadgate::workspace::{ChangedFiles, FileChange};
+    let fx = Fixture::new();
+    assert_eq!(
+        fx.ws.changed_files("th_1", 10).unwrap(),
+        ChangedFiles::default(),
+        "a missing branch changed nothing"
+    );
+    let wt = fx.ws.prepare("th_1").unwrap();
+    fs::write(wt.path.join("README.md"), "hello again\n").unwrap();
+    fs::write(wt.path.join("NEW.md"), "new\n").unwrap();
+    fs::remove_file(wt.path.join("docs/guide.md")).unwrap();
+    fx.ws.commit("th_1", &[]).unwrap();
+    let changed = fx.ws.changed_files("th_1", 10).unwrap();
+    assert_eq!(changed.total, 3);
+    assert_eq!(
+        changed.files,
+        vec![
+            ("NEW.md".to_owned(), FileChange::Added),
+            ("README.md".to_owned(), FileChange::Modified),
+            ("docs/guide.md".to_owned(), FileChange::Deleted),
+        ]
+    );
+    // Capped: the first paths listed, all of them counted.
+    let capped = fx.ws.changed_files("th_1", 1).unwrap();
+    assert_eq!((capped.files.len(), capped.total), (1, 3));
+}

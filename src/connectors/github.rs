@@ -37,8 +37,12 @@ pub struct PullRequest {
     pub number: u64,
     /// Its page.
     pub html_url: String,
-    /// True when it was opened now, false when an open one was updated.
+    /// True when it was opened now, false when an existing one was updated.
     pub created: bool,
+    /// Its GraphQL node id (what marking it ready for review takes).
+    pub node_id: String,
+    /// Whether it is a draft now.
+    pub draft: bool,
 }
 
 /// The GitHub connector. Cheap to clone.
@@ -207,8 +211,9 @@ impl GithubConnector {
     }
 
     /// Opens a draft pull request from `head` (a branch of `repo`) into `base`, or, when
-    /// an open one from `head` exists, updates its title and description. Idempotent:
-    /// running it again (after a restart too) never opens a second one.
+    /// one from `head` exists, updates its title and description (reopening it if it
+    /// was closed unmerged). Idempotent: running it again (after a restart, after the
+    /// thread's follow-up) never opens a second one while the first can be reopened.
     pub async fn upsert_draft_pull(
         &self,
         repo: &str,
@@ -217,28 +222,24 @@ impl GithubConnector {
         title: &str,
         body: &str,
     ) -> Result<PullRequest, ConnectorError> {
-        let value = json!({"repo": repo});
-        let args = Args::new("github.pull_request", &value, &["repo"])?;
-        let (owner, name) = split_repo(&args, repo)?;
-        self.check_repo(&args, repo)?;
+        let (owner, name) = self.pull_repo(repo)?;
         let pulls = http::endpoint(&self.base, &["repos", owner, name, "pulls"]);
         let mut find = pulls.clone();
         find.query_pairs_mut()
             .append_pair("head", &format!("{owner}:{head}"))
-            .append_pair("state", "open");
-        let open = self.send(self.client.get(find)).await?;
-        let existing = open
-            .as_array()
-            .and_then(|list| list.first())
+            .append_pair("state", "all");
+        let found = self.send(self.client.get(find)).await?;
+        let list = found.as_array().map(Vec::as_slice).unwrap_or_default();
+        // An open one first, else one closed without being merged (it can be reopened).
+        let existing = list
+            .iter()
+            .find(|pull| pull["state"] == "open")
+            .or_else(|| list.iter().find(|pull| pull["merged_at"].is_null()))
             .and_then(|pull| pull["number"].as_u64());
         let (answer, created) = match existing {
             Some(number) => {
-                let url = http::endpoint(
-                    &self.base,
-                    &["repos", owner, name, "pulls", &number.to_string()],
-                );
-                let patch = json!({"title": title, "body": body});
-                (self.send(self.client.patch(url).json(&patch)).await?, false)
+                let patch = json!({"title": title, "body": body, "state": "open"});
+                (self.patch_pull(owner, name, number, &patch).await?, false)
             }
             None => {
                 let create = json!({"title": title, "head": head, "base": base,
@@ -249,11 +250,66 @@ impl GithubConnector {
                 )
             }
         };
-        Ok(PullRequest {
-            number: answer["number"].as_u64().unwrap_or_default(),
-            html_url: answer["html_url"].as_str().unwrap_or_default().to_owned(),
-            created,
-        })
+        Ok(pull_request(&answer, created))
+    }
+
+    /// Closes pull request `number` of `repo` (`PATCH .../pulls/{number}`).
+    pub async fn close_pull(&self, repo: &str, number: u64) -> Result<(), ConnectorError> {
+        let (owner, name) = self.pull_repo(repo)?;
+        let patch = json!({"state": "closed"});
+        self.patch_pull(owner, name, number, &patch).await?;
+        Ok(())
+    }
+
+    /// Marks a draft pull request ready for review: REST cannot, so this is GraphQL's
+    /// `markPullRequestReadyForReview` at `<api_url>/graphql` (api.github.com's layout).
+    pub async fn mark_ready(&self, pull: &PullRequest) -> Result<(), ConnectorError> {
+        let url = http::endpoint(&self.base, &["graphql"]);
+        let request = json!({
+            "query": "mutation($id: ID!) { markPullRequestReadyForReview(input: \
+                      {pullRequestId: $id}) { pullRequest { isDraft } } }",
+            "variables": {"id": pull.node_id},
+        });
+        let answer = self.send(self.client.post(url).json(&request)).await?;
+        if let Some(errors) = answer["errors"].as_array().filter(|e| !e.is_empty()) {
+            let message: Vec<&str> = errors
+                .iter()
+                .filter_map(|e| e["message"].as_str())
+                .collect();
+            return Err(ConnectorError::Rejected {
+                status: 200,
+                code: errors[0]["type"].as_str().map(str::to_owned),
+                message: self.token.redact(&format!(
+                    "github refused to mark pull request {} ready: {}",
+                    pull.number,
+                    message.join("; ")
+                )),
+            });
+        }
+        Ok(())
+    }
+
+    /// `owner` and `name` of `repo`, when it is one of the configured repositories.
+    fn pull_repo<'a>(&self, repo: &'a str) -> Result<(&'a str, &'a str), ConnectorError> {
+        let value = json!({"repo": repo});
+        let args = Args::new("github.pull_request", &value, &["repo"])?;
+        let (owner, name) = split_repo(&args, repo)?;
+        self.check_repo(&args, repo)?;
+        Ok((owner, name))
+    }
+
+    async fn patch_pull(
+        &self,
+        owner: &str,
+        name: &str,
+        number: u64,
+        patch: &Value,
+    ) -> Result<Value, ConnectorError> {
+        let url = http::endpoint(
+            &self.base,
+            &["repos", owner, name, "pulls", &number.to_string()],
+        );
+        self.send(self.client.patch(url).json(patch)).await
     }
 
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<Value, ConnectorError> {
@@ -289,6 +345,17 @@ impl Connector for GithubConnector {
 
     fn supports_idempotency(&self) -> bool {
         false
+    }
+}
+
+/// A pull request's answer as a [`PullRequest`].
+fn pull_request(answer: &Value, created: bool) -> PullRequest {
+    PullRequest {
+        number: answer["number"].as_u64().unwrap_or_default(),
+        html_url: answer["html_url"].as_str().unwrap_or_default().to_owned(),
+        created,
+        node_id: answer["node_id"].as_str().unwrap_or_default().to_owned(),
+        draft: answer["draft"].as_bool().unwrap_or(false),
     }
 }
 

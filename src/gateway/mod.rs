@@ -10,6 +10,7 @@ pub mod host;
 pub mod note;
 mod outcome;
 mod prepare;
+pub mod pull_note;
 mod read_call;
 pub mod refusal;
 pub mod routes;

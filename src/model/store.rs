@@ -30,6 +30,24 @@ pub fn spent(conn: &Connection, session_id: &str) -> rusqlite::Result<Spent> {
     .map(Option::unwrap_or_default)
 }
 
+/// What the model cost on a thread, over all its sessions (a pull request's "cost").
+pub fn thread_cost(
+    conn: &Connection,
+    thread_id: &str,
+) -> rusqlite::Result<crate::session::publish::SessionCost> {
+    conn.query_row(
+        "SELECT coalesce(sum(turns_used), 0), coalesce(sum(tokens_used), 0) FROM model_usage \
+         WHERE thread_id = ?1",
+        [thread_id],
+        |r| {
+            Ok(crate::session::publish::SessionCost {
+                turns: r.get::<_, i64>(0)?.max(0) as u64,
+                tokens: r.get::<_, i64>(1)?.max(0) as u64,
+            })
+        },
+    )
+}
+
 /// Counts one turn (before the call goes upstream, so a failing call counts too).
 pub fn add_turn(conn: &Connection, session_id: &str, thread_id: &str) -> rusqlite::Result<()> {
     conn.execute(

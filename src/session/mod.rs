@@ -11,6 +11,7 @@
 //! reaping, resuming). Every container carries this instance's label; the supervisor
 //! never touches one without it.
 
+pub mod agent_text;
 pub mod agents;
 pub mod notes;
 pub mod publish;

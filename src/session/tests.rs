@@ -57,6 +57,21 @@ impl WorkspaceOps for FakeWorkspaces {
     fn push(&self, _thread_id: &str) -> anyhow::Result<()> {
         Ok(())
     }
+    fn changed_files(
+        &self,
+        thread_id: &str,
+        limit: usize,
+    ) -> anyhow::Result<crate::workspace::ChangedFiles> {
+        self.log.lock().unwrap().push(format!("diff {thread_id}"));
+        let files = vec![(
+            "FINDINGS.md".to_owned(),
+            crate::workspace::FileChange::Added,
+        )];
+        Ok(crate::workspace::ChangedFiles {
+            total: files.len(),
+            files: files.into_iter().take(limit).collect(),
+        })
+    }
 }
 
 #[derive(Default)]
@@ -248,7 +263,7 @@ async fn done_removes_the_container_commits_and_removes_the_worktree() {
     assert_eq!(h.running_containers().await, 0);
     assert_eq!(
         h.workspaces.log(),
-        vec!["prepare th_1", "commit th_1", "remove th_1"]
+        vec!["prepare th_1", "commit th_1", "diff th_1", "remove th_1"]
     );
 }
 

@@ -6,6 +6,7 @@ use crate::secrets::ExposeSecret as _;
 use std::path::{Path, PathBuf};
 
 use crate::secrets::SecretString;
+use crate::workspace::ChangedFiles;
 
 /// A thread's branch checked out for its container.
 #[derive(Debug, Clone)]
@@ -51,6 +52,9 @@ pub trait WorkspaceOps: Send + Sync {
     fn tip_message(&self, _thread_id: &str) -> anyhow::Result<Option<String>> {
         Ok(None)
     }
+    /// The paths the thread's branch changed against the default branch, the first
+    /// `limit` of them.
+    fn changed_files(&self, thread_id: &str, limit: usize) -> anyhow::Result<ChangedFiles>;
 }
 
 impl WorkspaceOps for crate::workspace::Workspaces {
@@ -103,5 +107,11 @@ impl WorkspaceOps for crate::workspace::Workspaces {
 
     fn tip_message(&self, thread_id: &str) -> anyhow::Result<Option<String>> {
         Ok(crate::workspace::Workspaces::tip_message(self, thread_id)?)
+    }
+
+    fn changed_files(&self, thread_id: &str, limit: usize) -> anyhow::Result<ChangedFiles> {
+        Ok(crate::workspace::Workspaces::changed_files(
+            self, thread_id, limit,
+        )?)
     }
 }

@@ -36,6 +36,7 @@
 //! serialised by the caller. `commit` should run after the sandbox has stopped; the walk
 //! is safe against a running agent but would see a half-written state.
 
+mod changes;
 mod commit;
 mod error;
 mod names;
@@ -53,6 +54,7 @@ use std::sync::Arc;
 
 use git2::{Repository, RepositoryOpenFlags};
 
+pub use changes::{ChangedFiles, FileChange};
 pub use error::WorkspaceError;
 pub use snapshot::{LOOSE_BLOB_BYTES, MAX_DEPTH, MAX_FILE_BYTES};
 
@@ -309,6 +311,16 @@ impl Workspaces {
             .and_then(|r| r.peel_to_commit())
             .map_err(WorkspaceError::git(thread_id, "reading the branch"))?;
         Ok(commit.message().ok().map(str::to_owned))
+    }
+
+    /// The paths the thread's branch changed against the default branch (its tip's
+    /// tree against the default branch tip's tree), the first `limit` in path order.
+    pub fn changed_files(
+        &self,
+        thread_id: &str,
+        limit: usize,
+    ) -> Result<ChangedFiles, WorkspaceError> {
+        changes::changed_files(&self.settings, thread_id, limit)
     }
 
     /// Pushes `refs/heads/threadgate/<thread-id>` (and nothing else) to the configured

@@ -8,6 +8,7 @@
 use std::path::Path;
 
 use serde_json::{Value, json};
+use threadgate::session::publish::OnDone;
 use threadgate::session::{SessionState, store as sessions};
 
 use crate::support::app::TestApp;
@@ -28,6 +29,7 @@ fn done(thread_id: &str) -> Vec<u8> {
     event["webhookMetadata"]["webhookDeliveryAttemptTimestamp"] = json!(at);
     event["payload"]["thread"]["id"] = json!(thread_id);
     event["payload"]["previousThread"]["id"] = json!(thread_id);
+    event["payload"]["thread"]["title"] = json!("Invoice [total] is wrong");
     serde_json::to_vec(&event).expect("serialize")
 }
 
@@ -78,6 +80,18 @@ async fn an_ended_session_pushes_its_branch_and_opens_one_draft_pull_request() {
         )
         .await;
     assert_eq!(status, 200, "{body}");
+    // What the model cost the session (the proxy's usage row, as it would write it).
+    let (session_id, t) = (ada.session.id.clone(), thread.clone());
+    app.db
+        .write(move |c| {
+            c.execute(
+                "INSERT INTO model_usage (session_id, thread_id, turns_used, tokens_used) \
+                 VALUES (?1, ?2, 3, 4567)",
+                [&session_id, &t],
+            )
+        })
+        .await
+        .expect("usage");
     end(&app, &thread).await;
 
     // The branch is on the remote, at the local tip.
@@ -99,6 +113,22 @@ async fn an_ended_session_pushes_its_branch_and_opens_one_draft_pull_request() {
         "{text}"
     );
     assert!(text.contains("rounded twice in src/invoice.rs"), "{text}");
+    // The thread's subject, the agent's findings quoted, every gated call with its
+    // decision, the files changed and the cost.
+    for expected in [
+        "Subject: Invoice \\[total\\] is wrong\n",
+        "> The invoice total is rounded twice in src/invoice.rs.\n",
+        "## Gated calls (1)\n\n- helpdesk\\.add\\_note: ran\\, succeeded\n",
+        "## Files changed (1)\n\n- added: FINDINGS\\.md\n",
+        "3 model turns, 4567 tokens.",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+    }
+    // Support sees on the thread that an engineer has something to review.
+    let url = pull["html_url"].as_str().expect("url").to_owned();
+    world
+        .note_containing(&thread, &url, "the pull request's note")
+        .await;
 
     // The customer writes again, the agent changes more, the thread ends again: the
     // same pull request is updated, none is added.
@@ -125,12 +155,23 @@ async fn an_ended_session_pushes_its_branch_and_opens_one_draft_pull_request() {
     let pulls = world.github.pulls();
     assert_eq!(pulls.len(), 1, "{pulls:#?}");
     assert_eq!(pulls[0]["updates"], 1);
-    assert!(
-        pulls[0]["body"]
-            .as_str()
-            .expect("body")
-            .contains("round once")
-    );
+    // The new description replaces the old one: the latest finding, both calls, both
+    // files; the first finding is no longer quoted.
+    let text = pulls[0]["body"].as_str().expect("body");
+    for expected in [
+        "> Second look: the fix is to round once.\n",
+        "## Gated calls (2)\n",
+        "## Files changed (2)\n",
+        "- added: FIX\\.md\n",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+    }
+    assert!(!text.contains("> The invoice total"), "{text}");
+    assert_eq!(text.matches("## What the agent found").count(), 1, "{text}");
+    // One note for the pull request, not one per update.
+    let notes = app.notes(&thread).await;
+    let linking = notes.iter().filter(|n| n.contains(&url)).count();
+    assert_eq!(linking, 1, "{notes:#?}");
     let local = branch_tip(&world.settings.repo.path, &thread).expect("local branch");
     assert_eq!(branch_tip(&remote, &thread), Some(local));
 
@@ -157,5 +198,83 @@ async fn without_a_remote_the_branch_stays_local() {
     assert!(tree.get_name("FINDINGS.md").is_some());
     assert!(world.github.pulls().is_empty());
     assert!(world.github.requests().is_empty());
+    app.stop().await;
+}
+
+/// Ends a session of a new thread that left a file, with `on_done` set; returns the
+/// world, the app and the thread.
+async fn ended_with(on_done: OnDone) -> (World, TestApp, String) {
+    let mut world = World::new().await;
+    world.settings.repo.remote = Some(bare_remote(&world).display().to_string());
+    world.settings.github.on_done = on_done;
+    let app = world.start().await;
+    let ada = world.customer_session(&app, "ada@example.com", &[]).await;
+    let thread = ada.session.thread_id.clone();
+    let worktree = world.settings.worktrees_dir().join(&thread);
+    std::fs::write(worktree.join("FINDINGS.md"), "rounding twice\n").expect("write");
+    end(&app, &thread).await;
+    (world, app, thread)
+}
+
+/// The customer writes again (after the DONE, which is dated a second ahead), the
+/// session goes on, leaves another file, and the thread is done again.
+async fn follow_up_and_end(world: &World, app: &TestApp, thread: &str) {
+    let mut reopen: Value =
+        serde_json::from_slice(&email_received(thread, &plain_id("c"), "ada@example.com"))
+            .expect("json");
+    let at = (chrono::Utc::now() + chrono::Duration::seconds(2))
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    reopen["timestamp"] = json!(at);
+    let reopen = serde_json::to_vec(&reopen).expect("serialize");
+    assert_eq!(app.send_webhook(&reopen).await, 200);
+    world.session_of(app, thread).await;
+    let worktree = world.settings.worktrees_dir().join(thread);
+    std::fs::write(worktree.join("FIX.md"), "round once\n").expect("write");
+    end(app, thread).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_done_ready_marks_the_pull_request_ready_for_review() {
+    let (world, app, thread) = ended_with(OnDone::Ready).await;
+    let pulls = world.github.pulls();
+    assert_eq!(pulls.len(), 1, "{pulls:#?}");
+    assert_eq!(pulls[0]["draft"], false, "{pulls:#?}");
+    assert_eq!(pulls[0]["state"], "open");
+    let marks = |world: &World| {
+        world
+            .github
+            .requests()
+            .iter()
+            .filter(|r| r.method == "POST" && r.path == "/graphql")
+            .count()
+    };
+    assert_eq!(marks(&world), 1);
+    // After a follow-up it is updated and, being ready already, left as it is.
+    follow_up_and_end(&world, &app, &thread).await;
+    let pulls = world.github.pulls();
+    assert_eq!(pulls.len(), 1, "{pulls:#?}");
+    assert_eq!(pulls[0]["updates"], 1);
+    assert_eq!(marks(&world), 1);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_done_close_closes_it_and_a_follow_up_reopens_the_same_one() {
+    let (world, app, thread) = ended_with(OnDone::Close).await;
+    let pulls = world.github.pulls();
+    assert_eq!(pulls.len(), 1, "{pulls:#?}");
+    assert_eq!(pulls[0]["state"], "closed");
+
+    // A follow-up: the session goes on, ends again, and the one pull request is
+    // reopened, updated and closed again, never duplicated.
+    follow_up_and_end(&world, &app, &thread).await;
+    let pulls = world.github.pulls();
+    assert_eq!(pulls.len(), 1, "{pulls:#?}");
+    assert_eq!(pulls[0]["state"], "closed");
+    let body = pulls[0]["body"].as_str().expect("body");
+    assert!(body.contains("- added: FIX\\.md\n"), "{body}");
+    let url = pulls[0]["html_url"].as_str().expect("url").to_owned();
+    let notes = app.notes(&thread).await;
+    assert_eq!(notes.iter().filter(|n| n.contains(&url)).count(), 1);
     app.stop().await;
 }

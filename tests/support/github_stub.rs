@@ -1,4 +1,5 @@
-//! A local stand-in for GitHub's REST API (search code, repository contents, issues),
+//! A local stand-in for GitHub's REST API (search code, repository contents, issues,
+//! pull requests) and the one GraphQL mutation threadgate uses (ready for review),
 //! answering as GitHub does: JSON shapes, base64 file content wrapped at 60 columns,
 //! `{"message", "errors"}` errors, and rate limits as 403 with `x-ratelimit-remaining: 0`.
 
@@ -75,6 +76,7 @@ impl GithubStub {
                 "/repos/{owner}/{repo}/pulls/{number}",
                 axum::routing::patch(update_pull),
             )
+            .route("/graphql", post(graphql))
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -315,7 +317,10 @@ async fn list_pulls(
     let pulls = state.pulls.lock().expect("lock");
     let found: Vec<Value> = pulls
         .iter()
-        .filter(|p| p["repo"] == full.as_str() && p["state"] == wanted_state.as_str())
+        .filter(|p| {
+            p["repo"] == full.as_str()
+                && (wanted_state == "all" || p["state"] == wanted_state.as_str())
+        })
         .filter(|p| {
             head.as_deref()
                 .is_none_or(|h| Some(h) == p["head_label"].as_str())
@@ -369,6 +374,8 @@ async fn create_pull(
         "body": body["body"],
         "draft": body["draft"].as_bool().unwrap_or(false),
         "state": "open",
+        "merged_at": null,
+        "node_id": format!("PR_node{number}"),
         "updates": 0,
         "html_url": format!("https://github.test/{owner}/{repo}/pull/{number}"),
     });
@@ -399,6 +406,50 @@ async fn update_pull(
             pull[key] = v.clone();
         }
     }
+    match body["state"].as_str() {
+        None => {}
+        Some(state @ ("open" | "closed")) => pull["state"] = json!(state),
+        Some(_) => {
+            let errors = json!([{"resource": "PullRequest", "field": "state", "code": "invalid"}]);
+            return error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Validation Failed",
+                errors,
+            );
+        }
+    }
     pull["updates"] = json!(pull["updates"].as_u64().unwrap_or(0) + 1);
     Json(pull.clone()).into_response()
+}
+
+/// GitHub's GraphQL endpoint, knowing one mutation: `markPullRequestReadyForReview`
+/// with the pull request's node id in `variables.id`. As GitHub does, a query it cannot
+/// answer is a 200 with `errors`.
+async fn graphql(
+    State(state): State<Arc<StubState>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    if let Some(response) = admit(&state, &headers, "POST", "/graphql".into(), &HashMap::new()) {
+        return response;
+    }
+    let query = body["query"].as_str().unwrap_or_default();
+    let node = body["variables"]["id"].as_str().unwrap_or_default();
+    let graphql_error = |message: String| {
+        Json(json!({"data": null, "errors": [{"type": "NOT_FOUND", "message": message}]}))
+            .into_response()
+    };
+    if !query.contains("markPullRequestReadyForReview") {
+        return graphql_error("the stub knows only markPullRequestReadyForReview".into());
+    }
+    let mut pulls = state.pulls.lock().expect("lock");
+    let Some(pull) = pulls.iter_mut().find(|p| p["node_id"] == node) else {
+        return graphql_error(format!(
+            "Could not resolve to a node with the global id of '{node}'"
+        ));
+    };
+    pull["draft"] = json!(false);
+    Json(json!({"data": {"markPullRequestReadyForReview":
+        {"pullRequest": {"isDraft": false, "number": pull["number"]}}}}))
+    .into_response()
 }

@@ -6,8 +6,10 @@ use std::path::PathBuf;
 
 use super::parts::SupervisorParts;
 use crate::sandbox::SandboxSpec;
+use crate::session::publish::MAX_LISTED_FILES;
 use crate::session::store::SessionRow;
 use crate::session::{BranchPublisher, SessionScope};
+use crate::workspace::ChangedFiles;
 use crate::workspace::volume;
 
 pub(super) fn scope_of(row: &SessionRow) -> SessionScope {
@@ -113,9 +115,11 @@ pub(super) async fn stop_session(
         // Only a branch with changes is pushed and published; without a remote, push
         // does nothing and the branch stays local.
         let changed = workspaces.has_changes(&thread)?;
-        let message = if changed {
+        let published = if changed {
             workspaces.push(&thread)?;
-            Some(workspaces.tip_message(&thread)?)
+            let message = workspaces.tip_message(&thread)?;
+            let files = workspaces.changed_files(&thread, MAX_LISTED_FILES)?;
+            Some((message, files))
         } else {
             None
         };
@@ -128,11 +132,11 @@ pub(super) async fn stop_session(
         }
         volume::unmount(&path)?;
         volume::remove_image(&path)?;
-        Ok(message)
+        Ok(published)
     })
     .await??;
-    if let (Some(message), Some(publisher)) = (published, &parts.publisher) {
-        publish(publisher.as_ref(), row, message.as_deref()).await;
+    if let (Some((message, files)), Some(publisher)) = (published, &parts.publisher) {
+        publish(publisher.as_ref(), row, message.as_deref(), &files).await;
     }
     Ok(())
 }
@@ -140,9 +144,14 @@ pub(super) async fn stop_session(
 /// Opens or updates the ended session's draft pull request. A failure is logged and
 /// does not keep the session from ending: its branch is already pushed, and the next
 /// end of the thread's session updates the same pull request.
-async fn publish(publisher: &dyn BranchPublisher, row: &SessionRow, message: Option<&str>) {
+async fn publish(
+    publisher: &dyn BranchPublisher,
+    row: &SessionRow,
+    message: Option<&str>,
+    files: &ChangedFiles,
+) {
     match publisher
-        .publish(&row.thread_id, &row.branch, message)
+        .publish(&scope_of(row), &row.branch, message, files)
         .await
     {
         Ok(pull) => tracing::info!(

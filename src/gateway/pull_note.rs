@@ -1,0 +1,132 @@
+//! The internal note that tells a thread's people its session left a pull request for
+//! an engineer to review: queued through the note outbox once per pull request (its
+//! later updates queue nothing), anchored, like a stop note, on an execution of a
+//! pseudo-tool ([`PULL_REQUEST_TOOL`]) so the outbox's marker and retries apply
+//! unchanged and the audit chain shows the note. The pull request's own description
+//! never lists that execution among the agent's calls.
+
+use std::sync::Arc;
+
+use rusqlite::Connection;
+use serde_json::json;
+
+use super::Gate;
+use super::note::new_marker;
+use crate::audit::AuditEvent;
+use crate::connectors::github::PullRequest;
+use crate::executions::audit::{AuditStep, record};
+use crate::executions::store::{self, Execution, OutboxNote, Status};
+use crate::executions::thread_calls::PULL_REQUEST_TOOL;
+use crate::secrets::Redactor;
+use crate::session::SessionScope;
+use crate::session::publish::PullNotes;
+
+/// Records the pseudo-call, queues the note and writes the audit row, all in the
+/// caller's transaction. False (and nothing written) when the pull request already has
+/// its note.
+pub fn queue(
+    conn: &Connection,
+    scope: &SessionScope,
+    repo: &str,
+    pull: &PullRequest,
+    now_ms: i64,
+    redactor: &Redactor,
+) -> rusqlite::Result<bool> {
+    let id = format!("ex_pull_{repo}_{}", pull.number);
+    if store::get(conn, &id)?.is_some() {
+        return Ok(false);
+    }
+    let exec = pull_execution(&id, scope, repo, pull, now_ms);
+    store::insert(conn, &exec)?;
+    let marker = new_marker(&id);
+    let url = &pull.html_url;
+    let text = format!(
+        "The agent's changes wait for an engineer's review in a pull request: {url}\n\n\
+         It says what the agent found, every call it made with what was decided, the \
+         files it changed and what the session cost.\n\n{marker}\n"
+    );
+    let markdown = format!(
+        "**The agent's changes wait for an engineer's review:** {url}\n\n\
+         The pull request says what the agent found, every call it made with what was \
+         decided, the files it changed and what the session cost.\n\n_{marker}_\n"
+    );
+    let outbox = OutboxNote {
+        execution_id: id.clone(),
+        thread_id: scope.thread_id.clone(),
+        marker,
+        text,
+        markdown,
+        attempts: 0,
+    };
+    store::enqueue_note(conn, &outbox, now_ms)?;
+    let step = AuditStep::new(AuditEvent::Ran).outcome(Some("pull_request_note"));
+    record(conn, redactor, &exec, step)?;
+    Ok(true)
+}
+
+fn pull_execution(
+    id: &str,
+    scope: &SessionScope,
+    repo: &str,
+    pull: &PullRequest,
+    now_ms: i64,
+) -> Execution {
+    let args = json!({"repo": repo, "number": pull.number, "url": pull.html_url});
+    Execution {
+        id: id.to_owned(),
+        session_id: scope.session_id.clone(),
+        thread_id: scope.thread_id.clone(),
+        agent: scope.agent.clone(),
+        tool: PULL_REQUEST_TOOL.into(),
+        args: crate::executions::canonical_args(&args),
+        account: String::new(),
+        binding_hash: String::new(),
+        diagnosis: None,
+        verdict: "run".into(),
+        because: "threadgate published the session's pull request".into(),
+        rule_line: None,
+        policy_hash: String::new(),
+        status: Status::Succeeded,
+        summary: None,
+        expires_at_ms: None,
+        reviewer: None,
+        decision_message: None,
+        decided_at_ms: Some(now_ms),
+        result: None,
+        error: None,
+        attempts: 0,
+        created_at_ms: now_ms,
+        finished_at_ms: Some(now_ms),
+    }
+}
+
+/// The publisher's [`PullNotes`], writing through the gate's database and waking the
+/// outbox.
+pub struct OutboxPullNotes {
+    gate: Arc<Gate>,
+    repo: String,
+}
+
+impl OutboxPullNotes {
+    /// Notes for the pull requests of `repo` (`owner/name`).
+    pub fn new(gate: Arc<Gate>, repo: String) -> OutboxPullNotes {
+        OutboxPullNotes { gate, repo }
+    }
+}
+
+#[async_trait::async_trait]
+impl PullNotes for OutboxPullNotes {
+    async fn opened(&self, scope: &SessionScope, pull: &PullRequest) -> anyhow::Result<()> {
+        let (now, redactor) = (self.gate.now(), self.gate.current_redactor());
+        let (scope, pull, repo) = (scope.clone(), pull.clone(), self.repo.clone());
+        let first = self
+            .gate
+            .db
+            .write(move |c| queue(c, &scope, &repo, &pull, now, &redactor))
+            .await?;
+        if first {
+            self.gate.outbox.notify_one();
+        }
+        Ok(())
+    }
+}
