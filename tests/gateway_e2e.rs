@@ -42,3 +42,5 @@ mod scope;
 mod stripe_events;
 #[path = "gateway_e2e/telemetry.rs"]
 mod telemetry;
+#[path = "gateway_e2e/trail.rs"]
+mod trail;

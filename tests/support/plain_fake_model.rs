@@ -48,6 +48,47 @@ pub struct Thread {
     pub assigned_user_id: Option<String>,
     pub escalations: u32,
     pub timeline: Vec<Entry>,
+    /// Thread events made with `createThreadEvent`, oldest first.
+    pub events: Vec<ThreadEventRecord>,
+}
+
+/// A thread event made with `createThreadEvent`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadEventRecord {
+    pub id: String,
+    pub external_id: Option<String>,
+    pub title: String,
+    /// The components as sent (`EventComponentInput` objects).
+    pub components: Vec<Value>,
+}
+
+impl ThreadEventRecord {
+    /// The texts of its text components, one per line.
+    pub fn text(&self) -> String {
+        self.components
+            .iter()
+            .filter_map(|c| {
+                c["componentPlainText"]["plainText"]
+                    .as_str()
+                    .or_else(|| c["componentText"]["text"].as_str())
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Its link buttons: `(url, label)`.
+    pub fn link_buttons(&self) -> Vec<(String, String)> {
+        self.components
+            .iter()
+            .filter_map(|c| {
+                let button = &c["componentLinkButton"];
+                Some((
+                    button["linkButtonUrl"].as_str()?.to_owned(),
+                    button["linkButtonLabel"].as_str()?.to_owned(),
+                ))
+            })
+            .collect()
+    }
 }
 
 impl Thread {
@@ -60,6 +101,11 @@ impl Thread {
                 _ => None,
             })
             .collect()
+    }
+
+    /// The thread events on the thread, oldest first.
+    pub fn events(&self) -> Vec<ThreadEventRecord> {
+        self.events.clone()
     }
 
     /// The replies on the thread, oldest first: `(text, markdown)`.
@@ -99,6 +145,8 @@ impl MutationErrorSpec {
 pub struct Model {
     pub threads: BTreeMap<String, Thread>,
     pub label_types: BTreeMap<String, String>,
+    /// Every thread event's external id: Plain takes each once.
+    pub event_external_ids: std::collections::BTreeSet<String>,
     /// One-shot mutation errors, by mutation field name.
     pub mutation_errors: BTreeMap<String, MutationErrorSpec>,
     next_id: u64,
@@ -470,6 +518,7 @@ fn apply(model: &mut Model, field: &str, input: &Value) -> Result<Value, FieldEr
             let labels: Vec<Value> = ids.iter().map(|id| label_json(model, id)).collect();
             json!({"labels": labels, "thread": thread_json(model, &model.threads[&thread_id]), "error": null})
         }
+        "createThreadEvent" => return Ok(create_thread_event(model, &thread_id, input)),
         "assignThread" => {
             let thread = model.threads.get_mut(&thread_id).expect("checked");
             thread.assigned_user_id = text("userId").or_else(|| text("machineUserId"));
@@ -494,4 +543,32 @@ fn apply(model: &mut Model, field: &str, input: &Value) -> Result<Value, FieldEr
         }
     };
     Ok(output)
+}
+
+/// `createThreadEvent`: refuses an external id the workspace already has, as Plain
+/// does, with a `MutationError` in a 200 answer.
+fn create_thread_event(model: &mut Model, thread_id: &str, input: &Value) -> Value {
+    let external_id = input["externalId"].as_str().map(str::to_owned);
+    if let Some(external_id) = &external_id {
+        if !model.event_external_ids.insert(external_id.clone()) {
+            let message = format!("a thread event with external id {external_id} already exists");
+            return json!({"error": {"message": message, "type": "VALIDATION",
+                "code": "input_validation",
+                "fields": [{"field": "externalId", "message": message, "type": "VALIDATION"}]}});
+        }
+    }
+    let id = model.next_id("tev");
+    let event = ThreadEventRecord {
+        id: id.clone(),
+        external_id,
+        title: input["title"].as_str().unwrap_or_default().to_owned(),
+        components: input["components"].as_array().cloned().unwrap_or_default(),
+    };
+    let thread = model.threads.get_mut(thread_id).expect("checked");
+    let customer_id = thread.customer.id.clone();
+    thread.events.push(event.clone());
+    json!({"threadEvent": {"id": id, "customerId": customer_id, "threadId": thread_id,
+                           "title": event.title, "components": [],
+                           "createdAt": datetime(), "updatedAt": datetime()},
+           "error": null})
 }

@@ -117,6 +117,15 @@ pub const MARK_THREAD_AS_DONE: &str = concat!(
     " }\n}"
 );
 
+/// An event on the thread's timeline (a held call's trail), with an external id Plain
+/// takes once.
+pub const CREATE_THREAD_EVENT: &str = concat!(
+    "mutation ThreadgateCreateThreadEvent($input: CreateThreadEventInput!) {\n",
+    "  createThreadEvent(input: $input) { threadEvent { id } ",
+    mutation_error!(),
+    " }\n}"
+);
+
 /// Every document, for tests that validate them all against the schema.
 pub const ALL: &[&str] = &[
     GET_THREAD,
@@ -128,4 +137,5 @@ pub const ALL: &[&str] = &[
     ASSIGN_THREAD,
     ESCALATE_THREAD,
     MARK_THREAD_AS_DONE,
+    CREATE_THREAD_EVENT,
 ];

@@ -14,6 +14,9 @@
 
 pub mod documents;
 mod response;
+mod thread_events;
+
+pub use thread_events::{EventPosted, ThreadEvent};
 
 use std::time::Duration;
 
