@@ -157,6 +157,8 @@ pub struct PlainSettings {
     /// Plain's web link to a thread, with `{thread_id}` in it; the review page links
     /// threads there when set.
     pub thread_url: Option<String>,
+    /// The label types that show a thread's state in Plain, each optional.
+    pub labels: crate::connectors::helpdesk::StateLabels,
 }
 
 /// A REST provider: where it is and which stored secret holds its credential. Read
@@ -277,6 +279,7 @@ impl Default for PlainSettings {
             api_url: "https://core-api.uk.plain.com".into(),
             api_key_secret: "plain_api_key".into(),
             escalation_label_type_id: None,
+            labels: crate::connectors::helpdesk::StateLabels::default(),
             thread_url: None,
         }
     }

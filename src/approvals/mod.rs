@@ -10,6 +10,7 @@
 
 pub mod hasher;
 pub mod http;
+pub mod label_outbox;
 pub mod narrow;
 pub mod outbox;
 pub mod reviewers;

@@ -7,6 +7,7 @@
 
 pub mod audit;
 mod frozen;
+pub mod labels;
 pub mod store;
 pub mod trail;
 

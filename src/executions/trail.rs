@@ -182,6 +182,9 @@ pub fn enqueue(conn: &Connection, event: &TrailEvent, now_ms: i64) -> rusqlite::
             now_ms
         ],
     )?;
+    // Every step of a held call's trail may change whether its thread waits for a
+    // person, so its state labels are synced again.
+    super::labels::touch(conn, &event.thread_id, now_ms)?;
     Ok(added == 1)
 }
 

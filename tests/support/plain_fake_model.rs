@@ -398,6 +398,22 @@ impl ObjectValue for QueryRoot<'_> {
                     thread.unwrap_or(Value::Null),
                 ))
             }
+            "labelType" => {
+                let id = arguments(info)["labelTypeId"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                let label_type = self.model.label_types.get(&id).map(|name| {
+                    json!({"id": id, "name": name, "isArchived": false, "position": "a",
+                           "isExcludedFromAi": false, "type": "DEFAULT",
+                           "createdAt": datetime(), "updatedAt": datetime()})
+                });
+                Ok(resolved(
+                    info,
+                    &info.field_definition().ty,
+                    label_type.unwrap_or(Value::Null),
+                ))
+            }
             other => Err(FieldError {
                 message: format!("the plain fake does not implement Query.{other}"),
             }),
@@ -457,6 +473,9 @@ fn validation_error(field: &str, message: &str) -> Value {
 }
 
 fn apply(model: &mut Model, field: &str, input: &Value) -> Result<Value, FieldError> {
+    if field == "removeLabels" {
+        return Ok(remove_labels(model, input));
+    }
     let thread_id = input["threadId"].as_str().unwrap_or_default().to_owned();
     if !model.threads.contains_key(&thread_id) {
         return Ok(validation_error("threadId", "thread not found"));
@@ -571,4 +590,27 @@ fn create_thread_event(model: &mut Model, thread_id: &str, input: &Value) -> Val
                            "title": event.title, "components": [],
                            "createdAt": datetime(), "updatedAt": datetime()},
            "error": null})
+}
+
+/// `removeLabels`: by label id (`l_<label type id>` in the fake), on whichever thread
+/// carries it; an unknown label id is a validation error, as in Plain.
+fn remove_labels(model: &mut Model, input: &Value) -> Value {
+    let ids: Vec<&str> = input["labelIds"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    for id in &ids {
+        let label_type = id.strip_prefix("l_").unwrap_or_default();
+        let carrier = model
+            .threads
+            .values_mut()
+            .find(|t| t.label_type_ids.iter().any(|l| l == label_type));
+        match carrier {
+            Some(thread) => thread.label_type_ids.retain(|l| l != label_type),
+            None => return validation_error("labelIds", &format!("label {id} not found")),
+        }
+    }
+    json!({"thread": null, "error": null})
 }
