@@ -568,13 +568,13 @@ fn apply(model: &mut Model, field: &str, input: &Value) -> Result<Value, FieldEr
 /// does, with a `MutationError` in a 200 answer.
 fn create_thread_event(model: &mut Model, thread_id: &str, input: &Value) -> Value {
     let external_id = input["externalId"].as_str().map(str::to_owned);
-    if let Some(external_id) = &external_id {
-        if !model.event_external_ids.insert(external_id.clone()) {
-            let message = format!("a thread event with external id {external_id} already exists");
-            return json!({"error": {"message": message, "type": "VALIDATION",
-                "code": "input_validation",
-                "fields": [{"field": "externalId", "message": message, "type": "VALIDATION"}]}});
-        }
+    if let Some(external_id) = &external_id
+        && !model.event_external_ids.insert(external_id.clone())
+    {
+        let message = format!("a thread event with external id {external_id} already exists");
+        return json!({"error": {"message": message, "type": "VALIDATION",
+            "code": "input_validation",
+            "fields": [{"field": "externalId", "message": message, "type": "VALIDATION"}]}});
     }
     let id = model.next_id("tev");
     let event = ThreadEventRecord {
