@@ -542,6 +542,28 @@ mod tests {
     }
 
     #[test]
+    fn plain_state_labels_are_read_from_an_inline_table_and_a_misspelt_one_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.toml");
+        std::fs::write(
+            &path,
+            "[plain]\nlabels = { waiting_for_approval = \"lt_w\", handed_to_person = \"lt_h\" }\n",
+        )
+        .expect("write");
+        let s = Settings::from_file(&path).expect("parse");
+        assert_eq!(
+            s.plain.labels.configured(),
+            [
+                ("waiting_for_approval", "lt_w"),
+                ("handed_to_person", "lt_h")
+            ]
+        );
+        std::fs::write(&path, "[plain]\nlabels = { waiting = \"lt_w\" }\n").expect("write");
+        let err = Settings::from_file(&path).expect_err("unknown label key");
+        assert!(err.to_string().contains("waiting"), "{err}");
+    }
+
+    #[test]
     fn an_unknown_key_names_the_file() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("t.toml");

@@ -251,7 +251,62 @@ pub fn failed(
 
 #[cfg(test)]
 mod tests {
-    use super::clipped;
+    use super::*;
+    use crate::store::Db;
+
+    fn event(thread: &str, n: u32) -> TrailEvent {
+        TrailEvent {
+            external_id: format!("ex_{thread}_{n}:held"),
+            thread_id: thread.to_owned(),
+            title: "t".into(),
+            body: "b".into(),
+            link: None,
+            attempts: 0,
+        }
+    }
+
+    async fn due_ids(db: &Db, now: i64) -> Vec<String> {
+        let due = db.read(move |c| due(c, now, 2, 50)).await.expect("due");
+        due.into_iter().map(|e| e.external_id).collect()
+    }
+
+    #[tokio::test]
+    async fn a_round_takes_two_of_each_thread_in_order_and_an_event_waits_behind_a_put_off_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Db::open(&dir.path().join("state.db")).expect("open");
+        db.write(|c| {
+            for n in 1..=5 {
+                enqueue(c, &event("a", n), 0)?;
+            }
+            enqueue(c, &event("b", 1), 0)?;
+            // The same external id again is not queued twice.
+            assert!(!enqueue(c, &event("b", 1), 0)?);
+            Ok(())
+        })
+        .await
+        .expect("enqueue");
+        assert_eq!(
+            due_ids(&db, 10).await,
+            ["ex_a_1:held", "ex_b_1:held", "ex_a_2:held"]
+        );
+
+        // The first of thread a is put off: the rest of a waits behind it, b does not.
+        db.write(|c| failed(c, "ex_a_1:held", "plain is down", 1_000))
+            .await
+            .expect("failed");
+        assert_eq!(due_ids(&db, 10).await, ["ex_b_1:held"]);
+        assert_eq!(
+            due_ids(&db, 1_000).await,
+            ["ex_a_1:held", "ex_b_1:held", "ex_a_2:held"]
+        );
+        db.write(|c| sent(c, "ex_a_1:held", 1_000))
+            .await
+            .expect("sent");
+        assert_eq!(
+            due_ids(&db, 1_000).await,
+            ["ex_a_2:held", "ex_b_1:held", "ex_a_3:held"]
+        );
+    }
 
     #[test]
     fn a_long_text_is_cut_to_what_plain_takes() {
