@@ -11,6 +11,9 @@ use apollo_compiler::response::JsonValue;
 use apollo_compiler::schema::ExtendedType;
 use serde_json::{Map, Value, json};
 
+use super::plain_fake_trail as trail;
+pub use super::plain_fake_trail::ThreadEventRecord;
+
 /// A customer of the fake workspace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Customer {
@@ -50,45 +53,6 @@ pub struct Thread {
     pub timeline: Vec<Entry>,
     /// Thread events made with `createThreadEvent`, oldest first.
     pub events: Vec<ThreadEventRecord>,
-}
-
-/// A thread event made with `createThreadEvent`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ThreadEventRecord {
-    pub id: String,
-    pub external_id: Option<String>,
-    pub title: String,
-    /// The components as sent (`EventComponentInput` objects).
-    pub components: Vec<Value>,
-}
-
-impl ThreadEventRecord {
-    /// The texts of its text components, one per line.
-    pub fn text(&self) -> String {
-        self.components
-            .iter()
-            .filter_map(|c| {
-                c["componentPlainText"]["plainText"]
-                    .as_str()
-                    .or_else(|| c["componentText"]["text"].as_str())
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-
-    /// Its link buttons: `(url, label)`.
-    pub fn link_buttons(&self) -> Vec<(String, String)> {
-        self.components
-            .iter()
-            .filter_map(|c| {
-                let button = &c["componentLinkButton"];
-                Some((
-                    button["linkButtonUrl"].as_str()?.to_owned(),
-                    button["linkButtonLabel"].as_str()?.to_owned(),
-                ))
-            })
-            .collect()
-    }
 }
 
 impl Thread {
@@ -159,7 +123,7 @@ impl Model {
     }
 }
 
-fn datetime() -> Value {
+pub(crate) fn datetime() -> Value {
     json!({"iso8601": "2026-05-01T12:00:00.000Z", "unixTimestamp": "1777636800000"})
 }
 
@@ -467,14 +431,14 @@ fn fill_required_lists(info: &ResolveInfo<'_>, output: &mut Value) {
     }
 }
 
-fn validation_error(field: &str, message: &str) -> Value {
+pub(crate) fn validation_error(field: &str, message: &str) -> Value {
     json!({"error": {"message": message, "type": "VALIDATION", "code": "input_validation",
                      "fields": [{"field": field, "message": message, "type": "VALIDATION"}]}})
 }
 
 fn apply(model: &mut Model, field: &str, input: &Value) -> Result<Value, FieldError> {
     if field == "removeLabels" {
-        return Ok(remove_labels(model, input));
+        return Ok(trail::remove_labels(model, input));
     }
     let thread_id = input["threadId"].as_str().unwrap_or_default().to_owned();
     if !model.threads.contains_key(&thread_id) {
@@ -537,7 +501,7 @@ fn apply(model: &mut Model, field: &str, input: &Value) -> Result<Value, FieldEr
             let labels: Vec<Value> = ids.iter().map(|id| label_json(model, id)).collect();
             json!({"labels": labels, "thread": thread_json(model, &model.threads[&thread_id]), "error": null})
         }
-        "createThreadEvent" => return Ok(create_thread_event(model, &thread_id, input)),
+        "createThreadEvent" => return Ok(trail::create_thread_event(model, &thread_id, input)),
         "assignThread" => {
             let thread = model.threads.get_mut(&thread_id).expect("checked");
             thread.assigned_user_id = text("userId").or_else(|| text("machineUserId"));
@@ -562,55 +526,4 @@ fn apply(model: &mut Model, field: &str, input: &Value) -> Result<Value, FieldEr
         }
     };
     Ok(output)
-}
-
-/// `createThreadEvent`: refuses an external id the workspace already has, as Plain
-/// does, with a `MutationError` in a 200 answer.
-fn create_thread_event(model: &mut Model, thread_id: &str, input: &Value) -> Value {
-    let external_id = input["externalId"].as_str().map(str::to_owned);
-    if let Some(external_id) = &external_id
-        && !model.event_external_ids.insert(external_id.clone())
-    {
-        let message = format!("a thread event with external id {external_id} already exists");
-        return json!({"error": {"message": message, "type": "VALIDATION",
-            "code": "input_validation",
-            "fields": [{"field": "externalId", "message": message, "type": "VALIDATION"}]}});
-    }
-    let id = model.next_id("tev");
-    let event = ThreadEventRecord {
-        id: id.clone(),
-        external_id,
-        title: input["title"].as_str().unwrap_or_default().to_owned(),
-        components: input["components"].as_array().cloned().unwrap_or_default(),
-    };
-    let thread = model.threads.get_mut(thread_id).expect("checked");
-    let customer_id = thread.customer.id.clone();
-    thread.events.push(event.clone());
-    json!({"threadEvent": {"id": id, "customerId": customer_id, "threadId": thread_id,
-                           "title": event.title, "components": [],
-                           "createdAt": datetime(), "updatedAt": datetime()},
-           "error": null})
-}
-
-/// `removeLabels`: by label id (`l_<label type id>` in the fake), on whichever thread
-/// carries it; an unknown label id is a validation error, as in Plain.
-fn remove_labels(model: &mut Model, input: &Value) -> Value {
-    let ids: Vec<&str> = input["labelIds"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
-    for id in &ids {
-        let label_type = id.strip_prefix("l_").unwrap_or_default();
-        let carrier = model
-            .threads
-            .values_mut()
-            .find(|t| t.label_type_ids.iter().any(|l| l == label_type));
-        match carrier {
-            Some(thread) => thread.label_type_ids.retain(|l| l != label_type),
-            None => return validation_error("labelIds", &format!("label {id} not found")),
-        }
-    }
-    json!({"thread": null, "error": null})
 }
