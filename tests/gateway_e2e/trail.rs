@@ -10,7 +10,7 @@ use std::time::Duration;
 use threadgate::approvals::Approvals;
 
 use crate::support::app::TestApp;
-use crate::support::plain_fake::ThreadEventRecord;
+use crate::support::plain_fake::{MutationErrorSpec, ThreadEventRecord};
 use crate::support::wait::eventually;
 use crate::support::world::World;
 
@@ -231,5 +231,53 @@ async fn a_denial_and_an_expiry_each_get_their_event() {
         Some(&*format!("{expired}:expired"))
     );
     assert_eq!(events[3].title, "Approval expired");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_plain_fails_is_retried_until_it_is_there() {
+    let world = World::new().await;
+    let (app, clock) = world.start_with_clock().await;
+    world.plain.mutation_error_on(
+        "createThreadEvent",
+        MutationErrorSpec {
+            message: "internal".into(),
+            error_type: "INTERNAL".into(),
+            code: "internal_error".into(),
+            fields: Vec::new(),
+        },
+    );
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[5000])
+        .await;
+    let thread = ada.session.thread_id.clone();
+    let id = ada.session.hold_refund(&ada.charges[0], 1000).await;
+    let external_id = format!("{id}:held");
+    let row = external_id.clone();
+    eventually("the failed attempt is recorded", || async {
+        let row = row.clone();
+        app.db
+            .read(move |c| {
+                c.query_row(
+                    "SELECT last_error IS NOT NULL FROM thread_event_outbox WHERE external_id = ?1",
+                    [&row],
+                    |r| r.get::<_, bool>(0),
+                )
+            })
+            .await
+            .expect("row")
+    })
+    .await;
+    assert!(world.plain.thread(&thread).events().is_empty());
+
+    // Past its backoff on threadgate's clock: the next round sends it.
+    clock.advance(Duration::from_secs(60));
+    app.gate.outbox.notify_one();
+    let events = events_at_least(&world, &thread, 1).await;
+    assert_eq!(external_ids(&events), [external_id.clone()]);
+    eventually("the event is recorded as sent", || {
+        event_sent(&app, &external_id)
+    })
+    .await;
     app.stop().await;
 }
