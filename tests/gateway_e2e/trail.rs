@@ -274,7 +274,7 @@ async fn an_event_plain_fails_is_retried_until_it_is_there() {
     clock.advance(Duration::from_secs(60));
     app.gate.outbox.notify_one();
     let events = events_at_least(&world, &thread, 1).await;
-    assert_eq!(external_ids(&events), [external_id.clone()]);
+    assert_eq!(external_ids(&events), std::slice::from_ref(&external_id));
     eventually("the event is recorded as sent", || {
         event_sent(&app, &external_id)
     })
