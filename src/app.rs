@@ -357,7 +357,10 @@ fn supervisor_parts(
         db: base.db.clone(),
         sandbox: base.sandbox.clone(),
         workspaces: Arc::new(base.workspaces.clone()),
-        api: sockets as Arc<dyn SessionApi>,
+        api: Arc::new(crate::gateway::session_labels::LabelledSessions::new(
+            sockets as Arc<dyn SessionApi>,
+            gate.clone(),
+        )) as Arc<dyn SessionApi>,
         agents: base.agents.clone(),
         secrets: Arc::new(base.secrets.clone()),
         image: settings.sandbox.image.clone(),

@@ -163,6 +163,8 @@ pub struct PlainSettings {
     /// Plain's web link to a thread, with `{thread_id}` in it; the review page links
     /// threads there when set.
     pub thread_url: Option<String>,
+    /// The label types that show a thread's state in Plain, each optional.
+    pub labels: crate::connectors::helpdesk::StateLabels,
 }
 
 /// A REST provider: where it is and which stored secret holds its credential. Read
@@ -294,6 +296,7 @@ impl Default for PlainSettings {
             api_url: "https://core-api.uk.plain.com".into(),
             api_key_secret: "plain_api_key".into(),
             escalation_label_type_id: None,
+            labels: crate::connectors::helpdesk::StateLabels::default(),
             thread_url: None,
         }
     }
@@ -576,6 +579,28 @@ mod tests {
             .expect("env");
         assert_eq!(s.sessions.max_live, 5);
         assert_eq!(s.listen.port(), 9000);
+    }
+
+    #[test]
+    fn plain_state_labels_are_read_from_an_inline_table_and_a_misspelt_one_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.toml");
+        std::fs::write(
+            &path,
+            "[plain]\nlabels = { waiting_for_approval = \"lt_w\", handed_to_person = \"lt_h\" }\n",
+        )
+        .expect("write");
+        let s = Settings::from_file(&path).expect("parse");
+        assert_eq!(
+            s.plain.labels.configured(),
+            [
+                ("waiting_for_approval", "lt_w"),
+                ("handed_to_person", "lt_h")
+            ]
+        );
+        std::fs::write(&path, "[plain]\nlabels = { waiting = \"lt_w\" }\n").expect("write");
+        let err = Settings::from_file(&path).expect_err("unknown label key");
+        assert!(err.to_string().contains("waiting"), "{err}");
     }
 
     #[test]

@@ -16,6 +16,8 @@ mod approvals;
 mod floods;
 #[path = "gateway_e2e/holds.rs"]
 mod holds;
+#[path = "gateway_e2e/labels.rs"]
+mod labels;
 #[path = "gateway_e2e/leaks.rs"]
 mod leaks;
 #[path = "gateway_e2e/limits.rs"]
@@ -42,3 +44,5 @@ mod scope;
 mod stripe_events;
 #[path = "gateway_e2e/telemetry.rs"]
 mod telemetry;
+#[path = "gateway_e2e/trail.rs"]
+mod trail;

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use crate::config::Settings;
-use crate::connectors::helpdesk::EscalationRouting;
+use crate::connectors::helpdesk::{EscalationRouting, LabelTypeState};
 use crate::connectors::{
     ConfigError, Credential, CredentialSource, GithubConnector, HelpdeskConnector, StripeConnector,
 };
@@ -71,6 +71,11 @@ pub async fn build(
             use_escalation_path: false,
         });
     }
+    helpdesk = helpdesk.with_state_labels(plain.labels.clone());
+    let plain_key_stored = matches!(store.value(&plain.api_key_secret).await, Ok(Some(_)));
+    if plain_key_stored {
+        check_state_labels(&helpdesk).await?;
+    }
     let github_connector = GithubConnector::new(
         &github.api_url,
         credential("github", "key_secret", &github.key_secret)?,
@@ -99,6 +104,33 @@ pub async fn build(
         helpdesk: Some(Arc::new(helpdesk)),
         github: Some(Arc::new(github_connector)),
     })
+}
+
+/// Refuses to start when a `[plain] labels` entry names a label type Plain does not
+/// know (or has archived), or cannot be checked: a wrong id is an error now, not a
+/// failed label later.
+async fn check_state_labels(helpdesk: &HelpdeskConnector) -> Result<(), SetupError> {
+    for (key, id) in helpdesk.state_labels().configured() {
+        let refused = |message: String| SetupError {
+            key: format!("[plain] labels.{key}"),
+            message,
+        };
+        match helpdesk.label_type_state(id).await {
+            Ok(LabelTypeState::Usable) => {}
+            Ok(LabelTypeState::Unknown) => {
+                return Err(refused(format!("plain has no label type {id}")));
+            }
+            Ok(LabelTypeState::Archived) => {
+                return Err(refused(format!("label type {id} is archived in plain")));
+            }
+            Err(e) => {
+                return Err(refused(format!(
+                    "cannot check label type {id} with plain: {e}"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Stripe's webhook endpoint (`POST /webhooks/stripe`), when `[stripe] webhook_secret`

@@ -10,11 +10,13 @@
 
 pub mod hasher;
 pub mod http;
+pub mod label_outbox;
 pub mod narrow;
 pub mod outbox;
 pub mod reviewers;
 pub mod stop_note;
 pub mod throttle;
+pub mod trail_outbox;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,7 +24,7 @@ use std::time::Instant;
 use serde::Deserialize;
 
 use crate::audit::AuditEvent;
-use crate::executions::{self, AuditStep, Execution, Status, store};
+use crate::executions::{self, AuditStep, Execution, Status, store, trail};
 use crate::gateway::{CallReply, Gate, LoadedPolicy};
 use crate::policy::Verdict;
 use crate::secrets::Redactor;
@@ -131,6 +133,8 @@ impl Approvals {
 
     fn after_change(&self, exec: &Execution) {
         let _ = self.gate.changes.send(exec.id.clone());
+        // The trail's event for this change is queued; the outbox posts it.
+        self.gate.outbox.notify_one();
         self.gate.supervisor.resume(&exec.thread_id);
     }
 
@@ -250,6 +254,10 @@ impl Approvals {
             .db
             .write(move |conn| {
                 store::finish(conn, &e.id, Status::NeedsCheck, None, Some(reason), now)?;
+                if trail::was_held(&e) {
+                    let event = trail::ran(&e, Status::NeedsCheck, Some(reason), &redactor);
+                    trail::enqueue(conn, &event, now)?;
+                }
                 executions::audit(
                     conn,
                     &redactor,
@@ -301,9 +309,11 @@ fn record_decision(
         .outcome(message)
         .reviewer(&asked.reviewer);
     executions::audit(conn, redactor, &exec, step)?;
-    Ok(Recorded::Decided(
-        store::get(conn, &asked.id)?.unwrap_or(exec),
-    ))
+    let decided = store::get(conn, &asked.id)?.unwrap_or(exec);
+    if let Some(event) = trail::decided(&decided, redactor) {
+        trail::enqueue(conn, &event, asked.now)?;
+    }
+    Ok(Recorded::Decided(decided))
 }
 
 /// Moves a held call whose ttl has passed to `expired` and writes its audit step, in
@@ -318,6 +328,8 @@ fn expire_held(
         return Ok(false);
     }
     executions::audit(conn, redactor, exec, AuditStep::new(AuditEvent::Expired))?;
+    let now = exec.expires_at_ms.unwrap_or(exec.created_at_ms);
+    trail::enqueue(conn, &trail::expired(exec), now)?;
     Ok(true)
 }
 
@@ -349,6 +361,7 @@ fn claim(
         let reason = format!("blocked by the current policy: {}", now_decision.because);
         store::finish(conn, id, Status::Blocked, None, Some(&reason), now)?;
         executions::audit(conn, redactor, &exec, recheck.outcome(Some(&reason)))?;
+        trail::enqueue(conn, &trail::blocked(&exec, &reason, redactor), now)?;
         return Ok(Some((exec, false)));
     }
     store::transition(conn, id, Status::Approved, Status::Running)?;

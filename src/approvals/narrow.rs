@@ -16,7 +16,7 @@ use super::{Approvals, DecideError};
 use crate::audit::AuditEvent;
 use crate::executions::binding_hash;
 use crate::executions::store::{self, Status};
-use crate::executions::{self, AuditStep};
+use crate::executions::{self, AuditStep, trail};
 use crate::gateway::{LoadedPolicy, SqlHistory};
 use crate::money::money_arg;
 use crate::policy::{Catalog, Verdict};
@@ -255,6 +255,9 @@ fn record(
         .reviewer(&ask.reviewer)
         .policy_hash(&loaded.hash_hex);
     executions::audit(conn, redactor, &exec, step)?;
+    if let Some(event) = trail::decided(&exec, redactor) {
+        trail::enqueue(conn, &event, now)?;
+    }
     Ok(Outcome::Approved(Box::new(exec)))
 }
 

@@ -136,6 +136,12 @@ pub async fn run(gate: Arc<Gate>) {
         if let Err(e) = drain(&gate).await {
             tracing::error!(error = %e, "cannot read the notes due; trying again at the next round");
         }
+        if let Err(e) = super::trail_outbox::drain(&gate).await {
+            tracing::error!(error = %e, "cannot read the thread events due; trying again at the next round");
+        }
+        if let Err(e) = super::label_outbox::drain(&gate).await {
+            tracing::error!(error = %e, "cannot read the threads whose labels are due; trying again at the next round");
+        }
         let _ = tokio::time::timeout(Duration::from_secs(2), gate.outbox.notified()).await;
     }
 }

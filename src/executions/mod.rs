@@ -7,8 +7,10 @@
 
 pub mod audit;
 mod frozen;
+pub mod labels;
 pub mod store;
 pub mod thread_calls;
+pub mod trail;
 
 pub use audit::{AuditStep, record as audit};
 pub use frozen::{binding_hash, canonical_args, new_execution_id, redact_args};

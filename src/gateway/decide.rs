@@ -15,7 +15,7 @@ use super::prepare::PreparedCall;
 use super::stop_note::StopNote;
 use crate::audit::AuditEvent;
 use crate::executions::{
-    self, AuditStep, Execution, Status, new_execution_id, redact_args, store as exec_store,
+    self, AuditStep, Execution, Status, new_execution_id, redact_args, store as exec_store, trail,
 };
 use crate::policy::{Catalog, LimitCharge, LimitHistory, Verdict};
 use crate::secrets::Redactor;
@@ -227,6 +227,7 @@ fn record(
             let url = format!("{}{}", cx.url_prefix, exec.id);
             let note = super::note::held_note(&exec, &redacted, &rule_text, &url, &cx.redactor);
             exec_store::enqueue_note(conn, &note, cx.now)?;
+            trail::enqueue(conn, &trail::held(&exec, &url), cx.now)?;
             Ok(Decided::Held(exec))
         }
         Verdict::Block => {

@@ -18,6 +18,7 @@ mod run;
 pub mod sandbox_api;
 mod scope;
 pub mod serve;
+pub mod session_labels;
 pub mod socket;
 pub mod stop_note;
 mod summary;

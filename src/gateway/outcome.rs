@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::gate::CallReply;
 use crate::audit::AuditEvent;
-use crate::executions::{self, AuditStep, Execution, Status, store as exec_store};
+use crate::executions::{self, AuditStep, Execution, Status, store as exec_store, trail};
 use crate::secrets::Redactor;
 
 /// A decided call's run: what to record and what to answer.
@@ -29,6 +29,9 @@ pub(super) fn write_outcome(
     exec_store::finish(conn, &exec.id, status, result.as_deref(), error, now)?;
     if status == Status::Failed {
         exec_store::release_charges(conn, &exec.id)?;
+    }
+    if trail::was_held(exec) {
+        trail::enqueue(conn, &trail::ran(exec, status, error, redactor), now)?;
     }
     executions::audit(conn, redactor, exec, outcome.step().duration_ms(duration))
 }

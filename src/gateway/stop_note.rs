@@ -105,6 +105,7 @@ pub fn queue(
         attempts: 0,
     };
     store::enqueue_note(conn, &outbox, now_ms)?;
+    crate::executions::labels::set_handed_to_person(conn, &scope.thread_id, now_ms)?;
     let step = AuditStep::new(AuditEvent::Blocked).outcome(Some(note.outcome));
     record(conn, redactor, &exec, step)?;
     Ok(true)

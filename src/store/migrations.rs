@@ -51,6 +51,10 @@ const MIGRATIONS: &[Migration] = &[
         name: "0009_review",
         sql: include_str!("migrations/0009_review.sql"),
     },
+    Migration {
+        name: "0010_thread_events",
+        sql: include_str!("migrations/0010_thread_events.sql"),
+    },
 ];
 
 /// Applies every migration newer than the database's `user_version`, each in its own

@@ -27,6 +27,7 @@ pub mod logs;
 pub mod plain;
 pub mod plain_fake;
 pub mod plain_fake_model;
+pub mod plain_fake_trail;
 pub mod rows;
 pub mod sandbox;
 pub mod sessions;

@@ -10,7 +10,8 @@
 //!
 //! The fake can be told to fail the next requests with a 500, a 429 carrying
 //! `x-ratelimit-reset`, or an error echoing the `Authorization` header, and to answer
-//! one mutation with a `MutationError`.
+//! one mutation with a `MutationError`. It records thread events (`createThreadEvent`)
+//! and refuses a second one with an external id it already has, as Plain does.
 //!
 //! Part of the shared harness (`tests/support`).
 
@@ -35,7 +36,7 @@ use serde_json::{Value, json};
 use super::plain::shared_dir;
 use super::plain_fake_model as model;
 
-pub use model::{Customer, Entry, MutationErrorSpec, Thread};
+pub use model::{Customer, Entry, MutationErrorSpec, Thread, ThreadEventRecord};
 
 /// The API key the fake accepts.
 pub const API_KEY: &str = "plainApiKey_test_threadgate_7a3b9e";
@@ -130,6 +131,7 @@ impl PlainFake {
             timeline: vec![Entry::CustomerMessage {
                 text: "I was charged twice for my order.".into(),
             }],
+            events: Vec::new(),
         };
         self.model().threads.insert(thread_id.to_owned(), thread);
     }

@@ -11,6 +11,9 @@ use apollo_compiler::response::JsonValue;
 use apollo_compiler::schema::ExtendedType;
 use serde_json::{Map, Value, json};
 
+use super::plain_fake_trail as trail;
+pub use super::plain_fake_trail::ThreadEventRecord;
+
 /// A customer of the fake workspace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Customer {
@@ -48,6 +51,8 @@ pub struct Thread {
     pub assigned_user_id: Option<String>,
     pub escalations: u32,
     pub timeline: Vec<Entry>,
+    /// Thread events made with `createThreadEvent`, oldest first.
+    pub events: Vec<ThreadEventRecord>,
 }
 
 impl Thread {
@@ -60,6 +65,11 @@ impl Thread {
                 _ => None,
             })
             .collect()
+    }
+
+    /// The thread events on the thread, oldest first.
+    pub fn events(&self) -> Vec<ThreadEventRecord> {
+        self.events.clone()
     }
 
     /// The replies on the thread, oldest first: `(text, markdown)`.
@@ -99,6 +109,8 @@ impl MutationErrorSpec {
 pub struct Model {
     pub threads: BTreeMap<String, Thread>,
     pub label_types: BTreeMap<String, String>,
+    /// Every thread event's external id: Plain takes each once.
+    pub event_external_ids: std::collections::BTreeSet<String>,
     /// One-shot mutation errors, by mutation field name.
     pub mutation_errors: BTreeMap<String, MutationErrorSpec>,
     next_id: u64,
@@ -111,7 +123,7 @@ impl Model {
     }
 }
 
-fn datetime() -> Value {
+pub(crate) fn datetime() -> Value {
     json!({"iso8601": "2026-05-01T12:00:00.000Z", "unixTimestamp": "1777636800000"})
 }
 
@@ -350,6 +362,22 @@ impl ObjectValue for QueryRoot<'_> {
                     thread.unwrap_or(Value::Null),
                 ))
             }
+            "labelType" => {
+                let id = arguments(info)["labelTypeId"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                let label_type = self.model.label_types.get(&id).map(|name| {
+                    json!({"id": id, "name": name, "isArchived": false, "position": "a",
+                           "isExcludedFromAi": false, "type": "DEFAULT",
+                           "createdAt": datetime(), "updatedAt": datetime()})
+                });
+                Ok(resolved(
+                    info,
+                    &info.field_definition().ty,
+                    label_type.unwrap_or(Value::Null),
+                ))
+            }
             other => Err(FieldError {
                 message: format!("the plain fake does not implement Query.{other}"),
             }),
@@ -403,12 +431,15 @@ fn fill_required_lists(info: &ResolveInfo<'_>, output: &mut Value) {
     }
 }
 
-fn validation_error(field: &str, message: &str) -> Value {
+pub(crate) fn validation_error(field: &str, message: &str) -> Value {
     json!({"error": {"message": message, "type": "VALIDATION", "code": "input_validation",
                      "fields": [{"field": field, "message": message, "type": "VALIDATION"}]}})
 }
 
 fn apply(model: &mut Model, field: &str, input: &Value) -> Result<Value, FieldError> {
+    if field == "removeLabels" {
+        return Ok(trail::remove_labels(model, input));
+    }
     let thread_id = input["threadId"].as_str().unwrap_or_default().to_owned();
     if !model.threads.contains_key(&thread_id) {
         return Ok(validation_error("threadId", "thread not found"));
@@ -470,6 +501,7 @@ fn apply(model: &mut Model, field: &str, input: &Value) -> Result<Value, FieldEr
             let labels: Vec<Value> = ids.iter().map(|id| label_json(model, id)).collect();
             json!({"labels": labels, "thread": thread_json(model, &model.threads[&thread_id]), "error": null})
         }
+        "createThreadEvent" => return Ok(trail::create_thread_event(model, &thread_id, input)),
         "assignThread" => {
             let thread = model.threads.get_mut(&thread_id).expect("checked");
             thread.assigned_user_id = text("userId").or_else(|| text("machineUserId"));

@@ -117,6 +117,36 @@ pub const MARK_THREAD_AS_DONE: &str = concat!(
     " }\n}"
 );
 
+/// An event on the thread's timeline (a held call's trail), with an external id Plain
+/// takes once.
+pub const CREATE_THREAD_EVENT: &str = concat!(
+    "mutation ThreadgateCreateThreadEvent($input: CreateThreadEventInput!) {\n",
+    "  createThreadEvent(input: $input) { threadEvent { id } ",
+    mutation_error!(),
+    " }\n}"
+);
+
+/// A label type, to check at start that a configured id is one Plain knows.
+pub const LABEL_TYPE: &str = r#"query ThreadgateLabelType($labelTypeId: ID!) {
+  labelType(labelTypeId: $labelTypeId) { id name isArchived }
+}"#;
+
+/// The labels on a thread, with their label types.
+pub const THREAD_LABELS: &str = r#"query ThreadgateThreadLabels($threadId: ID!) {
+  thread(threadId: $threadId) {
+    id
+    labels { id labelType { id } }
+  }
+}"#;
+
+/// Labels taken off a thread (by label id, not label type id).
+pub const REMOVE_LABELS: &str = concat!(
+    "mutation ThreadgateRemoveLabels($input: RemoveLabelsInput!) {\n",
+    "  removeLabels(input: $input) { ",
+    mutation_error!(),
+    " }\n}"
+);
+
 /// Every document, for tests that validate them all against the schema.
 pub const ALL: &[&str] = &[
     GET_THREAD,
@@ -128,4 +158,8 @@ pub const ALL: &[&str] = &[
     ASSIGN_THREAD,
     ESCALATE_THREAD,
     MARK_THREAD_AS_DONE,
+    CREATE_THREAD_EVENT,
+    LABEL_TYPE,
+    THREAD_LABELS,
+    REMOVE_LABELS,
 ];

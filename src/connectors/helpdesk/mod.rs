@@ -13,7 +13,12 @@
 //! The exact documents sent are in [`documents`].
 
 pub mod documents;
+mod labels;
 mod response;
+mod thread_events;
+
+pub use labels::{LabelTypeState, StateLabels};
+pub use thread_events::{EventPosted, ThreadEvent};
 
 use std::time::Duration;
 
@@ -71,6 +76,7 @@ pub struct HelpdeskConnector {
     key: Credential,
     routing: EscalationRouting,
     retry: RateLimitRetry,
+    state_labels: StateLabels,
 }
 
 impl std::fmt::Debug for HelpdeskConnector {
@@ -80,6 +86,7 @@ impl std::fmt::Debug for HelpdeskConnector {
             .field("key", &self.key)
             .field("routing", &self.routing)
             .field("retry", &self.retry)
+            .field("state_labels", &self.state_labels)
             .finish()
     }
 }
@@ -95,6 +102,7 @@ impl HelpdeskConnector {
             key: api_key,
             routing: EscalationRouting::default(),
             retry: RateLimitRetry::default(),
+            state_labels: StateLabels::default(),
         })
     }
 

@@ -1,0 +1,105 @@
+//! The thread event outbox: a held call's trail (`executions::trail`) reaches Plain at
+//! least once, even if Plain is down when the call changes, and shows once: each event
+//! has an external id Plain takes once, and Plain's refusal of one it already has
+//! counts as sent. So unlike a note, an event needs no marker search after a crash: it
+//! is simply sent again.
+//!
+//! Events go out in rounds, fairly across threads, as notes do: a round takes at most
+//! [`EVENTS_PER_THREAD`] of each thread's due events, in the order they happened, and
+//! an event waits while an earlier one of its thread is put off. A round whose events
+//! cannot be read is an error for the caller to log; it is never "nothing is due".
+
+use crate::connectors::HelpdeskConnector;
+use crate::connectors::helpdesk::{EventPosted, ThreadEvent};
+use crate::executions::trail::{self, TrailEvent};
+use crate::gateway::Gate;
+use crate::store::StoreError;
+
+/// Events of one thread in one round at most.
+pub const EVENTS_PER_THREAD: i64 = 2;
+/// Events in one round at most.
+const EVENTS_PER_ROUND: i64 = 50;
+/// The longest the outbox waits between retries of one event.
+const MAX_BACKOFF_MS: i64 = 10 * 60 * 1000;
+
+/// Sends every due event, round by round, until none is due; returns how many reached
+/// Plain (or were already there).
+pub async fn drain(gate: &Gate) -> Result<usize, StoreError> {
+    let Some(helpdesk) = gate.connectors.helpdesk.clone() else {
+        return Ok(0);
+    };
+    let mut sent = 0;
+    loop {
+        let now = gate.now();
+        let due = gate
+            .db
+            .read(move |c| trail::due(c, now, EVENTS_PER_THREAD, EVENTS_PER_ROUND))
+            .await?;
+        if due.is_empty() {
+            return Ok(sent);
+        }
+        let (reached, settled) = send_round(gate, &helpdesk, due).await;
+        sent += reached;
+        if settled == 0 {
+            // Not one event was recorded as sent or put off: the database refuses
+            // writes. The next wake-up tries again rather than spinning here.
+            return Ok(sent);
+        }
+    }
+}
+
+/// Sends one round; `(reached Plain, recorded)`.
+async fn send_round(
+    gate: &Gate,
+    helpdesk: &HelpdeskConnector,
+    due: Vec<TrailEvent>,
+) -> (usize, usize) {
+    let (mut reached, mut settled) = (0, 0);
+    for event in due {
+        let id = event.external_id.clone();
+        let written = match send(helpdesk, &event).await {
+            Ok(posted) => {
+                if posted == EventPosted::AlreadyThere {
+                    tracing::info!(event = %id, "plain already had this thread event");
+                }
+                reached += 1;
+                let now = gate.now();
+                gate.db.write(move |c| trail::sent(c, &id, now)).await
+            }
+            Err(error) => {
+                let backoff = (2_000i64 << event.attempts.clamp(0, 16)).min(MAX_BACKOFF_MS);
+                let next = gate.now() + backoff;
+                let error = gate.current_redactor().redact(&error).into_owned();
+                tracing::warn!(event = %id, error = %error, "cannot post the thread event yet; will retry");
+                gate.db
+                    .write(move |c| trail::failed(c, &id, &error, next))
+                    .await
+            }
+        };
+        match written {
+            Ok(()) => settled += 1,
+            Err(e) => {
+                tracing::error!(event = %event.external_id, error = %e, "cannot record a thread event attempt; it is sent again, and plain takes it once");
+            }
+        }
+    }
+    (reached, settled)
+}
+
+async fn send(helpdesk: &HelpdeskConnector, event: &TrailEvent) -> Result<EventPosted, String> {
+    let link = event
+        .link
+        .as_ref()
+        .map(|(url, label)| (url.as_str(), label.as_str()));
+    let sent = ThreadEvent {
+        thread_id: &event.thread_id,
+        external_id: &event.external_id,
+        title: &event.title,
+        body: &event.body,
+        link,
+    };
+    helpdesk
+        .create_thread_event(&sent)
+        .await
+        .map_err(|e| e.to_string())
+}

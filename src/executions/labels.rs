@@ -1,0 +1,138 @@
+//! The state labels a thread should carry in Plain (`[plain] labels`), kept in step
+//! with its session: agent working while the session runs, waiting for approval while
+//! it has a held call, handed to a person once it stopped on its own. Each change marks
+//! the thread for a sync (a version past the synced one) in the transaction that makes
+//! it; the outbox (`approvals::label_outbox`) makes Plain match. What is stored is the
+//! wanted state, not the steps to it, so a sync repeated after a crash does no harm.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::store::cached_execute;
+
+/// What a thread should show.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WantedLabels {
+    pub waiting_for_approval: bool,
+    pub agent_working: bool,
+    pub handed_to_person: bool,
+}
+
+/// A thread whose labels wait for a sync.
+#[derive(Debug, Clone)]
+pub struct LabelSync {
+    pub thread_id: String,
+    pub wanted: WantedLabels,
+    /// The version this sync brings Plain to.
+    pub version: i64,
+    pub attempts: i64,
+}
+
+/// Marks `thread` for a sync (a held call was held, decided or expired).
+pub fn touch(conn: &Connection, thread_id: &str, now_ms: i64) -> rusqlite::Result<()> {
+    cached_execute(
+        conn,
+        "INSERT INTO thread_label_state (thread_id, next_attempt_ms) VALUES (?1, ?2) \
+         ON CONFLICT (thread_id) DO UPDATE SET version = version + 1, attempts = 0, \
+         next_attempt_ms = ?2",
+        params![thread_id, now_ms],
+    )?;
+    Ok(())
+}
+
+/// Records whether the thread's session runs. A session that runs again is the
+/// agent's again: the thread is no longer shown as handed to a person.
+pub fn set_working(
+    conn: &Connection,
+    thread_id: &str,
+    working: bool,
+    now_ms: i64,
+) -> rusqlite::Result<()> {
+    touch(conn, thread_id, now_ms)?;
+    cached_execute(
+        conn,
+        "UPDATE thread_label_state SET agent_working = ?2, \
+         handed_to_person = CASE WHEN ?2 THEN 0 ELSE handed_to_person END WHERE thread_id = ?1",
+        params![thread_id, working],
+    )?;
+    Ok(())
+}
+
+/// Records that the thread's session stopped on its own: a person takes over.
+pub fn set_handed_to_person(
+    conn: &Connection,
+    thread_id: &str,
+    now_ms: i64,
+) -> rusqlite::Result<()> {
+    touch(conn, thread_id, now_ms)?;
+    cached_execute(
+        conn,
+        "UPDATE thread_label_state SET handed_to_person = 1, agent_working = 0 \
+         WHERE thread_id = ?1",
+        [thread_id],
+    )?;
+    Ok(())
+}
+
+/// Threads whose labels wait for a sync and are due, `limit` at most.
+pub fn due(conn: &Connection, now_ms: i64, limit: i64) -> rusqlite::Result<Vec<LabelSync>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT s.thread_id, s.agent_working, s.handed_to_person, s.version, s.attempts, \
+           EXISTS (SELECT 1 FROM executions e WHERE e.thread_id = s.thread_id \
+                   AND e.status = 'held') \
+         FROM thread_label_state s \
+         WHERE s.version > s.synced_version AND s.next_attempt_ms <= ?1 \
+         ORDER BY s.next_attempt_ms, s.thread_id LIMIT ?2",
+    )?;
+    let rows = stmt.query_map(params![now_ms, limit], |r| {
+        let handed: bool = r.get(2)?;
+        Ok(LabelSync {
+            thread_id: r.get(0)?,
+            wanted: WantedLabels {
+                agent_working: r.get::<_, bool>(1)? && !handed,
+                handed_to_person: handed,
+                waiting_for_approval: r.get(5)?,
+            },
+            version: r.get(3)?,
+            attempts: r.get(4)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Records that Plain carries the labels of `version` (a later change stays due).
+pub fn synced(conn: &Connection, thread_id: &str, version: i64) -> rusqlite::Result<()> {
+    cached_execute(
+        conn,
+        "UPDATE thread_label_state SET synced_version = max(synced_version, ?2), \
+         last_error = NULL WHERE thread_id = ?1",
+        params![thread_id, version],
+    )?;
+    Ok(())
+}
+
+/// Records a failed sync and when to try again.
+pub fn sync_failed(
+    conn: &Connection,
+    thread_id: &str,
+    error: &str,
+    next_attempt_ms: i64,
+) -> rusqlite::Result<()> {
+    cached_execute(
+        conn,
+        "UPDATE thread_label_state SET last_error = ?2, next_attempt_ms = ?3, \
+         attempts = attempts + 1 WHERE thread_id = ?1",
+        params![thread_id, error, next_attempt_ms],
+    )?;
+    Ok(())
+}
+
+/// The last sync error of `thread`, if any (for operators and tests).
+pub fn last_error(conn: &Connection, thread_id: &str) -> rusqlite::Result<Option<String>> {
+    conn.query_row(
+        "SELECT last_error FROM thread_label_state WHERE thread_id = ?1",
+        [thread_id],
+        |r| r.get(0),
+    )
+    .optional()
+    .map(Option::flatten)
+}

@@ -1,0 +1,85 @@
+//! The session sockets as the supervisor sees them ([`SessionApi`]), with the thread's
+//! "agent working" state label kept in step: a session's socket opens when its session
+//! runs and closes when it stops, so that is where the label's wanted state is written
+//! (`executions::labels`); the outbox makes Plain match.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use super::Gate;
+use crate::executions::labels;
+use crate::session::{SessionApi, SessionScope};
+
+/// Wraps the sockets' [`SessionApi`], recording whether each thread's session runs.
+pub struct LabelledSessions {
+    inner: Arc<dyn SessionApi>,
+    gate: Arc<Gate>,
+    /// The thread of each open session.
+    threads: Mutex<HashMap<String, String>>,
+}
+
+impl LabelledSessions {
+    pub fn new(inner: Arc<dyn SessionApi>, gate: Arc<Gate>) -> LabelledSessions {
+        LabelledSessions {
+            inner,
+            gate,
+            threads: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether any state label is configured (else nothing is recorded).
+    fn labels_configured(&self) -> bool {
+        self.gate
+            .connectors
+            .helpdesk
+            .as_ref()
+            .is_some_and(|h| !h.state_labels().configured().is_empty())
+    }
+
+    async fn record(&self, thread_id: String, working: bool) {
+        let now = self.gate.now();
+        let thread = thread_id.clone();
+        let written = self
+            .gate
+            .db
+            .write(move |c| labels::set_working(c, &thread, working, now))
+            .await;
+        match written {
+            Ok(()) => self.gate.outbox.notify_one(),
+            Err(e) => {
+                tracing::error!(thread = %thread_id, error = %e, "cannot record the thread's agent-working label");
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[async_trait::async_trait]
+impl SessionApi for LabelledSessions {
+    async fn open(&self, scope: SessionScope, socket_dir: PathBuf) -> anyhow::Result<()> {
+        let thread_id = scope.thread_id.clone();
+        let session_id = scope.session_id.clone();
+        self.inner.open(scope, socket_dir).await?;
+        let first = lock(&self.threads)
+            .insert(session_id, thread_id.clone())
+            .is_none();
+        if first && self.labels_configured() {
+            self.record(thread_id, true).await;
+        }
+        Ok(())
+    }
+
+    async fn close(&self, session_id: &str) {
+        self.inner.close(session_id).await;
+        let thread_id = lock(&self.threads).remove(session_id);
+        if let Some(thread_id) = thread_id
+            && self.labels_configured()
+        {
+            self.record(thread_id, false).await;
+        }
+    }
+}
