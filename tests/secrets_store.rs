@@ -495,3 +495,33 @@ fn a_key_parses_with_or_without_padding_and_whitespace() {
         .expect("get");
     assert_eq!(got.expose_secret(), STRIPE_KEY);
 }
+
+/// The generation counter that tells every cache of the secrets (the redactor among
+/// them) to refresh is never read as 0 when it is not a number: that would be a counter
+/// that never moves. The error names the failure; the next write makes it a number again.
+#[tokio::test]
+async fn a_generation_that_is_not_a_number_is_an_error_not_zero() {
+    let f = fixture();
+    f.store
+        .set("stripe_key", STRIPE_KEY.into())
+        .await
+        .expect("set");
+    assert_eq!(f.store.generation().await.expect("generation"), 1);
+    f.db.write(|c| {
+        c.execute(
+            "UPDATE meta SET value = 'garbage' WHERE key = 'secrets_generation'",
+            [],
+        )
+    })
+    .await
+    .expect("corrupt");
+    assert!(
+        f.store.generation().await.is_err(),
+        "garbage read as a number"
+    );
+    f.store
+        .set("stripe_key", PLAIN_KEY.into())
+        .await
+        .expect("set again");
+    assert!(f.store.generation().await.expect("generation") >= 1);
+}

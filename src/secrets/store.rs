@@ -376,10 +376,16 @@ fn bump_generation(c: &Connection) -> rusqlite::Result<()> {
     crate::store::meta::increment(c, GENERATION_KEY)
 }
 
-/// The generation counter (0 before the first write).
+/// The generation counter (0 before the first write). A value that is not a number is
+/// an error, never 0: caches of the secrets (the redactor among them) refresh only when
+/// the counter moves, and a counter read as 0 would never move.
 fn read_generation(c: &Connection) -> rusqlite::Result<u64> {
-    let value = crate::store::meta::get(c, GENERATION_KEY)?;
-    Ok(value.and_then(|v| v.parse().ok()).unwrap_or(0))
+    let Some(value) = crate::store::meta::get(c, GENERATION_KEY)? else {
+        return Ok(0);
+    };
+    value.parse().map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+    })
 }
 
 fn delete_job(
