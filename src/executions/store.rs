@@ -69,6 +69,48 @@ pub struct Execution {
     pub finished_at_ms: Option<i64>,
 }
 
+impl Execution {
+    /// A row threadgate writes for itself in a session's name (a stop note, the note of a
+    /// published pull request): bound to no request, decided and finished at `now_ms`
+    /// with `verdict` and `status`.
+    pub fn by_threadgate(
+        id: &str,
+        scope: &crate::session::SessionScope,
+        tool: &str,
+        args: String,
+        (verdict, status): (&str, Status),
+        because: &str,
+        now_ms: i64,
+    ) -> Execution {
+        Execution {
+            id: id.to_owned(),
+            session_id: scope.session_id.clone(),
+            thread_id: scope.thread_id.clone(),
+            agent: scope.agent.clone(),
+            tool: tool.to_owned(),
+            args,
+            account: String::new(),
+            binding_hash: String::new(),
+            diagnosis: None,
+            verdict: verdict.to_owned(),
+            because: because.to_owned(),
+            rule_line: None,
+            policy_hash: String::new(),
+            status,
+            summary: None,
+            expires_at_ms: None,
+            reviewer: None,
+            decision_message: None,
+            decided_at_ms: Some(now_ms),
+            result: None,
+            error: None,
+            attempts: 0,
+            created_at_ms: now_ms,
+            finished_at_ms: Some(now_ms),
+        }
+    }
+}
+
 const COLUMNS: &str = "id, session_id, thread_id, agent, tool, args, account, binding_hash, \
     diagnosis, verdict, because, rule_line, policy_hash, status, summary, expires_at_ms, \
     reviewer, decision_message, decided_at_ms, result, error, attempts, created_at_ms, \

@@ -72,32 +72,15 @@ fn pull_execution(
     now_ms: i64,
 ) -> Execution {
     let args = json!({"repo": repo, "number": pull.number, "url": pull.html_url});
-    Execution {
-        id: id.to_owned(),
-        session_id: scope.session_id.clone(),
-        thread_id: scope.thread_id.clone(),
-        agent: scope.agent.clone(),
-        tool: PULL_REQUEST_TOOL.into(),
-        args: crate::executions::canonical_args(&args),
-        account: String::new(),
-        binding_hash: String::new(),
-        diagnosis: None,
-        verdict: "run".into(),
-        because: "threadgate published the session's pull request".into(),
-        rule_line: None,
-        policy_hash: String::new(),
-        status: Status::Succeeded,
-        summary: None,
-        expires_at_ms: None,
-        reviewer: None,
-        decision_message: None,
-        decided_at_ms: Some(now_ms),
-        result: None,
-        error: None,
-        attempts: 0,
-        created_at_ms: now_ms,
-        finished_at_ms: Some(now_ms),
-    }
+    Execution::by_threadgate(
+        id,
+        scope,
+        PULL_REQUEST_TOOL,
+        crate::executions::canonical_args(&args),
+        ("run", Status::Succeeded),
+        "threadgate published the session's pull request",
+        now_ms,
+    )
 }
 
 /// The publisher's [`PullNotes`], writing through the gate's database and waking the

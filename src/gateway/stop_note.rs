@@ -118,32 +118,15 @@ fn blocked_execution(
     because: &str,
     now_ms: i64,
 ) -> Execution {
-    Execution {
-        id: id.to_owned(),
-        session_id: scope.session_id.clone(),
-        thread_id: scope.thread_id.clone(),
-        agent: scope.agent.clone(),
-        tool: note.tool.into(),
-        args: "{}".into(),
-        account: String::new(),
-        binding_hash: String::new(),
-        diagnosis: None,
-        verdict: "block".into(),
-        because: because.to_owned(),
-        rule_line: None,
-        policy_hash: String::new(),
-        status: Status::Blocked,
-        summary: None,
-        expires_at_ms: None,
-        reviewer: None,
-        decision_message: None,
-        decided_at_ms: Some(now_ms),
-        result: None,
-        error: None,
-        attempts: 0,
-        created_at_ms: now_ms,
-        finished_at_ms: Some(now_ms),
-    }
+    Execution::by_threadgate(
+        id,
+        scope,
+        note.tool,
+        "{}".into(),
+        ("block", Status::Blocked),
+        because,
+        now_ms,
+    )
 }
 
 fn human_bytes(bytes: u64) -> String {
