@@ -14,7 +14,6 @@ pub mod label_outbox;
 pub mod narrow;
 pub mod outbox;
 pub mod reviewers;
-pub mod stop_note;
 pub mod throttle;
 pub mod trail_outbox;
 

@@ -6,7 +6,7 @@
 //! unchanged, and the audit chain shows why the session stopped.
 //!
 //! It lives in the gateway because the gateway itself stops a session that floods
-//! people with holds; `approvals::stop_note` re-exports it for the model proxy.
+//! people with holds; the model proxy and the supervisor use it from here.
 
 use std::sync::Arc;
 

@@ -1,12 +1,12 @@
 //! The internal notes queued when the model proxy stops a session on its own: its model
 //! budget is spent, or a stored secret's value reached its prompt. Either way the
 //! session may not call the model again and a person takes over (the note is written
-//! by `approvals::stop_note`, like every note of a session that stopped on its own).
+//! by `gateway::stop_note`, like every note of a session that stopped on its own).
 
 use rusqlite::Connection;
 
 use super::store as model_store;
-use crate::approvals::stop_note::{self, StopNote};
+use crate::gateway::stop_note::{self, StopNote};
 use crate::secrets::Redactor;
 use crate::session::SessionScope;
 

@@ -26,7 +26,7 @@ use super::queue::{Calls, Place};
 use super::store as model_store;
 use super::upstream::{Answered, Upstream, UpstreamError};
 use super::{budget_note, openai, scan};
-use crate::approvals::stop_note::StopNote;
+use crate::gateway::stop_note::StopNote;
 use crate::audit::{self, AuditEvent, AuditRecord};
 use crate::gateway::Gate;
 use crate::session::{AgentDefinition, SessionScope};
