@@ -26,9 +26,9 @@ use super::queue::{Calls, Place};
 use super::store as model_store;
 use super::upstream::{Answered, Upstream, UpstreamError};
 use super::{budget_note, openai, scan};
-use crate::gateway::stop_note::StopNote;
 use crate::audit::{self, AuditEvent, AuditRecord};
 use crate::gateway::Gate;
+use crate::gateway::stop_note::StopNote;
 use crate::session::{AgentDefinition, SessionScope};
 
 /// Why a model call was refused or failed; each maps to a status and error code of
