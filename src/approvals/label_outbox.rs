@@ -12,8 +12,6 @@ use crate::store::StoreError;
 
 /// Threads synced in one round at most.
 const SYNCS_PER_ROUND: i64 = 50;
-/// The longest the outbox waits between retries of one thread's labels.
-const MAX_BACKOFF_MS: i64 = 10 * 60 * 1000;
 
 /// Syncs every due thread's labels once; returns how many threads Plain now matches.
 pub async fn drain(gate: &Gate) -> Result<usize, StoreError> {
@@ -65,8 +63,7 @@ async fn sync_one(gate: &Gate, helpdesk: &HelpdeskConnector, sync: &LabelSync) -
                 .await
         }
         Err(error) => {
-            let backoff = (2_000i64 << sync.attempts.clamp(0, 16)).min(MAX_BACKOFF_MS);
-            let next = gate.now() + backoff;
+            let next = super::outbox::retry_at(gate.now(), sync.attempts);
             let error = gate
                 .current_redactor()
                 .redact(&error.to_string())

@@ -19,8 +19,6 @@ use crate::store::StoreError;
 pub const EVENTS_PER_THREAD: i64 = 2;
 /// Events in one round at most.
 const EVENTS_PER_ROUND: i64 = 50;
-/// The longest the outbox waits between retries of one event.
-const MAX_BACKOFF_MS: i64 = 10 * 60 * 1000;
 
 /// Sends every due event, round by round, until none is due; returns how many reached
 /// Plain (or were already there).
@@ -67,8 +65,7 @@ async fn send_round(
                 gate.db.write(move |c| trail::sent(c, &id, now)).await
             }
             Err(error) => {
-                let backoff = (2_000i64 << event.attempts.clamp(0, 16)).min(MAX_BACKOFF_MS);
-                let next = gate.now() + backoff;
+                let next = super::outbox::retry_at(gate.now(), event.attempts);
                 let error = gate.current_redactor().redact(&error).into_owned();
                 tracing::warn!(event = %id, error = %error, "cannot post the thread event yet; will retry");
                 gate.db
