@@ -17,7 +17,7 @@ use crate::audit::AuditEvent;
 use crate::executions::binding_hash;
 use crate::executions::store::{self, Status};
 use crate::executions::{self, AuditStep, trail};
-use crate::gateway::{LoadedPolicy, SqlHistory};
+use crate::gateway::{HELD_BY, LoadedPolicy, SqlHistory};
 use crate::money::money_arg;
 use crate::policy::{Catalog, Verdict};
 use crate::secrets::Redactor;
@@ -320,8 +320,8 @@ fn narrowed_summary(
     let held_because = held
         .summary
         .as_deref()
-        .and_then(|s| s.rsplit_once("; held: "))
-        .map(|(_, rule)| format!("; held: {rule}"))
+        .and_then(|s| s.rsplit_once(HELD_BY))
+        .map(|(_, rule)| format!("{HELD_BY}{rule}"))
         .unwrap_or_default();
     if was.is_empty() {
         return format!("{phrase}{held_because}");

@@ -31,4 +31,4 @@ pub use refusal::Refusal;
 pub use sandbox_api::SandboxApi;
 pub use serve::{ConnLimits, raise_open_file_limit};
 pub use socket::{SOCKET_NAME, SandboxRouter, SocketHost};
-pub(crate) use summary::phrase as call_phrase;
+pub(crate) use summary::{HELD_BY, phrase as call_phrase};

@@ -14,9 +14,12 @@ const MAX_QUOTE: usize = 80;
 /// The longest compact arguments of the fallback, in characters.
 const MAX_ARGS: usize = 200;
 
+/// What separates a held call's phrase from the rule that held it in its summary.
+pub(crate) const HELD_BY: &str = "; held: ";
+
 /// "Refund 10.00 USD on ch_1 (duplicate); held: refund (policy.yaml:33)".
 pub(super) fn held_summary(tool: &str, redacted_args: &Value, rule_text: &str) -> String {
-    format!("{}; held: {rule_text}", phrase(tool, redacted_args))
+    format!("{}{HELD_BY}{rule_text}", phrase(tool, redacted_args))
 }
 
 /// The call in words, or `tool {compact args}` for a tool without a phrase.
