@@ -279,6 +279,17 @@ impl ModelProxy {
         Ok(wire)
     }
 
+    /// Appends one audit row of the proxy, redacted.
+    async fn append_audit(&self, record: AuditRecord) -> Result<(), ProxyError> {
+        let redactor = self.gate.current_redactor();
+        self.gate
+            .db
+            .write(move |c| audit::append(c, &record, &redactor))
+            .await
+            .map(|_| ())
+            .map_err(internal)
+    }
+
     /// The audit row of a model call refused before it went upstream.
     async fn refused(
         &self,
@@ -291,13 +302,7 @@ impl ModelProxy {
             outcome: Some(code.to_owned()),
             ..model_record(scope, AuditEvent::Refused)
         };
-        let redactor = self.gate.current_redactor();
-        self.gate
-            .db
-            .write(move |c| audit::append(c, &record, &redactor))
-            .await
-            .map(|_| ())
-            .map_err(internal)
+        self.append_audit(record).await
     }
 
     /// The audit row of a transcript refused for holding the value of the stored
@@ -313,13 +318,7 @@ impl ModelProxy {
             outcome: Some("secret_in_transcript".into()),
             ..model_record(scope, AuditEvent::Refused)
         };
-        let redactor = self.gate.current_redactor();
-        self.gate
-            .db
-            .write(move |c| audit::append(c, &record, &redactor))
-            .await
-            .map(|_| ())
-            .map_err(internal)
+        self.append_audit(record).await
     }
 
     async fn spent(&self, scope: &SessionScope) -> Result<model_store::Spent, ProxyError> {
