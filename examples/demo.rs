@@ -14,7 +14,7 @@
 // Demo code, run by hand: an unwrap or expect that fails stops it with its message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 pub mod support;
 
 use std::time::{Duration, Instant};
