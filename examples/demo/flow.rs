@@ -152,7 +152,10 @@ pub fn main_with_args(args: Vec<String>) -> i32 {
     runtime.block_on(async {
         match mode {
             Mode::Help => println!("{USAGE}"),
-            Mode::FirstCall(count) => crate::first_call::figure(count).await,
+            Mode::FirstCall(count) => {
+                let mut stop = interrupts();
+                unless_interrupted(&mut stop, crate::first_call::figure(count)).await;
+            }
             Mode::Demo { wait } => demo(wait).await,
         }
     });
@@ -229,6 +232,10 @@ async fn demo(wait: bool) {
         }
         if wait {
             crate::review::stay_up(&w, &app, &threads, &mut stop).await;
+        } else {
+            println!(
+                "(without --no-wait, threadgate and its review page stay up: a reviewer approves the held refund and watches it run.)"
+            );
         }
     }
     app.stop().await;
@@ -396,9 +403,19 @@ impl Cleanup {
     }
 
     /// Drops the world (its containers, temporary directories and localstripe go with
-    /// it) and says so.
+    /// it) and says what is gone, or what is left.
     fn report(self, w: AgentWorld) {
         drop(w);
+        let left = crate::support::docker::containers_of(&self.instance).len();
+        if left > 0 || self.dir.exists() {
+            println!(
+                "cleanup incomplete: {left} container(s) labelled threadgate.instance={} left; {} {}",
+                self.instance,
+                self.dir.display(),
+                if self.dir.exists() { "left" } else { "removed" }
+            );
+            return;
+        }
         println!(
             "cleaned up: containers labelled threadgate.instance={} removed, {} removed, localstripe ({}) stopped",
             self.instance,

@@ -63,6 +63,13 @@ impl DemoProcess {
             match self.lines.recv_timeout(left) {
                 Ok(line) => {
                     self.seen.push(line.clone());
+                    // What the demo prints when a thread goes wrong: fail now, not at
+                    // the deadline.
+                    assert!(
+                        !line.contains("did not settle") && !line.starts_with("(no held refund"),
+                        "the demo printed {line:?}:\n{}",
+                        self.seen.join("\n")
+                    );
                     if let Some(rest) = line.strip_prefix(prefix) {
                         return rest.trim().to_owned();
                     }
