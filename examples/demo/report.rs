@@ -1,6 +1,6 @@
 //! The demo's summary of one thread: the gated calls with what became of them, the
 //! replies, every internal note whole as the Plain fake received it (a held call's note
-//! carries the agent's whole diagnosis), the branch's commits as git has them (hash,
+//! carries the agent's whole diagnosis), the thread events of the held call's trail, the branch's commits as git has them (hash,
 //! subject, files) and the draft pull request the GitHub fake received (title, body).
 
 use serde_json::Value;
@@ -79,6 +79,19 @@ pub async fn thread(w: &AgentWorld, app: &TestApp, t: &Opened) {
             }
             Entry::CustomerMessage { .. } => {}
         }
+    }
+    for event in plain.events() {
+        let buttons: Vec<String> = event
+            .link_buttons()
+            .into_iter()
+            .map(|(url, label)| format!("[{label}]({url})"))
+            .collect();
+        println!(
+            "   thread event: {} {} {}",
+            event.title,
+            event.text().replace('\n', " / "),
+            buttons.join(" ")
+        );
     }
     commits(w, thread);
     pull_request(w, thread);

@@ -83,7 +83,8 @@ async fn held_refund(app: &TestApp, threads: &[Opened]) -> Option<(String, Call)
 /// Prints each state the held call moves to, until it is final, then the agent's
 /// next reply on the thread.
 async fn watch_refund(w: &AgentWorld, app: &TestApp, thread: &str, id: &str) {
-    let replies_before = w.world.plain.thread(thread).replies().len();
+    let before = w.world.plain.thread(thread);
+    let (replies_before, events_before) = (before.replies().len(), before.events().len());
     let mut last = "held".to_owned();
     let call = loop {
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -106,6 +107,20 @@ async fn watch_refund(w: &AgentWorld, app: &TestApp, thread: &str, id: &str) {
         let replies = w.world.plain.thread(thread).replies();
         if let Some((text, _)) = replies.get(replies_before) {
             println!("reply to the customer (written by the scripted model): {text:?}");
+            for event in w
+                .world
+                .plain
+                .thread(thread)
+                .events()
+                .iter()
+                .skip(events_before)
+            {
+                println!(
+                    "thread event on Plain: {}: {}",
+                    event.title,
+                    event.text().replace('\n', " / ")
+                );
+            }
             return;
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
