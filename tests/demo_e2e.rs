@@ -227,7 +227,7 @@ fn quoted(section: &str) -> Vec<&str> {
 
 impl Transcript {
     /// Nothing the demo made is left: its containers, its temporary directory, its
-    /// localstripe.
+    /// sessions' secrets directory, its localstripe.
     fn assert_cleaned_up(&self) {
         let line = self
             .lines()
@@ -252,6 +252,11 @@ impl Transcript {
             .unwrap()
             .to_owned();
         assert!(!std::path::Path::new(&state).exists(), "{state} is left");
+        let secrets = format!("/dev/shm/threadgate-{instance}");
+        assert!(
+            !std::path::Path::new(&secrets).exists(),
+            "{secrets} is left"
+        );
         let stripe = line.split("localstripe (").nth(1).unwrap();
         let stripe = stripe
             .split(')')
