@@ -126,7 +126,13 @@ fn the_demo_without_waiting_shows_every_thread_its_notes_commits_and_pull_reques
         assert!(note.contains(words), "{words:?} in the note:\n{note}");
     }
 
-    // The injection's refund of $5,000 is blocked by the demo's rule, and never ran.
+    // The injection's refund of $5,000 is blocked by the demo's rule, which the demo
+    // names, and never ran.
+    assert!(
+        out.text().contains("one rule added for the demo"),
+        "{}",
+        out.text()
+    );
     let injection = out.section("prompt injection").unwrap();
     assert!(
         injection

@@ -206,9 +206,9 @@ pub async fn unless_interrupted<T>(
 async fn demo(wait: bool) {
     let mut stop = interrupts();
     println!("threadgate demo: embedded state, local Docker, localstripe, the Plain and GitHub");
-    println!(
-        "fakes, and the model `{MODEL_LABEL}`: every answer of the agent below is scripted.\n"
-    );
+    println!("fakes, and the model `{MODEL_LABEL}`: every answer of the agent below is scripted.");
+    println!("The policy is policies/support.yaml with one rule added for the demo: a refund over");
+    println!("1,000.00 USD is blocked.\n");
     let Some(w) = unless_interrupted(&mut stop, world()).await else {
         return;
     };
