@@ -1,7 +1,9 @@
 //! threadgate's integration tests, one binary: each module below was a test binary of
 //! its own. One binary links the library and the shared `support` harness once.
-//! Two stay apart: `webhook_logging` (it asserts on the process-wide log subscriber's
-//! whole output) and `otlp_export` (built with `--features otlp`).
+//! Three stay apart: `webhook_logging` (it asserts on the process-wide log subscriber's
+//! whole output), `otlp_export` (built with `--features otlp`) and `demo_e2e` (it mounts
+//! the demo example's modules, written for a crate root of their own, and starts itself
+//! again as the demo's process).
 
 // Test code: an unwrap or expect that fails is a failed test, with its message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
