@@ -8,7 +8,8 @@
 //! default is text takes the variable's text as it is; any other takes a TOML value
 //! (`5`, `true`, `["a", "b"]`); an optional key is left unset by an empty value. A few
 //! older short names ([`ALIASES`]) stay. A variable with `__` that names no key is an
-//! error; one without is left alone (other tools share the prefix, such as
+//! error, and so is a table's key written with one `_` (`THREADGATE_SESSIONS_MAX_LIVE`);
+//! any other is left alone (other tools share the prefix, such as
 //! `THREADGATE_LOG_FORMAT`). The two secrets are not keys: they are read apart from
 //! the layering ([`MASTER_KEY_VAR`], [`SIGNING_SECRET_VAR`]) so no error can show them.
 
@@ -28,7 +29,8 @@ pub(super) const MASTER_KEY_VAR: &str = "THREADGATE_MASTER_KEY";
 /// Plain's webhook signing secret, never a key of the file.
 pub(super) const SIGNING_SECRET_VAR: &str = "THREADGATE_PLAIN_SIGNING_SECRET";
 
-/// Older short names that set a key beside the rule's name (setting both is an error).
+/// Older short names that set a key beside the rule's name (setting both to different
+/// values is an error).
 pub(super) const ALIASES: &[(&str, &str)] = &[
     ("THREADGATE_POLICY", "policy_file"),
     ("THREADGATE_REPO", "repo.path"),
@@ -46,7 +48,7 @@ const OFF_MEANS_UNSET: &str = "telemetry.metrics_listen";
 /// (`sessions.max_live`), sorted.
 pub(super) fn schema() -> Result<BTreeMap<String, Value>, ConfigError> {
     let defaults = Value::serialize(Settings::default()).map_err(|e| ConfigError::Value {
-        key: String::new(),
+        key: "settings".into(),
         origin: Origin::Defaults,
         message: e.to_string(),
     })?;
@@ -75,7 +77,6 @@ fn collect_leaves(prefix: &str, dict: Dict, into: &mut BTreeMap<String, Value>) 
 
 /// The variable the rule gives `key` (`sessions.max_live` →
 /// `THREADGATE_SESSIONS__MAX_LIVE`).
-#[cfg(test)]
 pub(super) fn variable_of(key: &str) -> String {
     format!("{PREFIX}{}", key.replace('.', "__").to_uppercase())
 }
@@ -86,6 +87,8 @@ pub(super) struct EnvVar {
     name: String,
     key: String,
     value: Value,
+    /// The variable's text, to let an older name and the new one agree.
+    raw: String,
 }
 
 impl Provider for EnvVar {
@@ -125,6 +128,9 @@ pub(super) fn layer(
             message: "not valid UTF-8".into(),
         })?;
         if let Some(first) = by_key.get(&key) {
+            if first.raw == raw {
+                continue;
+            }
             return Err(ConfigError::Conflict {
                 key,
                 first: first.name.clone(),
@@ -143,6 +149,7 @@ pub(super) fn layer(
                 name: name.to_owned(),
                 key,
                 value,
+                raw,
             },
         );
     }
@@ -169,7 +176,16 @@ fn setting_key(
             name: name.to_owned(),
         });
     }
-    Ok(None)
+    let written_flat = schema
+        .keys()
+        .find(|k| k.contains('.') && k.replace('.', "_") == key);
+    match written_flat {
+        Some(meant) => Err(ConfigError::Misspelt {
+            name: name.to_owned(),
+            meant: variable_of(meant),
+        }),
+        None => Ok(None),
+    }
 }
 
 /// The value `raw` gives a key whose default is `default`.

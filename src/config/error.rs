@@ -41,6 +41,9 @@ pub enum ConfigError {
          THREADGATE_TABLE__KEY, e.g. THREADGATE_SESSIONS__MAX_LIVE)"
     )]
     UnknownVariable { name: String },
+    /// A table's key written with `_` where the rule has `__`.
+    #[error("environment variable {name} names no setting; did you mean {meant}?")]
+    Misspelt { name: String, meant: String },
     /// Two variables set the same key (an older name and the rule's).
     #[error("{key} is set by both {first} and {second}; set one")]
     Conflict {

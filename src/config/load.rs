@@ -47,8 +47,8 @@ impl Settings {
             let source = file.as_ref().map(|f| (f.path.as_path(), f.text.as_str()));
             ConfigError::from_figment(error, source)
         })?;
-        settings.master_key = secret(&vars, MASTER_KEY_VAR)?;
-        settings.plain.signing_secret = secret(&vars, SIGNING_SECRET_VAR)?;
+        settings.master_key = secret(&vars, MASTER_KEY_VAR, "master_key")?;
+        settings.plain.signing_secret = secret(&vars, SIGNING_SECRET_VAR, "plain.signing_secret")?;
         settings.read_signing_secret_file()?;
         Ok(settings)
     }
@@ -70,13 +70,17 @@ impl Settings {
     }
 }
 
-/// The secret in the variable `name`, if set.
-fn secret(vars: &[(OsString, OsString)], name: &str) -> Result<Option<SecretString>, ConfigError> {
+/// The secret `key` from the variable `name`, if set.
+fn secret(
+    vars: &[(OsString, OsString)],
+    name: &str,
+    key: &str,
+) -> Result<Option<SecretString>, ConfigError> {
     let Some((_, value)) = vars.iter().find(|(n, _)| n == name) else {
         return Ok(None);
     };
     let text = value.to_str().ok_or_else(|| ConfigError::Value {
-        key: String::new(),
+        key: key.to_owned(),
         origin: Origin::Env {
             name: name.to_owned(),
         },

@@ -4,7 +4,7 @@
 //! Every key of the file can be set from the environment: `THREADGATE_` and the key's
 //! path in capitals, sections joined by `__` (`[sessions] max_pending_holds` is
 //! `THREADGATE_SESSIONS__MAX_PENDING_HOLDS`); a few older short names stay (see
-//! [`env`]). A wrong value is one [`ConfigError`] naming the key and where it came from
+//! `env.rs`). A wrong value is one [`ConfigError`] naming the key and where it came from
 //! (`file:line` or the variable), never the value. Secret values (the Plain signing
 //! secret, the master key) are read from the environment or a file outside the layering,
 //! held in [`crate::secrets::SecretString`] and never printed.

@@ -210,7 +210,12 @@ fn every_key_of_the_file_has_a_variable() {
 }
 
 #[test]
-fn a_key_set_by_an_old_name_and_the_new_one_is_refused() {
+fn a_key_set_by_an_old_name_and_the_new_one_is_refused_unless_they_agree() {
+    let agreeing = [("THREADGATE_IMAGE", "a"), ("THREADGATE_SANDBOX_IMAGE", "a")];
+    assert_eq!(
+        load(None, &agreeing).expect("same value").sandbox.image,
+        "a"
+    );
     let text = error(
         None,
         &[
@@ -317,6 +322,12 @@ fn an_unknown_key_is_refused_with_its_name() {
             None,
             &[("THREADGATE_GITHUB__WEBHOOK_SECRET", "s")],
             "THREADGATE_GITHUB__WEBHOOK_SECRET names no setting",
+        ),
+        (
+            None,
+            &[("THREADGATE_SESSIONS_MAX_PENDING_HOLDS", "3")],
+            "THREADGATE_SESSIONS_MAX_PENDING_HOLDS names no setting; did you mean \
+             THREADGATE_SESSIONS__MAX_PENDING_HOLDS?",
         ),
     ];
     check_errors(cases);
