@@ -103,8 +103,8 @@ impl Provider for EnvVar {
 }
 
 /// The layer of the environment `vars`: one [`EnvVar`] per variable that sets a key.
-/// Refuses a variable with `__` that names no key, a key set by two variables, and a
-/// setting's variable that is not UTF-8.
+/// Refuses a variable with `__` that names no key (or a table's key with one `_`), a key
+/// set by two variables to different values, and a setting's variable that is not UTF-8.
 pub(super) fn layer(
     vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
 ) -> Result<Vec<EnvVar>, ConfigError> {
