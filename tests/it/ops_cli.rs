@@ -121,6 +121,45 @@ fn an_os_error_is_printed_once() {
     );
 }
 
+/// The binary reads the process's `THREADGATE_*` variables over the file, and a wrong
+/// value names its key and source (the variable, or the file and line), not the value.
+#[test]
+fn the_environment_overrides_the_file_and_a_wrong_value_names_its_source() {
+    let setup = Setup::new("[sessions]\nmax_live = 2\n");
+    let other = setup.data.with_extension("from-env");
+    let out = setup
+        .command(&["secrets", "list"])
+        .env("THREADGATE_DATA_DIR", &other)
+        .output()
+        .expect("run");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(other.join("master.key").exists(), "the variable's data_dir");
+    assert!(!setup.data.join("master.key").exists(), "not the file's");
+
+    let out = setup
+        .command(&["secrets", "list"])
+        .env("THREADGATE_SESSIONS__MAX_LIVE", "sk_live_wrong_key")
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("environment variable THREADGATE_SESSIONS__MAX_LIVE: sessions.max_live"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("sk_live"), "{stderr}");
+
+    let setup = Setup::new("[server]\nmax_connections = \"sk_live_in_file\"\n");
+    let out = setup.run(&["secrets", "list"], "");
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("threadgate.toml:3: server.max_connections: expected usize"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("sk_live"), "{stderr}");
+}
+
 fn append(db: &Db, n: usize) {
     db.write_blocking(move |c| {
         for i in 0..n {
