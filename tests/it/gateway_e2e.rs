@@ -5,9 +5,6 @@
 //!
 //! Needs `.venv-peers`: run `scripts/localstripe.sh setup` once.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 #[path = "gateway_e2e/approvals.rs"]
 mod approvals;
 #[path = "gateway_e2e/floods.rs"]

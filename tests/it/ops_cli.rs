@@ -3,9 +3,6 @@
 //! an OS error prints, `audit --verify` with its anchor, `sessions list`, and what the
 //! server's log looks like in a file.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -1,8 +1,5 @@
 //! The encrypted secret store, its grants and the master key, against a real database.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::sync::Arc;
 use threadgate::secrets::ExposeSecret as _;
 
