@@ -10,14 +10,14 @@ use crate::error::ErrorBody;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CallRequest {
-    /// The catalog name.
-    pub tool: String,
     /// The arguments (an object); `{}` when absent.
     #[serde(default = "empty_object")]
     pub args: Value,
     /// What the agent found and why it makes the call, for the person who approves it.
     #[serde(default)]
     pub diagnosis: Option<String>,
+    /// The catalog name.
+    pub tool: String,
 }
 
 fn empty_object() -> Value {

@@ -16,15 +16,15 @@ pub struct EventsPage<E = Value> {
 /// as a [`Value`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FeedEvent<E = Value> {
-    /// The event's place in the thread's feed (1, 2, …).
-    pub position: i64,
     /// Plain's id of the event.
     pub event_id: String,
+    /// When it happened, in unix milliseconds.
+    pub occurred_at_ms: i64,
+    /// The event's place in the thread's feed (1, 2, …).
+    pub position: i64,
     /// Plain's event type, e.g. `thread.email_received`.
     #[serde(rename = "type")]
     pub event_type: String,
-    /// When it happened, in unix milliseconds.
-    pub occurred_at_ms: i64,
-    /// The event as Plain sent it.
+    /// The event as Plain sent it (last, as the feed has always written it).
     pub event: E,
 }

@@ -50,14 +50,14 @@ fn events_page_and_feed_event() {
     };
     check(
         event.clone(),
-        r#"{"position":3,"event_id":"ev_1","type":"thread.email_received","occurred_at_ms":1700000000000,"event":{"payload":{"email":{"textContent":"hi"}}}}"#,
+        r#"{"event_id":"ev_1","occurred_at_ms":1700000000000,"position":3,"type":"thread.email_received","event":{"payload":{"email":{"textContent":"hi"}}}}"#,
     );
     check(
         EventsPage {
             events: vec![event],
             next: 3,
         },
-        r#"{"events":[{"position":3,"event_id":"ev_1","type":"thread.email_received","occurred_at_ms":1700000000000,"event":{"payload":{"email":{"textContent":"hi"}}}}],"next":3}"#,
+        r#"{"events":[{"event_id":"ev_1","occurred_at_ms":1700000000000,"position":3,"type":"thread.email_received","event":{"payload":{"email":{"textContent":"hi"}}}}],"next":3}"#,
     );
     check(
         EventsPage::<serde_json::Value> {
@@ -80,7 +80,7 @@ fn the_server_writes_a_stored_event_as_it_is() {
     };
     assert_eq!(
         serde_json::to_string(&event).unwrap(),
-        r#"{"position":1,"event_id":"e","type":"t","occurred_at_ms":0,"event":{"b":1,"a":2}}"#
+        r#"{"event_id":"e","occurred_at_ms":0,"position":1,"type":"t","event":{"b":1,"a":2}}"#
     );
 }
 
@@ -173,7 +173,7 @@ fn call_request() {
             args: json!({"charge": "ch_1"}),
             diagnosis: Some("a duplicate".into()),
         },
-        r#"{"tool":"stripe.create_refund","args":{"charge":"ch_1"},"diagnosis":"a duplicate"}"#,
+        r#"{"args":{"charge":"ch_1"},"diagnosis":"a duplicate","tool":"stripe.create_refund"}"#,
     );
     let bare: CallRequest = serde_json::from_str(r#"{"tool":"t"}"#).unwrap();
     assert_eq!((bare.args, bare.diagnosis), (json!({}), None));
