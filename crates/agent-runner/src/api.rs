@@ -140,3 +140,34 @@ impl Api {
         Ok(Reply { status, body })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use threadgate_api::{CallAnswer, ExecutionView};
+
+    use super::*;
+
+    #[test]
+    fn an_answer_reads_as_its_type_or_says_what_it_is_not() {
+        let refused = Reply {
+            status: 403,
+            body: json!({"status": "error", "error": "out_of_scope", "message": "m"}),
+        };
+        assert_eq!(refused.code(), "out_of_scope");
+        assert!(matches!(
+            refused.read::<CallAnswer>(),
+            Ok(CallAnswer::Error(_))
+        ));
+        let e = refused.read::<ExecutionView>().unwrap_err();
+        assert!(
+            format!("{e:#}").contains("HTTP 403: the answer is not a"),
+            "{e:#}"
+        );
+        let raw = Reply {
+            status: 502,
+            body: json!({"raw": "Bad Gateway"}),
+        };
+        assert_eq!(raw.code(), "", "not an error answer");
+        assert!(raw.read::<CallAnswer>().is_err());
+    }
+}
