@@ -1,6 +1,10 @@
 //! Every wire type: its fixed JSON sample (which pins the bytes the server sends) reads
 //! back as the same value, and the value writes as exactly that sample.
-#![allow(clippy::unwrap_used)]
+
+#![expect(
+    clippy::unwrap_used,
+    reason = "test code: an unwrap that fails is a failed test, with its message"
+)]
 
 use std::fmt::Debug;
 
