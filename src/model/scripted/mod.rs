@@ -42,6 +42,7 @@
 
 mod bug_report;
 mod scenarios;
+mod step;
 mod wire;
 
 use std::collections::HashMap;
@@ -57,7 +58,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
-pub use scenarios::{LABEL, Scenario, Step, next_step};
+pub use scenarios::{Scenario, next_step};
+pub use step::{LABEL, Step};
 
 /// The model id an agent file names to use the scripted model.
 pub const MODEL_ID: &str = "scripted-model";
