@@ -24,8 +24,7 @@ use tokio::sync::mpsc;
 
 use threadgate::store::Db;
 use threadgate::webhook::{
-    Envelope, IntakeConfig, IntakeState, SigningSecret, router, sign, system_clock,
-    verify_signature,
+    Envelope, IntakeConfig, IntakeState, SigningSecret, router, sign, verify_signature,
 };
 
 const SECRET: &[u8] = b"whsec-bench-secret";
@@ -82,7 +81,7 @@ fn start_server(db: Db) -> (SocketAddr, std::thread::JoinHandle<()>) {
     let state = IntakeState {
         db,
         config: IntakeConfig::new(SigningSecret::new(SECRET).expect("secret")),
-        clock: system_clock(),
+        clock: threadgate::clock::Clock::system(),
         notify,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()

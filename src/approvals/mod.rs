@@ -27,6 +27,7 @@ use crate::executions::{self, AuditStep, Execution, Status, store, trail};
 use crate::gateway::{CallReply, Gate, LoadedPolicy};
 use crate::policy::Verdict;
 use crate::secrets::Redactor;
+use crate::tasks::Tasks;
 
 /// What a reviewer asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -53,6 +54,8 @@ pub enum DecideError {
 #[derive(Clone)]
 pub struct Approvals {
     pub gate: Arc<Gate>,
+    /// The application's tasks: an approved call runs there, so shutdown waits for it.
+    tasks: Tasks,
     /// The bounded argon2 pool for reviewers' passwords (and legacy tokens).
     pub hasher: Arc<hasher::Hasher>,
 }
@@ -73,9 +76,10 @@ enum Recorded {
 
 impl Approvals {
     /// The service over `gate`, with a server-sized hashing pool of its own.
-    pub fn new(gate: Arc<Gate>) -> Approvals {
+    pub fn new(gate: Arc<Gate>, tasks: Tasks) -> Approvals {
         Approvals {
             gate,
+            tasks,
             hasher: Arc::new(hasher::Hasher::new(
                 hasher::GLOBAL_PERMITS,
                 hasher::GLOBAL_MAX_WAITING,
@@ -120,14 +124,21 @@ impl Approvals {
             Recorded::Decided(exec) => {
                 crate::metrics::approval(exec.status.as_str(), now - exec.created_at_ms);
                 if exec.status == Status::Approved {
-                    let me = self.clone();
-                    let id = exec.id.clone();
-                    tokio::spawn(async move { me.run_approved(&id).await });
+                    self.spawn_run(&exec.id);
                 }
                 self.after_change(&exec);
                 Ok(exec)
             }
         }
+    }
+
+    /// Runs an approved call off the reviewer's request, in the application's tasks
+    /// (shutdown waits for it; a run cut at the deadline is recovered at the next start).
+    fn spawn_run(&self, id: &str) {
+        let (me, id) = (self.clone(), id.to_owned());
+        self.tasks.spawn(async move {
+            me.run_approved(&id).await;
+        });
     }
 
     fn after_change(&self, exec: &Execution) {

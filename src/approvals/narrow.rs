@@ -121,9 +121,7 @@ impl Approvals {
             .await?;
         match outcome {
             Outcome::Approved(exec) => {
-                let me = self.clone();
-                let run_id = exec.id.clone();
-                tokio::spawn(async move { me.run_approved(&run_id).await });
+                self.spawn_run(&exec.id);
                 self.after_change(&exec);
                 Ok(Ok(*exec))
             }
