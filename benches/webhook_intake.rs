@@ -213,7 +213,7 @@ async fn send_all(
 fn stored(db: &Db, prefix: &str) -> usize {
     let pattern = format!("pEv_{prefix}%");
     let count: i64 = db
-        .read_blocking(|c| {
+        .read_inline(|c| {
             c.query_row(
                 "SELECT count(*) FROM events WHERE event_id LIKE ?1",
                 [pattern],

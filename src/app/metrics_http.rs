@@ -83,11 +83,11 @@ async fn scrape(State(s): State<MetricsState>) -> Response {
 mod tests {
     use super::*;
 
-    #[test]
-    fn stored_state_is_read_from_the_database() {
+    #[tokio::test]
+    async fn stored_state_is_read_from_the_database() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Db::open(&dir.path().join("t.db")).expect("open");
-        let stored = db.read_blocking(read_stored).expect("read");
+        let stored = db.read(read_stored).await.expect("read");
         assert_eq!(stored, Stored::default());
     }
 }

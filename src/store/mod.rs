@@ -182,16 +182,6 @@ impl Db {
         rx.await.map_err(|_| StoreError::WriterGone)?
     }
 
-    /// [`Db::write`] for callers outside an async runtime (the CLI).
-    pub fn write_blocking<R, F>(&self, f: F) -> Result<R, StoreError>
-    where
-        R: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<R> + Send + 'static,
-    {
-        let rx = self.submit(f)?;
-        rx.blocking_recv().map_err(|_| StoreError::WriterGone)?
-    }
-
     /// Runs `f` on a read connection (a consistent snapshot) on the blocking pool.
     pub async fn read<R, F>(&self, f: F) -> Result<R, StoreError>
     where
@@ -199,13 +189,16 @@ impl Db {
         F: FnOnce(&Connection) -> rusqlite::Result<R> + Send + 'static,
     {
         let db = self.clone();
-        crate::tasks::Tasks::spawn_blocking(move || db.read_blocking(f))
+        crate::tasks::Tasks::spawn_blocking(move || db.read_inline(f))
             .await
             .map_err(|_| StoreError::WriterGone)?
     }
 
-    /// [`Db::read`] for callers outside an async runtime.
-    pub fn read_blocking<R, F>(&self, f: F) -> Result<R, StoreError>
+    /// Runs `f` on a read connection on the calling thread, without the trip to the
+    /// blocking pool that [`Db::read`] takes: only for a few indexed lookups on a hot
+    /// path (the gate's read decision, the secrets' generation), where the trip costs
+    /// more than the read.
+    pub fn read_inline<R, F>(&self, f: F) -> Result<R, StoreError>
     where
         F: FnOnce(&Connection) -> rusqlite::Result<R>,
     {
