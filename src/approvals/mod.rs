@@ -22,8 +22,8 @@ use std::time::Instant;
 
 use serde::Deserialize;
 
-use crate::audit::AuditEvent;
-use crate::executions::{self, AuditStep, Execution, Status, store, trail};
+use crate::audit::{AuditEvent, AuditRecord};
+use crate::executions::{self, Execution, Status, store, trail};
 use crate::gateway::{CallReply, Gate, LoadedPolicy};
 use crate::policy::Verdict;
 use crate::secrets::Redactor;
@@ -272,7 +272,7 @@ impl Approvals {
                     conn,
                     &redactor,
                     &e,
-                    AuditStep::new(AuditEvent::OutcomeUnknown).outcome(Some(reason)),
+                    AuditRecord::new(AuditEvent::OutcomeUnknown).outcome(Some(reason)),
                 )
             })
             .await;
@@ -315,7 +315,7 @@ fn record_decision(
     };
     let message = asked.message.as_deref();
     store::record_decision(conn, &asked.id, to, &asked.reviewer, message, asked.now)?;
-    let step = AuditStep::new(event)
+    let step = AuditRecord::new(event)
         .outcome(message)
         .reviewer(&asked.reviewer);
     executions::audit(conn, redactor, &exec, step)?;
@@ -337,7 +337,7 @@ fn expire_held(
     if !store::transition(conn, &exec.id, Status::Held, Status::Expired)? {
         return Ok(false);
     }
-    executions::audit(conn, redactor, exec, AuditStep::new(AuditEvent::Expired))?;
+    executions::audit(conn, redactor, exec, AuditRecord::new(AuditEvent::Expired))?;
     let now = exec.expires_at_ms.unwrap_or(exec.created_at_ms);
     trail::enqueue(conn, &trail::expired(exec), now)?;
     Ok(true)
@@ -366,11 +366,16 @@ fn claim(
     let now_decision = loaded
         .policy
         .decide(&exec.tool, &args, catalog, &history, now);
-    let recheck = AuditStep::new(AuditEvent::Rechecked).policy_hash(&loaded.hash_hex);
+    let recheck = AuditRecord::new(AuditEvent::Rechecked).policy_hash(&loaded.hash_hex);
     if now_decision.verdict == Verdict::Block {
         let reason = format!("blocked by the current policy: {}", now_decision.because);
         store::finish(conn, id, Status::Blocked, None, Some(&reason), now)?;
-        executions::audit(conn, redactor, &exec, recheck.outcome(Some(&reason)))?;
+        executions::audit(
+            conn,
+            redactor,
+            &exec,
+            recheck.clone().outcome(Some(&reason)),
+        )?;
         trail::enqueue(conn, &trail::blocked(&exec, &reason, redactor), now)?;
         return Ok(Some((exec, false)));
     }
