@@ -433,9 +433,10 @@ fn people_router(
     Ok((router, events))
 }
 
-/// The background loops, run until shutdown: stored events to the supervisor, the
-/// note outbox, the audit anchor, recovery (then `recovery_done` turns true) and expiry
-/// of held calls, and keeping the redactor current.
+/// The background work: recovery of the calls a previous run left (then
+/// `recovery_done` turns true), and the loops run until shutdown: stored events to the
+/// supervisor, the note outbox, the audit anchor, expiry of held calls, and keeping the
+/// redactor current.
 fn background(
     settings: &Settings,
     db: &Db,
@@ -460,13 +461,18 @@ fn background(
         settings.audit_anchor_path(),
         Duration::from_secs(60),
     ));
-    tasks.spawn_until_shutdown(async move {
+    // Recovery runs calls a previous run left approved: work in flight that shutdown
+    // waits for. Expiry, after it, is a loop that stops at the signal.
+    let expiry = tasks.clone();
+    tasks.spawn(async move {
         a.recover(leftovers).await;
         let _ = recovery_done.send(true);
-        loop {
-            a.expire_due().await;
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
+        expiry.spawn_until_shutdown(async move {
+            loop {
+                a.expire_due().await;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
     });
     tasks.spawn_until_shutdown(async move {
         loop {
