@@ -97,11 +97,6 @@ impl Tasks {
         self.stopping.clone().cancelled_owned()
     }
 
-    /// Whether shutdown has begun.
-    pub fn is_stopping(&self) -> bool {
-        self.stopping.is_cancelled()
-    }
-
     /// How many tasks are running.
     pub fn len(&self) -> usize {
         self.tracker.len()

@@ -308,3 +308,49 @@ async fn read_bounded(mut r: reqwest::Response, max: usize) -> Result<Vec<u8>, S
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use backon::BackoffBuilder as _;
+
+    fn upstream(base: Duration, max_retry_wait: Duration) -> Upstream {
+        let settings = ModelSettings {
+            retry_base: base,
+            max_retry_wait,
+            ..ModelSettings::default()
+        };
+        Upstream::new(settings, Credential::new("k")).unwrap()
+    }
+
+    /// The waits before each retry when the upstream asks for none.
+    fn waits(up: &Upstream, retries: usize) -> Vec<u128> {
+        let schedule = up.schedule().builder().build();
+        schedule
+            .take(retries)
+            .map(|d| up.wait_before(d, None).as_millis())
+            .collect()
+    }
+
+    #[test]
+    fn retries_wait_double_from_the_base_up_to_the_longest_wait() {
+        let up = upstream(Duration::from_millis(500), Duration::from_secs(30));
+        assert_eq!(
+            waits(&up, 8),
+            [500, 1_000, 2_000, 4_000, 8_000, 16_000, 30_000, 30_000]
+        );
+        // The doubling itself stops at 1024 times the base.
+        let quick = upstream(Duration::from_millis(1), Duration::from_secs(3600));
+        assert_eq!(waits(&quick, 13)[10..], [1_024, 1_024, 1_024]);
+    }
+
+    #[test]
+    fn a_retry_after_replaces_the_backoff_but_not_the_longest_wait() {
+        let up = upstream(Duration::from_millis(500), Duration::from_secs(30));
+        let backoff = Duration::from_millis(500);
+        let asked = |s| up.wait_before(backoff, Some(Duration::from_secs(s)));
+        assert_eq!(asked(3), Duration::from_secs(3));
+        assert_eq!(asked(0), Duration::ZERO);
+        assert_eq!(asked(90), Duration::from_secs(30));
+    }
+}
