@@ -44,7 +44,7 @@ pub struct Application {
     pub db: Db,
     pub gate: Arc<Gate>,
     /// The reviewers' bounded password-hashing pool (its counters are observable).
-    pub hasher: Arc<crate::approvals::hasher::Hasher>,
+    pub hasher: Arc<crate::reviewers::hasher::Hasher>,
     pub supervisor: SupervisorHandle,
     pub instance_id: String,
     /// Turns `true` once the calls a previous run left behind have been recovered (an
@@ -388,6 +388,7 @@ fn people_router(
     approvals: &Approvals,
     readiness: crate::health::Readiness,
     signing_secret: &SecretString,
+    oidc: Option<Arc<crate::review::oidc::Oidc>>,
 ) -> anyhow::Result<(axum::Router, mpsc::UnboundedReceiver<webhook::StoredEvent>)> {
     let (notify, events) = mpsc::unbounded_channel::<webhook::StoredEvent>();
     let mut intake = webhook::IntakeConfig::new(webhook::SigningSecret::new(
@@ -411,7 +412,8 @@ fn people_router(
                 &settings.public_url,
                 settings.plain.thread_url.clone(),
             )
-            .with_sign_in_backoff_max(settings.server.sign_in_backoff_max),
+            .with_sign_in_backoff_max(settings.server.sign_in_backoff_max)
+            .with_oidc(oidc),
         ));
     if let Some(stripe_events) = connector_setup::stripe_events(
         settings,
@@ -422,6 +424,28 @@ fn people_router(
         router = router.merge(stripe_events);
     }
     Ok((router, events))
+}
+
+/// The team's OpenID provider when `[review.oidc]` is set: its settings checked, its
+/// client secret read from the store, its discovery document fetched; any failure
+/// stops the start naming the key.
+async fn review_oidc(
+    settings: &Settings,
+    secrets: &SecretStore,
+) -> anyhow::Result<Option<Arc<crate::review::oidc::Oidc>>> {
+    let Some(oidc) = &settings.review.oidc else {
+        return Ok(None);
+    };
+    let name = oidc.client_secret_name.trim();
+    let secret = secrets.get(name).await.with_context(|| {
+        format!(
+            "review.oidc.client_secret_name: cannot read the stored secret {name:?} \
+             (set it with `threadgate secrets set {name}`)"
+        )
+    })?;
+    let found = crate::review::oidc::Oidc::discover(oidc, &settings.public_url, secret).await?;
+    tracing::info!(issuer = %oidc.issuer_url, "reviewers may sign in at the identity provider");
+    Ok(Some(Arc::new(found)))
 }
 
 /// The background tasks: stored events to the supervisor, the note outbox, the audit
@@ -499,8 +523,15 @@ impl Application {
         let parts = supervisor_parts(&settings, &base, &gate, sockets.clone());
         let _task = Supervisor::start(parts, inbox);
         let readiness = readiness(&settings, &base, &gate);
-        let (router, events) =
-            people_router(&settings, &base, &approvals, readiness, &signing_secret)?;
+        let oidc = review_oidc(&settings, &base.secrets).await?;
+        let (router, events) = people_router(
+            &settings,
+            &base,
+            &approvals,
+            readiness,
+            &signing_secret,
+            oidc,
+        )?;
         let (recovery_done, recovered) = tokio::sync::watch::channel(false);
         let mut background = background(
             &settings,

@@ -23,6 +23,7 @@ pub mod money;
 /// the compiler: re-exported here so `threadgate::policy` stays its path.
 pub use threadgate_policy as policy;
 pub mod review;
+pub mod reviewers;
 pub mod sandbox;
 pub mod secrets;
 pub mod session;

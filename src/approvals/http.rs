@@ -7,11 +7,10 @@
 //! after [`Throttle`]'s number of failures from one client address, that address is
 //! refused (429) before any check for the throttle's window.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{ConnectInfo, FromRef, Path, State};
+use axum::extract::{FromRef, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -19,12 +18,12 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::reviewers::{self, Reviewer};
-use super::throttle::Throttle;
 use super::{Approvals, Choice, DecideError};
 use crate::api_error::ApiError;
 use crate::executions::store::{self, Execution, Status};
 use crate::gateway::routes::rfc3339;
+use crate::reviewers::throttle::{Throttle, request_client_key};
+use crate::reviewers::{self, Reviewer};
 
 /// The API's state: the approvals service and the failure throttle.
 #[derive(Clone)]
@@ -50,22 +49,13 @@ pub fn router(approvals: Approvals) -> Router {
         })
 }
 
-/// The client's address as the throttle keys it (an IPv6 /64 as one address, as the
-/// listener counts it; `addr:unknown` when the listener does not record peers).
-pub fn client_key(headers_ext: &axum::http::Extensions) -> String {
-    match headers_ext.get::<ConnectInfo<SocketAddr>>() {
-        Some(ConnectInfo(addr)) => super::throttle::client_key(addr.ip()),
-        None => "addr:unknown".to_owned(),
-    }
-}
-
 /// The reviewer of a request, with failures throttled per client address.
 async fn checked(
     api: &Api,
     ext: &axum::http::Extensions,
     headers: &HeaderMap,
 ) -> Result<Reviewer, Response> {
-    let key = client_key(ext);
+    let key = request_client_key(ext);
     let now = api.approvals.gate.now();
     if let Err(wait) = api.throttle.check(&[&key], now) {
         return Err(ApiError::new(

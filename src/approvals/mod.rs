@@ -8,13 +8,10 @@
 //! idempotency key derived from the execution id; a call to a provider without one whose
 //! outcome is unknown after a crash is marked `needs_check` for a person, never re-sent.
 
-pub mod hasher;
 pub mod http;
 pub mod label_outbox;
 pub mod narrow;
 pub mod outbox;
-pub mod reviewers;
-pub mod throttle;
 pub mod trail_outbox;
 
 use std::sync::Arc;
@@ -26,6 +23,7 @@ use crate::audit::AuditEvent;
 use crate::executions::{self, AuditStep, Execution, Status, store, trail};
 use crate::gateway::{CallReply, Gate, LoadedPolicy};
 use crate::policy::Verdict;
+use crate::reviewers::hasher::{self, Hasher};
 use crate::secrets::Redactor;
 
 /// What a reviewer asks for.
@@ -54,7 +52,7 @@ pub enum DecideError {
 pub struct Approvals {
     pub gate: Arc<Gate>,
     /// The bounded argon2 pool for reviewers' passwords (and legacy tokens).
-    pub hasher: Arc<hasher::Hasher>,
+    pub hasher: Arc<Hasher>,
 }
 
 /// What an earlier run of threadgate left to recover ([`Approvals::leftovers`]).
@@ -76,7 +74,7 @@ impl Approvals {
     pub fn new(gate: Arc<Gate>) -> Approvals {
         Approvals {
             gate,
-            hasher: Arc::new(hasher::Hasher::new(
+            hasher: Arc::new(Hasher::new(
                 hasher::GLOBAL_PERMITS,
                 hasher::GLOBAL_MAX_WAITING,
             )),

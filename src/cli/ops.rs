@@ -12,9 +12,9 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 
 use crate::app::{self, Application, Overrides};
-use crate::approvals::reviewers;
 use crate::audit::{self, AuditEvent, AuditFilter};
 use crate::config::Settings;
+use crate::reviewers;
 use crate::secrets::SecretString;
 use crate::session::store as sessions;
 use crate::store::Db;

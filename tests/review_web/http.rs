@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use threadgate::approvals::hasher::GLOBAL_PERMITS;
+use threadgate::reviewers::hasher::GLOBAL_PERMITS;
 
 use crate::support::unix_http::unix_request;
 use crate::support::world::World;
