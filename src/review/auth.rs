@@ -552,6 +552,26 @@ mod tests {
     }
 
     #[test]
+    fn a_signed_out_request_returns_to_its_page_and_a_form_post_to_its_form() {
+        let parts = |method: Method, uri: &str| {
+            let request = axum::http::Request::builder()
+                .method(method)
+                .uri(uri)
+                .body(())
+                .expect("request");
+            request.into_parts().0
+        };
+        for (method, uri, back) in [
+            (Method::GET, "/approvals/history", "/approvals/history"),
+            (Method::GET, "/approvals?page=2", "/approvals"),
+            (Method::GET, "/threads/th_1", "/threads/th_1"),
+            (Method::POST, "/approvals/ex_1/decide", "/approvals/ex_1"),
+        ] {
+            assert_eq!(return_to(&parts(method, uri)), back, "{uri}");
+        }
+    }
+
+    #[test]
     fn tokens_compare_only_when_equal_and_not_empty() {
         assert!(same_token("abc", "abc"));
         assert!(!same_token("abc", "abd"));

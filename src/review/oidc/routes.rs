@@ -65,15 +65,7 @@ pub async fn begin(
             response
         }
         Ok(Err(full)) => too_many(full),
-        Err(e) => {
-            tracing::error!(error = %e, "cannot store a sign-in at the identity provider");
-            message(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                None,
-                "Error",
-                "Internal error.",
-            )
-        }
+        Err(e) => *internal(e),
     }
 }
 
@@ -209,7 +201,7 @@ fn name_refused(e: ReviewerError) -> Box<Response> {
 }
 
 fn internal(e: impl std::fmt::Display) -> Box<Response> {
-    tracing::error!(error = %e, "cannot finish a sign-in at the identity provider");
+    tracing::error!(error = %e, "a sign-in at the identity provider failed");
     Box::new(message(
         StatusCode::INTERNAL_SERVER_ERROR,
         None,
