@@ -150,3 +150,71 @@ fn plain_domain(d: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
         && !d.starts_with('.')
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Settings;
+
+    fn parse(text: &str) -> Result<Settings, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_oidc_table_is_read_with_its_defaults_and_unknown_keys_are_errors() {
+        let s = parse(
+            "[review.oidc]\nissuer_url = \"https://id.acme.test\"\nclient_id = \"tg\"\n\
+             allowed_email_domains = [\"acme.test\"]\n",
+        )
+        .expect("parses");
+        let oidc = s.review.oidc.expect("set");
+        assert_eq!(oidc.client_secret_name, "oidc_client_secret");
+        assert_eq!(oidc.name_claim, "email");
+        assert_eq!(
+            (oidc.max_pending, oidc.max_pending_per_address),
+            (10_000, 20)
+        );
+        assert_eq!(oidc.problem(), None);
+        assert!(Settings::default().review.oidc.is_none());
+
+        let err =
+            parse("[review.oidc]\nissuer_url = \"x\"\nclient_id = \"tg\"\nclient_secret = \"s\"\n")
+                .expect_err("unknown key");
+        assert!(err.contains("client_secret"), "{err}");
+        let err = parse("[review.oidc]\nclient_id = \"tg\"\n").expect_err("no issuer");
+        assert!(err.contains("issuer_url"), "{err}");
+    }
+
+    #[test]
+    fn the_readmes_oidc_example_is_read_as_written() {
+        let readme = include_str!("../../../README.md");
+        let block = readme
+            .split("```toml\n[review.oidc]")
+            .nth(1)
+            .and_then(|b| b.split("```").next())
+            .expect("the README's [review.oidc] example");
+        let s = parse(&format!("[review.oidc]{block}")).expect("the example parses");
+        let oidc = s.review.oidc.expect("set");
+        assert_eq!(oidc.label, "Example ID");
+        assert_eq!(oidc.problem(), None);
+    }
+
+    #[test]
+    fn a_setting_that_would_let_anyone_in_or_cannot_match_names_its_key() {
+        let mut oidc = super::OidcSettings::new("https://id.acme.test", "tg");
+        let problem = oidc.problem().expect("empty allow-list");
+        assert!(problem.contains("allow-list"), "{problem}");
+        oidc.allowed_email_domains = vec!["@acme.test".into()];
+        let problem = oidc.problem().expect("not a domain");
+        assert!(
+            problem.contains("review.oidc.allowed_email_domains"),
+            "{problem}"
+        );
+        oidc.allowed_email_domains = vec!["acme.test".into()];
+        oidc.max_pending_per_address = 0;
+        let problem = oidc.problem().expect("zero cap");
+        assert!(
+            problem.contains("review.oidc.max_pending_per_address"),
+            "{problem}"
+        );
+    }
+}
