@@ -179,10 +179,23 @@ async fn a_reviewer_signs_in_at_the_provider_and_approves_a_held_call_in_a_brows
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_person_the_provider_knows_but_the_team_did_not_allow_is_refused_in_a_browser() {
+async fn a_person_the_provider_knows_but_the_team_did_not_allow_or_who_cancels_is_refused_in_a_browser()
+ {
     let (world, _provider) = world_with_provider(|_| {}).await;
     let app = world.start().await;
     let b = Browser::start().await;
+    // Cancelled on the provider's login page: the provider's error is shown.
+    b.open(&format!("{}/approvals", world.settings.public_url))
+        .await;
+    b.submit("a.button.primary").await;
+    b.submit(".login-help a").await;
+    assert_eq!(b.text("h1").await, "Not signed in");
+    let told = b.text("main").await;
+    assert!(
+        told.contains("did not sign you in (access_denied)"),
+        "{told}"
+    );
+
     b.open(&format!("{}/approvals", world.settings.public_url))
         .await;
     sign_in_at_provider(&b, "mallory").await;
@@ -274,6 +287,21 @@ async fn a_forged_replayed_or_other_browsers_state_is_refused_and_started_sign_i
     let (status, page) = callback(&app, &state, &other_cookie).await;
     assert_eq!(status, 400, "{page}");
     assert!(page.contains("started in another browser"), "{page}");
+
+    // An answer naming another issuer (a mix-up) is refused.
+    let (_, state, cookie) = begin(&app).await;
+    let resp = client()
+        .get(format!(
+            "http://{}/login/oidc/callback?code=c&state={state}&iss=http%3A%2F%2Fevil.test",
+            app.addr
+        ))
+        .header("Cookie", &cookie)
+        .send()
+        .await
+        .expect("callback");
+    assert_eq!(resp.status().as_u16(), 400);
+    let page = resp.text().await.unwrap_or_default();
+    assert!(page.contains("another identity provider"), "{page}");
 
     // One of three started sign-ins is left; two more reach the cap of this address.
     assert_eq!(begin(&app).await.0, 303);
