@@ -21,6 +21,7 @@ use crate::gateway::{
 };
 use crate::model::{ModelProxy, Upstream};
 use crate::policy::{Catalog, Policy};
+use crate::reviewers::hasher::{GLOBAL_MAX_WAITING, GLOBAL_PERMITS, Hasher};
 use crate::sandbox::{DockerRuntime, Limits, SandboxRuntime};
 use crate::secrets::{KeySource, MasterKey, Redactor, RedactorSource, SecretStore, SecretString};
 use crate::session::{AgentBook, Clock, SessionApi, Supervisor, SupervisorHandle, SupervisorParts};
@@ -44,7 +45,7 @@ pub struct Application {
     pub db: Db,
     pub gate: Arc<Gate>,
     /// The reviewers' bounded password-hashing pool (its counters are observable).
-    pub hasher: Arc<crate::reviewers::hasher::Hasher>,
+    pub hasher: Arc<Hasher>,
     pub supervisor: SupervisorHandle,
     pub instance_id: String,
     /// Turns `true` once the calls a previous run left behind have been recovered (an
@@ -388,7 +389,7 @@ fn people_router(
     approvals: &Approvals,
     readiness: crate::health::Readiness,
     signing_secret: &SecretString,
-    oidc: Option<Arc<crate::review::oidc::Oidc>>,
+    (hasher, oidc): (&Arc<Hasher>, Option<Arc<crate::review::oidc::Oidc>>),
 ) -> anyhow::Result<(axum::Router, mpsc::UnboundedReceiver<webhook::StoredEvent>)> {
     let (notify, events) = mpsc::unbounded_channel::<webhook::StoredEvent>();
     let mut intake = webhook::IntakeConfig::new(webhook::SigningSecret::new(
@@ -405,10 +406,11 @@ fn people_router(
     let mut router = axum::Router::new()
         .merge(crate::health::router(readiness))
         .merge(intake_router)
-        .merge(approvals::http::router(approvals.clone()))
+        .merge(approvals::http::router(approvals.clone(), hasher.clone()))
         .merge(crate::review::router(
             crate::review::ReviewState::new(
                 approvals.clone(),
+                hasher.clone(),
                 &settings.public_url,
                 settings.plain.thread_url.clone(),
             )
@@ -524,13 +526,15 @@ impl Application {
         let _task = Supervisor::start(parts, inbox);
         let readiness = readiness(&settings, &base, &gate);
         let oidc = review_oidc(&settings, &base.secrets).await?;
+        // The reviewers' password pool, shared by the review page and the API.
+        let hasher = Arc::new(Hasher::new(GLOBAL_PERMITS, GLOBAL_MAX_WAITING));
         let (router, events) = people_router(
             &settings,
             &base,
             &approvals,
             readiness,
             &signing_secret,
-            oidc,
+            (&hasher, oidc),
         )?;
         let (recovery_done, recovered) = tokio::sync::watch::channel(false);
         let mut background = background(
@@ -558,7 +562,7 @@ impl Application {
             router,
             db: base.db,
             gate,
-            hasher: approvals.hasher.clone(),
+            hasher,
             supervisor: handle,
             instance_id: base.instance_id,
             recovered,

@@ -22,13 +22,16 @@ use super::{Approvals, Choice, DecideError};
 use crate::api_error::ApiError;
 use crate::executions::store::{self, Execution, Status};
 use crate::gateway::routes::rfc3339;
+use crate::reviewers::hasher::Hasher;
 use crate::reviewers::throttle::{Throttle, request_client_key};
 use crate::reviewers::{self, Reviewer};
 
-/// The API's state: the approvals service and the failure throttle.
+/// The API's state: the approvals service, the reviewers' hashing pool (for legacy
+/// tokens) and the failure throttle.
 #[derive(Clone)]
 struct Api {
     approvals: Approvals,
+    hasher: Arc<Hasher>,
     throttle: Arc<Throttle>,
 }
 
@@ -38,13 +41,14 @@ impl FromRef<Api> for Approvals {
     }
 }
 
-/// The routes for reviewers.
-pub fn router(approvals: Approvals) -> Router {
+/// The routes for reviewers; legacy argon2 tokens are checked through `hasher`.
+pub fn router(approvals: Approvals, hasher: Arc<Hasher>) -> Router {
     Router::new()
         .route("/api/approvals", get(list))
         .route("/api/approvals/{id}", get(show).post(decide))
         .with_state(Api {
             approvals,
+            hasher,
             throttle: Arc::new(Throttle::default()),
         })
 }
@@ -65,7 +69,7 @@ async fn checked(
         )
         .into_response());
     }
-    let result = reviewer(&api.approvals, headers).await;
+    let result = reviewer(api, headers).await;
     if let Err(r) = &result
         && r.status() == StatusCode::UNAUTHORIZED
     {
@@ -75,7 +79,7 @@ async fn checked(
 }
 
 /// The reviewer named by the `Authorization: Bearer` credential.
-async fn reviewer(approvals: &Approvals, headers: &HeaderMap) -> Result<Reviewer, Response> {
+async fn reviewer(api: &Api, headers: &HeaderMap) -> Result<Reviewer, Response> {
     let presented = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -89,7 +93,7 @@ async fn reviewer(approvals: &Approvals, headers: &HeaderMap) -> Result<Reviewer
         )
         .into_response());
     };
-    match reviewers::authenticate_with(&approvals.gate.db, &approvals.hasher, token).await {
+    match reviewers::authenticate_with(&api.approvals.gate.db, &api.hasher, token).await {
         Ok(Some(r)) => Ok(r),
         Ok(None) => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,

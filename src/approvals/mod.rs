@@ -23,7 +23,6 @@ use crate::audit::AuditEvent;
 use crate::executions::{self, AuditStep, Execution, Status, store, trail};
 use crate::gateway::{CallReply, Gate, LoadedPolicy};
 use crate::policy::Verdict;
-use crate::reviewers::hasher::{self, Hasher};
 use crate::secrets::Redactor;
 
 /// What a reviewer asks for.
@@ -51,8 +50,6 @@ pub enum DecideError {
 #[derive(Clone)]
 pub struct Approvals {
     pub gate: Arc<Gate>,
-    /// The bounded argon2 pool for reviewers' passwords (and legacy tokens).
-    pub hasher: Arc<Hasher>,
 }
 
 /// What an earlier run of threadgate left to recover ([`Approvals::leftovers`]).
@@ -70,15 +67,9 @@ enum Recorded {
 }
 
 impl Approvals {
-    /// The service over `gate`, with a server-sized hashing pool of its own.
+    /// The service over `gate`.
     pub fn new(gate: Arc<Gate>) -> Approvals {
-        Approvals {
-            gate,
-            hasher: Arc::new(Hasher::new(
-                hasher::GLOBAL_PERMITS,
-                hasher::GLOBAL_MAX_WAITING,
-            )),
-        }
+        Approvals { gate }
     }
 
     /// Records a reviewer's decision on a held call and, when approved, runs it.

@@ -54,10 +54,16 @@ pub struct ReviewState {
 }
 
 impl ReviewState {
-    /// The page's state for a server whose people reach it at `public_url`.
-    pub fn new(approvals: Approvals, public_url: &str, thread_url: Option<String>) -> Self {
+    /// The page's state for a server whose people reach it at `public_url`, checking
+    /// passwords through `hasher`.
+    pub fn new(
+        approvals: Approvals,
+        hasher: Arc<Hasher>,
+        public_url: &str,
+        thread_url: Option<String>,
+    ) -> Self {
         ReviewState {
-            hasher: approvals.hasher.clone(),
+            hasher,
             approvals,
             throttle: Arc::new(Throttle::default()),
             secure_cookies: is_https(public_url),
