@@ -5,9 +5,12 @@
 //
 // Usage: OIDC_PROVIDER_DIR=.oidc-provider node scripts/oidc-provider.mjs CONFIG_JSON
 // where CONFIG_JSON is {"client_id", "client_secret", "redirect_uri", "accounts": {NAME:
-// {claims...}}}. A login name not in `accounts` is unknown to the provider. Prints
-// `ready ISSUER` on stdout once it listens on 127.0.0.1 (a free port); stops when its
-// standard input closes (the test that started it ended).
+// {claims...}}, "port"?}. A login name not in `accounts` is unknown to the provider.
+// Each start signs with an RSA key of its own (a restart on the same port is a provider
+// that rotated its keys). Prints `ready ISSUER` on stdout once it listens on 127.0.0.1
+// (`port`, or a free one); stops when its standard input closes (the test that started
+// it ended).
+import crypto from 'node:crypto';
 import http from 'node:http';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -28,8 +31,14 @@ const entry = path.resolve(dir, 'node_modules/oidc-provider/lib/index.js');
 const { default: Provider } = await import(pathToFileURL(entry).href);
 
 const server = http.createServer();
-await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+await new Promise((resolve) => server.listen(config.port ?? 0, '127.0.0.1', resolve));
 const issuer = `http://127.0.0.1:${server.address().port}`;
+
+function signingKey() {
+  const { privateKey } = crypto.generateKeyPairSync('rsa', { modulusLength: 2048 });
+  const jwk = privateKey.export({ format: 'jwk' });
+  return { ...jwk, kid: crypto.randomUUID(), use: 'sig', alg: 'RS256' };
+}
 
 const provider = new Provider(issuer, {
   clients: [{
@@ -51,7 +60,8 @@ const provider = new Provider(issuer, {
     profile: ['name', 'preferred_username'],
     groups: ['groups'],
   },
-  cookies: { keys: [`test-cookie-key-${process.pid}-${Date.now()}`] },
+  cookies: { keys: [crypto.randomBytes(32).toString('hex')] },
+  jwks: { keys: [signingKey()] },
   async findAccount(_ctx, id) {
     const claims = config.accounts[id];
     if (!claims) {

@@ -33,6 +33,12 @@ impl Provider {
     /// Starts the provider for a client whose redirect URL is `redirect_uri`, knowing
     /// alice (verified, at the allowed domain) and mallory (verified, elsewhere).
     fn start(redirect_uri: &str) -> Provider {
+        Provider::start_on(redirect_uri, None)
+    }
+
+    /// [`Provider::start`] on `port` (a fresh key each start: a restart on the same
+    /// port is the same issuer having rotated its keys).
+    fn start_on(redirect_uri: &str, port: Option<u16>) -> Provider {
         let dir = std::env::var("OIDC_PROVIDER_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|_| repo_root().join(".oidc-provider"));
@@ -49,6 +55,7 @@ impl Provider {
                 "alice": {"email": "alice@acme.test", "email_verified": true, "name": "Alice"},
                 "mallory": {"email": "mallory@elsewhere.test", "email_verified": true},
             },
+            "port": port,
         });
         let mut child = Command::new("node")
             .arg(repo_root().join("scripts/oidc-provider.mjs"))
@@ -174,6 +181,30 @@ async fn a_reviewer_signs_in_at_the_provider_and_approves_a_held_call_in_a_brows
             .all(|(_, r)| r.as_deref() == Some("alice@acme.test")),
         "{by:?}"
     );
+    b.close().await;
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_that_rotated_its_keys_is_read_again_in_a_browser() {
+    let (world, provider) = world_with_provider(|_| {}).await;
+    let app = world.start().await;
+    // The same issuer comes back signing with a key the app has never seen.
+    let port: u16 = provider
+        .issuer
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("the issuer's port");
+    drop(provider);
+    let redirect = format!("{}/login/oidc/callback", world.settings.public_url);
+    let _rotated = Provider::start_on(&redirect, Some(port));
+
+    let b = Browser::start().await;
+    b.open(&format!("{}/approvals", world.settings.public_url))
+        .await;
+    sign_in_at_provider(&b, "alice").await;
+    assert!(b.text("header nav").await.contains("alice@acme.test"));
     b.close().await;
     app.stop().await;
 }

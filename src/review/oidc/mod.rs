@@ -8,7 +8,9 @@
 //! bound to the browser by an HttpOnly cookie, capped) and sends the browser to the
 //! provider; `GET /login/oidc/callback` takes them back, exchanges the code with the
 //! verifier, verifies the ID token (signature by the provider's keys, issuer, audience,
-//! expiry, nonce, and the access token's hash when present), checks the person against
+//! expiry, nonce, and the access token's hash when present; a token signed by a key not
+//! yet known makes the server fetch the keys again, at most once per
+//! [`REFRESH_EVERY`]), checks the person against
 //! the team's allow-list ([`identity`]) and opens the same session (cookie and CSRF
 //! token) a password sign-in opens. The reviewer's name in decisions and the audit is
 //! the configured claim's value ([`crate::reviewers::provider`]).
@@ -30,6 +32,10 @@ use openidconnect::{
     IssuerUrl, Nonce, OAuth2TokenResponse as _, PkceCodeVerifier, RedirectUrl,
     StandardErrorResponse, StandardTokenResponse, TokenResponse as _,
 };
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use openidconnect::ClaimsVerificationError;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -117,11 +123,17 @@ pub enum VerifyError {
     Unreadable(String),
 }
 
+/// The shortest time between two fetches of the provider's keys (after an ID token
+/// signed by a key the server does not have yet: the provider rotated its keys).
+pub const REFRESH_EVERY: Duration = Duration::from_secs(60);
+
 /// The team's provider, discovered.
 pub struct Oidc {
     settings: OidcSettings,
-    client: Client,
     issuer: String,
+    parts: ClientParts,
+    client: RwLock<Arc<Client>>,
+    last_refresh: Mutex<Option<Instant>>,
     http: ProviderHttp,
 }
 
@@ -136,7 +148,7 @@ impl Oidc {
         if let Some(problem) = settings.problem() {
             return Err(setup_error("review.oidc", problem));
         }
-        let issuer = IssuerUrl::new(settings.issuer_url.trim().to_owned())
+        let issuer_url = IssuerUrl::new(settings.issuer_url.trim().to_owned())
             .map_err(|e| setup_error("review.oidc.issuer_url", e))?;
         let redirect = RedirectUrl::new(format!(
             "{}{CALLBACK_PATH}",
@@ -144,27 +156,65 @@ impl Oidc {
         ))
         .map_err(|e| setup_error("public_url", e))?;
         let http = ProviderHttp::new().map_err(|e| setup_error("review.oidc", e))?;
-        let metadata = CoreProviderMetadata::discover_async(issuer.clone(), &http.caller())
-            .await
-            .map_err(|e| {
-                setup_error(
-                    "review.oidc.issuer_url",
-                    format!("cannot read the provider's discovery document or keys: {e}"),
-                )
-            })?;
         let secret = ClientSecret::new(client_secret.expose_secret().to_owned());
-        let client = Client::from_provider_metadata(
-            metadata,
-            ClientId::new(settings.client_id.trim().to_owned()),
-            Some(secret),
-        )
-        .set_redirect_uri(redirect);
+        let parts = ClientParts {
+            issuer_url: issuer_url.clone(),
+            client_id: ClientId::new(settings.client_id.trim().to_owned()),
+            secret,
+            redirect,
+        };
+        let client = fetch_client(&http, &parts).await.map_err(|e| {
+            setup_error(
+                "review.oidc.issuer_url",
+                format!("cannot read the provider's discovery document or keys: {e}"),
+            )
+        })?;
         Ok(Oidc {
             settings: settings.clone(),
-            client,
-            issuer: issuer.as_str().to_owned(),
+            issuer: issuer_url.as_str().to_owned(),
+            parts,
+            client: RwLock::new(Arc::new(client)),
+            last_refresh: Mutex::new(None),
             http,
         })
+    }
+
+    /// The current client.
+    fn client(&self) -> Arc<Client> {
+        match self.client.read() {
+            Ok(client) => client.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Fetches the provider's keys again, at most once per [`REFRESH_EVERY`]; whether
+    /// the client changed.
+    async fn refresh(&self) -> bool {
+        {
+            let mut last = match self.last_refresh.lock() {
+                Ok(last) => last,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            if last.is_some_and(|at| at.elapsed() < REFRESH_EVERY) {
+                return false;
+            }
+            *last = Some(Instant::now());
+        }
+        match fetch_client(&self.http, &self.parts).await {
+            Ok(client) => {
+                let mut current = match self.client.write() {
+                    Ok(current) => current,
+                    Err(poisoned) => poisoned.into_inner(),
+                };
+                *current = Arc::new(client);
+                tracing::info!("the identity provider's keys were fetched again");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot fetch the identity provider's keys again");
+                false
+            }
+        }
     }
 
     /// What the sign-in button calls the provider.
@@ -174,36 +224,69 @@ impl Oidc {
 
     /// Exchanges `code` with the PKCE `verifier` and returns the verified ID token's
     /// claims (standard and the provider's own) as JSON; the token must carry `nonce`.
+    /// A token signed by a key the server does not have makes it fetch the provider's
+    /// keys once more ([`REFRESH_EVERY`]) and verify again.
     async fn redeem(
         &self,
         code: String,
         verifier: String,
         nonce: String,
     ) -> Result<Map<String, Value>, VerifyError> {
-        let call = self.http.caller();
-        let request = self
-            .client
+        let client = self.client();
+        let request = client
             .exchange_code(AuthorizationCode::new(code))
             .map_err(|e| VerifyError::Exchange(e.to_string()))?
             .set_pkce_verifier(PkceCodeVerifier::new(verifier));
         let answer = request
-            .request_async(&call)
+            .request_async(&self.http.caller())
             .await
             .map_err(|e| VerifyError::Exchange(e.to_string()))?;
-        self.verify_answer(&answer, &Nonce::new(nonce))
+        match verify_answer(&client, &answer, &nonce) {
+            Err(VerifyError::Claims(ClaimsVerificationError::SignatureVerification(_)))
+                if self.refresh().await =>
+            {
+                verify_answer(&self.client(), &answer, &nonce)
+            }
+            verified => verified,
+        }
     }
+}
 
-    fn verify_answer(
-        &self,
-        answer: &StandardTokenResponse<IdTokenFields, CoreTokenType>,
-        nonce: &Nonce,
-    ) -> Result<Map<String, Value>, VerifyError> {
-        let id_token = answer.id_token().ok_or(VerifyError::NoIdToken)?;
-        let verifier = self.client.id_token_verifier();
-        let claims = verified_claims(&verifier, id_token, nonce)?;
-        check_access_token(&verifier, id_token, answer.access_token())?;
-        Ok(claims)
-    }
+type TokenAnswer = StandardTokenResponse<IdTokenFields, CoreTokenType>;
+
+/// The claims of the answer's ID token, verified by `client` (and its access token
+/// against `at_hash`).
+fn verify_answer(
+    client: &Client,
+    answer: &TokenAnswer,
+    nonce: &str,
+) -> Result<Map<String, Value>, VerifyError> {
+    let id_token = answer.id_token().ok_or(VerifyError::NoIdToken)?;
+    let verifier = client.id_token_verifier();
+    let claims = verified_claims(&verifier, id_token, &Nonce::new(nonce.to_owned()))?;
+    check_access_token(&verifier, id_token, answer.access_token())?;
+    Ok(claims)
+}
+
+/// What a client is made of besides the provider's metadata.
+struct ClientParts {
+    issuer_url: IssuerUrl,
+    client_id: ClientId,
+    secret: ClientSecret,
+    redirect: RedirectUrl,
+}
+
+/// A client made from the provider's discovery document and keys as they are now.
+async fn fetch_client(http: &ProviderHttp, parts: &ClientParts) -> Result<Client, String> {
+    let metadata = CoreProviderMetadata::discover_async(parts.issuer_url.clone(), &http.caller())
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Client::from_provider_metadata(
+        metadata,
+        parts.client_id.clone(),
+        Some(parts.secret.clone()),
+    )
+    .set_redirect_uri(parts.redirect.clone()))
 }
 
 /// The claims of `id_token` once its signature (the provider's keys), issuer, audience

@@ -33,8 +33,8 @@ pub async fn begin(
     };
     let (challenge, verifier) = PkceCodeChallenge::new_random_sha256();
     let scopes = oidc.settings.scopes.iter().map(|s| Scope::new(s.clone()));
-    let (url, csrf, nonce) = oidc
-        .client
+    let client = oidc.client();
+    let (url, csrf, nonce) = client
         .authorize_url(
             CoreAuthenticationFlow::AuthorizationCode,
             CsrfToken::new_random,
