@@ -147,7 +147,6 @@ async fn signed_in(
         Ok(reviewer) => reviewer,
         Err(e) => return Err(name_refused(e)),
     };
-    tracing::info!(reviewer = %reviewer.name, "reviewer signed in at the identity provider");
     let token = auth::open_session(state, &reviewer).await?;
     let next = safe_next(&returned.next);
     let mut response = auth::continue_to(StatusCode::OK, &next, "Signed in", "Continue");
