@@ -9,8 +9,10 @@
 //! after another, default `2000,5000`), `WEBHOOK_BENCH_SKIP_PARSE` (skip the CPU
 //! microbenchmark), `THREADGATE_SHARED` (the shared directory with Plain's examples).
 
-// Benchmark code: an unwrap or expect that fails stops the run with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![expect(
+    clippy::expect_used,
+    reason = "test code: an unwrap or expect that fails is a failed test, with its message"
+)]
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -67,6 +69,10 @@ fn deliveries(template: &Value, prefix: &str, n: usize) -> Vec<(Vec<u8>, String)
         .collect()
 }
 
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "a rank in a sorted sample, rounded and within its length"
+)]
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[index]

@@ -56,7 +56,7 @@ where
                 if retries < policy.max_retries && retry_after <= policy.max_wait =>
             {
                 tracing::debug!(
-                    wait_ms = retry_after.as_millis() as u64,
+                    wait_ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
                     retries,
                     "rate limited, waiting before retrying"
                 );

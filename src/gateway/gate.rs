@@ -3,8 +3,7 @@
 
 use std::sync::{Arc, RwLock};
 
-use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use tokio::sync::{Notify, broadcast};
 
 use super::refusal::Refusal;
@@ -66,20 +65,8 @@ pub fn policy_name(path: &std::path::Path) -> String {
         .unwrap_or_else(|| "policy".into())
 }
 
-/// A tool call as the agent sends it.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CallRequest {
-    pub tool: String,
-    #[serde(default = "empty_object")]
-    pub args: Value,
-    #[serde(default)]
-    pub diagnosis: Option<String>,
-}
-
-fn empty_object() -> Value {
-    Value::Object(Map::new())
-}
+/// A tool call as the agent sends it (the sandbox API's type).
+pub use threadgate_api::CallRequest;
 
 /// The gate's answer to a call, before it becomes HTTP.
 #[derive(Debug)]

@@ -200,7 +200,9 @@ fn failed(
 ) -> (Outcome, CallReply) {
     let definite = e.is_definite();
     let retry_after_ms = match &e {
-        ConnectorError::RateLimited { retry_after } => Some(retry_after.as_millis() as u64),
+        ConnectorError::RateLimited { retry_after } => {
+            Some(u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX))
+        }
         _ => None,
     };
     let error = redactor.redact(&e.to_string()).into_owned();

@@ -133,7 +133,7 @@ impl Upstream {
             }
             tracing::warn!(
                 attempt = attempts,
-                wait_ms = wait.as_millis() as u64,
+                wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
                 "model upstream failed; retrying"
             );
             tokio::time::sleep(wait).await;

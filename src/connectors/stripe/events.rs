@@ -208,7 +208,7 @@ pub fn sign(body: &[u8], secret: &[u8], timestamp: i64) -> String {
 /// The HMAC-SHA256 of `TIMESTAMP.BODY` under `secret`, as Stripe computes it.
 fn mac(secret: &[u8], timestamp: i64, body: &[u8]) -> Signature {
     // HMAC takes a key of any length, so the constructor cannot fail.
-    #[allow(clippy::expect_used)]
+    #[expect(clippy::expect_used, reason = "HMAC accepts keys of any length")]
     let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
     mac.update(timestamp.to_string().as_bytes());
     mac.update(b".");

@@ -96,7 +96,9 @@ pub fn parse_anthropic_request(v: &Value) -> Result<ChatRequest, String> {
         messages,
         tools,
         tool_choice: None,
-        max_tokens: v["max_tokens"].as_u64().map(|n| n as u32),
+        max_tokens: v["max_tokens"]
+            .as_u64()
+            .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
     })
 }
 

@@ -1,10 +1,10 @@
 //! `[review]` and `[review.oidc]`: the review page's settings, and sign-in through the
 //! team's OpenID provider.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The review page's settings (`[review]`).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ReviewSettings {
     /// Sign-in through the team's OpenID provider (`[review.oidc]`); none: passwords
@@ -14,7 +14,7 @@ pub struct ReviewSettings {
 
 /// Sign-in through the team's OpenID provider: the authorization code flow with PKCE.
 /// The redirect URL is `<public_url>/login/oidc/callback`; register it at the provider.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct OidcSettings {
     /// The provider's issuer (its discovery document is fetched at start).

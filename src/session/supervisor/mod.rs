@@ -318,7 +318,7 @@ impl Supervisor {
             };
             let ok = matches!(outcome, Outcome::Started { .. });
             crate::metrics::session_start(ok, began.elapsed());
-            let took_ms = began.elapsed().as_millis() as u64;
+            let took_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
             tracing::info!(ok, took_ms, "session start finished");
             let _ = tx.send(Msg::Done {
                 thread: row.thread_id,
@@ -363,7 +363,7 @@ impl Supervisor {
                 Err(e) => Outcome::StopFailed(format!("{e:#}")),
             };
             let ok = matches!(outcome, Outcome::Stopped { .. });
-            let took_ms = began.elapsed().as_millis() as u64;
+            let took_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
             tracing::info!(ok, took_ms, "session stop finished");
             let _ = tx.send(Msg::Done {
                 thread: row.thread_id,
@@ -482,7 +482,8 @@ impl Supervisor {
             }
         }
         // Quiet sessions give up their container.
-        let idle_ms = self.parts.settings.idle_timeout.as_millis() as i64;
+        let idle_ms =
+            i64::try_from(self.parts.settings.idle_timeout.as_millis()).unwrap_or(i64::MAX);
         let quiet: Vec<String> = {
             let activity = lock(&self.activity);
             self.slots
