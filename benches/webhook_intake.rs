@@ -26,8 +26,7 @@ use tokio::sync::mpsc;
 
 use threadgate::store::Db;
 use threadgate::webhook::{
-    Envelope, IntakeConfig, IntakeState, SigningSecret, router, sign, system_clock,
-    verify_signature,
+    Envelope, IntakeConfig, IntakeState, SigningSecret, router, sign, verify_signature,
 };
 
 const SECRET: &[u8] = b"whsec-bench-secret";
@@ -88,7 +87,7 @@ fn start_server(db: Db) -> (SocketAddr, std::thread::JoinHandle<()>) {
     let state = IntakeState {
         db,
         config: IntakeConfig::new(SigningSecret::new(SECRET).expect("secret")),
-        clock: system_clock(),
+        clock: threadgate::clock::Clock::system(),
         notify,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -220,7 +219,7 @@ async fn send_all(
 fn stored(db: &Db, prefix: &str) -> usize {
     let pattern = format!("pEv_{prefix}%");
     let count: i64 = db
-        .read_blocking(|c| {
+        .read_inline(|c| {
             c.query_row(
                 "SELECT count(*) FROM events WHERE event_id LIKE ?1",
                 [pattern],

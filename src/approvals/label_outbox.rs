@@ -63,7 +63,7 @@ async fn sync_one(gate: &Gate, helpdesk: &HelpdeskConnector, sync: &LabelSync) -
                 .await
         }
         Err(error) => {
-            let next = super::outbox::retry_at(gate.now(), sync.attempts);
+            let next = crate::retry::OUTBOX.next_at_ms(gate.now(), sync.attempts);
             let error = gate
                 .current_redactor()
                 .redact(&error.to_string())

@@ -17,20 +17,10 @@ use crate::executions::store::{self, OutboxNote};
 use crate::gateway::Gate;
 use crate::store::StoreError;
 
-/// The longest an outbox (notes, thread events, state labels) waits between retries of
-/// one item.
-const MAX_BACKOFF_MS: i64 = 10 * 60 * 1000;
 /// Notes of one thread in one round at most.
 pub const NOTES_PER_THREAD: i64 = 2;
 /// Notes in one round at most.
 const NOTES_PER_ROUND: i64 = 50;
-
-/// When an outbox item that failed `attempts` times so far is tried again: 2 s doubling
-/// per attempt, at most [`MAX_BACKOFF_MS`]. The one retry schedule of the note, thread
-/// event and state label outboxes.
-pub(super) fn retry_at(now_ms: i64, attempts: i64) -> i64 {
-    now_ms + (2_000i64 << attempts.clamp(0, 16)).min(MAX_BACKOFF_MS)
-}
 
 /// Sends every due note, round by round, until none is due; returns how many reached
 /// Plain. An error reading the due notes ends the drain with that error (what was
@@ -92,7 +82,7 @@ async fn send_round(
             Err(error) => {
                 let (id, next) = (
                     note.execution_id.clone(),
-                    retry_at(gate.now(), note.attempts),
+                    crate::retry::OUTBOX.next_at_ms(gate.now(), note.attempts),
                 );
                 let error = gate.current_redactor().redact(&error).into_owned();
                 tracing::warn!(execution = %note.execution_id, error = %error, "cannot post the note yet; will retry");

@@ -65,7 +65,7 @@ async fn send_round(
                 gate.db.write(move |c| trail::sent(c, &id, now)).await
             }
             Err(error) => {
-                let next = super::outbox::retry_at(gate.now(), event.attempts);
+                let next = crate::retry::OUTBOX.next_at_ms(gate.now(), event.attempts);
                 let error = gate.current_redactor().redact(&error).into_owned();
                 tracing::warn!(event = %id, error = %error, "cannot post the thread event yet; will retry");
                 gate.db

@@ -105,7 +105,7 @@ pub struct Gate {
     pub redactor_source: Option<RedactorSource>,
     pub agents: Arc<AgentBook>,
     pub public_url: String,
-    pub clock: crate::session::Clock,
+    pub clock: crate::clock::Clock,
     /// Execution ids whose status changed (long polls wait on this).
     pub changes: broadcast::Sender<String>,
     /// Wakes the note outbox.
@@ -121,7 +121,7 @@ pub struct Gate {
 
 impl Gate {
     pub fn now(&self) -> i64 {
-        (self.clock)()
+        self.clock.now_ms()
     }
 
     pub fn current_policy(&self) -> Arc<LoadedPolicy> {

@@ -87,12 +87,8 @@ impl Gate {
             "too many calls waiting for a person; stopping the session"
         );
         self.outbox.notify_one();
-        let (supervisor, thread) = (self.supervisor.clone(), scope.thread_id.clone());
-        tokio::spawn(async move {
-            if let Err(e) = supervisor.stop(&thread).await {
-                tracing::warn!(thread, error = %e, "cannot stop a session with too many holds");
-            }
-        });
+        self.supervisor
+            .stop_soon(&scope.thread_id, "too many calls waiting for a person");
     }
 
     /// Runs a call decided `run` (status `running`) through its connector, records the

@@ -14,8 +14,8 @@ use rusqlite::Connection;
 
 use super::Gate;
 use super::note::new_marker;
-use crate::audit::AuditEvent;
-use crate::executions::audit::{AuditStep, record};
+use crate::audit::{AuditEvent, AuditRecord};
+use crate::executions::audit::record;
 use crate::executions::store::{self, Execution, OutboxNote, Status};
 use crate::secrets::Redactor;
 use crate::session::{SessionScope, StopNotes, StopReason};
@@ -106,7 +106,7 @@ pub fn queue(
     };
     store::enqueue_note(conn, &outbox, now_ms)?;
     crate::executions::labels::set_handed_to_person(conn, &scope.thread_id, now_ms)?;
-    let step = AuditStep::new(AuditEvent::Blocked).outcome(Some(note.outcome));
+    let step = AuditRecord::new(AuditEvent::Blocked).outcome(Some(note.outcome));
     record(conn, redactor, &exec, step)?;
     Ok(true)
 }

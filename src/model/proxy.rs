@@ -346,13 +346,9 @@ impl ModelProxy {
         if first {
             tracing::info!(session = %scope.session_id, thread = %scope.thread_id, outcome, "session stopped by the model proxy");
             self.gate.outbox.notify_one();
-            let h = self.gate.supervisor.clone();
-            let thread = scope.thread_id.clone();
-            tokio::spawn(async move {
-                if let Err(e) = h.stop(&thread).await {
-                    tracing::warn!(thread, error = %e, "cannot stop the session the model proxy stopped");
-                }
-            });
+            self.gate
+                .supervisor
+                .stop_soon(&scope.thread_id, "stopped by the model proxy");
         }
         Ok(())
     }

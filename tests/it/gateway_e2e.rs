@@ -35,6 +35,8 @@ mod refund_evidence;
 mod restart;
 #[path = "gateway_e2e/scope.rs"]
 mod scope;
+#[path = "gateway_e2e/shutdown.rs"]
+mod shutdown;
 #[path = "gateway_e2e/stripe_events.rs"]
 mod stripe_events;
 #[path = "gateway_e2e/telemetry.rs"]

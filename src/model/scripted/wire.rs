@@ -4,7 +4,8 @@
 use serde_json::{Value, json};
 
 use super::MODEL_LABEL;
-use super::scenarios::{LABEL, Step, offered};
+use super::scenarios::offered;
+use super::step::{LABEL, Step};
 use crate::model::types::{ChatRequest, Message, Role, ToolCall, ToolDef};
 
 /// A rough count: four bytes of request per token.

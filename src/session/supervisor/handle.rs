@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use super::parts::Clock;
+use crate::clock::Clock;
 use crate::session::SessionError;
 
 /// A message to the actor; it serves them one at a time.
@@ -24,6 +24,12 @@ pub(super) enum Msg {
     Stop {
         thread: String,
         reply: oneshot::Sender<Result<(), SessionError>>,
+    },
+    /// Stops a thread's session without anyone waiting for the answer (a session the
+    /// gate or the model proxy stopped on its own); a failure is logged with `why`.
+    StopSoon {
+        thread: String,
+        why: &'static str,
     },
     /// Answer once no operation is in flight and no message is waiting.
     WhenQuiet(oneshot::Sender<()>),
@@ -66,7 +72,7 @@ impl SupervisorHandle {
 
     /// Records that a session's agent did something (not merely waited).
     pub fn touch(&self, thread_id: &str) {
-        let now = (self.clock)();
+        let now = self.clock.now_ms();
         lock(&self.activity).insert(thread_id.to_owned(), now);
     }
 
@@ -85,6 +91,17 @@ impl SupervisorHandle {
             })
             .map_err(|_| SessionError::Stopped)?;
         rx.await.map_err(|_| SessionError::Stopped)?
+    }
+
+    /// Asks the supervisor to stop a thread's session and returns at once: for a part
+    /// that stops a session on its own and has no one to answer (`why` is logged if the
+    /// stop fails).
+    pub fn stop_soon(&self, thread_id: &str, why: &'static str) {
+        // A send fails only once the supervisor has stopped, when nothing is to be done.
+        let _ = self.tx.send(Msg::StopSoon {
+            thread: thread_id.to_owned(),
+            why,
+        });
     }
 
     /// Resumes a session that gave up its container while it waited for a person, now

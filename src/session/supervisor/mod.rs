@@ -22,7 +22,7 @@ pub use self::handle::SupervisorHandle;
 use self::handle::{Msg, Outcome, lock};
 pub use self::inbox::SupervisorInbox;
 use self::lifecycle::{scope_of, start_session, stop_session};
-pub use self::parts::{Clock, SupervisorParts};
+pub use self::parts::SupervisorParts;
 use crate::session::SessionError;
 use crate::session::store::{self, SessionRow, SessionState};
 use crate::webhook::store as event_store;
@@ -30,8 +30,6 @@ use crate::workspace::volume;
 
 /// How often the supervisor looks for idle sessions, stop requests and free slots.
 const TICK: Duration = Duration::from_millis(500);
-/// The longest a failed start waits before it is tried again.
-const MAX_BACKOFF_MS: i64 = 5 * 60 * 1000;
 /// How soon a reconciliation whose database read failed is tried again.
 const RECONCILE_RETRY_MS: i64 = 5_000;
 
@@ -55,7 +53,8 @@ impl Supervisor {
         self.reconcile().await;
         self.apply_all_pending().await;
         let ticker_tx = self.tx.clone();
-        let ticker = tokio::spawn(async move {
+        // Ends at the shutdown signal, or when the actor has stopped.
+        self.parts.tasks.spawn_until_shutdown(async move {
             let mut interval = tokio::time::interval(TICK);
             loop {
                 interval.tick().await;
@@ -75,11 +74,10 @@ impl Supervisor {
                 }
             }
         }
-        ticker.abort();
     }
 
     fn now(&self) -> i64 {
-        (self.parts.clock)()
+        self.parts.clock.now_ms()
     }
 
     async fn handle(&mut self, msg: Msg) {
@@ -90,6 +88,11 @@ impl Supervisor {
             Msg::Stop { thread, reply } => {
                 let result = self.stop_thread(&thread).await;
                 let _ = reply.send(result);
+            }
+            Msg::StopSoon { thread, why } => {
+                if let Err(e) = self.stop_thread(&thread).await {
+                    tracing::warn!(thread, why, error = %e, "cannot stop the session");
+                }
             }
             Msg::WhenQuiet(reply) => self.quiet_waiters.push(reply),
             Msg::Tick => self.tick().await,
@@ -325,7 +328,9 @@ impl Supervisor {
                 outcome,
             });
         };
-        tokio::spawn(tracing::Instrument::instrument(start, span));
+        self.parts
+            .tasks
+            .spawn(tracing::Instrument::instrument(start, span));
     }
 
     /// Stops the thread's container (if any), commits its worktree and ends the session.
@@ -370,7 +375,9 @@ impl Supervisor {
                 outcome,
             });
         };
-        tokio::spawn(tracing::Instrument::instrument(stop, span));
+        self.parts
+            .tasks
+            .spawn(tracing::Instrument::instrument(stop, span));
     }
 
     async fn finish(&mut self, thread: &str, outcome: Outcome) {
@@ -454,9 +461,8 @@ impl Supervisor {
             if self.slots.len() >= self.parts.settings.max_live {
                 break;
             }
-            let backoff =
-                (1000 * 2i64.saturating_pow(row.attempts.clamp(0, 20) as u32)).min(MAX_BACKOFF_MS);
-            if row.attempts > 0 && row.updated_at_ms + backoff > now {
+            let retry_at = crate::retry::SESSION_START.next_at_ms(row.updated_at_ms, row.attempts);
+            if row.attempts > 0 && retry_at > now {
                 continue;
             }
             self.try_start(row).await;

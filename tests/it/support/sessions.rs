@@ -11,10 +11,10 @@ use std::time::Duration;
 use git2::{Oid, Repository, Signature};
 use tempfile::TempDir;
 use threadgate::app::Overrides;
+use threadgate::clock::Clock;
 use threadgate::config::{PlainSettings, RepoSettings, SandboxSettings, SessionSettings, Settings};
 use threadgate::sandbox::SandboxRuntime;
 use threadgate::secrets::{MasterKey, SecretStore, SecretString};
-use threadgate::session::Clock;
 use threadgate::store::Db;
 
 use super::app::{TestApp, spawn_app};
