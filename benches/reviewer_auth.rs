@@ -12,8 +12,8 @@ use std::hint::black_box;
 use threadgate::secrets::ExposeSecret as _;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use threadgate::approvals::hasher::Hasher;
-use threadgate::approvals::reviewers;
+use threadgate::reviewers;
+use threadgate::reviewers::hasher::Hasher;
 use threadgate::secrets::SecretString;
 use threadgate::store::Db;
 

@@ -2,7 +2,8 @@
 # Runs threadgate's whole test suite on this machine, installing and starting what the
 # tests need first: a Docker engine, the sandbox image, the localstripe venv, and
 # ripgrep (the agent runner's code search, tested on the host), and
-# headless Chromium with chromedriver (the review page's browser tests).
+# headless Chromium with chromedriver (the review page's browser tests), and npm's
+# oidc-provider (the review page's single sign-on tests).
 #
 # Docker is required here (THREADGATE_REQUIRE_DOCKER=1): a Docker test that cannot run
 # fails instead of skipping, as it may under a bare `cargo test`. Prints the suite's wall
@@ -25,6 +26,13 @@ if [ ! -d .mcp-sdk/node_modules/@modelcontextprotocol/sdk ]; then
     npm install --prefix .mcp-sdk --no-audit --no-fund --silent @modelcontextprotocol/sdk@1.32.2 >&2
 fi
 export MCP_SDK_DIR="$PWD/.mcp-sdk"
+# A real OpenID provider (npm's oidc-provider), which the review page's sign-in tests
+# start on a loopback port with scripts/oidc-provider.mjs.
+if [ ! -d .oidc-provider/node_modules/oidc-provider ]; then
+    echo "test.sh: installing oidc-provider with npm into .oidc-provider" >&2
+    npm install --prefix .oidc-provider --no-audit --no-fund --silent oidc-provider@9.13.3 >&2
+fi
+export OIDC_PROVIDER_DIR="$PWD/.oidc-provider"
 export THREADGATE_REQUIRE_DOCKER=1
 started=$(date +%s)
 status=0

@@ -26,6 +26,7 @@ use crate::gateway::{
 };
 use crate::model::{ModelProxy, Upstream};
 use crate::policy::{Catalog, Policy};
+use crate::reviewers::hasher::{GLOBAL_MAX_WAITING, GLOBAL_PERMITS, Hasher};
 use crate::sandbox::{DockerRuntime, Limits, SandboxRuntime};
 use crate::secrets::{KeySource, MasterKey, Redactor, RedactorSource, SecretStore, SecretString};
 use crate::session::{AgentBook, SessionApi, Supervisor, SupervisorHandle, SupervisorParts};
@@ -53,7 +54,7 @@ pub struct Application {
     pub db: Db,
     pub gate: Arc<Gate>,
     /// The reviewers' bounded password-hashing pool (its counters are observable).
-    pub hasher: Arc<crate::approvals::hasher::Hasher>,
+    pub hasher: Arc<Hasher>,
     pub supervisor: SupervisorHandle,
     pub instance_id: String,
     /// Turns `true` once the calls a previous run left behind have been recovered (an
@@ -397,6 +398,7 @@ fn people_router(
     approvals: &Approvals,
     readiness: crate::health::Readiness,
     signing_secret: &SecretString,
+    (hasher, oidc): (&Arc<Hasher>, Option<Arc<crate::review::oidc::Oidc>>),
 ) -> anyhow::Result<(axum::Router, mpsc::UnboundedReceiver<webhook::StoredEvent>)> {
     let (notify, events) = mpsc::unbounded_channel::<webhook::StoredEvent>();
     let mut intake = webhook::IntakeConfig::new(webhook::SigningSecret::new(
@@ -413,14 +415,16 @@ fn people_router(
     let mut router = axum::Router::new()
         .merge(crate::health::router(readiness))
         .merge(intake_router)
-        .merge(approvals::http::router(approvals.clone()))
+        .merge(approvals::http::router(approvals.clone(), hasher.clone()))
         .merge(crate::review::router(
             crate::review::ReviewState::new(
                 approvals.clone(),
+                hasher.clone(),
                 &settings.public_url,
                 settings.plain.thread_url.clone(),
             )
-            .with_sign_in_backoff_max(settings.server.sign_in_backoff_max),
+            .with_sign_in_backoff_max(settings.server.sign_in_backoff_max)
+            .with_oidc(oidc),
         ));
     if let Some(stripe_events) = connector_setup::stripe_events(
         settings,
@@ -431,6 +435,28 @@ fn people_router(
         router = router.merge(stripe_events);
     }
     Ok((router, events))
+}
+
+/// The team's OpenID provider when `[review.oidc]` is set: its settings checked, its
+/// client secret read from the store, its discovery document fetched; any failure
+/// stops the start naming the key.
+async fn review_oidc(
+    settings: &Settings,
+    secrets: &SecretStore,
+) -> anyhow::Result<Option<Arc<crate::review::oidc::Oidc>>> {
+    let Some(oidc) = &settings.review.oidc else {
+        return Ok(None);
+    };
+    let name = oidc.client_secret_name.trim();
+    let secret = secrets.get(name).await.with_context(|| {
+        format!(
+            "review.oidc.client_secret_name: cannot read the stored secret {name:?} \
+             (set it with `threadgate secrets set {name}`)"
+        )
+    })?;
+    let found = crate::review::oidc::Oidc::discover(oidc, &settings.public_url, secret).await?;
+    tracing::info!(issuer = %oidc.issuer_url, "reviewers may sign in at the identity provider");
+    Ok(Some(Arc::new(found)))
 }
 
 /// The background work: recovery of the calls a previous run left (then
@@ -514,8 +540,17 @@ impl Application {
         let parts = supervisor_parts(&settings, &base, &gate, sockets.clone(), &tasks);
         Supervisor::start(parts, inbox);
         let readiness = readiness(&settings, &base, &gate);
-        let (router, events) =
-            people_router(&settings, &base, &approvals, readiness, &signing_secret)?;
+        let oidc = review_oidc(&settings, &base.secrets).await?;
+        // The reviewers' password pool, shared by the review page and the API.
+        let hasher = Arc::new(Hasher::new(GLOBAL_PERMITS, GLOBAL_MAX_WAITING));
+        let (router, events) = people_router(
+            &settings,
+            &base,
+            &approvals,
+            readiness,
+            &signing_secret,
+            (&hasher, oidc),
+        )?;
         let (recovery_done, recovered) = tokio::sync::watch::channel(false);
         background(
             &settings,
@@ -540,7 +575,7 @@ impl Application {
             router,
             db: base.db,
             gate,
-            hasher: approvals.hasher.clone(),
+            hasher,
             supervisor: handle,
             instance_id: base.instance_id,
             recovered,

@@ -25,6 +25,7 @@ pub mod money;
 pub use threadgate_policy as policy;
 pub mod retry;
 pub mod review;
+pub mod reviewers;
 pub mod sandbox;
 pub mod secrets;
 pub mod session;

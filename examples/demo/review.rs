@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use threadgate::approvals::reviewers;
+use threadgate::reviewers;
 use threadgate::secrets::SecretString;
 use tokio::sync::watch;
 

@@ -7,11 +7,10 @@
 //! after [`Throttle`]'s number of failures from one client address, that address is
 //! refused (429) before any check for the throttle's window.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{ConnectInfo, FromRef, Path, State};
+use axum::extract::{FromRef, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -19,17 +18,20 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::reviewers::{self, Reviewer};
-use super::throttle::Throttle;
 use super::{Approvals, Choice, DecideError};
 use crate::api_error::ApiError;
 use crate::executions::store::{self, Execution, Status};
 use crate::gateway::routes::rfc3339;
+use crate::reviewers::hasher::Hasher;
+use crate::reviewers::throttle::{Throttle, request_client_key};
+use crate::reviewers::{self, Reviewer};
 
-/// The API's state: the approvals service and the failure throttle.
+/// The API's state: the approvals service, the reviewers' hashing pool (for legacy
+/// tokens) and the failure throttle.
 #[derive(Clone)]
 struct Api {
     approvals: Approvals,
+    hasher: Arc<Hasher>,
     throttle: Arc<Throttle>,
 }
 
@@ -39,24 +41,16 @@ impl FromRef<Api> for Approvals {
     }
 }
 
-/// The routes for reviewers.
-pub fn router(approvals: Approvals) -> Router {
+/// The routes for reviewers; legacy argon2 tokens are checked through `hasher`.
+pub fn router(approvals: Approvals, hasher: Arc<Hasher>) -> Router {
     Router::new()
         .route("/api/approvals", get(list))
         .route("/api/approvals/{id}", get(show).post(decide))
         .with_state(Api {
             approvals,
+            hasher,
             throttle: Arc::new(Throttle::default()),
         })
-}
-
-/// The client's address as the throttle keys it (an IPv6 /64 as one address, as the
-/// listener counts it; `addr:unknown` when the listener does not record peers).
-pub fn client_key(headers_ext: &axum::http::Extensions) -> String {
-    match headers_ext.get::<ConnectInfo<SocketAddr>>() {
-        Some(ConnectInfo(addr)) => super::throttle::client_key(addr.ip()),
-        None => "addr:unknown".to_owned(),
-    }
 }
 
 /// The reviewer of a request, with failures throttled per client address.
@@ -65,7 +59,7 @@ async fn checked(
     ext: &axum::http::Extensions,
     headers: &HeaderMap,
 ) -> Result<Reviewer, Response> {
-    let key = client_key(ext);
+    let key = request_client_key(ext);
     let now = api.approvals.gate.now();
     if let Err(wait) = api.throttle.check(&[&key], now) {
         return Err(ApiError::new(
@@ -75,7 +69,7 @@ async fn checked(
         )
         .into_response());
     }
-    let result = reviewer(&api.approvals, headers).await;
+    let result = reviewer(api, headers).await;
     if let Err(r) = &result
         && r.status() == StatusCode::UNAUTHORIZED
     {
@@ -85,7 +79,7 @@ async fn checked(
 }
 
 /// The reviewer named by the `Authorization: Bearer` credential.
-async fn reviewer(approvals: &Approvals, headers: &HeaderMap) -> Result<Reviewer, Response> {
+async fn reviewer(api: &Api, headers: &HeaderMap) -> Result<Reviewer, Response> {
     let presented = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -99,7 +93,7 @@ async fn reviewer(approvals: &Approvals, headers: &HeaderMap) -> Result<Reviewer
         )
         .into_response());
     };
-    match reviewers::authenticate_with(&approvals.gate.db, &approvals.hasher, token).await {
+    match reviewers::authenticate_with(&api.approvals.gate.db, &api.hasher, token).await {
         Ok(Some(r)) => Ok(r),
         Ok(None) => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,

@@ -8,13 +8,10 @@
 //! idempotency key derived from the execution id; a call to a provider without one whose
 //! outcome is unknown after a crash is marked `needs_check` for a person, never re-sent.
 
-pub mod hasher;
 pub mod http;
 pub mod label_outbox;
 pub mod narrow;
 pub mod outbox;
-pub mod reviewers;
-pub mod throttle;
 pub mod trail_outbox;
 
 use std::sync::Arc;
@@ -56,8 +53,6 @@ pub struct Approvals {
     pub gate: Arc<Gate>,
     /// The application's tasks: an approved call runs there, so shutdown waits for it.
     tasks: Tasks,
-    /// The bounded argon2 pool for reviewers' passwords (and legacy tokens).
-    pub hasher: Arc<hasher::Hasher>,
 }
 
 /// What an earlier run of threadgate left to recover ([`Approvals::leftovers`]).
@@ -75,16 +70,9 @@ enum Recorded {
 }
 
 impl Approvals {
-    /// The service over `gate`, with a server-sized hashing pool of its own.
+    /// The service over `gate`; approved calls run among `tasks`.
     pub fn new(gate: Arc<Gate>, tasks: Tasks) -> Approvals {
-        Approvals {
-            gate,
-            tasks,
-            hasher: Arc::new(hasher::Hasher::new(
-                hasher::GLOBAL_PERMITS,
-                hasher::GLOBAL_MAX_WAITING,
-            )),
-        }
+        Approvals { gate, tasks }
     }
 
     /// Records a reviewer's decision on a held call and, when approved, runs it.

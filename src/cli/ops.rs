@@ -12,10 +12,10 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 
 use crate::app::{self, Application, Overrides};
-use crate::approvals::hasher::Hasher;
-use crate::approvals::reviewers;
 use crate::audit::{self, AuditEvent, AuditFilter};
 use crate::config::Settings;
+use crate::reviewers;
+use crate::reviewers::hasher::Hasher;
 use crate::secrets::SecretString;
 use crate::session::store as sessions;
 use crate::store::Db;

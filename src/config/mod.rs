@@ -89,6 +89,8 @@ pub struct Settings {
     pub server: ServerSettings,
     /// Metrics, readiness and trace export (`[telemetry]`).
     pub telemetry: TelemetrySettings,
+    /// The review page (`[review]`; `[review.oidc]`: sign-in through an OpenID provider).
+    pub review: crate::review::oidc::ReviewSettings,
 }
 
 impl Default for Settings {
@@ -115,6 +117,7 @@ impl Default for Settings {
             mcp: crate::mcp::McpSettings::default(),
             server: ServerSettings::default(),
             telemetry: TelemetrySettings::default(),
+            review: Default::default(),
         }
     }
 }

@@ -8,8 +8,11 @@
 
 use askama::Template;
 use axum::Form;
-use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use std::convert::Infallible;
+
+use axum::extract::{FromRequestParts, OptionalFromRequestParts, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -20,9 +23,8 @@ use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 
 use super::{ReviewState, render};
-use crate::approvals::http::client_key;
-use crate::approvals::reviewers::{self, Reviewer, ReviewerError};
-use crate::approvals::throttle::SignInKeys;
+use crate::reviewers::throttle::{SignInKeys, request_client_key};
+use crate::reviewers::{self, Reviewer, ReviewerError};
 use crate::secrets::SecretString;
 
 /// A session ends after this long without a request.
@@ -44,7 +46,8 @@ pub struct Signed {
     digest: String,
 }
 
-fn random_token() -> String {
+/// 32 random bytes, URL-safe base64.
+pub(super) fn random_token() -> String {
     let mut bytes = [0u8; 32];
     rand::rng().fill_bytes(&mut bytes);
     URL_SAFE_NO_PAD.encode(bytes)
@@ -77,12 +80,65 @@ fn set_cookie(state: &ReviewState, name: &str, value: &str, path: &str, max_age_
 
 /// A `Set-Cookie` value: always HttpOnly and SameSite=Strict, Secure when `secure`.
 pub fn cookie_header(secure: bool, name: &str, value: &str, path: &str, max_age_s: i64) -> String {
+    cookie_header_with(secure, name, value, path, max_age_s, "Strict")
+}
+
+/// [`cookie_header`] with another SameSite value (`Lax` for the provider's way back).
+pub fn cookie_header_with(
+    secure: bool,
+    name: &str,
+    value: &str,
+    path: &str,
+    max_age_s: i64,
+    same_site: &str,
+) -> String {
     let secure = if secure { "; Secure" } else { "" };
-    format!("{name}={value}; Path={path}; Max-Age={max_age_s}; HttpOnly; SameSite=Strict{secure}")
+    format!(
+        "{name}={value}; Path={path}; Max-Age={max_age_s}; HttpOnly; SameSite={same_site}{secure}"
+    )
+}
+
+/// The extractor of every review page: the signed-in reviewer of a live session, or
+/// (rejected) the page that sends the browser to sign in and back to this page. A form
+/// post returns to the page its form is on (`/approvals/{id}/decide` to
+/// `/approvals/{id}`). `Option<Signed>` is the reviewer or `None`, never a rejection.
+impl FromRequestParts<ReviewState> for Signed {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &ReviewState,
+    ) -> Result<Self, Self::Rejection> {
+        match current(state, &parts.headers).await {
+            Some(signed) => Ok(signed),
+            None => Err(sign_in_first(&return_to(parts))),
+        }
+    }
+}
+
+impl OptionalFromRequestParts<ReviewState> for Signed {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &ReviewState,
+    ) -> Result<Option<Self>, Self::Rejection> {
+        Ok(current(state, &parts.headers).await)
+    }
+}
+
+/// The page to come back to after signing in: the request's path, or for a form post
+/// the page the form is on.
+fn return_to(parts: &Parts) -> String {
+    let path = parts.uri.path();
+    if parts.method == Method::GET {
+        return path.to_owned();
+    }
+    path.strip_suffix("/decide").unwrap_or(path).to_owned()
 }
 
 /// The signed-in reviewer of the request, if its session is live; touches the session.
-pub async fn current(state: &ReviewState, headers: &HeaderMap) -> Option<Signed> {
+async fn current(state: &ReviewState, headers: &HeaderMap) -> Option<Signed> {
     let token = cookie(headers, SESSION_COOKIE)?;
     if token.len() > 100 {
         return None;
@@ -162,15 +218,11 @@ pub fn safe_next(next: &str) -> String {
 /// back), with `next` as the page to return to.
 pub fn sign_in_first(next: &str) -> Response {
     let target = format!("/login?next={}", safe_next(next));
-    render(
+    continue_to(
         StatusCode::UNAUTHORIZED,
-        &RedirectPage {
-            reviewer: "",
-            csrf: "",
-            banner: "",
-            banner_kind: "",
-            target: &target,
-        },
+        &target,
+        "Sign in required",
+        "Continue to sign in",
     )
 }
 
@@ -182,6 +234,8 @@ struct RedirectPage<'a> {
     banner: &'a str,
     banner_kind: &'a str,
     target: &'a str,
+    heading: &'a str,
+    link_text: &'a str,
 }
 
 #[derive(Template)]
@@ -194,13 +248,15 @@ struct LoginPage<'a> {
     login_csrf: &'a str,
     next: &'a str,
     name: &'a str,
+    /// The identity provider's button label; empty: no such button.
+    sso: &'a str,
 }
 
 /// `?next=` of the sign-in form.
 #[derive(Debug, Deserialize)]
 pub struct NextQuery {
     #[serde(default)]
-    next: String,
+    pub(super) next: String,
 }
 
 fn login_page(
@@ -219,6 +275,7 @@ fn login_page(
         login_csrf: &token,
         next: &safe_next(next),
         name,
+        sso: state.oidc.as_ref().map(|o| o.label()).unwrap_or_default(),
     };
     let mut response = render(status, &page);
     if let Ok(v) = set_cookie(state, LOGIN_COOKIE, &token, "/login", 3600).parse() {
@@ -230,10 +287,10 @@ fn login_page(
 /// `GET /login`: the form, or straight on when already signed in.
 pub async fn login_form(
     State(state): State<ReviewState>,
-    headers: HeaderMap,
+    signed: Option<Signed>,
     Query(q): Query<NextQuery>,
 ) -> Response {
-    if current(&state, &headers).await.is_some() {
+    if signed.is_some() {
         return Redirect::to(&safe_next(&q.next)).into_response();
     }
     login_page(&state, StatusCode::OK, &q.next, "", "")
@@ -269,7 +326,7 @@ pub async fn login(
         );
     }
     let name = form.name.trim();
-    let keys = SignInKeys::new(name, &client_key(&ext));
+    let keys = SignInKeys::new(name, &request_client_key(&ext));
     let now = state.approvals.gate.now();
     if let Err(wait) = state.throttle.check_sign_in(&keys, now) {
         let text = format!(
@@ -330,6 +387,29 @@ fn wait_text(seconds: u64) -> String {
 }
 
 async fn start_session(state: &ReviewState, reviewer: Reviewer, next: &str) -> Response {
+    let token = match open_session(state, &reviewer).await {
+        Ok(token) => token,
+        Err(response) => return *response,
+    };
+    let mut response = Redirect::to(&safe_next(next)).into_response();
+    let cookies = [
+        session_cookie(state, &token),
+        set_cookie(state, LOGIN_COOKIE, "", "/login", 0),
+    ];
+    for c in cookies {
+        if let Ok(v) = c.parse() {
+            response.headers_mut().append(header::SET_COOKIE, v);
+        }
+    }
+    response
+}
+
+/// Opens a session for `reviewer` (its row written, sessions that ended without a
+/// sign-out removed) and returns the cookie value that names it, or the error page.
+pub(super) async fn open_session(
+    state: &ReviewState,
+    reviewer: &Reviewer,
+) -> Result<String, Box<Response>> {
     let token = random_token();
     let (d, csrf, now, id) = (
         digest(&token),
@@ -356,25 +436,43 @@ async fn start_session(state: &ReviewState, reviewer: Reviewer, next: &str) -> R
         .await;
     if let Err(e) = written {
         tracing::error!(error = %e, "cannot start a review session");
-        return super::message(
+        return Err(Box::new(super::message(
             StatusCode::INTERNAL_SERVER_ERROR,
             None,
             "Error",
             "Internal error.",
-        );
+        )));
     }
     tracing::info!(reviewer = %reviewer.name, "reviewer signed in");
-    let mut response = Redirect::to(&safe_next(next)).into_response();
-    let cookies = [
-        set_cookie(state, SESSION_COOKIE, &token, "/", ABSOLUTE_MS / 1000),
-        set_cookie(state, LOGIN_COOKIE, "", "/login", 0),
-    ];
-    for c in cookies {
-        if let Ok(v) = c.parse() {
-            response.headers_mut().append(header::SET_COOKIE, v);
-        }
-    }
-    response
+    Ok(token)
+}
+
+/// The `Set-Cookie` of a session whose cookie value is `token`.
+pub(super) fn session_cookie(state: &ReviewState, token: &str) -> String {
+    set_cookie(state, SESSION_COOKIE, token, "/", ABSOLUTE_MS / 1000)
+}
+
+/// A page that sends the browser on to `target` by itself (a same-site navigation, so
+/// the SameSite=Strict session cookie goes with it even when the page was reached from
+/// another site, as from an identity provider).
+pub(super) fn continue_to(
+    status: StatusCode,
+    target: &str,
+    heading: &str,
+    link_text: &str,
+) -> Response {
+    render(
+        status,
+        &RedirectPage {
+            reviewer: "",
+            csrf: "",
+            banner: "",
+            banner_kind: "",
+            target,
+            heading,
+            link_text,
+        },
+    )
 }
 
 /// A form's CSRF field.
@@ -387,10 +485,10 @@ pub struct CsrfForm {
 /// `POST /logout`: ends the session server side.
 pub async fn logout(
     State(state): State<ReviewState>,
-    headers: HeaderMap,
+    signed: Option<Signed>,
     Form(form): Form<CsrfForm>,
 ) -> Response {
-    let Some(signed) = current(&state, &headers).await else {
+    let Some(signed) = signed else {
         return Redirect::to("/login").into_response();
     };
     if !same_token(&form.csrf, &signed.csrf) {
@@ -450,6 +548,26 @@ mod tests {
             "/approvals?x=\"><",
         ] {
             assert_eq!(safe_next(bad), "/approvals", "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_signed_out_request_returns_to_its_page_and_a_form_post_to_its_form() {
+        let parts = |method: Method, uri: &str| {
+            let request = axum::http::Request::builder()
+                .method(method)
+                .uri(uri)
+                .body(())
+                .expect("request");
+            request.into_parts().0
+        };
+        for (method, uri, back) in [
+            (Method::GET, "/approvals/history", "/approvals/history"),
+            (Method::GET, "/approvals?page=2", "/approvals"),
+            (Method::GET, "/threads/th_1", "/threads/th_1"),
+            (Method::POST, "/approvals/ex_1/decide", "/approvals/ex_1"),
+        ] {
+            assert_eq!(return_to(&parts(method, uri)), back, "{uri}");
         }
     }
 

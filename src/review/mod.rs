@@ -7,13 +7,15 @@
 //!
 //! Safety: reviewers sign in with name and password ([`auth`]; argon2id through the
 //! bounded [`Hasher`]; failures lock a name from one client address and that address,
-//! and slow a name from anywhere); the session cookie is HttpOnly, SameSite=Strict,
-//! Secure when the public URL is https, and expires after [`auth::IDLE_MS`] idle or
-//! [`auth::ABSOLUTE_MS`] in all; every form carries the session's CSRF token; every
+//! and slow a name from anywhere) or through the team's OpenID provider ([`oidc`]);
+//! every page handler takes the signed-in reviewer as an extractor ([`auth::Signed`]);
+//! the session cookie is HttpOnly, SameSite=Strict, Secure when the public URL is
+//! https, and expires after [`auth::IDLE_MS`] idle or [`auth::ABSOLUTE_MS`] in all; every form carries the session's CSRF token; every
 //! response carries a strict CSP without inline script, `X-Frame-Options: DENY`,
 //! `Referrer-Policy: no-referrer` and `no-store`.
 
 pub mod auth;
+pub mod oidc;
 mod pages;
 mod queue;
 mod views;
@@ -27,8 +29,8 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 
 use crate::approvals::Approvals;
-use crate::approvals::hasher::Hasher;
-use crate::approvals::throttle::Throttle;
+use crate::reviewers::hasher::Hasher;
+use crate::reviewers::throttle::Throttle;
 
 /// The Content-Security-Policy of every page: no script at all, styles only from here.
 pub const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self'; \
@@ -47,18 +49,33 @@ pub struct ReviewState {
     pub secure_cookies: bool,
     /// Plain's link to a thread, with `{thread_id}` in it, when configured.
     pub thread_url: Option<String>,
+    /// The team's identity provider, when `[review.oidc]` is set.
+    pub oidc: Option<Arc<oidc::Oidc>>,
 }
 
 impl ReviewState {
-    /// The page's state for a server whose people reach it at `public_url`.
-    pub fn new(approvals: Approvals, public_url: &str, thread_url: Option<String>) -> Self {
+    /// The page's state for a server whose people reach it at `public_url`, checking
+    /// passwords through `hasher`.
+    pub fn new(
+        approvals: Approvals,
+        hasher: Arc<Hasher>,
+        public_url: &str,
+        thread_url: Option<String>,
+    ) -> Self {
         ReviewState {
-            hasher: approvals.hasher.clone(),
+            hasher,
             approvals,
             throttle: Arc::new(Throttle::default()),
             secure_cookies: is_https(public_url),
             thread_url,
+            oidc: None,
         }
+    }
+
+    /// The same state with sign-in through `oidc` beside the password sign-in.
+    pub fn with_oidc(mut self, oidc: Option<Arc<oidc::Oidc>>) -> Self {
+        self.oidc = oidc;
+        self
     }
 
     /// The same state with the per-name sign-in back-off at most `max`
@@ -90,6 +107,8 @@ pub fn is_https(public_url: &str) -> bool {
 pub fn router(state: ReviewState) -> Router {
     Router::new()
         .route("/login", get(auth::login_form).post(auth::login))
+        .route("/login/oidc", get(oidc::begin))
+        .route(oidc::CALLBACK_PATH, get(oidc::finish))
         .route("/logout", post(auth::logout))
         .route("/approvals", get(queue::queue))
         .route("/approvals/history", get(pages::history))

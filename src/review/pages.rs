@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use askama::Template;
 use axum::Form;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use rusqlite::Connection;
 
@@ -76,10 +76,7 @@ pub(super) fn customer(c: &Connection, thread_id: &str) -> rusqlite::Result<Stri
 }
 
 /// `GET /approvals/history`: decided and expired holds, newest first.
-pub async fn history(State(state): State<ReviewState>, headers: HeaderMap) -> Response {
-    let Some(who) = auth::current(&state, &headers).await else {
-        return auth::sign_in_first("/approvals/history");
-    };
+pub async fn history(State(state): State<ReviewState>, who: Signed) -> Response {
     let read = state
         .approvals
         .gate
@@ -181,12 +178,9 @@ async fn approval_page(
 /// `GET /approvals/{id}`: the note's link.
 pub async fn approval(
     State(state): State<ReviewState>,
-    headers: HeaderMap,
+    who: Signed,
     Path(id): Path<String>,
 ) -> Response {
-    let Some(who) = auth::current(&state, &headers).await else {
-        return auth::sign_in_first(&format!("/approvals/{id}"));
-    };
     approval_page(&state, &who, &id, StatusCode::OK, "", "").await
 }
 
@@ -227,13 +221,10 @@ fn parse_form(fields: Vec<(String, String)>) -> DecideForm {
 /// `POST /approvals/{id}/decide`.
 pub async fn decide(
     State(state): State<ReviewState>,
-    headers: HeaderMap,
+    who: Signed,
     Path(id): Path<String>,
     Form(fields): Form<Vec<(String, String)>>,
 ) -> Response {
-    let Some(who) = auth::current(&state, &headers).await else {
-        return auth::sign_in_first(&format!("/approvals/{id}"));
-    };
     let form = parse_form(fields);
     if !auth::same_token(&form.csrf, &who.csrf) {
         return auth::csrf_refused(&who);
@@ -404,12 +395,9 @@ async fn already_decided(state: &ReviewState, me: &str, id: &str, status: &str) 
 /// `GET /threads/{thread_id}`: every audited event of the thread's calls.
 pub async fn thread(
     State(state): State<ReviewState>,
-    headers: HeaderMap,
+    who: Signed,
     Path(thread_id): Path<String>,
 ) -> Response {
-    let Some(who) = auth::current(&state, &headers).await else {
-        return auth::sign_in_first(&format!("/threads/{thread_id}"));
-    };
     let t = thread_id.clone();
     let redactor = state.approvals.gate.current_redactor();
     let read = state

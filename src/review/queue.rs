@@ -7,11 +7,11 @@
 
 use askama::Template;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use serde::Deserialize;
 
-use super::auth;
+use super::auth::Signed;
 use super::pages::{customer, internal};
 use super::views::QueueRow;
 use super::{ReviewState, message, render};
@@ -72,12 +72,9 @@ struct QueuePage<'a> {
 /// `GET /approvals`.
 pub async fn queue(
     State(state): State<ReviewState>,
-    headers: HeaderMap,
+    who: Signed,
     Query(query): Query<QueueQuery>,
 ) -> Response {
-    let Some(who) = auth::current(&state, &headers).await else {
-        return auth::sign_in_first("/approvals");
-    };
     let asked = match read_query(query) {
         Ok(asked) => asked,
         Err(why) => {

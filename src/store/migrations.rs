@@ -55,6 +55,10 @@ const MIGRATIONS: &[Migration] = &[
         name: "0010_thread_events",
         sql: include_str!("migrations/0010_thread_events.sql"),
     },
+    Migration {
+        name: "0011_oidc",
+        sql: include_str!("migrations/0011_oidc.sql"),
+    },
 ];
 
 /// Applies every migration newer than the database's `user_version`, each in its own

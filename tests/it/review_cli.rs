@@ -6,8 +6,8 @@ use std::io::Write as _;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use threadgate::approvals::hasher::Hasher;
-use threadgate::approvals::reviewers;
+use threadgate::reviewers;
+use threadgate::reviewers::hasher::Hasher;
 use threadgate::secrets::SecretString;
 use threadgate::store::Db;
 

@@ -3,7 +3,8 @@
 //! headless Chromium driven over WebDriver.
 //!
 //! Needs `.venv-peers` (`scripts/localstripe.sh setup`) and Chromium with chromedriver
-//! (`scripts/browser-up.sh`). Screenshots land in `target/tmp/review-screenshots/`.
+//! (`scripts/browser-up.sh`); the single sign-on tests need npm's `oidc-provider` in
+//! `.oidc-provider` (`scripts/test.sh` installs it). Screenshots land in `target/tmp/review-screenshots/`.
 
 #[path = "review_web/web.rs"]
 pub mod web;
@@ -16,6 +17,8 @@ mod http;
 mod lockout;
 #[path = "review_web/narrow.rs"]
 mod narrow;
+#[path = "review_web/oidc.rs"]
+mod oidc;
 #[path = "review_web/pages.rs"]
 mod pages;
 #[path = "review_web/paths.rs"]

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use threadgate::approvals::hasher::GLOBAL_PERMITS;
+use threadgate::reviewers::hasher::GLOBAL_PERMITS;
 
 use super::web::{PASSWORD, Web, add_reviewer, client, post_login, set_cookie};
 use crate::support::unix_http::unix_request;

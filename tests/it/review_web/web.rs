@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
-use threadgate::approvals::hasher::Hasher;
-use threadgate::approvals::reviewers;
+use threadgate::reviewers;
+use threadgate::reviewers::hasher::Hasher;
 use threadgate::secrets::SecretString;
 
 use crate::support::app::TestApp;

@@ -31,7 +31,7 @@ pub struct TestApp {
     pub db: Db,
     pub gate: Arc<Gate>,
     /// The reviewers' password-hashing pool of this application.
-    pub hasher: Arc<threadgate::approvals::hasher::Hasher>,
+    pub hasher: Arc<threadgate::reviewers::hasher::Hasher>,
     pub supervisor: SupervisorHandle,
     /// An HTTP client for the tests' requests.
     pub http: reqwest::Client,
@@ -204,7 +204,7 @@ impl TestApp {
 
     /// Creates a reviewer and returns its token.
     pub async fn add_reviewer(&self, name: &str) -> String {
-        let created = threadgate::approvals::reviewers::add(&self.db, name)
+        let created = threadgate::reviewers::add(&self.db, name)
             .await
             .expect("add reviewer");
         created.token.expose_secret().to_owned()

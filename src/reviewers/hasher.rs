@@ -81,8 +81,8 @@ impl Hasher {
     }
 
     /// A process-wide pool ([`GLOBAL_PERMITS`], [`GLOBAL_MAX_WAITING`]) for callers
-    /// without one of their own (the server gives each [`crate::approvals::Approvals`]
-    /// its own).
+    /// without one of their own (the application builds one of its own, shared by the
+    /// review page and the approvals API).
     pub fn global() -> &'static Hasher {
         static GLOBAL: OnceLock<Hasher> = OnceLock::new();
         GLOBAL.get_or_init(|| Hasher::new(GLOBAL_PERMITS, GLOBAL_MAX_WAITING))

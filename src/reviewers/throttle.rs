@@ -41,6 +41,15 @@ pub fn client_key(ip: IpAddr) -> String {
     format!("addr:{}", address_key(ip))
 }
 
+/// The throttle key of a request's client (see [`client_key`]); `addr:unknown` when the
+/// listener does not record peers.
+pub fn request_client_key(ext: &axum::http::Extensions) -> String {
+    match ext.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>() {
+        Some(axum::extract::ConnectInfo(addr)) => client_key(addr.ip()),
+        None => "addr:unknown".to_owned(),
+    }
+}
+
 /// The keys one sign-in attempt counts against.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignInKeys {

@@ -1,4 +1,7 @@
-//! Reviewers: the people who approve or deny held calls, and their credentials.
+//! Reviewers: the people who approve or deny held calls, and their credentials, with
+//! what guards them: the bounded password [`hasher`] and the failure [`throttle`]. Both
+//! the review page ([`crate::review`]) and the approvals API ([`crate::approvals::http`])
+//! use this module; neither owns it.
 //!
 //! `add` creates a reviewer and returns its API token once: `tgr_<id>_<secret>`, where
 //! the secret is 32 random bytes in URL-safe base64. A token is high-entropy, so it is
@@ -24,9 +27,13 @@ use rusqlite::{Connection, OptionalExtension as _, params};
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 
-use super::hasher::{HashError, Hasher};
+pub mod hasher;
+pub mod provider;
+pub mod throttle;
+
 use crate::secrets::SecretString;
 use crate::store::{Db, StoreError};
+use hasher::{HashError, Hasher};
 
 /// The prefix of every reviewer token.
 pub const TOKEN_PREFIX: &str = "tgr_";

@@ -1,0 +1,377 @@
+//! Sign-in through the team's OpenID provider, against a real certified one: npm's
+//! `oidc-provider` (installed by `scripts/test.sh` into `.oidc-provider`, run by
+//! `scripts/oidc-provider.mjs` on a loopback port), through its own login and consent
+//! pages in Chromium; and, over HTTP, the state's one use and browser binding, the cap
+//! on started sign-ins and the checks at start.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use serde_json::json;
+use threadgate::app::{Application, Overrides};
+use threadgate::review::oidc::OidcSettings;
+
+use super::web::{Browser, client, set_cookie};
+use crate::support::app::TestApp;
+use crate::support::plain::repo_root;
+use crate::support::world::World;
+
+const CLIENT_ID: &str = "threadgate-review";
+const CLIENT_SECRET: &str = "oidc-client-secret-for-tests-0c5e1a9f";
+
+/// The provider process; it stops when its standard input closes (on drop).
+struct Provider {
+    issuer: String,
+    child: Child,
+    _stdin: ChildStdin,
+    /// Kept open: a write to a closed pipe would end the provider.
+    _stdout: BufReader<ChildStdout>,
+}
+
+impl Provider {
+    /// Starts the provider for a client whose redirect URL is `redirect_uri`, knowing
+    /// alice (verified, at the allowed domain) and mallory (verified, elsewhere).
+    fn start(redirect_uri: &str) -> Provider {
+        Provider::start_on(redirect_uri, None)
+    }
+
+    /// [`Provider::start`] on `port` (a fresh key each start: a restart on the same
+    /// port is the same issuer having rotated its keys).
+    fn start_on(redirect_uri: &str, port: Option<u16>) -> Provider {
+        let dir = std::env::var("OIDC_PROVIDER_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| repo_root().join(".oidc-provider"));
+        assert!(
+            dir.join("node_modules/oidc-provider").is_dir(),
+            "oidc-provider is not installed in {} (scripts/test.sh installs it)",
+            dir.display()
+        );
+        let config = json!({
+            "client_id": CLIENT_ID,
+            "client_secret": CLIENT_SECRET,
+            "redirect_uri": redirect_uri,
+            "accounts": {
+                "alice": {"email": "alice@acme.test", "email_verified": true, "name": "Alice"},
+                "mallory": {"email": "mallory@elsewhere.test", "email_verified": true},
+            },
+            "port": port,
+        });
+        let mut child = Command::new("node")
+            .arg(repo_root().join("scripts/oidc-provider.mjs"))
+            .arg(config.to_string())
+            .env("OIDC_PROVIDER_DIR", &dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("node runs scripts/oidc-provider.mjs");
+        let stdin = child.stdin.take().expect("stdin");
+        let mut line = String::new();
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        stdout
+            .read_line(&mut line)
+            .expect("the provider says it is ready");
+        let issuer = line
+            .trim()
+            .strip_prefix("ready ")
+            .unwrap_or_else(|| panic!("the provider did not start: {line:?}"))
+            .to_owned();
+        Provider {
+            issuer,
+            child,
+            _stdin: stdin,
+            _stdout: stdout,
+        }
+    }
+}
+
+impl Drop for Provider {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A world whose app listens where the provider sends browsers back, signing in at a
+/// fresh provider that allows verified emails at `acme.test`.
+async fn world_with_provider(tune: impl FnOnce(&mut OidcSettings)) -> (World, Provider) {
+    let mut world = World::new().await;
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let provider = Provider::start(&format!("{base}/login/oidc/callback"));
+    world.settings.listen = ([127, 0, 0, 1], port).into();
+    world.settings.public_url = base;
+    let mut oidc = OidcSettings::new(&provider.issuer, CLIENT_ID);
+    oidc.allowed_email_domains = vec!["acme.test".into()];
+    oidc.label = "Acme ID".into();
+    tune(&mut oidc);
+    world.settings.review.oidc = Some(oidc);
+    world
+        .store_secret("oidc_client_secret", CLIENT_SECRET)
+        .await;
+    (world, provider)
+}
+
+/// Signs in at the provider's own pages as `login` (any password) and consents.
+async fn sign_in_at_provider(b: &Browser, login: &str) {
+    b.submit("a.button.primary").await;
+    b.wait_for("input[name=login]")
+        .await
+        .send_keys(login)
+        .await
+        .expect("login");
+    b.wait_for("input[name=password]")
+        .await
+        .send_keys("any password the dev pages take")
+        .await
+        .expect("password");
+    b.submit("button[type=submit]").await;
+    // The consent page.
+    b.submit("button[type=submit]").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reviewer_signs_in_at_the_provider_and_approves_a_held_call_in_a_browser() {
+    let (world, _provider) = world_with_provider(|_| {}).await;
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[5000])
+        .await;
+    let id = ada.session.hold_refund(&ada.charges[0], 700).await;
+
+    let b = Browser::start().await;
+    b.open(&format!("{}/approvals/{id}", world.settings.public_url))
+        .await;
+    assert!(
+        b.text("a.button.primary")
+            .await
+            .contains("Sign in with Acme ID")
+    );
+    sign_in_at_provider(&b, "alice").await;
+
+    // Back on the approval the link named, signed in as the configured claim.
+    b.wait_for("form[action$='/decide']").await;
+    let url = b.client.current_url().await.expect("url");
+    assert_eq!(url.path(), format!("/approvals/{id}"));
+    assert!(b.text("header nav").await.contains("alice@acme.test"));
+    b.submit("button[value=approve]").await;
+    assert!(b.text("p.banner").await.starts_with("Approved."));
+
+    let done = ada.session.wait(&id, 30).await;
+    assert_eq!(done["status"], "ok", "{done}");
+    // The audit names the reviewer by the configured claim.
+    let by: Vec<(String, Option<String>)> = app
+        .audit_rows()
+        .await
+        .into_iter()
+        .filter(|r| r.execution_id.as_deref() == Some(id.as_str()) && r.reviewer.is_some())
+        .map(|r| (r.event, r.reviewer))
+        .collect();
+    assert!(!by.is_empty(), "no audit row names a reviewer");
+    assert!(
+        by.iter()
+            .all(|(_, r)| r.as_deref() == Some("alice@acme.test")),
+        "{by:?}"
+    );
+    b.close().await;
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_that_rotated_its_keys_is_read_again_in_a_browser() {
+    let (world, provider) = world_with_provider(|_| {}).await;
+    let app = world.start().await;
+    // The same issuer comes back signing with a key the app has never seen.
+    let port: u16 = provider
+        .issuer
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("the issuer's port");
+    drop(provider);
+    let redirect = format!("{}/login/oidc/callback", world.settings.public_url);
+    let _rotated = Provider::start_on(&redirect, Some(port));
+
+    let b = Browser::start().await;
+    b.open(&format!("{}/approvals", world.settings.public_url))
+        .await;
+    sign_in_at_provider(&b, "alice").await;
+    assert!(b.text("header nav").await.contains("alice@acme.test"));
+    b.close().await;
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_the_provider_knows_but_the_team_did_not_allow_or_who_cancels_is_refused_in_a_browser()
+ {
+    let (world, _provider) = world_with_provider(|_| {}).await;
+    let app = world.start().await;
+    let b = Browser::start().await;
+    // Cancelled on the provider's login page: the provider's error is shown.
+    b.open(&format!("{}/approvals", world.settings.public_url))
+        .await;
+    b.submit("a.button.primary").await;
+    b.submit(".login-help a").await;
+    assert_eq!(b.text("h1").await, "Not signed in");
+    let told = b.text("main").await;
+    assert!(
+        told.contains("did not sign you in (access_denied)"),
+        "{told}"
+    );
+
+    b.open(&format!("{}/approvals", world.settings.public_url))
+        .await;
+    sign_in_at_provider(&b, "mallory").await;
+    assert_eq!(b.text("h1").await, "Not allowed");
+    let told = b.text("main").await;
+    assert!(
+        told.contains("mallory@elsewhere.test") && told.contains("has not allowed"),
+        "{told}"
+    );
+    // Not signed in: the queue still asks for a sign-in, and no reviewer was made.
+    b.open(&format!("{}/approvals", world.settings.public_url))
+        .await;
+    b.wait_for("input[name=password]").await;
+    let names: Vec<String> = threadgate::reviewers::list(&app.db)
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert!(names.is_empty(), "{names:?}");
+    b.close().await;
+    app.stop().await;
+}
+
+/// `GET /login/oidc`: the provider's authorization URL (its `state`) and the browser's
+/// cookie.
+async fn begin(app: &TestApp) -> (u16, String, String) {
+    let resp = client()
+        .get(format!("http://{}/login/oidc?next=/approvals", app.addr))
+        .send()
+        .await
+        .expect("begin");
+    let status = resp.status().as_u16();
+    let Some((cookie, header)) = set_cookie(&resp, "tg_oidc") else {
+        return (status, String::new(), String::new());
+    };
+    assert!(
+        header.contains("HttpOnly") && header.contains("SameSite=Lax"),
+        "{header}"
+    );
+    let location = resp.headers()["location"]
+        .to_str()
+        .expect("location")
+        .to_owned();
+    let url = reqwest::Url::parse(&location).expect("an absolute URL");
+    let pairs: std::collections::HashMap<_, _> = url.query_pairs().into_owned().collect();
+    assert_eq!(pairs["code_challenge_method"], "S256", "{location}");
+    assert!(pairs.contains_key("nonce"), "{location}");
+    (status, pairs["state"].clone(), cookie)
+}
+
+async fn callback(app: &TestApp, state: &str, cookie: &str) -> (u16, String) {
+    let resp = client()
+        .get(format!(
+            "http://{}/login/oidc/callback?code=made-up&state={state}",
+            app.addr
+        ))
+        .header("Cookie", cookie)
+        .send()
+        .await
+        .expect("callback");
+    (
+        resp.status().as_u16(),
+        resp.text().await.unwrap_or_default(),
+    )
+}
+
+#[tokio::test]
+async fn a_forged_replayed_or_other_browsers_state_is_refused_and_started_sign_ins_are_capped() {
+    let (world, _provider) = world_with_provider(|o| o.max_pending_per_address = 3).await;
+    let app = world.start().await;
+
+    let (status, state, cookie) = begin(&app).await;
+    assert_eq!(status, 303);
+    let (status, page) = callback(&app, "forged-state", &cookie).await;
+    assert_eq!(status, 400, "{page}");
+    assert!(page.contains("unknown or was already used"), "{page}");
+    // The real state with a made-up code: the state is used up, the code refused.
+    let (status, page) = callback(&app, &state, &cookie).await;
+    assert_eq!(status, 401, "{page}");
+    assert!(page.contains("did not verify"), "{page}");
+    let (status, page) = callback(&app, &state, &cookie).await;
+    assert_eq!(status, 400, "{page}");
+    assert!(page.contains("unknown or was already used"), "{page}");
+
+    // A state started by one browser, brought back by another.
+    let (_, state, _) = begin(&app).await;
+    let (_, _, other_cookie) = begin(&app).await;
+    let (status, page) = callback(&app, &state, &other_cookie).await;
+    assert_eq!(status, 400, "{page}");
+    assert!(page.contains("started in another browser"), "{page}");
+
+    // An answer naming another issuer (a mix-up) is refused.
+    let (_, state, cookie) = begin(&app).await;
+    let resp = client()
+        .get(format!(
+            "http://{}/login/oidc/callback?code=c&state={state}&iss=http%3A%2F%2Fevil.test",
+            app.addr
+        ))
+        .header("Cookie", &cookie)
+        .send()
+        .await
+        .expect("callback");
+    assert_eq!(resp.status().as_u16(), 400);
+    let page = resp.text().await.unwrap_or_default();
+    assert!(page.contains("another identity provider"), "{page}");
+
+    // One of three started sign-ins is left; two more reach the cap of this address.
+    assert_eq!(begin(&app).await.0, 303);
+    assert_eq!(begin(&app).await.0, 303);
+    let (status, _, cookie) = begin(&app).await;
+    assert_eq!((status, cookie.as_str()), (429, ""));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_wrong_oidc_setting_stops_the_start_naming_its_key() {
+    let (world, provider) = world_with_provider(|_| {}).await;
+    let build = |tune: &dyn Fn(&mut OidcSettings)| {
+        let mut settings = world.settings.clone();
+        settings.listen = ([127, 0, 0, 1], 0).into();
+        if let Some(oidc) = settings.review.oidc.as_mut() {
+            tune(oidc);
+        }
+        let overrides = Overrides {
+            sandbox: Some(world.sandbox.clone()),
+            clock: None,
+        };
+        async move {
+            match Application::build(settings, overrides).await {
+                Ok(_) => String::new(),
+                Err(e) => format!("{e:#}"),
+            }
+        }
+    };
+    let err = build(&|o| o.allowed_email_domains.clear()).await;
+    assert!(
+        err.contains("review.oidc") && err.contains("allow-list"),
+        "{err}"
+    );
+    let err = build(&|o| o.client_secret_name = "not_stored".into()).await;
+    assert!(err.contains("review.oidc.client_secret_name"), "{err}");
+    let err = build(&|o| o.issuer_url = format!("http://127.0.0.1:{}", free_port())).await;
+    assert!(err.contains("review.oidc.issuer_url"), "{err}");
+    let err = build(&|o| o.issuer_url = format!("{}/elsewhere", provider.issuer)).await;
+    assert!(err.contains("review.oidc.issuer_url"), "{err}");
+    assert!(!err.contains(CLIENT_SECRET), "{err}");
+}
