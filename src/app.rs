@@ -7,22 +7,23 @@ mod metrics_http;
 use crate::secrets::ExposeSecret as _;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, broadcast, mpsc};
+use tokio::sync::mpsc;
 
 use crate::approvals::{self, Approvals};
 use crate::config::Settings;
 use crate::gateway::{
-    ConnLimits, Connectors, Gate, LoadedPolicy, SandboxApi, SandboxRouter, SocketHost,
+    Connectors, Gate, GateParts, LoadedPolicy, SandboxApi, SandboxRouter, SocketHost,
 };
 use crate::model::{ModelProxy, Upstream};
 use crate::policy::{Catalog, Policy};
 use crate::sandbox::{DockerRuntime, Limits, SandboxRuntime};
 use crate::secrets::{KeySource, MasterKey, Redactor, RedactorSource, SecretStore, SecretString};
+use crate::server::ConnLimits;
 use crate::session::{AgentBook, Clock, SessionApi, Supervisor, SupervisorHandle, SupervisorParts};
 use crate::store::Db;
 use crate::store::meta;
@@ -143,19 +144,19 @@ async fn model_proxy(
 fn publisher(
     settings: &Settings,
     gate: &Arc<Gate>,
-    db: &Db,
+    foundation: &Foundation,
     base: String,
 ) -> Option<Arc<dyn crate::session::BranchPublisher>> {
     settings.repo.remote.as_ref()?;
-    let github = gate.connectors.github.clone()?;
+    let github = foundation.connectors.github.clone()?;
     let repo = settings.github.repos.first()?.clone();
     let g = gate.clone();
-    let notes = crate::gateway::pull_note::OutboxPullNotes::new(gate.clone(), repo.clone());
+    let notes = crate::notes::pull::OutboxPullNotes::new(gate.outbox().clone(), repo.clone());
     Some(Arc::new(crate::session::GithubPublisher {
         github,
         repo,
         base,
-        db: db.clone(),
+        db: foundation.db.clone(),
         redactor: Arc::new(move || g.current_redactor()),
         latest_finding: crate::executions::store::latest_finding,
         thread_calls: crate::executions::thread_calls::thread_calls,
@@ -231,13 +232,11 @@ impl Foundation {
 
     /// The gate, handed the supervisor's handle at construction.
     fn gate(&self, settings: &Settings, supervisor: SupervisorHandle) -> Arc<Gate> {
-        let (changes, _) = broadcast::channel(1024);
-        Arc::new(Gate {
+        Arc::new(Gate::new(GateParts {
             db: self.db.clone(),
-            policy: RwLock::new(self.loaded.clone()),
-            catalog: Catalog::builtin(),
+            policy: self.loaded.clone(),
             connectors: self.connectors.clone(),
-            redactor: RwLock::new(self.redactor.clone()),
+            redactor: self.redactor.clone(),
             redactor_source: Some(RedactorSource::new(
                 self.secrets.clone(),
                 Some(self.generation),
@@ -245,12 +244,9 @@ impl Foundation {
             agents: self.agents.clone(),
             public_url: settings.public_url.clone(),
             clock: self.clock.clone(),
-            changes,
-            outbox: Notify::new(),
             supervisor,
-            holds: Arc::default(),
             max_pending_holds: settings.sessions.max_pending_holds,
-        })
+        }))
     }
 }
 
@@ -295,7 +291,7 @@ async fn serve_metrics(
         db: db.clone(),
         clock: clock.clone(),
     });
-    background.push(tokio::spawn(crate::gateway::serve::serve(
+    background.push(tokio::spawn(crate::server::serve(
         listener,
         router,
         limits,
@@ -373,9 +369,9 @@ fn supervisor_parts(
         settings: settings.sessions.clone(),
         default_agent: settings.default_agent.clone(),
         clock: base.clock.clone(),
-        publisher: publisher(settings, gate, &base.db, base_branch),
-        notes: Some(Arc::new(crate::gateway::stop_note::OutboxStopNotes::new(
-            gate.clone(),
+        publisher: publisher(settings, gate, base, base_branch),
+        notes: Some(Arc::new(crate::notes::stop::OutboxStopNotes::new(
+            gate.outbox().clone(),
         ))),
     }
 }
@@ -445,7 +441,7 @@ fn background(
                 sup.thread_changed(&ev.thread_id);
             }
         }),
-        tokio::spawn(approvals::outbox::run(gate)),
+        tokio::spawn(crate::notes::run(gate.outbox().clone())),
         tokio::spawn(crate::audit::anchor::keep(
             db.clone(),
             settings.audit_anchor_path(),
@@ -477,7 +473,7 @@ impl Application {
             "refusing to start without a Plain signing secret: set THREADGATE_PLAIN_SIGNING_SECRET \
              (or plain.signing_secret_file); an unsigned webhook endpoint would let anyone open sessions",
         )?;
-        match crate::gateway::raise_open_file_limit() {
+        match crate::server::raise_open_file_limit() {
             Ok(n) => tracing::debug!(open_files = n, "open-file limit"),
             Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
         }
@@ -485,7 +481,7 @@ impl Application {
         let (handle, inbox) = Supervisor::channel(base.clock.clone());
         let gate = base.gate(&settings, handle.clone());
         // Before any session socket serves a call: reads rely on these marks.
-        gate.holds.load(&base.db).await?;
+        gate.load_holds().await?;
         let approvals = Approvals::new(gate.clone());
         // Before the supervisor can open a session socket: only calls a previous run
         // left behind are recovered, never one a session makes now.
@@ -548,7 +544,7 @@ impl Application {
             .metrics_addr
             .map_or("off".to_owned(), |a| a.to_string());
         tracing::info!(addr = %self.addr, metrics = %metrics, instance = %self.instance_id, "threadgate serving");
-        crate::gateway::serve::serve(self.listener, self.router, self.limits, shutdown).await;
+        crate::server::serve(self.listener, self.router, self.limits, shutdown).await;
         self.supervisor.shutdown();
         for task in self.background {
             task.abort();

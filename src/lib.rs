@@ -19,12 +19,14 @@ pub mod mcp;
 pub mod metrics;
 pub mod model;
 pub mod money;
+pub mod notes;
 /// The policy engine, a crate of its own (`crates/policy`) so its purity is checked by
 /// the compiler: re-exported here so `threadgate::policy` stays its path.
 pub use threadgate_policy as policy;
 pub mod review;
 pub mod sandbox;
 pub mod secrets;
+pub mod server;
 pub mod session;
 pub mod store;
 pub mod telemetry;

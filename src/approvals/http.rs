@@ -99,7 +99,7 @@ async fn reviewer(approvals: &Approvals, headers: &HeaderMap) -> Result<Reviewer
         )
         .into_response());
     };
-    match reviewers::authenticate_with(&approvals.gate.db, &approvals.hasher, token).await {
+    match reviewers::authenticate_with(approvals.gate.db(), &approvals.hasher, token).await {
         Ok(Some(r)) => Ok(r),
         Ok(None) => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -149,7 +149,7 @@ async fn list(State(api): State<Api>, ext: axum::http::Extensions, headers: Head
     let a = api.approvals;
     let held = a
         .gate
-        .db
+        .db()
         .read(|c| store::with_status(c, Status::Held))
         .await;
     match held {
@@ -179,7 +179,7 @@ async fn show(
         return r;
     }
     let a = api.approvals;
-    let found = a.gate.db.read(move |c| store::get(c, &id)).await;
+    let found = a.gate.db().read(move |c| store::get(c, &id)).await;
     match found {
         Ok(Some(e)) => Json(reviewer_view(&a, &e)).into_response(),
         Ok(None) => {

@@ -10,12 +10,9 @@
 
 pub mod hasher;
 pub mod http;
-pub mod label_outbox;
 pub mod narrow;
-pub mod outbox;
 pub mod reviewers;
 pub mod throttle;
-pub mod trail_outbox;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -102,7 +99,7 @@ impl Approvals {
         };
         let recorded = self
             .gate
-            .db
+            .db()
             .write(move |conn| record_decision(conn, &redactor, &asked))
             .await?;
         match recorded {
@@ -131,10 +128,8 @@ impl Approvals {
     }
 
     fn after_change(&self, exec: &Execution) {
-        let _ = self.gate.changes.send(exec.id.clone());
         // The trail's event for this change is queued; the outbox posts it.
-        self.gate.outbox.notify_one();
-        self.gate.supervisor.resume(&exec.thread_id);
+        self.gate.changed(exec);
     }
 
     /// Runs an approved call once: claims it (`approved` to `running`), decides it again
@@ -142,13 +137,13 @@ impl Approvals {
     /// Does nothing when another task already claimed it.
     pub async fn run_approved(&self, id: &str) -> Option<CallReply> {
         let loaded = self.gate.current_policy();
-        let catalog = self.gate.catalog.clone();
+        let catalog = self.gate.catalog().clone();
         let redactor = self.gate.current_redactor();
         let now = self.gate.now();
         let id_owned = id.to_owned();
         let claimed = self
             .gate
-            .db
+            .db()
             .write(move |conn| claim(conn, &loaded, &catalog, &redactor, &id_owned, now))
             .await;
         let (exec, run) = match claimed {
@@ -174,7 +169,7 @@ impl Approvals {
         let redactor = self.gate.current_redactor();
         let expired = self
             .gate
-            .db
+            .db()
             .write(move |conn| {
                 let due = store::expired_holds(conn, now)?;
                 let mut done = Vec::new();
@@ -210,7 +205,7 @@ impl Approvals {
     pub async fn leftovers(&self) -> Result<Leftovers, crate::store::StoreError> {
         let read = |status| async move {
             self.gate
-                .db
+                .db()
                 .read(move |c| store::with_status(c, status))
                 .await
         };
@@ -229,12 +224,7 @@ impl Approvals {
             self.run_approved(&exec.id).await;
         }
         for exec in left.running {
-            let idempotent = self
-                .gate
-                .connectors
-                .for_tool(&exec.tool)
-                .is_some_and(|c| c.supports_idempotency());
-            if idempotent {
+            if self.gate.may_resend(&exec.tool) {
                 tracing::info!(execution = %exec.id, "re-sending a call with its idempotency key after a restart");
                 self.gate.execute(exec, Instant::now()).await;
             } else {
@@ -250,7 +240,7 @@ impl Approvals {
         let e = exec.clone();
         let written = self
             .gate
-            .db
+            .db()
             .write(move |conn| {
                 store::finish(conn, &e.id, Status::NeedsCheck, None, Some(reason), now)?;
                 if trail::was_held(&e) {

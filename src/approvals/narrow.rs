@@ -96,7 +96,7 @@ impl Approvals {
     ) -> Result<Result<store::Execution, NarrowError>, DecideError> {
         let changed_any = {
             let owned = id.to_owned();
-            let exec = self.gate.db.read(move |c| store::get(c, &owned)).await?;
+            let exec = self.gate.db().read(move |c| store::get(c, &owned)).await?;
             let Some(exec) = exec else {
                 return Err(DecideError::NotFound(id.to_owned()));
             };
@@ -148,7 +148,7 @@ impl Approvals {
         let now = self.gate.now();
         let redactor = self.gate.current_redactor();
         let loaded = self.gate.current_policy();
-        let catalog = self.gate.catalog.clone();
+        let catalog = self.gate.catalog().clone();
         let ask = Ask {
             id: id.to_owned(),
             reviewer: reviewer.to_owned(),
@@ -158,7 +158,7 @@ impl Approvals {
         };
         let outcome = self
             .gate
-            .db
+            .db()
             .write(move |conn| {
                 let found = recheck(conn, &loaded, &catalog, &redactor, &ask)?;
                 let (held, args, narrowed) = match found {

@@ -7,7 +7,7 @@
 //!
 //! Each event is queued in the transaction that makes the change it tells of, in the
 //! thread event outbox (`thread_event_outbox`), and posted by the outbox
-//! (`approvals::trail_outbox`), never from a request handler. Each carries its own
+//! (`notes::trail_outbox`), never from a request handler. Each carries its own
 //! external id, `<execution id>:<step>`; Plain refuses a second event with an external
 //! id it has, so a re-sent event (after a crash, or from a second instance) never shows
 //! twice, and the queue refuses to hold the same external id twice.

@@ -44,7 +44,7 @@ impl SandboxRouter for Arc<Gate> {
 }
 
 async fn call(State(s): State<Scoped>, body: Result<Json<CallRequest>, JsonRejection>) -> Response {
-    s.gate.supervisor.touch(&s.scope.thread_id);
+    s.gate.supervisor().touch(&s.scope.thread_id);
     let req = match body {
         Ok(Json(req)) => req,
         Err(rejection) => {
@@ -57,7 +57,7 @@ async fn call(State(s): State<Scoped>, body: Result<Json<CallRequest>, JsonRejec
         }
     };
     // Only catalog names become a label: an agent cannot mint series.
-    let tool = match s.gate.catalog.get(&req.tool) {
+    let tool = match s.gate.catalog().get(&req.tool) {
         Some(_) => req.tool.clone(),
         None => "unknown".to_owned(),
     };
@@ -153,17 +153,11 @@ pub fn rfc3339(ms: i64) -> String {
 /// `GET /v1/tools`: the tools the session's agent is granted, without those the policy
 /// blocks outright, with their descriptions and argument values (`tool_docs`).
 async fn tools(State(s): State<Scoped>) -> Response {
-    let Some(agent) = s.gate.agents.get(&s.scope.agent) else {
+    let Some(offered) = s.gate.offered_tools(&s.scope.agent) else {
         return Json(json!({"tools": []})).into_response();
     };
-    let loaded = s.gate.current_policy();
-    let tools: Vec<Value> = s
-        .gate
-        .catalog
-        .tools()
-        .iter()
-        .filter(|t| agent.grants(t.name))
-        .filter(|t| !loaded.policy.always_blocks(t.name, &s.gate.catalog))
+    let tools: Vec<Value> = offered
+        .into_iter()
         .map(|t| {
             let args: Vec<Value> = t
                 .args
@@ -182,7 +176,7 @@ async fn tools(State(s): State<Scoped>) -> Response {
 
 async fn load(s: &Scoped, id: &str) -> Result<Execution, Response> {
     let id = id.to_owned();
-    let found = s.gate.db.read(move |c| exec_store::get(c, &id)).await;
+    let found = s.gate.db().read(move |c| exec_store::get(c, &id)).await;
     match found {
         Ok(Some(e)) if e.session_id == s.scope.session_id => Ok(e),
         Ok(_) => Err(ApiError::new(
@@ -252,7 +246,7 @@ async fn wait(
     Query(q): Query<WaitQuery>,
 ) -> Response {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(q.timeout).min(MAX_WAIT);
-    let mut changes = s.gate.changes.subscribe();
+    let mut changes = s.gate.changes();
     loop {
         let e = match load(&s, &id).await {
             Ok(e) => e,

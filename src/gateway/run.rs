@@ -58,7 +58,7 @@ impl Gate {
                 replayed: true,
             },
             Decided::Held(exec) | Decided::Pending(exec) => {
-                self.outbox.notify_one();
+                self.outbox.wake();
                 let approval_url = self.approval_url(&exec.id);
                 CallReply::Held {
                     execution: Box::new(exec),
@@ -86,7 +86,7 @@ impl Gate {
             limit,
             "too many calls waiting for a person; stopping the session"
         );
-        self.outbox.notify_one();
+        self.outbox.wake();
         let (supervisor, thread) = (self.supervisor.clone(), scope.thread_id.clone());
         tokio::spawn(async move {
             if let Err(e) = supervisor.stop(&thread).await {

@@ -42,11 +42,11 @@ impl LabelledSessions {
         let thread = thread_id.clone();
         let written = self
             .gate
-            .db
+            .db()
             .write(move |c| labels::set_working(c, &thread, working, now))
             .await;
         match written {
-            Ok(()) => self.gate.outbox.notify_one(),
+            Ok(()) => self.gate.outbox().wake(),
             Err(e) => {
                 tracing::error!(thread = %thread_id, error = %e, "cannot record the thread's agent-working label");
             }

@@ -12,7 +12,7 @@ use axum::Router;
 use tokio::net::UnixListener;
 use tokio::sync::oneshot;
 
-use super::serve::{ConnLimits, serve};
+use crate::server::{ConnLimits, serve};
 use crate::session::{SessionApi, SessionScope};
 
 /// The file name of a session's socket inside its socket directory (mounted at

@@ -81,18 +81,10 @@ impl SessionTools {
     pub fn tools(&self) -> Vec<rmcp::model::Tool> {
         let gate = &self.server.gate;
         let wait = wait_tool(self.server.settings.wait_default.as_secs());
-        let Some(agent) = gate.agents.get(&self.scope.agent) else {
+        let Some(offered) = gate.offered_tools(&self.scope.agent) else {
             return vec![wait];
         };
-        let loaded = gate.current_policy();
-        let mut tools: Vec<_> = gate
-            .catalog
-            .tools()
-            .iter()
-            .filter(|t| agent.grants(t.name))
-            .filter(|t| !loaded.policy.always_blocks(t.name, &gate.catalog))
-            .map(gateway_tool)
-            .collect();
+        let mut tools: Vec<_> = offered.into_iter().map(gateway_tool).collect();
         tools.push(wait);
         tools
     }
@@ -106,7 +98,7 @@ impl SessionTools {
         progress: Option<Progress>,
     ) -> Result<CallToolResponse, ErrorData> {
         let gate = &self.server.gate;
-        gate.supervisor.touch(&self.scope.thread_id);
+        gate.supervisor().touch(&self.scope.thread_id);
         let mut args = Value::Object(params.arguments.unwrap_or_default());
         let diagnosis = args
             .as_object_mut()
@@ -265,7 +257,7 @@ impl SessionTools {
         mut progress: Option<Progress>,
     ) -> Result<(Execution, bool), CallToolResult> {
         let gate = &self.server.gate;
-        let mut changes = gate.changes.subscribe();
+        let mut changes = gate.changes();
         let started = tokio::time::Instant::now();
         let deadline = started + timeout;
         let mut next_report = started;
@@ -311,7 +303,7 @@ impl SessionTools {
         let found = self
             .server
             .gate
-            .db
+            .db()
             .read(move |c| exec_store::get(c, &owned))
             .await;
         match found {

@@ -83,7 +83,7 @@ pub async fn history(State(state): State<ReviewState>, headers: HeaderMap) -> Re
     let read = state
         .approvals
         .gate
-        .db
+        .db()
         .read(|c| store::decided_holds(c, PAGE_ROWS))
         .await;
     match read {
@@ -117,7 +117,7 @@ async fn approval_page(
     let read = state
         .approvals
         .gate
-        .db
+        .db()
         .read(move |c| {
             let Some(e) = store::get(c, &owned)? else {
                 return Ok(None);
@@ -370,7 +370,7 @@ async fn read_call(
     state
         .approvals
         .gate
-        .db
+        .db()
         .read(move |c| store::get(c, &owned))
         .await
 }
@@ -415,7 +415,7 @@ pub async fn thread(
     let read = state
         .approvals
         .gate
-        .db
+        .db()
         .read(move |c| trail(c, &t, &redactor))
         .await;
     match read {
