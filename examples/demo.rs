@@ -106,9 +106,9 @@ async fn demo(keep: bool) {
 
 /// The session id of `thread`.
 async fn session_of(app: &TestApp, thread: &str) -> Option<String> {
-    let t = thread.to_owned();
+    let t = threadgate::ids::ThreadId::parse(thread).ok()?;
     let row = app.db.read(move |c| sessions::get(c, &t)).await.ok()??;
-    Some(row.session_id)
+    Some(row.session_id.into_string())
 }
 
 async fn executions_of(app: &TestApp, thread: &str) -> Vec<ExecRow> {

@@ -15,6 +15,7 @@ pub mod connectors;
 pub mod executions;
 pub mod gateway;
 pub mod health;
+pub mod ids;
 pub mod mcp;
 pub mod metrics;
 pub mod model;

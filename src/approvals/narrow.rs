@@ -263,7 +263,7 @@ fn record(
 
 /// The held call, or why it can no longer be decided (its ttl was checked before).
 fn still_held(held: store::Execution) -> Result<store::Execution, DecideError> {
-    let id = held.id.clone();
+    let id = held.id.to_string();
     if held.status == Status::Expired {
         return Err(DecideError::Expired { id });
     }

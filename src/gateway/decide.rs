@@ -14,7 +14,7 @@ use super::gate::{Gate, LoadedPolicy};
 use super::prepare::PreparedCall;
 use crate::audit::AuditEvent;
 use crate::executions::{
-    self, AuditStep, Execution, Status, new_execution_id, redact_args, store as exec_store, trail,
+    self, AuditStep, Execution, Status, redact_args, store as exec_store, trail,
 };
 use crate::notes::stop::StopNote;
 use crate::policy::{Catalog, LimitCharge, LimitHistory, Verdict};
@@ -252,7 +252,7 @@ pub(super) fn frozen(
         Verdict::Block => (Status::Blocked, None),
     };
     Execution {
-        id: new_execution_id(),
+        id: crate::ids::ExecutionId::random(),
         session_id: cx.scope.session_id.clone(),
         thread_id: cx.scope.thread_id.clone(),
         agent: cx.scope.agent.clone(),

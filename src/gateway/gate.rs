@@ -10,6 +10,7 @@ use tokio::sync::broadcast;
 use super::refusal::Refusal;
 use crate::connectors::{Connector, GithubConnector, HelpdeskConnector, StripeConnector};
 use crate::executions::Execution;
+use crate::ids::ExecutionId;
 use crate::notes::Outbox;
 use crate::policy::{Catalog, Policy, ToolSpec};
 use crate::secrets::{Redactor, RedactorSource};
@@ -86,12 +87,12 @@ fn empty_object() -> Value {
 #[derive(Debug)]
 pub enum CallReply {
     Ran {
-        execution_id: String,
+        execution_id: ExecutionId,
         result: Value,
         replayed: bool,
     },
     Failed {
-        execution_id: String,
+        execution_id: ExecutionId,
         error: String,
         retry_after_ms: Option<u64>,
     },
@@ -100,7 +101,7 @@ pub enum CallReply {
         approval_url: String,
     },
     Blocked {
-        execution_id: String,
+        execution_id: ExecutionId,
         rule: String,
     },
     /// Refused before any decision (or its answer dropped as out of scope).
@@ -141,7 +142,7 @@ pub struct Gate {
     public_url: String,
     clock: Clock,
     /// Execution ids whose status changed (long polls wait on this).
-    changes: broadcast::Sender<String>,
+    changes: broadcast::Sender<ExecutionId>,
     /// The note outbox: queued notes and trail events are posted by it once woken.
     pub(super) outbox: Arc<Outbox>,
     /// The supervisor, created before the gate (its channel first, its task later).
@@ -237,7 +238,7 @@ impl Gate {
     }
 
     /// Execution ids as their status changes, for a long poll.
-    pub fn changes(&self) -> broadcast::Receiver<String> {
+    pub fn changes(&self) -> broadcast::Receiver<ExecutionId> {
         self.changes.subscribe()
     }
 
@@ -297,7 +298,7 @@ impl Gate {
         )
     }
 
-    pub(super) fn notify(&self, execution_id: &str) {
-        let _ = self.changes.send(execution_id.to_owned());
+    pub(super) fn notify(&self, execution_id: &ExecutionId) {
+        let _ = self.changes.send(execution_id.clone());
     }
 }

@@ -18,6 +18,7 @@ use super::refusal::Refusal;
 use super::socket::SandboxRouter;
 use crate::api_error::ApiError;
 use crate::executions::store::{self as exec_store, Execution, Status};
+use crate::ids::ExecutionId;
 use crate::session::SessionScope;
 
 /// The longest an execution wait lasts.
@@ -174,17 +175,22 @@ async fn tools(State(s): State<Scoped>) -> Response {
     Json(json!({"tools": tools})).into_response()
 }
 
+/// The execution `id` of the socket's session. A text that is no execution id is
+/// answered as an id that is not there.
 async fn load(s: &Scoped, id: &str) -> Result<Execution, Response> {
-    let id = id.to_owned();
-    let found = s.gate.db().read(move |c| exec_store::get(c, &id)).await;
-    match found {
-        Ok(Some(e)) if e.session_id == s.scope.session_id => Ok(e),
-        Ok(_) => Err(ApiError::new(
+    let not_found = || {
+        ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
             "no such execution in this session",
         )
-        .into_response()),
+        .into_response()
+    };
+    let id = ExecutionId::parse(id).map_err(|_| not_found())?;
+    let found = s.gate.db().read(move |c| exec_store::get(c, &id)).await;
+    match found {
+        Ok(Some(e)) if e.session_id == s.scope.session_id => Ok(e),
+        Ok(_) => Err(not_found()),
         Err(e) => {
             tracing::error!(error = %e, "cannot read execution");
             Err(ApiError::internal().into_response())
@@ -258,7 +264,7 @@ async fn wait(
         let _ = tokio::time::timeout_at(deadline, async {
             loop {
                 match changes.recv().await {
-                    Ok(changed) if changed == id => break,
+                    Ok(changed) if changed.as_str() == id => break,
                     Ok(_) => continue,
                     Err(_) => break,
                 }

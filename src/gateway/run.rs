@@ -90,7 +90,7 @@ impl Gate {
         let (supervisor, thread) = (self.supervisor.clone(), scope.thread_id.clone());
         tokio::spawn(async move {
             if let Err(e) = supervisor.stop(&thread).await {
-                tracing::warn!(thread, error = %e, "cannot stop a session with too many holds");
+                tracing::warn!(thread = %thread, error = %e, "cannot stop a session with too many holds");
             }
         });
     }

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use super::Gate;
 use crate::executions::labels;
+use crate::ids::{SessionId, ThreadId};
 use crate::session::{SessionApi, SessionScope};
 
 /// Wraps the sockets' [`SessionApi`], recording whether each thread's session runs.
@@ -16,7 +17,7 @@ pub struct LabelledSessions {
     inner: Arc<dyn SessionApi>,
     gate: Arc<Gate>,
     /// The thread of each open session.
-    threads: Mutex<HashMap<String, String>>,
+    threads: Mutex<HashMap<SessionId, ThreadId>>,
 }
 
 impl LabelledSessions {
@@ -37,7 +38,7 @@ impl LabelledSessions {
             .is_some_and(|h| !h.state_labels().configured().is_empty())
     }
 
-    async fn record(&self, thread_id: String, working: bool) {
+    async fn record(&self, thread_id: ThreadId, working: bool) {
         let now = self.gate.now();
         let thread = thread_id.clone();
         let written = self

@@ -12,6 +12,7 @@ use axum::Router;
 use tokio::net::UnixListener;
 use tokio::sync::oneshot;
 
+use crate::ids::SessionId;
 use crate::server::{ConnLimits, serve};
 use crate::session::{SessionApi, SessionScope};
 
@@ -32,7 +33,7 @@ struct Listener {
 /// Runs the sessions' socket listeners.
 pub struct SocketHost {
     routes: Arc<dyn SandboxRouter>,
-    listeners: Mutex<HashMap<String, Listener>>,
+    listeners: Mutex<HashMap<SessionId, Listener>>,
     limits: ConnLimits,
 }
 
@@ -88,7 +89,7 @@ impl SessionApi for SocketHost {
                 let _ = stopped.await;
             })
             .await;
-            tracing::debug!(session, "session socket closed");
+            tracing::debug!(session = %session, "session socket closed");
         });
         lock(&self.listeners).insert(scope.session_id, Listener { shutdown, task });
         Ok(())

@@ -146,7 +146,7 @@ impl SessionTools {
         request_digest: String,
     ) -> InputRequiredResult {
         let state = HeldState {
-            execution_id: execution.id.clone(),
+            execution_id: execution.id.to_string(),
             binding_hash: execution.binding_hash.clone(),
             request_digest,
             expires_at_ms: execution.expires_at_ms.unwrap_or(0),
@@ -163,7 +163,7 @@ impl SessionTools {
             meta: None,
             message,
             url: approval_url.to_owned(),
-            elicitation_id: execution.id.clone(),
+            elicitation_id: execution.id.to_string(),
         });
         let requests =
             BTreeMap::from([("approval".to_owned(), InputRequest::Elicitation(request))]);

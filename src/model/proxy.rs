@@ -350,7 +350,7 @@ impl ModelProxy {
             let thread = scope.thread_id.clone();
             tokio::spawn(async move {
                 if let Err(e) = h.stop(&thread).await {
-                    tracing::warn!(thread, error = %e, "cannot stop the session the model proxy stopped");
+                    tracing::warn!(thread = %thread, error = %e, "cannot stop the session the model proxy stopped");
                 }
             });
         }
@@ -361,8 +361,8 @@ impl ModelProxy {
 /// An audit record of the pseudo-tool `model.chat` for the session.
 fn model_record(scope: &SessionScope, event: AuditEvent) -> AuditRecord {
     AuditRecord {
-        session_id: Some(scope.session_id.clone()),
-        thread_id: Some(scope.thread_id.clone()),
+        session_id: Some(scope.session_id.to_string()),
+        thread_id: Some(scope.thread_id.to_string()),
         agent: Some(scope.agent.clone()),
         tool: Some("model.chat".into()),
         ..AuditRecord::new(event)

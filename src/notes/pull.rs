@@ -17,6 +17,7 @@ use crate::connectors::github::PullRequest;
 use crate::executions::audit::{AuditStep, record};
 use crate::executions::store::{self, Execution, OutboxNote, Status};
 use crate::executions::thread_calls::PULL_REQUEST_TOOL;
+use crate::ids::ExecutionId;
 use crate::secrets::Redactor;
 use crate::session::SessionScope;
 use crate::session::publish::PullNotes;
@@ -32,7 +33,8 @@ pub fn queue(
     now_ms: i64,
     redactor: &Redactor,
 ) -> rusqlite::Result<bool> {
-    let id = format!("ex_pull_{repo}_{}", pull.number);
+    let id = ExecutionId::parse(format!("ex_pull_{repo}_{}", pull.number))
+        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
     if store::get(conn, &id)?.is_some() {
         return Ok(false);
     }
@@ -65,7 +67,7 @@ pub fn queue(
 }
 
 fn pull_execution(
-    id: &str,
+    id: &ExecutionId,
     scope: &SessionScope,
     repo: &str,
     pull: &PullRequest,

@@ -17,6 +17,7 @@ use super::held::new_marker;
 use crate::audit::AuditEvent;
 use crate::executions::audit::{AuditStep, record};
 use crate::executions::store::{self, Execution, OutboxNote, Status};
+use crate::ids::ExecutionId;
 use crate::secrets::Redactor;
 use crate::session::{SessionScope, StopNotes, StopReason};
 
@@ -79,7 +80,8 @@ pub fn queue(
     now_ms: i64,
     redactor: &Redactor,
 ) -> rusqlite::Result<bool> {
-    let id = format!("ex_stop_{}_{}", note.key, scope.session_id);
+    let id = ExecutionId::parse(format!("ex_stop_{}_{}", note.key, scope.session_id))
+        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
     if store::get(conn, &id)?.is_some() {
         return Ok(false);
     }
@@ -112,7 +114,7 @@ pub fn queue(
 }
 
 fn blocked_execution(
-    id: &str,
+    id: &ExecutionId,
     scope: &SessionScope,
     note: &StopNote,
     because: &str,

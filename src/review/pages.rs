@@ -16,6 +16,7 @@ use super::views::{ApprovalView, HistoryRow, OtherCall, TrailRow};
 use super::{ReviewState, message, render};
 use crate::approvals::{Choice, DecideError};
 use crate::executions::store::{self, Execution, Status};
+use crate::ids::ThreadId;
 
 /// Rows shown in the history and the thread pages.
 const PAGE_ROWS: i64 = 200;
@@ -66,7 +67,7 @@ pub(super) fn internal(who: &Signed, e: impl std::fmt::Display) -> Response {
 }
 
 /// The thread's customer as recorded with its session.
-pub(super) fn customer(c: &Connection, thread_id: &str) -> rusqlite::Result<String> {
+pub(super) fn customer(c: &Connection, thread_id: &ThreadId) -> rusqlite::Result<String> {
     let row = crate::session::store::get(c, thread_id)?.map(|s| (s.customer_email, s.customer_id));
     Ok(match row {
         Some((Some(email), _)) => email,

@@ -15,6 +15,7 @@
 //! Only then is the answer 200, and only then is the event sent on `notify` (never
 //! for a duplicate or an [`EventClass::Ignored`] event).
 
+use crate::ids::ThreadId;
 use crate::secrets::ExposeSecret as _;
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,7 +77,7 @@ pub struct StoredEvent {
     /// The event's row in `events`.
     pub seq: i64,
     /// The thread it belongs to (only thread events are sent).
-    pub thread_id: String,
+    pub thread_id: ThreadId,
     /// What it means for the thread's session; never [`EventClass::Ignored`].
     pub class: EventClass,
 }

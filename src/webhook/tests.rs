@@ -339,7 +339,9 @@ fn pending_events_come_back_typed_and_an_unknown_class_is_an_error() {
     db.write_blocking(move |c| c.execute_batch(&format!("{customer}; {done};")))
         .expect("insert");
     let pending = db
-        .read_blocking(|c| super::store::pending_events(c, "th_1"))
+        .read_blocking(|c| {
+            super::store::pending_events(c, &crate::ids::ThreadId::parse("th_1").unwrap())
+        })
         .expect("read");
     let classes: Vec<EventClass> = pending.iter().map(|e| e.class).collect();
     assert_eq!(classes, [EventClass::Customer, EventClass::Done]);
@@ -347,7 +349,9 @@ fn pending_events_come_back_typed_and_an_unknown_class_is_an_error() {
     db.write_blocking(move |c| c.execute(&bogus, []))
         .expect("insert");
     let err = db
-        .read_blocking(|c| super::store::pending_events(c, "th_1"))
+        .read_blocking(|c| {
+            super::store::pending_events(c, &crate::ids::ThreadId::parse("th_1").unwrap())
+        })
         .expect_err("an unknown class is not read as a valid one");
     assert!(err.to_string().contains("bogus"), "{err}");
 }

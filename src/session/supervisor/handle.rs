@@ -7,22 +7,23 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::parts::Clock;
+use crate::ids::ThreadId;
 use crate::session::SessionError;
 
 /// A message to the actor; it serves them one at a time.
 pub(super) enum Msg {
     /// New events (or a decision on a held call) for a thread.
-    Thread(String),
+    Thread(ThreadId),
     /// A spawned operation finished.
     Done {
-        thread: String,
+        thread: ThreadId,
         outcome: Outcome,
     },
     /// A decision came for a session's held call.
-    Resume(String),
+    Resume(ThreadId),
     /// An operator stops a thread's session.
     Stop {
-        thread: String,
+        thread: ThreadId,
         reply: oneshot::Sender<Result<(), SessionError>>,
     },
     /// Answer once no operation is in flight and no message is waiting.
@@ -52,35 +53,35 @@ pub(super) enum Outcome {
 #[derive(Clone)]
 pub struct SupervisorHandle {
     pub(super) tx: mpsc::UnboundedSender<Msg>,
-    pub(super) activity: Arc<Mutex<HashMap<String, i64>>>,
-    pub(super) feed: broadcast::Sender<String>,
+    pub(super) activity: Arc<Mutex<HashMap<ThreadId, i64>>>,
+    pub(super) feed: broadcast::Sender<ThreadId>,
     pub(super) clock: Clock,
 }
 
 impl SupervisorHandle {
     /// Tells the supervisor a thread has new events or a decision.
-    pub fn thread_changed(&self, thread_id: &str) {
+    pub fn thread_changed(&self, thread_id: &ThreadId) {
         // A send fails only once the supervisor has stopped, when nothing is to be done.
-        let _ = self.tx.send(Msg::Thread(thread_id.to_owned()));
+        let _ = self.tx.send(Msg::Thread(thread_id.clone()));
     }
 
     /// Records that a session's agent did something (not merely waited).
-    pub fn touch(&self, thread_id: &str) {
+    pub fn touch(&self, thread_id: &ThreadId) {
         let now = (self.clock)();
-        lock(&self.activity).insert(thread_id.to_owned(), now);
+        lock(&self.activity).insert(thread_id.clone(), now);
     }
 
     /// Thread ids whose feed gained events.
-    pub fn subscribe_feed(&self) -> broadcast::Receiver<String> {
+    pub fn subscribe_feed(&self) -> broadcast::Receiver<ThreadId> {
         self.feed.subscribe()
     }
 
     /// Stops a thread's session: container removed, work committed, worktree removed.
-    pub async fn stop(&self, thread_id: &str) -> Result<(), SessionError> {
+    pub async fn stop(&self, thread_id: &ThreadId) -> Result<(), SessionError> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Msg::Stop {
-                thread: thread_id.to_owned(),
+                thread: thread_id.clone(),
                 reply,
             })
             .map_err(|_| SessionError::Stopped)?;
@@ -89,8 +90,8 @@ impl SupervisorHandle {
 
     /// Resumes a session that gave up its container while it waited for a person, now
     /// that the decision has come.
-    pub fn resume(&self, thread_id: &str) {
-        let _ = self.tx.send(Msg::Resume(thread_id.to_owned()));
+    pub fn resume(&self, thread_id: &ThreadId) {
+        let _ = self.tx.send(Msg::Resume(thread_id.clone()));
     }
 
     /// Runs a reconciliation now.

@@ -9,6 +9,7 @@ use tokio::task::JoinHandle;
 
 use super::handle::Msg;
 use super::{Clock, Supervisor, SupervisorHandle, SupervisorParts};
+use crate::ids::ThreadId;
 
 /// The supervisor's mailbox before its task runs: created first, so the gate, the
 /// sandbox API and the model proxy get a [`SupervisorHandle`] at construction, and the
@@ -17,8 +18,8 @@ use super::{Clock, Supervisor, SupervisorHandle, SupervisorParts};
 pub struct SupervisorInbox {
     tx: mpsc::UnboundedSender<Msg>,
     rx: mpsc::UnboundedReceiver<Msg>,
-    activity: Arc<Mutex<HashMap<String, i64>>>,
-    feed: broadcast::Sender<String>,
+    activity: Arc<Mutex<HashMap<ThreadId, i64>>>,
+    feed: broadcast::Sender<ThreadId>,
 }
 
 impl Supervisor {
