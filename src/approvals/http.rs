@@ -25,6 +25,7 @@ use super::{Approvals, Choice, DecideError};
 use crate::api_error::ApiError;
 use crate::executions::store::{self, Execution, Status};
 use crate::gateway::routes::rfc3339;
+use crate::ids::ExecutionId;
 
 /// The API's state: the approvals service and the failure throttle.
 #[derive(Clone)]
@@ -225,6 +226,10 @@ async fn decide(
             )
             .into_response();
         }
+    };
+    // A text that is no execution id names no call.
+    let Ok(id) = ExecutionId::parse(id) else {
+        return ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such call").into_response();
     };
     match a.decide(&id, &who.name, body.decision, body.message).await {
         Ok(e) => Json(reviewer_view(&a, &e)).into_response(),

@@ -22,6 +22,7 @@ use serde::Deserialize;
 use crate::audit::AuditEvent;
 use crate::executions::{self, AuditStep, Execution, Status, store, trail};
 use crate::gateway::{CallReply, Gate, LoadedPolicy};
+use crate::ids::ExecutionId;
 use crate::policy::Verdict;
 use crate::secrets::Redactor;
 
@@ -83,7 +84,7 @@ impl Approvals {
     /// Records a reviewer's decision on a held call and, when approved, runs it.
     pub async fn decide(
         &self,
-        id: &str,
+        id: &ExecutionId,
         reviewer: &str,
         choice: Choice,
         message: Option<String>,
@@ -91,7 +92,7 @@ impl Approvals {
         let now = self.gate.now();
         let redactor = self.gate.current_redactor();
         let asked = Asked {
-            id: id.to_owned(),
+            id: id.clone(),
             reviewer: reviewer.to_owned(),
             choice,
             message,
@@ -103,16 +104,16 @@ impl Approvals {
             .write(move |conn| record_decision(conn, &redactor, &asked))
             .await?;
         match recorded {
-            Recorded::Missing => Err(DecideError::NotFound(id.to_owned())),
-            Recorded::Already(Status::Expired) => Err(DecideError::Expired { id: id.to_owned() }),
+            Recorded::Missing => Err(DecideError::NotFound(id.to_string())),
+            Recorded::Already(Status::Expired) => Err(DecideError::Expired { id: id.to_string() }),
             Recorded::Already(status) => Err(DecideError::AlreadyDecided {
-                id: id.to_owned(),
+                id: id.to_string(),
                 status: status.as_str(),
             }),
             Recorded::Expired(exec) => {
                 crate::metrics::approval("expired", now - exec.created_at_ms);
                 self.after_change(&exec);
-                Err(DecideError::Expired { id: id.to_owned() })
+                Err(DecideError::Expired { id: id.to_string() })
             }
             Recorded::Decided(exec) => {
                 crate::metrics::approval(exec.status.as_str(), now - exec.created_at_ms);
@@ -135,12 +136,12 @@ impl Approvals {
     /// Runs an approved call once: claims it (`approved` to `running`), decides it again
     /// against the current policy (a `block` now beats the approval), then sends it.
     /// Does nothing when another task already claimed it.
-    pub async fn run_approved(&self, id: &str) -> Option<CallReply> {
+    pub async fn run_approved(&self, id: &ExecutionId) -> Option<CallReply> {
         let loaded = self.gate.current_policy();
         let catalog = self.gate.catalog().clone();
         let redactor = self.gate.current_redactor();
         let now = self.gate.now();
-        let id_owned = id.to_owned();
+        let id_owned = id.clone();
         let claimed = self
             .gate
             .db()
@@ -150,7 +151,7 @@ impl Approvals {
             Ok(Some(c)) => c,
             Ok(None) => return None,
             Err(e) => {
-                tracing::error!(execution = id, error = %e, "cannot claim an approved call");
+                tracing::error!(execution = %id, error = %e, "cannot claim an approved call");
                 return None;
             }
         };
@@ -264,7 +265,7 @@ impl Approvals {
 
 /// A reviewer's decision as asked, before it is recorded.
 struct Asked {
-    id: String,
+    id: ExecutionId,
     reviewer: String,
     choice: Choice,
     message: Option<String>,

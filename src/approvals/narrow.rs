@@ -18,6 +18,7 @@ use crate::executions::binding_hash;
 use crate::executions::store::{self, Status};
 use crate::executions::{self, AuditStep, trail};
 use crate::gateway::{HELD_BY, LoadedPolicy, SqlHistory};
+use crate::ids::ExecutionId;
 use crate::money::money_arg;
 use crate::policy::{Catalog, Verdict};
 use crate::secrets::Redactor;
@@ -89,16 +90,16 @@ impl Approvals {
     /// lowered it is a plain approval.
     pub async fn approve_narrowed(
         &self,
-        id: &str,
+        id: &ExecutionId,
         reviewer: &str,
         message: Option<String>,
         lower: BTreeMap<String, i64>,
     ) -> Result<Result<store::Execution, NarrowError>, DecideError> {
         let changed_any = {
-            let owned = id.to_owned();
+            let owned = id.clone();
             let exec = self.gate.db().read(move |c| store::get(c, &owned)).await?;
             let Some(exec) = exec else {
-                return Err(DecideError::NotFound(id.to_owned()));
+                return Err(DecideError::NotFound(id.to_string()));
             };
             // Unreadable arguments are not "no change": a narrowing must never become an
             // approval of the call as held.
@@ -131,7 +132,7 @@ impl Approvals {
                 let waited = self.gate.now() - exec.created_at_ms;
                 crate::metrics::approval("expired", waited);
                 self.after_change(&exec);
-                Err(DecideError::Expired { id: id.to_owned() })
+                Err(DecideError::Expired { id: id.to_string() })
             }
             Outcome::Refused(e) => Ok(Err(e)),
             Outcome::Other(e) => Err(e),

@@ -16,7 +16,7 @@ use super::views::{ApprovalView, HistoryRow, OtherCall, TrailRow};
 use super::{ReviewState, message, render};
 use crate::approvals::{Choice, DecideError};
 use crate::executions::store::{self, Execution, Status};
-use crate::ids::ThreadId;
+use crate::ids::{ExecutionId, ThreadId};
 
 /// Rows shown in the history and the thread pages.
 const PAGE_ROWS: i64 = 200;
@@ -259,13 +259,18 @@ async fn apply_decision(
     let refused =
         |status, text: String| -> Result<Banner, Box<Response>> { Ok((status, text, "error")) };
     let name = who.reviewer.name.as_str();
+    // A text that is no execution id names no approval: answered as one not found.
+    let parsed = ExecutionId::parse(id).ok();
     let result = match form.decision {
         None => return refused(StatusCode::BAD_REQUEST, "Choose Approve or Deny.".into()),
-        Some(Choice::Deny) => state
-            .approvals
-            .decide(id, name, Choice::Deny, form.message)
-            .await
-            .map(Ok),
+        Some(Choice::Deny) => match &parsed {
+            Some(exec_id) => state
+                .approvals
+                .decide(exec_id, name, Choice::Deny, form.message)
+                .await
+                .map(Ok),
+            None => Err(DecideError::NotFound(id.to_owned())),
+        },
         Some(Choice::Approve) => {
             let held = match read_call(state, id).await {
                 Ok(held) => held,
@@ -295,10 +300,15 @@ async fn apply_decision(
                 Ok(lower) => lower,
                 Err(text) => return refused(StatusCode::UNPROCESSABLE_ENTITY, text),
             };
-            state
-                .approvals
-                .approve_narrowed(id, name, form.message, lower)
-                .await
+            match &parsed {
+                Some(exec_id) => {
+                    state
+                        .approvals
+                        .approve_narrowed(exec_id, name, form.message, lower)
+                        .await
+                }
+                None => Err(DecideError::NotFound(id.to_owned())),
+            }
         }
     };
     match result {

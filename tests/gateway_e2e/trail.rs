@@ -173,7 +173,12 @@ async fn a_narrowed_approval_says_what_it_narrowed() {
     let approvals = Approvals::new(app.gate.clone());
     let lower = BTreeMap::from([("amount".to_owned(), 500)]);
     approvals
-        .approve_narrowed(&id, "alice", None, lower)
+        .approve_narrowed(
+            &threadgate::ids::ExecutionId::parse(id.as_str()).expect("id"),
+            "alice",
+            None,
+            lower,
+        )
         .await
         .expect("decided")
         .expect("narrowed");
