@@ -21,7 +21,7 @@
 // Benchmark code: an unwrap or expect that fails stops the run with its message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 pub mod support;
 
 use std::time::{Duration, Instant};

@@ -18,7 +18,7 @@
 // Benchmark code: an unwrap or expect that fails stops the run with its message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "../tests/support/docker.rs"]
+#[path = "../tests/it/support/docker.rs"]
 pub mod docker;
 
 use std::cell::RefCell;

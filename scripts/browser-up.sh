@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs Debian's headless Chromium and its WebDriver (chromedriver) for the review
-# page's browser tests (tests/review_web.rs). Idempotent: does nothing when both
+# page's browser tests (tests/it/review_web.rs). Idempotent: does nothing when both
 # are already installed.
 set -euo pipefail
 if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then

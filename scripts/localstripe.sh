@@ -6,7 +6,7 @@
 #                                       background and wait until it answers; prints its pid
 #   scripts/localstripe.sh stop PORT    stop the instance started on PORT
 #
-# The tests (tests/support/localstripe.rs) only need `setup`: they start their own
+# The tests (tests/it/support/localstripe.rs) only need `setup`: they start their own
 # instances on free ports. Every instance runs through scripts/localstripe_isolated.py,
 # which gives it its own state file instead of localstripe's shared /tmp one.
 # localstripe_plus.py is looked up in $THREADGATE_SHARED/peers, else in the first

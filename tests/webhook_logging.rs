@@ -5,6 +5,7 @@
 // Test code: an unwrap or expect that fails is a failed test, with its message.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "it/support/mod.rs"]
 pub mod support;
 
 use serde_json::json;

@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use super::MAX_WAIT_SECONDS;
 
 /// The MCP endpoint's settings.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct McpSettings {
     /// How long `threadgate_wait` (and a redeemed request state) waits when the call
@@ -16,12 +16,18 @@ pub struct McpSettings {
     /// default (the TypeScript SDK's 60 s, the Python SDK's 30 s HTTP read timeout), so
     /// the answer "still pending, call again" arrives before the client gives up.
     /// From 1 s to 300 s.
-    #[serde(deserialize_with = "wait_default")]
+    #[serde(
+        deserialize_with = "wait_default",
+        serialize_with = "humantime_serde::serialize"
+    )]
     pub wait_default: Duration,
     /// How often a wait sends a progress notification to a client that gave a
     /// `_meta.progressToken` (the first is sent when the wait starts), so a client
     /// that resets its timeout on progress keeps waiting. At least 1 s.
-    #[serde(deserialize_with = "progress_interval")]
+    #[serde(
+        deserialize_with = "progress_interval",
+        serialize_with = "humantime_serde::serialize"
+    )]
     pub progress_interval: Duration,
     /// How many redeemed request states one session keeps until they expire; past it
     /// that session's redemptions are refused (naming this key) until some expire.
@@ -40,13 +46,8 @@ impl Default for McpSettings {
     }
 }
 
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let text = String::deserialize(d)?;
-    humantime::parse_duration(&text).map_err(serde::de::Error::custom)
-}
-
 fn wait_default<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let wait = duration(d)?;
+    let wait: Duration = humantime_serde::deserialize(d)?;
     if wait < Duration::from_secs(1) || wait > Duration::from_secs(MAX_WAIT_SECONDS) {
         return Err(serde::de::Error::custom(format!(
             "wait_default must be from 1s to {MAX_WAIT_SECONDS}s"
@@ -56,7 +57,7 @@ fn wait_default<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
 }
 
 fn progress_interval<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let every = duration(d)?;
+    let every: Duration = humantime_serde::deserialize(d)?;
     if every < Duration::from_secs(1) {
         return Err(serde::de::Error::custom(
             "progress_interval must be at least 1s",

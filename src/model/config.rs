@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Serialize};
 
 /// Which wire format the upstream speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, strum::IntoStaticStr)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, strum::IntoStaticStr)]
 #[serde(rename_all = "lowercase")]
 #[strum(serialize_all = "lowercase")]
 pub enum Provider {
@@ -28,7 +28,7 @@ impl Provider {
 }
 
 /// `[model]`: the model proxy's upstream and its limits.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelSettings {
     pub provider: Provider,
@@ -42,19 +42,19 @@ pub struct ModelSettings {
     /// container). Optional for `scripted`.
     pub key_secret: String,
     /// One upstream attempt's timeout.
-    #[serde(deserialize_with = "duration")]
+    #[serde(with = "humantime_serde")]
     pub timeout: Duration,
     /// Retries after a timeout, a 429 or a 5xx.
     pub retries: u32,
     /// The first backoff; doubled after each retry.
-    #[serde(deserialize_with = "duration")]
+    #[serde(with = "humantime_serde")]
     pub retry_base: Duration,
     /// The longest single wait between attempts (a larger `Retry-After` is cut to it).
-    #[serde(deserialize_with = "duration")]
+    #[serde(with = "humantime_serde")]
     pub max_retry_wait: Duration,
     /// The longest one model call may take, its attempts and waits included: no retry
     /// starts (nor waits) past it, whatever `Retry-After` asks.
-    #[serde(deserialize_with = "duration")]
+    #[serde(with = "humantime_serde")]
     pub retry_deadline: Duration,
     /// `anthropic-version` header.
     pub anthropic_version: String,
@@ -78,7 +78,7 @@ pub struct ModelSettings {
     pub transcript_max_bytes: usize,
     /// A transcript not written for this long is deleted (checked at start and hourly);
     /// a session resumed after that starts a new conversation.
-    #[serde(deserialize_with = "duration")]
+    #[serde(with = "humantime_serde")]
     pub transcript_retention: Duration,
 }
 
@@ -117,11 +117,6 @@ impl crate::session::AllowedModels for ModelSettings {
     fn allowed_models(&self) -> &[String] {
         &self.allowed
     }
-}
-
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let text = String::deserialize(d)?;
-    humantime::parse_duration(&text).map_err(serde::de::Error::custom)
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Unit tests for the sandbox module: naming, secret validation, the host-side secrets
 //! directory, and the fake runtime. The Docker runtime itself is tested for real in
-//! `tests/sandbox_docker.rs`.
+//! `tests/it/sandbox_docker.rs`.
 
 use crate::secrets::{ExposeSecret as _, secret_bytes};
 use std::fs;

@@ -4,20 +4,20 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Serialize};
 
 /// Limits on sessions.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SessionSettings {
     /// Live containers at most; further sessions wait, durably, for a slot.
     pub max_live: usize,
     /// A session quiet this long gives up its container (and is resumed by its next
     /// event or by a decision on its held call).
-    #[serde(deserialize_with = "duration")]
+    #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
     /// How often containers and sessions are reconciled.
-    #[serde(deserialize_with = "duration")]
+    #[serde(with = "humantime_serde")]
     pub reconcile_every: Duration,
     /// Open connections at most on each session's socket: a session that opens more
     /// exhausts only itself.
@@ -53,9 +53,4 @@ impl SessionSettings {
     pub fn reconcile_every_ms(&self) -> i64 {
         i64::try_from(self.reconcile_every.as_millis()).unwrap_or(i64::MAX)
     }
-}
-
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let text = String::deserialize(d)?;
-    humantime::parse_duration(&text).map_err(serde::de::Error::custom)
 }

@@ -13,7 +13,7 @@ use crate::connectors::ConnectorError;
 
 /// `[plain] labels`: the label type (`lt_…`) each state of a thread is shown with, so
 /// support staff can filter their queue. Each is checked against Plain at start.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StateLabels {
     /// While the thread has a call waiting for a person.

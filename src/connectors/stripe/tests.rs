@@ -1,5 +1,5 @@
 //! Unit tests of the Stripe answer mapping; the connector itself is tested against
-//! localstripe in `tests/connectors_stripe.rs`.
+//! localstripe in `tests/it/connectors_stripe.rs`.
 
 use super::*;
 use reqwest::header::{HeaderMap, HeaderValue};

@@ -23,6 +23,10 @@
 //! 4. **"in a loop"**: `stripe.list_charges` on every turn, forever.
 //! 5. **"garbage"**: a call whose arguments are invalid JSON, then a call of the unknown
 //!    tool `stripe.teleport_money`, then HTTP 500 on every later turn.
+//! 6. **"total is wrong"** (a bug report, `bug_report.rs`): searches the workspace's
+//!    code, reads the file, writes `repro/<thread>.sh`, runs it, writes
+//!    `notes/<thread>.md` with its output, `helpdesk.add_note` with the finding, then a
+//!    reply, then a closing text.
 //!
 //! Anything else: a reply asking the customer for details, then a closing text.
 //! Every reply's text starts with the label, so the thread shows who wrote it.
@@ -36,6 +40,7 @@
 //! `[scripted:malformed]` answers 200 with a body that is not JSON;
 //! `[scripted:nousage]` answers without `usage`.
 
+mod bug_report;
 mod scenarios;
 mod wire;
 

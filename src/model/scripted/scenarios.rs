@@ -44,6 +44,9 @@ pub enum Scenario {
     Loop,
     /// "garbage": invalid JSON arguments, then an unknown tool, then HTTP 500s.
     Garbage,
+    /// "total is wrong": reproduces the bug in the workspace and writes down the
+    /// findings (`bug_report`).
+    BugReport,
     /// Anything else: asks the customer for details.
     Unknown,
 }
@@ -58,6 +61,7 @@ impl Scenario {
             ("bad month", Scenario::GoodwillRefund),
             ("in a loop", Scenario::Loop),
             ("garbage", Scenario::Garbage),
+            ("total is wrong", Scenario::BugReport),
         ];
         table
             .into_iter()
@@ -195,6 +199,7 @@ pub fn next_step(request: &ChatRequest) -> Step {
         Scenario::GoodwillRefund => goodwill_step(request, turn),
         Scenario::Injection => injection_step(request, turn),
         Scenario::Loop => list_charges(request),
+        Scenario::BugReport => super::bug_report::step(request, turn),
         Scenario::Garbage => match turn {
             0 => Step::Call {
                 text: "Calling a tool with broken arguments.".into(),

@@ -1,0 +1,25 @@
+//! The review page, end to end: a real threadgate (the gateway harness: localstripe,
+//! the Plain fake, a fake sandbox) with reviewers signing in over HTTP and in a real
+//! headless Chromium driven over WebDriver.
+//!
+//! Needs `.venv-peers` (`scripts/localstripe.sh setup`) and Chromium with chromedriver
+//! (`scripts/browser-up.sh`). Screenshots land in `target/tmp/review-screenshots/`.
+
+// Test code: an unwrap or expect that fails is a failed test, with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "review_web/web.rs"]
+pub mod web;
+
+#[path = "review_web/browser.rs"]
+mod browser;
+#[path = "review_web/http.rs"]
+mod http;
+#[path = "review_web/lockout.rs"]
+mod lockout;
+#[path = "review_web/narrow.rs"]
+mod narrow;
+#[path = "review_web/pages.rs"]
+mod pages;
+#[path = "review_web/paths.rs"]
+mod paths;
