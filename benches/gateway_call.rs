@@ -18,8 +18,10 @@
 //! kind, default 400), `GATEWAY_BENCH_LOGS=capture` (keep the test harness's debug-level
 //! log capture instead of the production default, `info` to stderr).
 
-// Benchmark code: an unwrap or expect that fails stops the run with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![expect(
+    clippy::expect_used,
+    reason = "test code: an unwrap or expect that fails is a failed test, with its message"
+)]
 
 #[path = "../tests/it/support/mod.rs"]
 pub mod support;
@@ -42,6 +44,10 @@ policies:
     action: always_run
 "#;
 
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "a rank in a sorted sample, rounded and within its length"
+)]
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() - 1) as f64 * p).round() as usize;
     sorted[i]

@@ -7,8 +7,10 @@
 //! `cargo bench --bench model_proxy`. Needs `.venv-peers` (`scripts/localstripe.sh
 //! setup`): the harness starts the gateway's peers too.
 
-// Benchmark code: an unwrap or expect that fails stops the run with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![expect(
+    clippy::expect_used,
+    reason = "test code: an unwrap or expect that fails is a failed test, with its message"
+)]
 
 #[path = "../tests/it/support/mod.rs"]
 pub mod support;

@@ -2,8 +2,10 @@
 //! miss, a hit at the end, a blob with URL escapes (the decoded pass), redaction, and
 //! building the automaton.
 
-// Benchmark code: an unwrap or expect that fails stops the run with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![expect(
+    clippy::expect_used,
+    reason = "test code: an unwrap or expect that fails is a failed test, with its message"
+)]
 
 use std::hint::black_box;
 use threadgate::secrets::ExposeSecret as _;
@@ -22,8 +24,8 @@ fn secrets() -> Vec<(String, SecretString)> {
                     let n = (i * 31 + j * 17 + 7) % 62;
                     (match n {
                         0..=9 => b'0' + n as u8,
-                        10..=35 => b'a' + (n - 10) as u8,
-                        _ => b'A' + (n - 36) as u8,
+                        10..=35 => b'a' + u8::try_from(n - 10).unwrap_or(0),
+                        _ => b'A' + u8::try_from(n - 36).unwrap_or(0),
                     }) as char
                 })
                 .collect();

@@ -3,8 +3,10 @@
 //! sign-in password (argon2id through the bounded pool), each including its database
 //! read.
 
-// Benchmark code: an unwrap or expect that fails stops the run with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![expect(
+    clippy::expect_used,
+    reason = "test code: an unwrap or expect that fails is a failed test, with its message"
+)]
 
 use std::hint::black_box;
 use threadgate::secrets::ExposeSecret as _;

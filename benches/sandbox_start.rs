@@ -15,8 +15,10 @@
 //! the medians are printed at the end. Criterion warns that 20 samples do not fit in
 //! its 1 s target: that is on purpose, so that each sample is exactly one start.
 
-// Benchmark code: an unwrap or expect that fails stops the run with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![expect(
+    clippy::expect_used,
+    reason = "test code: an unwrap or expect that fails is a failed test, with its message"
+)]
 
 #[path = "../tests/it/support/docker.rs"]
 pub mod docker;

@@ -14,8 +14,10 @@
 //! `SESSIONS_BENCH_BURST` (default 100) change the sizes. Under `cargo test
 //! --all-targets` it is a smoke run (2 starts, a burst of 12).
 
-// Benchmark code: an unwrap or expect that fails stops the run with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![expect(
+    clippy::expect_used,
+    reason = "test code: an unwrap or expect that fails is a failed test, with its message"
+)]
 
 #[path = "../tests/it/support/mod.rs"]
 pub mod support;
@@ -41,6 +43,10 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "a rank in a sorted sample, rounded and within its length"
+)]
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
@@ -208,11 +214,12 @@ async fn burst(n: usize, max_live: usize) {
         .iter()
         .map(|t| plain_event("thread-created.json", t, &event_id(), Utc::now()))
         .collect();
-    let spacing = Duration::from_secs(1) / n as u32;
+    let spacing = Duration::from_secs(1) / u32::try_from(n).expect("a count of threads");
     let started = Instant::now();
     let deliveries = bodies.iter().enumerate().flat_map(|(i, body)| {
-        let first = (spacing * i as u32, body.to_string());
-        let retry = (spacing * i as u32 + spacing / 2, retry_of(body).to_string());
+        let i = u32::try_from(i).expect("a thread's index");
+        let first = (spacing * i, body.to_string());
+        let retry = (spacing * i + spacing / 2, retry_of(body).to_string());
         [first, retry]
     });
     let results = futures::future::join_all(deliveries.map(|(offset, body)| {

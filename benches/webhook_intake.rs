@@ -9,8 +9,10 @@
 //! after another, default `2000,5000`), `WEBHOOK_BENCH_SKIP_PARSE` (skip the CPU
 //! microbenchmark), `THREADGATE_SHARED` (the shared directory with Plain's examples).
 
-// Benchmark code: an unwrap or expect that fails stops the run with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![expect(
+    clippy::expect_used,
+    reason = "test code: an unwrap or expect that fails is a failed test, with its message"
+)]
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -24,8 +26,7 @@ use tokio::sync::mpsc;
 
 use threadgate::store::Db;
 use threadgate::webhook::{
-    Envelope, IntakeConfig, IntakeState, SigningSecret, router, sign, system_clock,
-    verify_signature,
+    Envelope, IntakeConfig, IntakeState, SigningSecret, router, sign, verify_signature,
 };
 
 const SECRET: &[u8] = b"whsec-bench-secret";
@@ -67,6 +68,10 @@ fn deliveries(template: &Value, prefix: &str, n: usize) -> Vec<(Vec<u8>, String)
         .collect()
 }
 
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "a rank in a sorted sample, rounded and within its length"
+)]
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[index]
@@ -82,7 +87,7 @@ fn start_server(db: Db) -> (SocketAddr, std::thread::JoinHandle<()>) {
     let state = IntakeState {
         db,
         config: IntakeConfig::new(SigningSecret::new(SECRET).expect("secret")),
-        clock: system_clock(),
+        clock: threadgate::clock::Clock::system(),
         notify,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -214,7 +219,7 @@ async fn send_all(
 fn stored(db: &Db, prefix: &str) -> usize {
     let pattern = format!("pEv_{prefix}%");
     let count: i64 = db
-        .read_blocking(|c| {
+        .read_inline(|c| {
             c.query_row(
                 "SELECT count(*) FROM events WHERE event_id LIKE ?1",
                 [pattern],

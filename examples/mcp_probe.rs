@@ -8,9 +8,6 @@
 //! Usage: `mcp_probe PLAN.json` where the plan names `customer`, `charges` (two),
 //! `other_thread` and `secret`.
 
-// Probe code, run by hand: an unwrap or expect that fails stops it with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use rmcp::RoleClient;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig,

@@ -3,9 +3,11 @@
 #
 #   1. base:    mmdebstrap --variant=minbase bookworm (git, ripgrep, bash,
 #               ca-certificates, curl) -> tarball -> `docker import` as $BASE_IMAGE
-#   2. runner:  cargo build --bin threadgate-agent-runner on this host (Debian bookworm,
+#   2. runner:  cargo build -p threadgate-agent-runner on this host (Debian bookworm,
 #               the base's release, so glibc matches), stripped into sandbox/bin/
-#               (replaced only when its bytes change)
+#               (replaced only when its bytes change). Only the runner's package
+#               (crates/agent-runner) and its few dependencies are compiled, never the
+#               server's tree.
 #   3. sandbox: docker build --build-arg BASE=$BASE_IMAGE -t $SANDBOX_IMAGE sandbox/
 #
 # A step whose image already exists is skipped unless --force is given (--force rebuilds
@@ -75,7 +77,7 @@ build_base() {
 
 build_runner() {
     local profile="${RUNNER_PROFILE:-dev}" out_dir=debug
-    local args=(build --quiet --bin threadgate-agent-runner)
+    local args=(build --quiet -p threadgate-agent-runner --bin threadgate-agent-runner)
     case "$profile" in
         dev) ;;
         release) args+=(--release); out_dir=release ;;

@@ -1,13 +1,14 @@
 //! One error answer for every HTTP surface (the sandbox API on the session sockets, the
 //! approvals API, webhook intake): a status and one JSON body shape,
 //! `{"status": "error", "error": CODE, "message": TEXT}`, with `problems` (a list of
-//! texts) when a request had several. Domain errors stay typed in their modules; the
-//! HTTP layer maps them to an [`ApiError`].
+//! texts) when a request had several: `threadgate_api::ErrorAnswer`, the type the agent
+//! runner reads. Domain errors stay typed in their modules; the HTTP layer maps them to
+//! an [`ApiError`].
 
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use threadgate_api::{ErrorAnswer, ErrorBody};
 
 /// An error answer: its status, a stable machine code and a message for people.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,19 +45,29 @@ impl ApiError {
         self
     }
 
+    /// What the answer says besides its `"status": "error"`.
+    pub fn error_body(&self) -> ErrorBody {
+        ErrorBody {
+            error: self.code.to_owned(),
+            message: self.message.clone(),
+            problems: self.problems.clone(),
+        }
+    }
+
+    /// The answer as it is sent.
+    pub fn answer(&self) -> ErrorAnswer {
+        ErrorAnswer::Error(self.error_body())
+    }
+
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
-        let mut body = json!({"status": "error", "error": self.code, "message": self.message});
-        if !self.problems.is_empty() {
-            body["problems"] = json!(self.problems);
-        }
-        body
+        serde_json::to_value(self.answer()).unwrap_or_default()
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        (self.status, Json(self.answer())).into_response()
     }
 }
 
@@ -74,6 +85,8 @@ impl std::fmt::Display for ApiError {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]

@@ -1,5 +1,9 @@
 //! The application: builds every part from [`Settings`] and runs them until shutdown.
 //! `main` and the integration tests build it the same way (tests on port 0).
+//!
+//! It owns every task it starts ([`Tasks`]): shutdown stops the listeners, then the
+//! loops, then waits up to [`SHUTDOWN_DEADLINE`] for work in flight (an approved call
+//! running, a container starting) and cuts what is left, as mini-redis does.
 
 mod connector_setup;
 mod metrics_http;
@@ -15,6 +19,7 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 use crate::approvals::{self, Approvals};
+use crate::clock::Clock;
 use crate::config::Settings;
 use crate::gateway::{
     Connectors, Gate, GateParts, LoadedPolicy, SandboxApi, SandboxRouter, SocketHost,
@@ -24,11 +29,15 @@ use crate::policy::{Catalog, Policy};
 use crate::sandbox::{DockerRuntime, Limits, SandboxRuntime};
 use crate::secrets::{KeySource, MasterKey, Redactor, RedactorSource, SecretStore, SecretString};
 use crate::server::ConnLimits;
-use crate::session::{AgentBook, Clock, SessionApi, Supervisor, SupervisorHandle, SupervisorParts};
+use crate::session::{AgentBook, SessionApi, Supervisor, SupervisorHandle, SupervisorParts};
 use crate::store::Db;
 use crate::store::meta;
+use crate::tasks::Tasks;
 use crate::webhook;
 use crate::workspace::{RepoConfig, Workspaces};
+
+/// How long shutdown waits for work in flight before cutting it.
+pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(20);
 
 /// Parts a test may swap for its own (a fake sandbox, a fixed clock).
 #[derive(Default)]
@@ -53,9 +62,10 @@ pub struct Application {
     pub recovered: tokio::sync::watch::Receiver<bool>,
     /// Where `GET /metrics` is served, when `[telemetry] metrics_listen` is set.
     pub metrics_addr: Option<SocketAddr>,
+    /// Every task the application started; drained at shutdown.
+    pub tasks: Tasks,
     limits: ConnLimits,
     sockets: Arc<SocketHost>,
-    background: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// Reads the current instance id, creating one on first start.
@@ -199,9 +209,7 @@ impl Foundation {
             &Catalog::builtin(),
             &settings.model,
         )?);
-        let clock: Clock = overrides
-            .clock
-            .unwrap_or_else(|| Arc::new(|| chrono::Utc::now().timestamp_millis()));
+        let clock = overrides.clock.unwrap_or_else(Clock::system);
         let sandbox: Arc<dyn SandboxRuntime> = match overrides.sandbox {
             Some(s) => s,
             None => Arc::new(
@@ -281,7 +289,7 @@ async fn serve_metrics(
     db: &Db,
     clock: &Clock,
     limits: ConnLimits,
-    background: &mut Vec<tokio::task::JoinHandle<()>>,
+    tasks: &Tasks,
 ) -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind(at)
         .await
@@ -291,12 +299,8 @@ async fn serve_metrics(
         db: db.clone(),
         clock: clock.clone(),
     });
-    background.push(tokio::spawn(crate::server::serve(
-        listener,
-        router,
-        limits,
-        std::future::pending(),
-    )));
+    let stopping = tasks.stopping();
+    tasks.spawn(crate::server::serve(listener, router, limits, stopping));
     Ok(addr)
 }
 
@@ -318,6 +322,7 @@ fn session_sockets(
     gate: &Arc<Gate>,
     model: Arc<ModelProxy>,
     supervisor: SupervisorHandle,
+    tasks: &Tasks,
 ) -> Arc<SocketHost> {
     let sandbox_api = Arc::new(SandboxApi {
         db: base.db.clone(),
@@ -333,7 +338,7 @@ fn session_sockets(
         max_connections: settings.sessions.socket_max_connections,
         ..server_limits(settings)
     };
-    Arc::new(SocketHost::new(Arc::new(sandbox_api)).with_limits(limits))
+    Arc::new(SocketHost::new(Arc::new(sandbox_api), tasks.clone()).with_limits(limits))
 }
 
 /// What the supervisor drives: the database, the sandbox, the workspaces, the session
@@ -343,6 +348,7 @@ fn supervisor_parts(
     base: &Foundation,
     gate: &Arc<Gate>,
     sockets: Arc<SocketHost>,
+    tasks: &Tasks,
 ) -> SupervisorParts {
     let base_branch = base
         .workspaces
@@ -373,6 +379,7 @@ fn supervisor_parts(
         notes: Some(Arc::new(crate::notes::stop::OutboxStopNotes::new(
             gate.outbox().clone(),
         ))),
+        tasks: tasks.clone(),
     }
 }
 
@@ -420,9 +427,10 @@ fn people_router(
     Ok((router, events))
 }
 
-/// The background tasks: stored events to the supervisor, the note outbox, the audit
-/// anchor, recovery (then `recovery_done` turns true) and expiry of held calls, and
-/// keeping the redactor current.
+/// The background work: recovery of the calls a previous run left (then
+/// `recovery_done` turns true), and the loops run until shutdown: stored events to the
+/// supervisor, the note outbox, the audit anchor, expiry of held calls, and keeping the
+/// redactor current.
 fn background(
     settings: &Settings,
     db: &Db,
@@ -430,38 +438,42 @@ fn background(
     approvals: &Approvals,
     (leftovers, recovery_done): (approvals::Leftovers, tokio::sync::watch::Sender<bool>),
     mut events: mpsc::UnboundedReceiver<webhook::StoredEvent>,
-) -> Vec<tokio::task::JoinHandle<()>> {
+    tasks: &Tasks,
+) {
     let gate = approvals.gate.clone();
     let sup = supervisor.clone();
     let a = approvals.clone();
     let g = gate.clone();
-    vec![
-        tokio::spawn(async move {
-            while let Some(ev) = events.recv().await {
-                sup.thread_changed(&ev.thread_id);
-            }
-        }),
-        tokio::spawn(crate::notes::run(gate.outbox().clone())),
-        tokio::spawn(crate::audit::anchor::keep(
-            db.clone(),
-            settings.audit_anchor_path(),
-            Duration::from_secs(60),
-        )),
-        tokio::spawn(async move {
-            a.recover(leftovers).await;
-            let _ = recovery_done.send(true);
+    tasks.spawn_until_shutdown(async move {
+        while let Some(ev) = events.recv().await {
+            sup.thread_changed(&ev.thread_id);
+        }
+    });
+    tasks.spawn_until_shutdown(crate::notes::run(gate.outbox().clone()));
+    tasks.spawn_until_shutdown(crate::audit::anchor::keep(
+        db.clone(),
+        settings.audit_anchor_path(),
+        Duration::from_secs(60),
+    ));
+    // Recovery runs calls a previous run left approved: work in flight that shutdown
+    // waits for. Expiry, after it, is a loop that stops at the signal.
+    let expiry = tasks.clone();
+    tasks.spawn(async move {
+        a.recover(leftovers).await;
+        let _ = recovery_done.send(true);
+        expiry.spawn_until_shutdown(async move {
             loop {
                 a.expire_due().await;
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
-        }),
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                g.refresh_redactor().await;
-            }
-        }),
-    ]
+        });
+    });
+    tasks.spawn_until_shutdown(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            g.refresh_redactor().await;
+        }
+    });
 }
 
 impl Application {
@@ -478,11 +490,12 @@ impl Application {
             Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
         }
         let base = Foundation::open(&settings, overrides).await?;
+        let tasks = Tasks::new();
         let (handle, inbox) = Supervisor::channel(base.clock.clone());
         let gate = base.gate(&settings, handle.clone());
         // Before any session socket serves a call: reads rely on these marks.
         gate.load_holds().await?;
-        let approvals = Approvals::new(gate.clone());
+        let approvals = Approvals::new(gate.clone(), tasks.clone());
         // Before the supervisor can open a session socket: only calls a previous run
         // left behind are recovered, never one a session makes now.
         let leftovers = approvals
@@ -490,28 +503,26 @@ impl Application {
             .await
             .context("cannot read the calls a previous run left approved or running")?;
         let model = model_proxy(&settings, &base.secrets, gate.clone()).await?;
-        let transcripts = tokio::spawn(crate::model::retention::run(model.clone()));
-        let sockets = session_sockets(&settings, &base, &gate, model, handle.clone());
-        let parts = supervisor_parts(&settings, &base, &gate, sockets.clone());
-        let _task = Supervisor::start(parts, inbox);
+        tasks.spawn_until_shutdown(crate::model::retention::run(model.clone()));
+        let sockets = session_sockets(&settings, &base, &gate, model, handle.clone(), &tasks);
+        let parts = supervisor_parts(&settings, &base, &gate, sockets.clone(), &tasks);
+        Supervisor::start(parts, inbox);
         let readiness = readiness(&settings, &base, &gate);
         let (router, events) =
             people_router(&settings, &base, &approvals, readiness, &signing_secret)?;
         let (recovery_done, recovered) = tokio::sync::watch::channel(false);
-        let mut background = background(
+        background(
             &settings,
             &base.db,
             &handle,
             &approvals,
             (leftovers, recovery_done),
             events,
+            &tasks,
         );
-        background.push(transcripts);
         let limits = server_limits(&settings);
         let metrics_addr = match settings.telemetry.metrics_listen {
-            Some(at) => {
-                Some(serve_metrics(at, &base.db, &base.clock, limits, &mut background).await?)
-            }
+            Some(at) => Some(serve_metrics(at, &base.db, &base.clock, limits, &tasks).await?),
             None => None,
         };
         let listener = TcpListener::bind(settings.listen)
@@ -528,28 +539,41 @@ impl Application {
             instance_id: base.instance_id,
             recovered,
             metrics_addr,
+            tasks,
             limits,
             sockets,
-            background,
         })
     }
 
-    /// Serves until `shutdown` resolves, then stops the background work. Containers keep
-    /// running; the next start adopts them.
+    /// Serves until `shutdown` resolves, then shuts down within [`SHUTDOWN_DEADLINE`].
     pub async fn run_until(
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        self.run_until_within(shutdown, SHUTDOWN_DEADLINE).await
+    }
+
+    /// Serves until `shutdown` resolves, then shuts down: the people's listener stops
+    /// accepting (its open requests drain), the supervisor and the loops stop, and work
+    /// in flight (an approved call running, a container starting or stopping, a session
+    /// socket's open request) has until `deadline` to finish before it is cut. A call cut
+    /// while running is recovered at the next start. Containers keep running; the next
+    /// start adopts them.
+    pub async fn run_until_within(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+        deadline: Duration,
     ) -> anyhow::Result<()> {
         let metrics = self
             .metrics_addr
             .map_or("off".to_owned(), |a| a.to_string());
         tracing::info!(addr = %self.addr, metrics = %metrics, instance = %self.instance_id, "threadgate serving");
         crate::server::serve(self.listener, self.router, self.limits, shutdown).await;
+        tracing::info!(running = self.tasks.len(), "shutting down");
         self.supervisor.shutdown();
-        for task in self.background {
-            task.abort();
-        }
+        let drained = self.tasks.shutdown(deadline).await;
         drop(self.sockets);
+        tracing::info!(cut = drained.cut, "threadgate stopped");
         Ok(())
     }
 }

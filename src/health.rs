@@ -52,7 +52,7 @@ pub struct Readiness {
     /// How long each check may take.
     pub timeout: Duration,
     /// Now, in unix milliseconds (written by the probe).
-    pub clock: crate::session::Clock,
+    pub clock: crate::clock::Clock,
 }
 
 /// One check's result.
@@ -112,7 +112,7 @@ impl Readiness {
 
     /// A real write (a row in `meta`), committed and synced like any other.
     async fn database(&self) -> Check {
-        let now = (self.clock)().to_string();
+        let now = self.clock.now_ms().to_string();
         let probe = self
             .db
             .write(move |c| crate::store::meta::set(c, "ready_probe_ms", &now));
@@ -162,7 +162,7 @@ impl Readiness {
     async fn policy(&self) -> Check {
         let PolicyInfo { path, name, hash } = (self.policy)();
         let shown = name.clone();
-        let parsed = tokio::task::spawn_blocking(move || {
+        let parsed = crate::tasks::Tasks::spawn_blocking(move || {
             // The errors name the policy, never its path: this answer is public.
             let text = std::fs::read_to_string(&path)
                 .map_err(|e| format!("cannot read policy file {shown}: {}", e.kind()))?;
@@ -262,7 +262,7 @@ mod tests {
                 hash: hash.clone(),
             }),
             timeout: Duration::from_secs(5),
-            clock: Arc::new(|| 1_000),
+            clock: crate::clock::Clock::fixed(1_000),
         };
         (r, fake)
     }

@@ -10,6 +10,7 @@ pub mod app;
 pub mod approvals;
 pub mod audit;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod connectors;
 pub mod executions;
@@ -24,12 +25,14 @@ pub mod notes;
 /// The policy engine, a crate of its own (`crates/policy`) so its purity is checked by
 /// the compiler: re-exported here so `threadgate::policy` stays its path.
 pub use threadgate_policy as policy;
+pub mod retry;
 pub mod review;
 pub mod sandbox;
 pub mod secrets;
 pub mod server;
 pub mod session;
 pub mod store;
+pub mod tasks;
 pub mod telemetry;
 pub mod webhook;
 pub mod workspace;

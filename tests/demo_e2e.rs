@@ -15,8 +15,11 @@
 //! Timeouts are generous (a loaded two-core machine starts containers slowly); nothing
 //! asserts on time.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: an unwrap or expect that fails is a failed test, with its message"
+)]
 
 #[path = "it/support/mod.rs"]
 pub mod support;

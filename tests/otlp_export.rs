@@ -4,9 +4,6 @@
 //! field values in it). Without the feature this file compiles to nothing, and
 //! `init_serving` refusing an endpoint is tested instead.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 #[cfg(not(feature = "otlp"))]
 #[test]
 fn an_endpoint_without_the_feature_is_refused() {

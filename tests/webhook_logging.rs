@@ -2,8 +2,10 @@
 //! the logs never carry the signing secret or the delivery's body. A binary of its own
 //! because it installs the process-wide tracing subscriber.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![expect(
+    clippy::expect_used,
+    reason = "test code: an unwrap or expect that fails is a failed test, with its message"
+)]
 
 #[path = "it/support/mod.rs"]
 pub mod support;

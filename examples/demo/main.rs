@@ -18,8 +18,10 @@
 //! The flow lives in modules of this directory, shared with `tests/demo_e2e.rs`, which
 //! runs it end to end.
 
-// Demo code, run by hand: an unwrap or expect that fails stops it with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![expect(
+    clippy::expect_used,
+    reason = "test code: an unwrap or expect that fails is a failed test, with its message"
+)]
 
 #[path = "../../tests/it/support/mod.rs"]
 pub mod support;

@@ -140,7 +140,7 @@ pub fn stripe_events(
     settings: &Settings,
     connectors: &Connectors,
     store: Arc<dyn CredentialSource>,
-    clock: Arc<dyn Fn() -> i64 + Send + Sync>,
+    clock: crate::clock::Clock,
 ) -> Option<axum::Router> {
     let secret = settings.stripe.webhook_secret.as_deref()?;
     let stripe = connectors.stripe.clone()?;

@@ -9,7 +9,7 @@ use axum::routing;
 use prometheus_client::encoding::prometheus_text;
 use std::time::Duration;
 
-use crate::session::Clock;
+use crate::clock::Clock;
 use crate::store::Db;
 
 /// What the scrape reads from the database.
@@ -64,7 +64,7 @@ async fn scrape(State(s): State<MetricsState>) -> Response {
                     (*state, n)
                 })
                 .collect();
-            let age_ms = stored.oldest_held_ms.map_or(0, |at| (s.clock)() - at);
+            let age_ms = stored.oldest_held_ms.map_or(0, |at| s.clock.now_ms() - at);
             let age = Duration::from_millis(age_ms.max(0) as u64);
             crate::metrics::stored_state(&sessions, stored.held, age, stored.outbox);
         }
@@ -83,11 +83,11 @@ async fn scrape(State(s): State<MetricsState>) -> Response {
 mod tests {
     use super::*;
 
-    #[test]
-    fn stored_state_is_read_from_the_database() {
+    #[tokio::test]
+    async fn stored_state_is_read_from_the_database() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Db::open(&dir.path().join("t.db")).expect("open");
-        let stored = db.read_blocking(read_stored).expect("read");
+        let stored = db.read(read_stored).await.expect("read");
         assert_eq!(stored, Stored::default());
     }
 }

@@ -153,7 +153,7 @@ impl Hasher {
         self.started.fetch_add(1, Ordering::SeqCst);
         // The turn is held until the blocking task has finished, even when the caller
         // is cancelled meanwhile: awaiting the handle keeps `_turn` alive until then.
-        let handle = tokio::task::spawn_blocking(work);
+        let handle = crate::tasks::Tasks::spawn_blocking(work);
         handle
             .await
             .map_err(|_| HashError::Failed("the hashing task did not finish".into()))?

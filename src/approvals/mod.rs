@@ -19,12 +19,13 @@ use std::time::Instant;
 
 use serde::Deserialize;
 
-use crate::audit::AuditEvent;
-use crate::executions::{self, AuditStep, Execution, Status, store, trail};
+use crate::audit::{AuditEvent, AuditRecord};
+use crate::executions::{self, Execution, Status, store, trail};
 use crate::gateway::{CallReply, Gate, LoadedPolicy};
 use crate::ids::ExecutionId;
 use crate::policy::Verdict;
 use crate::secrets::Redactor;
+use crate::tasks::Tasks;
 
 /// What a reviewer asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -51,6 +52,8 @@ pub enum DecideError {
 #[derive(Clone)]
 pub struct Approvals {
     pub gate: Arc<Gate>,
+    /// The application's tasks: an approved call runs there, so shutdown waits for it.
+    tasks: Tasks,
     /// The bounded argon2 pool for reviewers' passwords (and legacy tokens).
     pub hasher: Arc<hasher::Hasher>,
 }
@@ -71,9 +74,10 @@ enum Recorded {
 
 impl Approvals {
     /// The service over `gate`, with a server-sized hashing pool of its own.
-    pub fn new(gate: Arc<Gate>) -> Approvals {
+    pub fn new(gate: Arc<Gate>, tasks: Tasks) -> Approvals {
         Approvals {
             gate,
+            tasks,
             hasher: Arc::new(hasher::Hasher::new(
                 hasher::GLOBAL_PERMITS,
                 hasher::GLOBAL_MAX_WAITING,
@@ -118,14 +122,21 @@ impl Approvals {
             Recorded::Decided(exec) => {
                 crate::metrics::approval(exec.status.as_str(), now - exec.created_at_ms);
                 if exec.status == Status::Approved {
-                    let me = self.clone();
-                    let id = exec.id.clone();
-                    tokio::spawn(async move { me.run_approved(&id).await });
+                    self.spawn_run(&exec.id);
                 }
                 self.after_change(&exec);
                 Ok(exec)
             }
         }
+    }
+
+    /// Runs an approved call off the reviewer's request, in the application's tasks
+    /// (shutdown waits for it; a run cut at the deadline is recovered at the next start).
+    fn spawn_run(&self, id: &ExecutionId) {
+        let (me, id) = (self.clone(), id.clone());
+        self.tasks.spawn(async move {
+            me.run_approved(&id).await;
+        });
     }
 
     fn after_change(&self, exec: &Execution) {
@@ -252,7 +263,7 @@ impl Approvals {
                     conn,
                     &redactor,
                     &e,
-                    AuditStep::new(AuditEvent::OutcomeUnknown).outcome(Some(reason)),
+                    AuditRecord::new(AuditEvent::OutcomeUnknown).outcome(Some(reason)),
                 )
             })
             .await;
@@ -295,7 +306,7 @@ fn record_decision(
     };
     let message = asked.message.as_deref();
     store::record_decision(conn, &asked.id, to, &asked.reviewer, message, asked.now)?;
-    let step = AuditStep::new(event)
+    let step = AuditRecord::new(event)
         .outcome(message)
         .reviewer(&asked.reviewer);
     executions::audit(conn, redactor, &exec, step)?;
@@ -317,7 +328,7 @@ fn expire_held(
     if !store::transition(conn, &exec.id, Status::Held, Status::Expired)? {
         return Ok(false);
     }
-    executions::audit(conn, redactor, exec, AuditStep::new(AuditEvent::Expired))?;
+    executions::audit(conn, redactor, exec, AuditRecord::new(AuditEvent::Expired))?;
     let now = exec.expires_at_ms.unwrap_or(exec.created_at_ms);
     trail::enqueue(conn, &trail::expired(exec), now)?;
     Ok(true)
@@ -346,11 +357,16 @@ fn claim(
     let now_decision = loaded
         .policy
         .decide(&exec.tool, &args, catalog, &history, now);
-    let recheck = AuditStep::new(AuditEvent::Rechecked).policy_hash(&loaded.hash_hex);
+    let recheck = AuditRecord::new(AuditEvent::Rechecked).policy_hash(&loaded.hash_hex);
     if now_decision.verdict == Verdict::Block {
         let reason = format!("blocked by the current policy: {}", now_decision.because);
         store::finish(conn, id, Status::Blocked, None, Some(&reason), now)?;
-        executions::audit(conn, redactor, &exec, recheck.outcome(Some(&reason)))?;
+        executions::audit(
+            conn,
+            redactor,
+            &exec,
+            recheck.clone().outcome(Some(&reason)),
+        )?;
         trail::enqueue(conn, &trail::blocked(&exec, &reason, redactor), now)?;
         return Ok(Some((exec, false)));
     }

@@ -13,10 +13,10 @@ use rusqlite::Connection;
 use serde_json::Value;
 
 use super::{Approvals, DecideError};
-use crate::audit::AuditEvent;
+use crate::audit::{AuditEvent, AuditRecord};
 use crate::executions::binding_hash;
 use crate::executions::store::{self, Status};
-use crate::executions::{self, AuditStep, trail};
+use crate::executions::{self, trail};
 use crate::gateway::{HELD_BY, LoadedPolicy, SqlHistory};
 use crate::ids::ExecutionId;
 use crate::money::money_arg;
@@ -122,9 +122,7 @@ impl Approvals {
             .await?;
         match outcome {
             Outcome::Approved(exec) => {
-                let me = self.clone();
-                let run_id = exec.id.clone();
-                tokio::spawn(async move { me.run_approved(&run_id).await });
+                self.spawn_run(&exec.id);
                 self.after_change(&exec);
                 Ok(Ok(*exec))
             }
@@ -251,7 +249,7 @@ fn record(
         }));
     }
     let exec = store::get(conn, id)?.unwrap_or(held);
-    let step = AuditStep::new(AuditEvent::Approved)
+    let step = AuditRecord::new(AuditEvent::Approved)
         .outcome(Some(&note))
         .reviewer(&ask.reviewer)
         .policy_hash(&loaded.hash_hex);

@@ -106,18 +106,6 @@ pub async fn add(db: &Db, name: &str) -> Result<ReviewerToken, ReviewerError> {
     finish_add(name, inserted, &secret)
 }
 
-/// [`add`] outside a runtime (the CLI).
-pub fn add_blocking(db: &Db, name: &str) -> Result<ReviewerToken, ReviewerError> {
-    validate_name(name)?;
-    if db.read_blocking(|c| find_by_name(c, name))?.is_some() {
-        return Err(ReviewerError::DuplicateName(name.to_owned()));
-    }
-    let (secret, hash) = new_secret()?;
-    let owned = name.to_owned();
-    let inserted = db.write_blocking(move |c| insert(c, &owned, &hash))?;
-    finish_add(name, inserted, &secret)
-}
-
 /// The reviewer whose token `presented` is, or `None` for a malformed, unknown or wrong
 /// token. A current token costs one SHA-256 and a constant-time comparison; only a
 /// token issued before digests existed is verified with argon2, through the server's
@@ -182,22 +170,6 @@ pub async fn set_password(
     finish_remove(name, changed)
 }
 
-/// [`set_password`] outside a runtime (the CLI).
-pub fn set_password_blocking(
-    db: &Db,
-    name: &str,
-    password: &SecretString,
-) -> Result<(), ReviewerError> {
-    check_password(password)?;
-    let phc = Argon2::default()
-        .hash_password(password.expose_secret().as_bytes())
-        .map_err(|e| ReviewerError::Hash(e.to_string()))?
-        .to_string();
-    let owned = name.to_owned();
-    let changed = db.write_blocking(move |c| store_password(c, &owned, &phc))?;
-    finish_remove(name, changed)
-}
-
 fn check_password(password: &SecretString) -> Result<(), ReviewerError> {
     let len = password.expose_secret().chars().count();
     if (MIN_PASSWORD..=MAX_PASSWORD).contains(&len) {
@@ -255,22 +227,10 @@ pub async fn list(db: &Db) -> Result<Vec<Reviewer>, ReviewerError> {
     Ok(db.read(list_all).await?)
 }
 
-/// [`list`] outside a runtime.
-pub fn list_blocking(db: &Db) -> Result<Vec<Reviewer>, ReviewerError> {
-    Ok(db.read_blocking(list_all)?)
-}
-
 /// Removes the reviewer named `name`; its token stops working at once.
 pub async fn remove(db: &Db, name: &str) -> Result<(), ReviewerError> {
     let owned = name.to_owned();
     let removed = db.write(move |c| delete(c, &owned)).await?;
-    finish_remove(name, removed)
-}
-
-/// [`remove`] outside a runtime.
-pub fn remove_blocking(db: &Db, name: &str) -> Result<(), ReviewerError> {
-    let owned = name.to_owned();
-    let removed = db.write_blocking(move |c| delete(c, &owned))?;
     finish_remove(name, removed)
 }
 

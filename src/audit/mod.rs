@@ -87,7 +87,9 @@ impl AuditEvent {
     }
 }
 
-/// One event to append. Build it with [`AuditRecord::new`] and struct update syntax.
+/// One event to append: the one shape of an audit record, whoever writes it. Build it
+/// with [`AuditRecord::new`] and the setters (or struct update syntax); a step of an
+/// execution gets the execution's fields from `executions::audit`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AuditRecord {
     /// When, in ms since the Unix epoch ([`AuditRecord::new`] sets now).
@@ -139,6 +141,30 @@ impl AuditRecord {
             outcome: None,
             duration_ms: None,
         }
+    }
+
+    /// The step's outcome (an error, a reviewer's message, `ok`).
+    pub fn outcome(mut self, outcome: Option<&str>) -> Self {
+        self.outcome = outcome.map(str::to_owned);
+        self
+    }
+
+    /// The reviewer who took the step.
+    pub fn reviewer(mut self, reviewer: &str) -> Self {
+        self.reviewer = Some(reviewer.to_owned());
+        self
+    }
+
+    /// How long the step took.
+    pub fn duration_ms(mut self, ms: i64) -> Self {
+        self.duration_ms = Some(ms);
+        self
+    }
+
+    /// The hash of the policy in force at this step.
+    pub fn policy_hash(mut self, hash: &str) -> Self {
+        self.policy_hash = Some(hash.to_owned());
+        self
     }
 }
 

@@ -12,6 +12,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 
 use crate::app::{self, Application, Overrides};
+use crate::approvals::hasher::Hasher;
 use crate::approvals::reviewers;
 use crate::audit::{self, AuditEvent, AuditFilter};
 use crate::config::Settings;
@@ -132,6 +133,16 @@ fn error_text(error: &anyhow::Error) -> String {
     text
 }
 
+/// Runs a command's work on a runtime of its own: the store is async, and a command
+/// uses it the one way the server does.
+fn block_on(work: impl Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?
+        .block_on(work)
+}
+
 fn open(config: &ConfigArgs) -> anyhow::Result<(Settings, Db)> {
     let settings = Settings::load(config.config.as_deref())?;
     let db = app::open_db(&settings)?;
@@ -208,41 +219,41 @@ fn sessions_table(settings: &Settings, rows: &[sessions::SessionRow], now_ms: i6
 
 /// `threadgate sessions ...`
 pub fn sessions(config: &ConfigArgs, cmd: &SessionsCommand) -> ExitCode {
-    finish((|| {
+    finish(block_on(async {
         let (settings, db) = open(config)?;
         match cmd {
             SessionsCommand::List => {
-                let rows = db.read_blocking(sessions::list)?;
+                let rows = db.read(sessions::list).await?;
                 let now = chrono::Utc::now().timestamp_millis();
                 print!("{}", sessions_table(&settings, &rows, now));
                 Ok(())
             }
             SessionsCommand::Stop { thread } => {
                 let t = thread.clone();
-                let asked = db.write_blocking(move |c| sessions::request_stop(c, &t))?;
+                let asked = db.write(move |c| sessions::request_stop(c, &t)).await?;
                 anyhow::ensure!(asked, "no live session for thread {thread}");
                 println!("asked the server to stop the session of thread {thread}");
                 Ok(())
             }
             SessionsCommand::Pause => {
-                db.write_blocking(|c| sessions::set_paused(c, true))?;
+                db.write(|c| sessions::set_paused(c, true)).await?;
                 println!(
                     "paused: no new sessions start; webhooks are still stored and acknowledged"
                 );
                 Ok(())
             }
             SessionsCommand::Resume => {
-                db.write_blocking(|c| sessions::set_paused(c, false))?;
+                db.write(|c| sessions::set_paused(c, false)).await?;
                 println!("resumed: waiting sessions start as slots free");
                 Ok(())
             }
         }
-    })())
+    }))
 }
 
 /// `threadgate secrets ...`
 pub fn secrets(config: &ConfigArgs, cmd: &SecretsCommand) -> ExitCode {
-    finish((|| {
+    finish(block_on(async {
         let (settings, db) = open(config)?;
         let store = app::open_secrets(&db, &settings)?;
         match cmd {
@@ -253,11 +264,11 @@ pub fn secrets(config: &ConfigArgs, cmd: &SecretsCommand) -> ExitCode {
                     .context("cannot read the secret from standard input")?;
                 let value = value.trim_end_matches(['\n', '\r']).to_owned();
                 anyhow::ensure!(!value.is_empty(), "the value on standard input is empty");
-                store.set_blocking(name, SecretString::from(value))?;
+                store.set(name, SecretString::from(value)).await?;
                 println!("stored secret {name}");
             }
             SecretsCommand::List => {
-                for meta in store.list_blocking()? {
+                for meta in store.list().await? {
                     let grants = if meta.grants.is_empty() {
                         "-".to_owned()
                     } else {
@@ -271,35 +282,37 @@ pub fn secrets(config: &ConfigArgs, cmd: &SecretsCommand) -> ExitCode {
                 }
             }
             SecretsCommand::Grant { name, agent } => {
-                store.grant_blocking(name, agent)?;
+                store.grant(name, agent).await?;
                 println!("granted {name} to agent {agent}");
             }
             SecretsCommand::Revoke { name, agent } => {
-                store.revoke_blocking(name, agent)?;
+                store.revoke(name, agent).await?;
                 println!("revoked {name} from agent {agent}");
             }
             SecretsCommand::Delete { name } => {
-                store.delete_blocking(name)?;
+                store.delete(name).await?;
                 println!("deleted secret {name}");
             }
         }
         Ok(())
-    })())
+    }))
 }
 
 /// `threadgate reviewers ...`
 pub fn reviewers(config: &ConfigArgs, cmd: &ReviewersCommand) -> ExitCode {
-    finish((|| {
+    finish(block_on(async {
         let (_, db) = open(config)?;
+        // One password at a time: the command sets at most one.
+        let hasher = Hasher::new(1, 1);
         match cmd {
             ReviewersCommand::Add {
                 name,
                 password_stdin,
             } => {
                 let password = password_stdin.then(read_password).transpose()?;
-                let created = reviewers::add_blocking(&db, name)?;
+                let created = reviewers::add(&db, name).await?;
                 if let Some(pw) = password {
-                    reviewers::set_password_blocking(&db, name, &pw)?;
+                    reviewers::set_password(&db, &hasher, name, pw).await?;
                     println!("reviewer {name} can sign in to the review page with that password.");
                 }
                 println!(
@@ -309,11 +322,11 @@ pub fn reviewers(config: &ConfigArgs, cmd: &ReviewersCommand) -> ExitCode {
             }
             ReviewersCommand::Passwd { name } => {
                 let pw = read_password()?;
-                reviewers::set_password_blocking(&db, name, &pw)?;
+                reviewers::set_password(&db, &hasher, name, pw).await?;
                 println!("password of reviewer {name} set");
             }
             ReviewersCommand::List => {
-                for r in reviewers::list_blocking(&db)? {
+                for r in reviewers::list(&db).await? {
                     println!(
                         "{:<32} added {}",
                         r.name,
@@ -322,33 +335,35 @@ pub fn reviewers(config: &ConfigArgs, cmd: &ReviewersCommand) -> ExitCode {
                 }
             }
             ReviewersCommand::Remove { name } => {
-                reviewers::remove_blocking(&db, name)?;
+                reviewers::remove(&db, name).await?;
                 println!("removed reviewer {name}");
             }
         }
         Ok(())
-    })())
+    }))
 }
 
 /// `threadgate audit --verify`: the whole chain, then the anchor given and the anchor
 /// file; only when all hold is the file advanced to the current head.
-fn verify_audit(settings: &Settings, db: &Db, args: &AuditArgs) -> anyhow::Result<()> {
+async fn verify_audit(settings: &Settings, db: &Db, args: &AuditArgs) -> anyhow::Result<()> {
     let given: Option<audit::Anchor> = args.anchor.as_deref().map(str::parse).transpose()?;
     let file = args
         .anchor_file
         .clone()
         .unwrap_or_else(|| settings.audit_anchor_path());
-    let checked = db.read_blocking(move |c| {
-        Ok((|| -> anyhow::Result<(usize, audit::Anchor)> {
-            let rows = audit::verify(c)?;
-            if let Some(anchor) = &given {
-                audit::anchor::extends(c, anchor)?;
-            }
-            let head = audit::anchor::check_and_advance(c, &file)
-                .with_context(|| format!("checking anchor file {}", file.display()))?;
-            Ok((rows, head))
-        })())
-    })?;
+    let checked = db
+        .read(move |c| {
+            Ok((|| -> anyhow::Result<(usize, audit::Anchor)> {
+                let rows = audit::verify(c)?;
+                if let Some(anchor) = &given {
+                    audit::anchor::extends(c, anchor)?;
+                }
+                let head = audit::anchor::check_and_advance(c, &file)
+                    .with_context(|| format!("checking anchor file {}", file.display()))?;
+                Ok((rows, head))
+            })())
+        })
+        .await?;
     let (rows, head) = checked?;
     println!("audit chain intact: {rows} rows");
     println!("head: {head}");
@@ -369,10 +384,10 @@ fn read_password() -> anyhow::Result<SecretString> {
 
 /// `threadgate audit ...`
 pub fn audit(config: &ConfigArgs, args: &AuditArgs) -> ExitCode {
-    finish((|| {
+    finish(block_on(async {
         let (settings, db) = open(config)?;
         if args.verify {
-            return verify_audit(&settings, &db, args);
+            return verify_audit(&settings, &db, args).await;
         }
         let event = match &args.event {
             Some(name) => Some(
@@ -390,8 +405,8 @@ pub fn audit(config: &ConfigArgs, args: &AuditArgs) -> ExitCode {
             event,
             limit: args.limit,
         };
-        let rows = db.read_blocking(move |c| audit::query(c, &filter))?;
+        let rows = db.read(move |c| audit::query(c, &filter)).await?;
         print!("{}", audit::format_table(&rows));
         Ok(())
-    })())
+    }))
 }

@@ -1,8 +1,10 @@
-//! Honouring a provider's rate limit: parsing when it resets and retrying up to a bound.
+//! Honouring a provider's rate limit: parsing when it resets and retrying up to a bound
+//! (a `backon` retry, as every retry of threadgate: see [`crate::retry`]).
 
 use std::future::Future;
 use std::time::Duration;
 
+use backon::{ConstantBuilder, Retryable as _};
 use chrono::{DateTime, Utc};
 use reqwest::header::HeaderMap;
 
@@ -43,29 +45,31 @@ impl RateLimitRetry {
 /// returned as is; when the bound is reached the last `RateLimited` is returned.
 pub async fn retry_rate_limited<T, F, Fut>(
     policy: RateLimitRetry,
-    mut attempt: F,
+    attempt: F,
 ) -> Result<T, ConnectorError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, ConnectorError>>,
 {
-    let mut retries = 0;
-    loop {
-        match attempt().await {
-            Err(ConnectorError::RateLimited { retry_after })
-                if retries < policy.max_retries && retry_after <= policy.max_wait =>
-            {
-                tracing::debug!(
-                    wait_ms = retry_after.as_millis() as u64,
-                    retries,
-                    "rate limited, waiting before retrying"
-                );
-                tokio::time::sleep(retry_after).await;
-                retries += 1;
-            }
-            other => return other,
-        }
-    }
+    let bound = usize::try_from(policy.max_retries).unwrap_or(usize::MAX);
+    let mut retries = 0u32;
+    attempt
+        .retry(ConstantBuilder::default().with_max_times(bound))
+        .when(|e| matches!(e, ConnectorError::RateLimited { retry_after } if *retry_after <= policy.max_wait))
+        // The wait is the provider's, as long as the bound leaves a retry.
+        .adjust(|e, left| match e {
+            ConnectorError::RateLimited { retry_after } => left.map(|_| *retry_after),
+            _ => None,
+        })
+        .notify(|_, wait| {
+            tracing::debug!(
+                wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                retries,
+                "rate limited, waiting before retrying"
+            );
+            retries += 1;
+        })
+        .await
 }
 
 /// How long to wait according to a response's headers: `x-ratelimit-reset` (an

@@ -9,63 +9,15 @@ use crate::audit::{self, AuditEvent, AuditRecord};
 use crate::secrets::Redactor;
 use crate::session::SessionScope;
 
-/// One step of an execution as the audit records it. Built with [`AuditStep::new`] and
-/// the setters for what the step has (an outcome, a reviewer, a duration, the policy
-/// hash in force when it differs from the one that decided the call).
-#[derive(Debug, Clone, Copy)]
-pub struct AuditStep<'a> {
-    pub event: AuditEvent,
-    pub outcome: Option<&'a str>,
-    pub reviewer: Option<&'a str>,
-    pub duration_ms: Option<i64>,
-    /// The policy hash in force at this step; `None` is the execution's own.
-    pub policy_hash: Option<&'a str>,
-}
-
-impl<'a> AuditStep<'a> {
-    /// A step with nothing but its event.
-    pub fn new(event: AuditEvent) -> AuditStep<'a> {
-        AuditStep {
-            event,
-            outcome: None,
-            reviewer: None,
-            duration_ms: None,
-            policy_hash: None,
-        }
-    }
-
-    /// The step's outcome (an error, a reviewer's message, `ok`).
-    pub fn outcome(mut self, outcome: Option<&'a str>) -> Self {
-        self.outcome = outcome;
-        self
-    }
-
-    /// The reviewer who took the step.
-    pub fn reviewer(mut self, reviewer: &'a str) -> Self {
-        self.reviewer = Some(reviewer);
-        self
-    }
-
-    /// How long the step took.
-    pub fn duration_ms(mut self, ms: i64) -> Self {
-        self.duration_ms = Some(ms);
-        self
-    }
-
-    /// The policy hash in force at this step (a re-check after approval records the
-    /// current policy's hash beside the one that held the call).
-    pub fn policy_hash(mut self, hash: &'a str) -> Self {
-        self.policy_hash = Some(hash);
-        self
-    }
-}
-
-/// Appends one step of an execution; its arguments pass through [`redact_args`].
+/// Appends one step of an execution: `step` (an [`AuditRecord::new`] with what the step
+/// has: an outcome, a reviewer, a duration, the policy hash in force when it differs
+/// from the one that decided the call) completed with the execution's fields; its
+/// arguments pass through [`redact_args`].
 pub fn record(
     conn: &Connection,
     redactor: &Redactor,
     exec: &Execution,
-    step: AuditStep<'_>,
+    step: AuditRecord,
 ) -> rusqlite::Result<()> {
     let args: serde_json::Value = serde_json::from_str(&exec.args).unwrap_or_default();
     let rule = match exec.rule_line {
@@ -73,9 +25,7 @@ pub fn record(
         None => exec.because.clone(),
     };
     let rec = AuditRecord {
-        at_ms: chrono::Utc::now().timestamp_millis(),
         execution_id: Some(exec.id.to_string()),
-        event: step.event,
         session_id: Some(exec.session_id.to_string()),
         thread_id: Some(exec.thread_id.to_string()),
         agent: Some(exec.agent.clone()),
@@ -83,10 +33,8 @@ pub fn record(
         args: Some(redact_args(redactor, &args)),
         decision: Some(exec.verdict.clone()),
         rule: Some(rule),
-        policy_hash: Some(step.policy_hash.unwrap_or(&exec.policy_hash).to_owned()),
-        reviewer: step.reviewer.map(str::to_owned),
-        outcome: step.outcome.map(str::to_owned),
-        duration_ms: step.duration_ms,
+        policy_hash: Some(step.policy_hash.unwrap_or_else(|| exec.policy_hash.clone())),
+        ..step
     };
     audit::append(conn, &rec, redactor)?;
     Ok(())
@@ -105,20 +53,101 @@ pub fn refusal(
 ) -> rusqlite::Result<()> {
     let rec = AuditRecord {
         at_ms: now_ms,
-        execution_id: None,
-        event: AuditEvent::Refused,
         session_id: Some(scope.session_id.to_string()),
         thread_id: Some(scope.thread_id.to_string()),
         agent: Some(scope.agent.clone()),
         tool: Some(tool.to_owned()),
-        args: None,
         decision: Some("refused".into()),
         rule: Some(reason.to_owned()),
         policy_hash: Some(policy_hash.to_owned()),
-        reviewer: None,
-        outcome: None,
-        duration_ms: None,
+        ..AuditRecord::new(AuditEvent::Refused)
     };
     audit::append(conn, &rec, redactor)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::executions::Status;
+    use crate::store::Db;
+
+    fn execution() -> Execution {
+        let scope = SessionScope {
+            session_id: crate::ids::SessionId::parse("se_1").expect("id"),
+            thread_id: crate::ids::ThreadId::parse("th_1").expect("id"),
+            agent: "support".into(),
+            customer_id: None,
+            customer_email: None,
+        };
+        let args = r#"{"amount":500,"charge":"ch_1"}"#.to_owned();
+        let mut exec = Execution::by_threadgate(
+            &crate::ids::ExecutionId::parse("ex_1").expect("id"),
+            &scope,
+            "stripe.create_refund",
+            args,
+            ("hold", Status::Approved),
+            "refunds need a person",
+            1_000,
+        );
+        exec.rule_line = Some(7);
+        exec.policy_hash = "held-by".into();
+        exec
+    }
+
+    /// Appends `step` for [`execution`] and reads the row back.
+    async fn recorded(step: AuditRecord) -> audit::AuditRecordRow {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Db::open(&dir.path().join("a.db")).expect("open");
+        db.write(move |c| record(c, &Redactor::empty(), &execution(), step))
+            .await
+            .expect("record");
+        let rows = db
+            .read(|c| audit::query(c, &audit::AuditFilter::default()))
+            .await
+            .expect("query");
+        rows.into_iter().next().expect("one row")
+    }
+
+    #[tokio::test]
+    async fn a_step_is_completed_with_its_execution_and_keeps_what_it_set() {
+        let step = AuditRecord::new(AuditEvent::Approved)
+            .outcome(Some("fine"))
+            .reviewer("alice")
+            .duration_ms(12);
+        let row = recorded(step).await;
+        let got = (
+            row.event.as_str(),
+            row.execution_id.as_deref(),
+            row.thread_id.as_deref(),
+            row.tool.as_deref(),
+            row.decision.as_deref(),
+            row.rule.as_deref(),
+            row.policy_hash.as_deref(),
+            row.reviewer.as_deref(),
+            row.outcome.as_deref(),
+            row.duration_ms,
+        );
+        let want = (
+            "approved",
+            Some("ex_1"),
+            Some("th_1"),
+            Some("stripe.create_refund"),
+            Some("hold"),
+            Some("refunds need a person (line 7)"),
+            Some("held-by"),
+            Some("alice"),
+            Some("fine"),
+            Some(12),
+        );
+        assert_eq!(got, want);
+    }
+
+    #[tokio::test]
+    async fn a_step_under_another_policy_keeps_that_policy_hash() {
+        let step = AuditRecord::new(AuditEvent::Rechecked).policy_hash("current");
+        let row = recorded(step).await;
+        assert_eq!(row.policy_hash.as_deref(), Some("current"));
+        assert_eq!(row.reviewer, None);
+    }
 }

@@ -12,6 +12,6 @@ pub mod store;
 pub mod thread_calls;
 pub mod trail;
 
-pub use audit::{AuditStep, record as audit};
+pub use audit::record as audit;
 pub use frozen::{binding_hash, canonical_args, redact_args};
 pub use store::{Execution, OutboxNote, Status};

@@ -12,10 +12,8 @@ use rusqlite::Connection;
 
 use super::gate::{Gate, LoadedPolicy};
 use super::prepare::PreparedCall;
-use crate::audit::AuditEvent;
-use crate::executions::{
-    self, AuditStep, Execution, Status, redact_args, store as exec_store, trail,
-};
+use crate::audit::{AuditEvent, AuditRecord};
+use crate::executions::{self, Execution, Status, redact_args, store as exec_store, trail};
 use crate::notes::stop::StopNote;
 use crate::policy::{Catalog, LimitCharge, LimitHistory, Verdict};
 use crate::secrets::Redactor;
@@ -211,7 +209,7 @@ fn record(
     let summary = super::summary::held_summary(&call.tool, &redacted, &rule_text);
     let exec = frozen(cx, call, &v, summary);
     exec_store::insert(conn, &exec)?;
-    let audit = |event| executions::audit(conn, &cx.redactor, &exec, AuditStep::new(event));
+    let audit = |event| executions::audit(conn, &cx.redactor, &exec, AuditRecord::new(event));
     audit(AuditEvent::Requested)?;
     match v.verdict {
         Verdict::Run => {

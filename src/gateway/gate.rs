@@ -3,18 +3,18 @@
 
 use std::sync::{Arc, RwLock};
 
-use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
 use tokio::sync::broadcast;
 
 use super::refusal::Refusal;
+use crate::clock::Clock;
 use crate::connectors::{Connector, GithubConnector, HelpdeskConnector, StripeConnector};
 use crate::executions::Execution;
 use crate::ids::ExecutionId;
 use crate::notes::Outbox;
 use crate::policy::{Catalog, Policy, ToolSpec};
 use crate::secrets::{Redactor, RedactorSource};
-use crate::session::{AgentBook, AgentDefinition, Clock, SupervisorHandle};
+use crate::session::{AgentBook, AgentDefinition, SupervisorHandle};
 use crate::store::Db;
 
 /// The connectors threadgate calls tools through; any may be absent (not configured),
@@ -68,20 +68,8 @@ pub fn policy_name(path: &std::path::Path) -> String {
         .unwrap_or_else(|| "policy".into())
 }
 
-/// A tool call as the agent sends it.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CallRequest {
-    pub tool: String,
-    #[serde(default = "empty_object")]
-    pub args: Value,
-    #[serde(default)]
-    pub diagnosis: Option<String>,
-}
-
-fn empty_object() -> Value {
-    Value::Object(Map::new())
-}
+/// A tool call as the agent sends it (the sandbox API's type).
+pub use threadgate_api::CallRequest;
 
 /// The gate's answer to a call, before it becomes HTTP.
 #[derive(Debug)]
@@ -186,7 +174,7 @@ impl Gate {
 
     /// The time by the gate's clock, in unix milliseconds.
     pub fn now(&self) -> i64 {
-        (self.clock)()
+        self.clock.now_ms()
     }
 
     /// The database calls are recorded in, for those that read or decide them.

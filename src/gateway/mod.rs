@@ -2,6 +2,7 @@
 //! unix socket. Tool calls go through the policy gate here and run with credentials
 //! the agent never sees.
 
+pub mod answers;
 mod complete;
 mod decide;
 pub mod gate;
@@ -19,6 +20,7 @@ pub mod session_labels;
 pub mod socket;
 mod summary;
 pub mod tool_docs;
+pub mod wait;
 
 pub(crate) use decide::SqlHistory;
 pub use gate::{CallReply, CallRequest, Connectors, Gate, GateParts, LoadedPolicy, policy_name};

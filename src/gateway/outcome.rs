@@ -5,8 +5,8 @@
 use serde_json::Value;
 
 use super::gate::CallReply;
-use crate::audit::AuditEvent;
-use crate::executions::{self, AuditStep, Execution, Status, store as exec_store, trail};
+use crate::audit::{AuditEvent, AuditRecord};
+use crate::executions::{self, Execution, Status, store as exec_store, trail};
 use crate::secrets::Redactor;
 
 /// A decided call's run: what to record and what to answer.
@@ -55,7 +55,7 @@ pub(super) fn write_finished(
     exec.attempts += 1;
     exec_store::insert(conn, &exec)?;
     for event in [AuditEvent::Requested, AuditEvent::Decided] {
-        executions::audit(conn, redactor, &exec, AuditStep::new(event))?;
+        executions::audit(conn, redactor, &exec, AuditRecord::new(event))?;
     }
     executions::audit(conn, redactor, &exec, outcome.step().duration_ms(duration))
 }
@@ -80,10 +80,10 @@ impl Outcome {
     }
 
     /// The audit step that records it.
-    fn step(&self) -> AuditStep<'_> {
+    fn step(&self) -> AuditRecord {
         match self.fields().2 {
-            None => AuditStep::new(AuditEvent::Ran).outcome(Some("ok")),
-            Some(error) => AuditStep::new(AuditEvent::Failed).outcome(Some(error)),
+            None => AuditRecord::new(AuditEvent::Ran).outcome(Some("ok")),
+            Some(error) => AuditRecord::new(AuditEvent::Failed).outcome(Some(error)),
         }
     }
 }

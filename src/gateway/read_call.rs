@@ -66,7 +66,7 @@ impl Gate {
     ) -> Result<ReadDecision, StoreError> {
         let cx = Context::of(self, scope);
         let judged = if self.holds.may_have(&scope.session_id) {
-            let judged = self.db.read_blocking(|conn| {
+            let judged = self.db.read_inline(|conn| {
                 let pending = exec_store::has_pending_binding(
                     conn,
                     &cx.scope.session_id,

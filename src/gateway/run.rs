@@ -87,12 +87,8 @@ impl Gate {
             "too many calls waiting for a person; stopping the session"
         );
         self.outbox.wake();
-        let (supervisor, thread) = (self.supervisor.clone(), scope.thread_id.clone());
-        tokio::spawn(async move {
-            if let Err(e) = supervisor.stop(&thread).await {
-                tracing::warn!(thread = %thread, error = %e, "cannot stop a session with too many holds");
-            }
-        });
+        self.supervisor
+            .stop_soon(&scope.thread_id, "too many calls waiting for a person");
     }
 
     /// Runs a call decided `run` (status `running`) through its connector, records the
@@ -200,7 +196,9 @@ fn failed(
 ) -> (Outcome, CallReply) {
     let definite = e.is_definite();
     let retry_after_ms = match &e {
-        ConnectorError::RateLimited { retry_after } => Some(retry_after.as_millis() as u64),
+        ConnectorError::RateLimited { retry_after } => {
+            Some(u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX))
+        }
         _ => None,
     };
     let error = redactor.redact(&e.to_string()).into_owned();

@@ -14,7 +14,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::value::RawValue;
+use threadgate_api::{AgentLimits, AgentView, FeedEvent, HarnessView, SkillView};
 
 use super::socket::SandboxRouter;
 use crate::api_error::ApiError;
@@ -80,7 +81,7 @@ fn default_limit() -> i64 {
 }
 
 /// `GET /v1/events?after=N&wait=S`: the thread's events after position N, waiting up
-/// to S seconds for one when there is none.
+/// to S seconds for one when there is none; an [`threadgate_api::EventsPage`].
 async fn events(State(s): State<SessionState>, Query(q): Query<EventsQuery>) -> Response {
     let wait = Duration::from_secs(q.wait).min(MAX_WAIT);
     let deadline = tokio::time::Instant::now() + wait;
@@ -125,30 +126,21 @@ async fn events(State(s): State<SessionState>, Query(q): Query<EventsQuery>) -> 
     }
 }
 
-/// Writes `{"events": [...], "next": N}` one event at a time, each event's stored JSON
-/// spliced in as it is (no second copy of the page is built), dropping each event once
-/// written.
+/// Writes an [`threadgate_api::EventsPage`] (`{"events": [...], "next": N}`) one event at a time, each
+/// a [`FeedEvent`] whose event is its stored JSON as it is (no second copy of the page
+/// is built), dropping each event once written.
 fn stream_page(events: Vec<events::RawFeedEvent>, after: i64) -> Response {
     let next = events.last().map_or(after, |e| e.position);
     let count = events.len();
     let head = std::iter::once(Bytes::from_static(b"{\"events\":["));
     let rows = events.into_iter().enumerate().map(move |(i, e)| {
-        let meta = json!({
-            "position": e.position,
-            "event_id": e.event_id,
-            "type": e.event_type,
-            "occurred_at_ms": e.occurred_at_ms,
-        })
-        .to_string();
-        // `{...meta,"event":<stored JSON>}`: the meta object without its closing brace.
-        let mut out = String::with_capacity(meta.len() + e.event_json.len() + 12);
+        let mut out = Vec::with_capacity(e.event_json.len() + 128);
         if i > 0 {
-            out.push(',');
+            out.push(b',');
         }
-        out.push_str(&meta[..meta.len() - 1]);
-        out.push_str(",\"event\":");
-        out.push_str(&e.event_json);
-        out.push('}');
+        if let Err(err) = serde_json::to_writer(&mut out, &feed_event(e)) {
+            tracing::error!(error = %err, "cannot write a feed event");
+        }
         Bytes::from(out)
     });
     let tail = std::iter::once(Bytes::from(format!("],\"next\":{next}}}")));
@@ -164,6 +156,22 @@ fn stream_page(events: Vec<events::RawFeedEvent>, after: i64) -> Response {
         .into_response()
 }
 
+/// A stored event as the feed shows it. Stored text that is not JSON (which intake
+/// never stores) is shown as `null` rather than breaking the page.
+fn feed_event(e: events::RawFeedEvent) -> FeedEvent<Box<RawValue>> {
+    let event = RawValue::from_string(e.event_json).unwrap_or_else(|err| {
+        tracing::error!(error = %err, event_id = %e.event_id, "a stored event is not JSON");
+        RawValue::NULL.to_owned()
+    });
+    FeedEvent {
+        position: e.position,
+        event_id: e.event_id,
+        event_type: e.event_type,
+        occurred_at_ms: e.occurred_at_ms,
+        event,
+    }
+}
+
 /// `GET /v1/agent`: the session's agent definition (model, limits, instructions) and
 /// its playbooks (`skills: [{name, description, body}]`).
 async fn agent(State(s): State<SessionState>) -> Response {
@@ -171,27 +179,33 @@ async fn agent(State(s): State<SessionState>) -> Response {
         return ApiError::new(StatusCode::NOT_FOUND, "not_found", "no agent definition")
             .into_response();
     };
-    let skills: Vec<_> = def
+    let skills = def
         .skills
         .iter()
-        .filter_map(|name| {
-            s.api
-                .agents
-                .skill(name)
-                .map(|skill| json!({"name": skill.name, "description": skill.description, "body": skill.body}))
+        .filter_map(|name| s.api.agents.skill(name))
+        .map(|skill| SkillView {
+            body: skill.body.clone(),
+            description: skill.description.clone(),
+            name: skill.name.clone(),
         })
         .collect();
-    Json(json!({
-        "name": def.name,
-        "description": def.description,
-        "model": def.model,
-        "limits": {"max_tokens": def.limits.max_tokens, "max_turns": def.limits.max_turns},
-        "instructions": def.instructions,
-        "tools": def.tools,
-        "skills": skills,
-        "harness": def.harness,
-        "thread_id": s.scope.thread_id,
-        "session_id": s.scope.session_id,
-    }))
+    Json(AgentView {
+        description: def.description.clone(),
+        harness: def.harness.as_ref().map(|h| HarnessView {
+            command: h.command.clone(),
+            port: h.port,
+        }),
+        instructions: def.instructions.clone(),
+        limits: Some(AgentLimits {
+            max_tokens: def.limits.max_tokens,
+            max_turns: def.limits.max_turns,
+        }),
+        model: Some(def.model.clone()),
+        name: def.name.clone(),
+        session_id: s.scope.session_id.to_string(),
+        skills,
+        thread_id: s.scope.thread_id.to_string(),
+        tools: def.tools.clone(),
+    })
     .into_response()
 }

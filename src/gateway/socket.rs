@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 use crate::ids::SessionId;
 use crate::server::{ConnLimits, serve};
 use crate::session::{SessionApi, SessionScope};
+use crate::tasks::Tasks;
 
 /// The file name of a session's socket inside its socket directory (mounted at
 /// `/run/threadgate` in the container).
@@ -35,6 +36,7 @@ pub struct SocketHost {
     routes: Arc<dyn SandboxRouter>,
     listeners: Mutex<HashMap<SessionId, Listener>>,
     limits: ConnLimits,
+    tasks: Tasks,
 }
 
 /// The limits each session's socket gets unless told otherwise.
@@ -46,12 +48,14 @@ pub const DEFAULT_SOCKET_LIMITS: ConnLimits = ConnLimits {
 };
 
 impl SocketHost {
-    /// Sockets that serve what `routes` builds for each session.
-    pub fn new(routes: Arc<dyn SandboxRouter>) -> SocketHost {
+    /// Sockets that serve what `routes` builds for each session; each socket's listener
+    /// runs in `tasks` and stops at its session's close or at shutdown.
+    pub fn new(routes: Arc<dyn SandboxRouter>, tasks: Tasks) -> SocketHost {
         SocketHost {
             routes,
             listeners: Mutex::new(HashMap::new()),
             limits: DEFAULT_SOCKET_LIMITS,
+            tasks,
         }
     }
 
@@ -84,7 +88,9 @@ impl SessionApi for SocketHost {
         let (shutdown, stopped) = oneshot::channel::<()>();
         let session = scope.session_id.clone();
         let limits = self.limits;
-        let task = tokio::spawn(async move {
+        // At the session's close the socket stops accepting and its open requests
+        // drain; at shutdown it stops at once, its connections with it.
+        let task = self.tasks.spawn_until_shutdown(async move {
             serve(listener, app, limits, async move {
                 let _ = stopped.await;
             })
@@ -98,9 +104,9 @@ impl SessionApi for SocketHost {
     async fn close(&self, session_id: &str) {
         let listener = lock(&self.listeners).remove(session_id);
         if let Some(l) = listener {
+            // The socket stops accepting and drains its open requests (serve's own
+            // deadline) in the background; nothing waits for it here.
             let _ = l.shutdown.send(());
-            // Long polls end at their own timeout; do not wait for them here.
-            l.task.abort();
         }
     }
 }

@@ -7,6 +7,7 @@
 //! tests.
 
 use serde_json::{Value, json};
+use threadgate_api::ToolArg;
 
 use crate::connectors::stripe::REFUND_REASONS;
 use crate::policy::{ArgSpec, ArgType, ToolSpec};
@@ -101,9 +102,15 @@ pub fn arg_values(tool: &str, arg: &str) -> Option<&'static [&'static str]> {
 }
 
 /// One argument as `GET /v1/tools` lists it.
-pub fn arg_listing(tool: &ToolSpec, a: &ArgSpec) -> Value {
-    let v = json!({"name": a.name, "type": a.ty.as_str(), "required": a.required});
-    with_docs(v, tool, a)
+pub fn arg_listing(tool: &ToolSpec, a: &ArgSpec) -> ToolArg {
+    ToolArg {
+        description: arg_description(tool.name, a),
+        values: arg_values(tool.name, a.name)
+            .map(|values| values.iter().map(|v| (*v).to_owned()).collect()),
+        name: a.name.to_owned(),
+        required: a.required,
+        ty: a.ty.as_str().to_owned(),
+    }
 }
 
 /// One argument as a JSON schema (MCP's input schemas): its type, with the same
@@ -159,8 +166,8 @@ mod tests {
                     a.name
                 );
                 let (listed, schema) = (arg_listing(t, a), arg_schema(t, a));
-                assert_eq!(listed["description"], schema["description"]);
-                assert_eq!(listed["enum"], schema["enum"]);
+                assert_eq!(json!(listed.description), schema["description"]);
+                assert_eq!(json!(listed.values), schema["enum"]);
             }
         }
     }
@@ -172,13 +179,9 @@ mod tests {
         let reason = refund.arg("reason").expect("reason");
         let listed = arg_listing(refund, reason);
         assert_eq!(
-            listed["enum"],
-            json!(["duplicate", "fraudulent", "requested_by_customer"])
+            listed.values.expect("values"),
+            ["duplicate", "fraudulent", "requested_by_customer"]
         );
-        assert!(
-            listed["description"]
-                .as_str()
-                .is_some_and(|d| d.contains("duplicate"))
-        );
+        assert!(listed.description.is_some_and(|d| d.contains("duplicate")));
     }
 }

@@ -15,11 +15,14 @@ use rmcp::service::{Peer, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 
+use threadgate_api::CallAnswer;
+
 use super::McpServer;
 use super::state::{HeldState, fresh_nonce, request_digest};
 use super::tools::{DIAGNOSIS, WAIT_TOOL, gateway_tool, wait_tool};
-use crate::executions::store::{self as exec_store, Execution, Status};
-use crate::gateway::routes::{agent_view, rfc3339};
+use crate::executions::store::{Execution, Status};
+use crate::gateway::answers::{call_answer, held, rfc3339};
+use crate::gateway::wait::{ExecutionWatch, Settled, WaitError, WaitProgress};
 use crate::gateway::{CallReply, CallRequest, Refusal};
 use crate::session::SessionScope;
 
@@ -33,16 +36,19 @@ struct Progress {
     token: ProgressToken,
     /// The last progress value sent (each must be larger).
     last: f64,
+    /// How often a wait reports (`[mcp] progress_interval`).
+    every: Duration,
 }
 
 impl Progress {
     /// The progress reporter of a request, when its `_meta` carries a token.
-    fn of(context: &RequestContext<RoleServer>) -> Option<Progress> {
+    fn of(context: &RequestContext<RoleServer>, every: Duration) -> Option<Progress> {
         let token = context.meta.get_progress_token()?;
         Some(Progress {
             peer: context.peer.clone(),
             token,
             last: -1.0,
+            every,
         })
     }
 
@@ -60,6 +66,19 @@ impl Progress {
         if let Err(e) = self.peer.notify_progress(param).await {
             // The client went away; the wait ends with its request.
             tracing::debug!(error = %e, "cannot send a progress notification");
+        }
+    }
+}
+
+/// A wait reports only to a request that carries a progress token.
+impl WaitProgress for Option<Progress> {
+    fn interval(&self) -> Option<Duration> {
+        self.as_ref().map(|p| p.every)
+    }
+
+    async fn report(&mut self, waited: Duration, timeout: Duration, execution: &Execution) {
+        if let Some(p) = self {
+            p.report(waited, timeout, execution).await;
         }
     }
 }
@@ -180,7 +199,7 @@ impl SessionTools {
         tool: &str,
         sealed: &str,
         digest: &str,
-        progress: Option<Progress>,
+        mut progress: Option<Progress>,
     ) -> CallToolResponse {
         let gate = &self.server.gate;
         let state = match self.server.sealer.redeem(
@@ -195,9 +214,10 @@ impl SessionTools {
                 return refused("invalid_request_state", &e.to_string()).into();
             }
         };
-        let exec = match self.load(&state.execution_id).await {
+        let mut watch = ExecutionWatch::new(gate, &self.scope.session_id);
+        let exec = match watch.load(&state.execution_id).await {
             Ok(e) => e,
-            Err(r) => return r.into(),
+            Err(e) => return wait_refused(e).into(),
         };
         if exec.binding_hash != state.binding_hash || exec.tool != tool {
             return refused(
@@ -207,18 +227,21 @@ impl SessionTools {
             .into();
         }
         let wait = self.server.settings.wait_default;
-        match self.settle(exec, wait, progress).await {
-            Ok((exec, false)) if !exec.status.is_final() => {
-                let url = gate.approval_url(&exec.id);
-                self.input_required(&exec, &url, state.request_digest)
+        match watch.settle(exec, wait, &mut progress).await {
+            Ok(Settled {
+                execution,
+                expired: false,
+            }) if !execution.status.is_final() => {
+                let url = gate.approval_url(&execution.id);
+                self.input_required(&execution, &url, state.request_digest)
                     .into()
             }
-            Ok((exec, expired)) => execution_result(&exec, expired).into(),
-            Err(r) => r.into(),
+            Ok(settled) => execution_result(&settled).into(),
+            Err(e) => wait_refused(e).into(),
         }
     }
 
-    async fn wait(&self, args: &JsonObject, progress: Option<Progress>) -> CallToolResult {
+    async fn wait(&self, args: &JsonObject, mut progress: Option<Progress>) -> CallToolResult {
         let Some(id) = args.get("execution_id").and_then(Value::as_str) else {
             return refused("invalid_arguments", "execution_id (a string) is required");
         };
@@ -234,85 +257,18 @@ impl SessionTools {
                 }
             },
         };
-        let exec = match self.load(id).await {
-            Ok(exec) => exec,
-            Err(r) => return r,
+        let mut watch = ExecutionWatch::new(&self.server.gate, &self.scope.session_id);
+        let settled = match watch.load(id).await {
+            Ok(exec) => {
+                watch
+                    .settle(exec, Duration::from_secs(seconds), &mut progress)
+                    .await
+            }
+            Err(e) => Err(e),
         };
-        match self
-            .settle(exec, Duration::from_secs(seconds), progress)
-            .await
-        {
-            Ok((exec, expired)) => execution_result(&exec, expired),
-            Err(r) => r,
-        }
-    }
-
-    /// Waits until `exec` is final, `timeout` passes, or its approval expires; answers
-    /// the execution as it then is and whether its approval ran out. With `progress`,
-    /// reports when the wait starts and every `[mcp] progress_interval` after.
-    async fn settle(
-        &self,
-        mut exec: Execution,
-        timeout: Duration,
-        mut progress: Option<Progress>,
-    ) -> Result<(Execution, bool), CallToolResult> {
-        let gate = &self.server.gate;
-        let mut changes = gate.changes();
-        let started = tokio::time::Instant::now();
-        let deadline = started + timeout;
-        let mut next_report = started;
-        loop {
-            let expired =
-                !exec.status.is_final() && exec.expires_at_ms.is_some_and(|at| at <= gate.now());
-            let now = tokio::time::Instant::now();
-            if exec.status.is_final() || expired || now >= deadline {
-                return Ok((exec, expired));
-            }
-            if let Some(p) = progress.as_mut()
-                && now >= next_report
-            {
-                p.report(now - started, timeout, &exec).await;
-                next_report = now + self.server.settings.progress_interval;
-            }
-            let until_expiry = exec
-                .expires_at_ms
-                .map(|at| Duration::from_millis(u64::try_from(at - gate.now()).unwrap_or(0)))
-                .unwrap_or(timeout);
-            let mut wake = deadline.min(now + until_expiry);
-            if progress.is_some() {
-                wake = wake.min(next_report);
-            }
-            let id = exec.id.clone();
-            let _ = tokio::time::timeout_at(wake, async {
-                loop {
-                    match changes.recv().await {
-                        Ok(changed) if changed == id => break,
-                        Ok(_) => continue,
-                        Err(_) => break,
-                    }
-                }
-            })
-            .await;
-            exec = self.load(&exec.id).await?;
-        }
-    }
-
-    /// The execution `id` if it belongs to this session.
-    async fn load(&self, id: &str) -> Result<Execution, CallToolResult> {
-        let owned = id.to_owned();
-        let found = self
-            .server
-            .gate
-            .db()
-            .read(move |c| exec_store::get(c, &owned))
-            .await;
-        match found {
-            Ok(Some(e)) if e.session_id == self.scope.session_id => Ok(e),
-            Ok(_) => Err(refused("not_found", "no such execution in this session")),
-            Err(e) => {
-                tracing::error!(error = %e, "cannot read execution");
-                Err(refused("internal", "internal error"))
-            }
+        match settled {
+            Ok(settled) => execution_result(&settled),
+            Err(e) => wait_refused(e),
         }
     }
 }
@@ -343,7 +299,7 @@ impl ServerHandler for SessionTools {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let progress = Progress::of(&context);
+        let progress = Progress::of(&context, self.server.settings.progress_interval);
         if request.name == WAIT_TOOL {
             let args = request.arguments.unwrap_or_default();
             return Ok(self.wait(&args, progress).await.into());
@@ -360,36 +316,23 @@ impl ServerHandler for SessionTools {
     }
 }
 
-/// The gate's answer as a tool result, shaped like the REST answer.
+/// The gate's answer as a tool result: the REST answer's body (a refusal's with its
+/// HTTP status alongside); a held call with what to do next ([`held_result`]).
 fn reply_result(reply: CallReply) -> CallToolResult {
-    match reply {
-        CallReply::Ran {
-            execution_id,
-            result,
-            replayed,
-        } => CallToolResult::structured(json!({
-            "status": "ok", "execution_id": execution_id, "result": result, "replayed": replayed,
-        })),
-        CallReply::Failed {
-            execution_id,
-            error,
-            retry_after_ms,
-        } => CallToolResult::structured_error(json!({
-            "status": "failed", "execution_id": execution_id, "error": error,
-            "retry_after_ms": retry_after_ms,
-        })),
-        CallReply::Held {
-            execution,
-            approval_url,
-        } => held_result(&execution, &approval_url),
-        CallReply::Blocked { execution_id, rule } => CallToolResult::structured_error(
-            json!({"status": "blocked", "execution_id": execution_id, "rule": rule}),
-        ),
-        CallReply::Refused(refusal) => {
-            // The same body as the REST answer's, with its status alongside.
-            let e = crate::api_error::ApiError::from(refusal);
-            let mut body = e.body();
-            body["http_status"] = json!(e.status.as_u16());
+    if let CallReply::Held {
+        execution,
+        approval_url,
+    } = &reply
+    {
+        return held_result(execution, approval_url);
+    }
+    let (status, answer) = call_answer(reply);
+    let mut body = serde_json::to_value(&answer).unwrap_or_default();
+    match answer {
+        CallAnswer::Ok(_) | CallAnswer::PendingApproval(_) => CallToolResult::structured(body),
+        CallAnswer::Failed(_) | CallAnswer::Blocked(_) => CallToolResult::structured_error(body),
+        CallAnswer::Error(_) => {
+            body["http_status"] = json!(status.as_u16());
             CallToolResult::structured_error(body)
         }
     }
@@ -398,14 +341,9 @@ fn reply_result(reply: CallReply) -> CallToolResult {
 /// A held call for a client without URL elicitation: the same fields as the REST
 /// 202, the link and id in `_meta` too, and what to do next in the text.
 fn held_result(execution: &Execution, approval_url: &str) -> CallToolResult {
+    let answer = CallAnswer::PendingApproval(held(execution, approval_url));
+    let body = serde_json::to_value(&answer).unwrap_or_default();
     let expires_at = execution.expires_at_ms.map(rfc3339);
-    let body = json!({
-        "status": "pending_approval",
-        "execution_id": execution.id,
-        "approval_url": approval_url,
-        "approval_summary": execution.summary,
-        "expires_at": expires_at,
-    });
     let mut result = CallToolResult::structured(body.clone());
     result.content = vec![rmcp::model::ContentBlock::text(format!(
         "pending_approval: `{}` is held for a person's approval (execution {}; approval \
@@ -433,24 +371,32 @@ fn held_meta(execution: &Execution, approval_url: &str) -> MetaObject {
 
 /// What a wait answers: the execution as the REST API shows it; a call whose approval
 /// ran out is `expired` even before the sweeper marks it.
-fn execution_result(exec: &Execution, expired: bool) -> CallToolResult {
-    let mut view = agent_view(exec);
-    if expired {
-        view["status"] = json!("expired");
-    }
+fn execution_result(settled: &Settled) -> CallToolResult {
+    let view = settled.view();
+    let exec = &settled.execution;
     let failed = matches!(
         exec.status,
         Status::Failed | Status::NeedsCheck | Status::Blocked
     );
     let mut meta = JsonObject::new();
     meta.insert(format!("{META}/execution_id"), json!(exec.id));
-    meta.insert(format!("{META}/status"), view["status"].clone());
+    meta.insert(format!("{META}/status"), json!(view.status));
+    let body = serde_json::to_value(&view).unwrap_or_default();
     let result = if failed {
-        CallToolResult::structured_error(view)
+        CallToolResult::structured_error(body)
     } else {
-        CallToolResult::structured(view)
+        CallToolResult::structured(body)
     };
     result.with_meta(Some(MetaObject(meta)))
+}
+
+/// A [`WaitError`] as a refused tool result.
+fn wait_refused(e: WaitError) -> CallToolResult {
+    let code = match e {
+        WaitError::NotFound => "not_found",
+        WaitError::Internal => "internal",
+    };
+    refused(code, &e.to_string())
 }
 
 fn refused(code: &str, message: &str) -> CallToolResult {

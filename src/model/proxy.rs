@@ -153,7 +153,7 @@ impl ModelProxy {
         self.gate.supervisor().touch(&scope.thread_id);
         let started = Instant::now();
         let sent = self.upstream.send(wire, &redactor).await;
-        let latency = started.elapsed().as_millis() as i64;
+        let latency = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
         self.finish(scope, &agent, sent, latency, names).await
     }
 
@@ -346,13 +346,9 @@ impl ModelProxy {
         if first {
             tracing::info!(session = %scope.session_id, thread = %scope.thread_id, outcome, "session stopped by the model proxy");
             self.gate.outbox().wake();
-            let h = self.gate.supervisor().clone();
-            let thread = scope.thread_id.clone();
-            tokio::spawn(async move {
-                if let Err(e) = h.stop(&thread).await {
-                    tracing::warn!(thread = %thread, error = %e, "cannot stop the session the model proxy stopped");
-                }
-            });
+            self.gate
+                .supervisor()
+                .stop_soon(&scope.thread_id, "stopped by the model proxy");
         }
         Ok(())
     }

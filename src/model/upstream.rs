@@ -6,9 +6,11 @@
 
 use crate::secrets::ExposeSecret as _;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use axum::body::Bytes;
+use backon::Retryable as _;
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -47,6 +49,13 @@ pub struct Upstream {
 enum Attempt {
     Done(Result<ChatAnswer, UpstreamError>),
     /// Worth another try, after the wait the upstream asked for (if any).
+    Retry(String, Option<Duration>),
+}
+
+/// A failed attempt, as the retry sees it: final, or worth another try (why, and the
+/// wait the upstream asked for).
+enum Failure {
+    Final(UpstreamError),
     Retry(String, Option<Duration>),
 }
 
@@ -97,47 +106,70 @@ impl Upstream {
     }
 
     /// Sends `body` (an [`Upstream::encode`]d request, serialised), retrying what is
-    /// worth retrying; `redactor` cleans error text.
+    /// worth retrying on [`Upstream::schedule`] (a `backon` retry); `redactor` cleans
+    /// error text.
     pub async fn send(&self, body: Bytes, redactor: &Redactor) -> Result<Answered, UpstreamError> {
         let key = self.current_key().await?;
         let started = tokio::time::Instant::now();
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            let left = self
-                .settings
-                .retry_deadline
+        let deadline = self.settings.retry_deadline;
+        let attempts = AtomicU32::new(0);
+        // The wait that would have passed the deadline, when that ended the retries.
+        let mut past_deadline = None;
+        let retries = usize::try_from(self.settings.retries).unwrap_or(usize::MAX);
+        let (body, key, counted) = (&body, key.as_deref(), &attempts);
+        let result = (move || async move {
+            counted.fetch_add(1, Ordering::Relaxed);
+            let left = deadline
                 .saturating_sub(started.elapsed())
                 .min(self.settings.timeout);
-            let (why, asked) = match self.attempt(&body, key.as_deref(), left).await {
-                Attempt::Done(result) => {
-                    return result
-                        .map(|answer| Answered { answer, attempts })
-                        .map_err(|e| clean(e, redactor));
-                }
-                Attempt::Retry(why, asked) => (redactor.redact(&why).into_owned(), asked),
+            match self.attempt(body, key, left).await {
+                Attempt::Done(result) => result.map_err(Failure::Final),
+                Attempt::Retry(why, asked) => Err(Failure::Retry(why, asked)),
+            }
+        })
+        .retry(self.schedule().builder().with_max_times(retries))
+        .when(|failure| matches!(failure, Failure::Retry(..)))
+        .adjust(|failure, next| {
+            let Failure::Retry(_, asked) = failure else {
+                return None;
             };
-            if attempts > self.settings.retries {
-                return Err(UpstreamError::Failed(format!(
-                    "the model upstream failed {attempts} times; last: {why}"
-                )));
-            }
-            let wait = self.wait_before(attempts, asked);
+            let wait = self.wait_before(next?, *asked);
             // The next attempt must start before the deadline.
-            if started.elapsed() + wait >= self.settings.retry_deadline {
-                return Err(UpstreamError::Failed(format!(
-                    "the model upstream failed {attempts} times and another wait of {} ms would pass the call's deadline of {} ms; last: {why}",
-                    wait.as_millis(),
-                    self.settings.retry_deadline.as_millis()
-                )));
+            if started.elapsed() + wait >= deadline {
+                past_deadline = Some(wait);
+                return None;
             }
+            Some(wait)
+        })
+        .notify(|_, wait| {
             tracing::warn!(
-                attempt = attempts,
-                wait_ms = wait.as_millis() as u64,
+                attempt = attempts.load(Ordering::Relaxed),
+                wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
                 "model upstream failed; retrying"
             );
-            tokio::time::sleep(wait).await;
-        }
+        })
+        .await;
+        let attempts = attempts.load(Ordering::Relaxed);
+        let why = match result {
+            Ok(answer) => return Ok(Answered { answer, attempts }),
+            Err(Failure::Final(e)) => return Err(clean(e, redactor)),
+            Err(Failure::Retry(why, _)) => redactor.redact(&why).into_owned(),
+        };
+        Err(UpstreamError::Failed(match past_deadline {
+            Some(wait) => format!(
+                "the model upstream failed {attempts} times and another wait of {} ms would pass the call's deadline of {} ms; last: {why}",
+                wait.as_millis(),
+                deadline.as_millis()
+            ),
+            None => format!("the model upstream failed {attempts} times; last: {why}"),
+        }))
+    }
+
+    /// The upstream's retry schedule: `retry_base`, doubling, at most 1024 times it
+    /// (each wait is capped again at `max_retry_wait` by [`Upstream::wait_before`]).
+    fn schedule(&self) -> crate::retry::Schedule {
+        let base = self.settings.retry_base;
+        crate::retry::Schedule::doubling(base, base.saturating_mul(1024))
     }
 
     /// The stored key as of now (`None` for the scripted server, which needs none).
@@ -155,14 +187,12 @@ impl Upstream {
         }
     }
 
-    /// The wait before attempt `attempts + 1`: what the upstream asked for, else the
-    /// doubling backoff; never more than `max_retry_wait`.
-    fn wait_before(&self, attempts: u32, asked: Option<Duration>) -> Duration {
-        let backoff = self
-            .settings
-            .retry_base
-            .saturating_mul(1 << (attempts - 1).min(10));
-        asked.unwrap_or(backoff).min(self.settings.max_retry_wait)
+    /// The wait before the next attempt: what the upstream asked for, else the
+    /// schedule's `backoff`; never more than `max_retry_wait`.
+    fn wait_before(&self, backoff: Duration, asked: Option<Duration>) -> Duration {
+        asked
+            .unwrap_or(crate::retry::whole_ms(backoff))
+            .min(self.settings.max_retry_wait)
     }
 
     /// The HTTP request carrying `body`, with its key.
@@ -276,5 +306,51 @@ async fn read_bounded(mut r: reqwest::Response, max: usize) -> Result<Vec<u8>, S
             Ok(None) => return Ok(body),
             Err(e) => return Err(describe(&e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use backon::BackoffBuilder as _;
+
+    fn upstream(base: Duration, max_retry_wait: Duration) -> Upstream {
+        let settings = ModelSettings {
+            retry_base: base,
+            max_retry_wait,
+            ..ModelSettings::default()
+        };
+        Upstream::new(settings, Credential::new("k")).unwrap()
+    }
+
+    /// The waits before each retry when the upstream asks for none.
+    fn waits(up: &Upstream, retries: usize) -> Vec<u128> {
+        let schedule = up.schedule().builder().build();
+        schedule
+            .take(retries)
+            .map(|d| up.wait_before(d, None).as_millis())
+            .collect()
+    }
+
+    #[test]
+    fn retries_wait_double_from_the_base_up_to_the_longest_wait() {
+        let up = upstream(Duration::from_millis(500), Duration::from_secs(30));
+        assert_eq!(
+            waits(&up, 8),
+            [500, 1_000, 2_000, 4_000, 8_000, 16_000, 30_000, 30_000]
+        );
+        // The doubling itself stops at 1024 times the base.
+        let quick = upstream(Duration::from_millis(1), Duration::from_secs(3600));
+        assert_eq!(waits(&quick, 13)[10..], [1_024, 1_024, 1_024]);
+    }
+
+    #[test]
+    fn a_retry_after_replaces_the_backoff_but_not_the_longest_wait() {
+        let up = upstream(Duration::from_millis(500), Duration::from_secs(30));
+        let backoff = Duration::from_millis(500);
+        let asked = |s| up.wait_before(backoff, Some(Duration::from_secs(s)));
+        assert_eq!(asked(3), Duration::from_secs(3));
+        assert_eq!(asked(0), Duration::ZERO);
+        assert_eq!(asked(90), Duration::from_secs(30));
     }
 }

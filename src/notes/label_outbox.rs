@@ -4,7 +4,7 @@
 //! adds or removes only the configured label types, so repeating one does no harm.
 //! Nothing is read or sent when no state label is configured.
 
-use super::{Outbox, retry_at};
+use super::Outbox;
 use crate::connectors::HelpdeskConnector;
 use crate::connectors::helpdesk::StateLabels;
 use crate::executions::labels::{self, LabelSync, WantedLabels};
@@ -64,7 +64,7 @@ async fn sync_one(outbox: &Outbox, helpdesk: &HelpdeskConnector, sync: &LabelSyn
                 .await
         }
         Err(error) => {
-            let next = retry_at(outbox.now(), sync.attempts);
+            let next = crate::retry::OUTBOX.next_at_ms(outbox.now(), sync.attempts);
             let error = outbox.redactor().redact(&error.to_string()).into_owned();
             tracing::warn!(thread = %sync.thread_id, error = %error, "cannot sync the thread's state labels yet; will retry");
             outbox

@@ -2,7 +2,8 @@
 //! note of a held call (`held`), of a session that stopped on its own (`stop`) and of
 //! a published pull request (`pull`), all queued in the transaction that records why,
 //! and the three outboxes that deliver what is queued (notes, the held call's thread
-//! events, the thread's state labels), woken through one [`Outbox`] handle.
+//! events, the thread's state labels), woken through one [`Outbox`] handle and retried
+//! on `retry::OUTBOX`.
 //!
 //! Below `gateway`, `model` and `approvals` (each queues notes and wakes the outbox
 //! here); above `executions`, whose tables hold what is queued.
@@ -19,23 +20,12 @@ use std::sync::{Arc, RwLock};
 
 use tokio::sync::Notify;
 
+use crate::clock::Clock;
 use crate::connectors::HelpdeskConnector;
 use crate::secrets::Redactor;
-use crate::session::Clock;
 use crate::store::Db;
 
 pub use pump::run;
-
-/// The longest an outbox (notes, thread events, state labels) waits between retries of
-/// one item.
-const MAX_BACKOFF_MS: i64 = 10 * 60 * 1000;
-
-/// When an outbox item that failed `attempts` times so far is tried again: 2 s doubling
-/// per attempt, at most [`MAX_BACKOFF_MS`]. The one retry schedule of the note, thread
-/// event and state label outboxes.
-fn retry_at(now_ms: i64, attempts: i64) -> i64 {
-    now_ms + (2_000i64 << attempts.clamp(0, 16)).min(MAX_BACKOFF_MS)
-}
 
 /// What the outboxes and the note queues need, and nothing more: the database, Plain
 /// (absent when not configured: nothing is sent), the clock, the redactor in force and
@@ -72,7 +62,7 @@ impl Outbox {
     }
 
     fn now(&self) -> i64 {
-        (self.clock)()
+        self.clock.now_ms()
     }
 
     fn redactor(&self) -> Arc<Redactor> {
@@ -80,18 +70,5 @@ impl Outbox {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{MAX_BACKOFF_MS, retry_at};
-
-    #[test]
-    fn retries_double_from_two_seconds_up_to_the_cap() {
-        assert_eq!(retry_at(0, 0), 2_000);
-        assert_eq!(retry_at(100, 3), 100 + 16_000);
-        assert_eq!(retry_at(0, 40), MAX_BACKOFF_MS);
-        assert_eq!(retry_at(0, -1), 2_000);
     }
 }

@@ -10,7 +10,7 @@
 //! at most, never by its whole backlog. A round whose notes cannot be read is logged
 //! and tried again at the next wake-up; it is never taken for "nothing is due".
 
-use super::{Outbox, retry_at};
+use super::Outbox;
 use crate::connectors::HelpdeskConnector;
 use crate::executions::store::{self, OutboxNote};
 use crate::store::StoreError;
@@ -80,7 +80,7 @@ async fn send_round(outbox: &Outbox, helpdesk: &HelpdeskConnector, due: Vec<Outb
             Err(error) => {
                 let (id, next) = (
                     note.execution_id.clone(),
-                    retry_at(outbox.now(), note.attempts),
+                    crate::retry::OUTBOX.next_at_ms(outbox.now(), note.attempts),
                 );
                 let error = outbox.redactor().redact(&error).into_owned();
                 tracing::warn!(execution = %note.execution_id, error = %error, "cannot post the note yet; will retry");

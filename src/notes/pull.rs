@@ -12,9 +12,9 @@ use serde_json::json;
 
 use super::Outbox;
 use super::held::new_marker;
-use crate::audit::AuditEvent;
+use crate::audit::{AuditEvent, AuditRecord};
 use crate::connectors::github::PullRequest;
-use crate::executions::audit::{AuditStep, record};
+use crate::executions::audit::record;
 use crate::executions::store::{self, Execution, OutboxNote, Status};
 use crate::executions::thread_calls::PULL_REQUEST_TOOL;
 use crate::ids::ExecutionId;
@@ -61,7 +61,7 @@ pub fn queue(
         attempts: 0,
     };
     store::enqueue_note(conn, &outbox, now_ms)?;
-    let step = AuditStep::new(AuditEvent::Ran).outcome(Some("pull_request_note"));
+    let step = AuditRecord::new(AuditEvent::Ran).outcome(Some("pull_request_note"));
     record(conn, redactor, &exec, step)?;
     Ok(true)
 }

@@ -14,8 +14,8 @@ use rusqlite::Connection;
 
 use super::Outbox;
 use super::held::new_marker;
-use crate::audit::AuditEvent;
-use crate::executions::audit::{AuditStep, record};
+use crate::audit::{AuditEvent, AuditRecord};
+use crate::executions::audit::record;
 use crate::executions::store::{self, Execution, OutboxNote, Status};
 use crate::ids::ExecutionId;
 use crate::secrets::Redactor;
@@ -108,7 +108,7 @@ pub fn queue(
     };
     store::enqueue_note(conn, &outbox, now_ms)?;
     crate::executions::labels::set_handed_to_person(conn, &scope.thread_id, now_ms)?;
-    let step = AuditStep::new(AuditEvent::Blocked).outcome(Some(note.outcome));
+    let step = AuditRecord::new(AuditEvent::Blocked).outcome(Some(note.outcome));
     record(conn, redactor, &exec, step)?;
     Ok(true)
 }

@@ -9,7 +9,7 @@
 //! an event waits while an earlier one of its thread is put off. A round whose events
 //! cannot be read is an error for the caller to log; it is never "nothing is due".
 
-use super::{Outbox, retry_at};
+use super::Outbox;
 use crate::connectors::HelpdeskConnector;
 use crate::connectors::helpdesk::{EventPosted, ThreadEvent};
 use crate::executions::trail::{self, TrailEvent};
@@ -65,7 +65,7 @@ async fn send_round(
                 outbox.db.write(move |c| trail::sent(c, &id, now)).await
             }
             Err(error) => {
-                let next = retry_at(outbox.now(), event.attempts);
+                let next = crate::retry::OUTBOX.next_at_ms(outbox.now(), event.attempts);
                 let error = outbox.redactor().redact(&error).into_owned();
                 tracing::warn!(event = %id, error = %error, "cannot post the thread event yet; will retry");
                 outbox

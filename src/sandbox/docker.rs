@@ -488,7 +488,7 @@ where
     F: FnOnce() -> Result<T, SandboxError> + Send + 'static,
     T: Send + 'static,
 {
-    tokio::task::spawn_blocking(work)
+    crate::tasks::Tasks::spawn_blocking(work)
         .await
         .map_err(|join| SandboxError::Io {
             action: "run blocking filesystem task",

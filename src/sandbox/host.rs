@@ -44,7 +44,6 @@ pub(crate) fn require_tmpfs(path: &Path) -> Result<(), SandboxError> {
     let stat = rustix::fs::statfs(&existing)
         .map_err(|e| io_err("statfs", &existing)(io::Error::from(e)))?;
     // `f_type` is signed on some targets; the magic numbers are read as unsigned words.
-    #[allow(clippy::unnecessary_cast)]
     let magic = stat.f_type as u64 & 0xffff_ffff;
     match magic {
         TMPFS_MAGIC | RAMFS_MAGIC => Ok(()),

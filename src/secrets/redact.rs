@@ -396,6 +396,6 @@ fn url_decode(input: &[u8], plus: bool, map: bool) -> Decoded {
 }
 
 fn hex_pair(high: Option<u8>, low: Option<u8>) -> Option<u8> {
-    let digit = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let digit = |b: u8| (b as char).to_digit(16).and_then(|d| u8::try_from(d).ok());
     Some(digit(high?)? << 4 | digit(low?)?)
 }

@@ -2,8 +2,8 @@
 //! tables (migration 0003).
 //!
 //! Values are sealed before they reach the writer thread and opened on the read pool,
-//! so the database only ever sees ciphertext. Each operation exists as an async method
-//! for the server and a `_blocking` twin for the CLI.
+//! so the database only ever sees ciphertext. Each operation is one async method, for
+//! the server and the CLI alike.
 
 use crate::secrets::ExposeSecret as _;
 use std::collections::{BTreeMap, BTreeSet};
@@ -68,20 +68,9 @@ impl SecretStore {
         self.db.write(job).await?
     }
 
-    /// [`SecretStore::set`] outside a runtime.
-    pub fn set_blocking(&self, name: &str, value: SecretString) -> Result<Written, SecretsError> {
-        let job = self.set_job(name, &value)?;
-        self.db.write_blocking(job)?
-    }
-
     /// Every secret's name, times and grants, sorted by name; never values.
     pub async fn list(&self) -> Result<Vec<SecretMeta>, SecretsError> {
         Ok(self.db.read(list_meta).await?)
-    }
-
-    /// [`SecretStore::list`] outside a runtime.
-    pub fn list_blocking(&self) -> Result<Vec<SecretMeta>, SecretsError> {
-        Ok(self.db.read_blocking(list_meta)?)
     }
 
     /// The value of `name`.
@@ -90,22 +79,10 @@ impl SecretStore {
         self.db.read(job).await?
     }
 
-    /// [`SecretStore::get`] outside a runtime.
-    pub fn get_blocking(&self, name: &str) -> Result<SecretString, SecretsError> {
-        let job = self.get_job(name)?;
-        self.db.read_blocking(job)?
-    }
-
     /// Deletes `name` and its grants.
     pub async fn delete(&self, name: &str) -> Result<(), SecretsError> {
         let job = delete_job(name)?;
         self.db.write(job).await?
-    }
-
-    /// [`SecretStore::delete`] outside a runtime.
-    pub fn delete_blocking(&self, name: &str) -> Result<(), SecretsError> {
-        let job = delete_job(name)?;
-        self.db.write_blocking(job)?
     }
 
     /// Grants `name` to `agent` (granting twice is not an error).
@@ -114,22 +91,10 @@ impl SecretStore {
         self.db.write(job).await?
     }
 
-    /// [`SecretStore::grant`] outside a runtime.
-    pub fn grant_blocking(&self, name: &str, agent: &str) -> Result<(), SecretsError> {
-        let job = grant_job(name, agent)?;
-        self.db.write_blocking(job)?
-    }
-
     /// Withdraws the grant of `name` to `agent`.
     pub async fn revoke(&self, name: &str, agent: &str) -> Result<(), SecretsError> {
         let job = revoke_job(name, agent)?;
         self.db.write(job).await?
-    }
-
-    /// [`SecretStore::revoke`] outside a runtime.
-    pub fn revoke_blocking(&self, name: &str, agent: &str) -> Result<(), SecretsError> {
-        let job = revoke_job(name, agent)?;
-        self.db.write_blocking(job)?
     }
 
     /// The names granted to `agent`, sorted.
@@ -137,12 +102,6 @@ impl SecretStore {
         validate_name("agent", agent)?;
         let agent = agent.to_owned();
         Ok(self.db.read(move |c| granted_names(c, &agent)).await?)
-    }
-
-    /// [`SecretStore::granted`] outside a runtime.
-    pub fn granted_blocking(&self, agent: &str) -> Result<Vec<String>, SecretsError> {
-        validate_name("agent", agent)?;
-        Ok(self.db.read_blocking(|c| granted_names(c, agent))?)
     }
 
     /// The values of the secrets `asked` for by `agent`, in the order asked (duplicates
@@ -157,26 +116,11 @@ impl SecretStore {
         self.db.read(job).await?
     }
 
-    /// [`SecretStore::resolve_for_agent`] outside a runtime.
-    pub fn resolve_for_agent_blocking(
-        &self,
-        agent: &str,
-        asked: &[String],
-    ) -> Result<Vec<(String, SecretString)>, SecretsError> {
-        let job = self.resolve_job(agent, asked)?;
-        self.db.read_blocking(job)?
-    }
-
     /// Every stored secret with its value, sorted by name: the input of the
     /// [`Redactor`].
     pub async fn all_values(&self) -> Result<Vec<(String, SecretString)>, SecretsError> {
         let key = Arc::clone(&self.key);
         self.db.read(move |c| all_values(c, &key)).await?
-    }
-
-    /// [`SecretStore::all_values`] outside a runtime.
-    pub fn all_values_blocking(&self) -> Result<Vec<(String, SecretString)>, SecretsError> {
-        self.db.read_blocking(|c| all_values(c, &self.key))?
     }
 
     /// A counter that changes with every `set` or `delete` (from any process on the same
@@ -186,7 +130,7 @@ impl SecretStore {
     /// microseconds, less than handing it to the blocking pool and back, and every
     /// gateway call asks several times.
     pub async fn generation(&self) -> Result<u64, SecretsError> {
-        Ok(self.db.read_blocking(read_generation)?)
+        Ok(self.db.read_inline(read_generation)?)
     }
 
     /// A [`Redactor`] over every stored value.

@@ -29,6 +29,7 @@ use axum::response::Response;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::Semaphore;
+use tracing::Instrument as _;
 
 /// How long a stopping server lets open connections finish.
 const DRAIN: Duration = Duration::from_secs(5);
@@ -79,7 +80,9 @@ impl Accept for tokio::net::UnixListener {
 }
 
 /// Serves `router` on `listener` within `limits` until `shutdown` resolves, then lets
-/// open connections finish for a few seconds.
+/// open connections finish for a few seconds ([`DRAIN`]) and cuts the rest. Every
+/// connection's task belongs to this call (a `JoinSet`: dropping the call cuts them)
+/// and runs in its span.
 pub async fn serve<L: Accept>(
     listener: L,
     router: Router,
@@ -93,8 +96,11 @@ pub async fn serve<L: Accept>(
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let per_address = Arc::new(PerAddress::new(limits.max_per_address));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut connections = tokio::task::JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
+        // Finished connections are reaped as the loop goes: the set holds open ones.
+        while connections.try_join_next().is_some() {}
         let accepted = tokio::select! {
             _ = &mut shutdown => break,
             accepted = listener.accept_io() => accepted,
@@ -138,14 +144,26 @@ pub async fn serve<L: Accept>(
             .header_read_timeout(limits.header_timeout)
             .serve_connection(TokioIo::new(io), service);
         let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
+        connections.spawn(
+            async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                drop((permit, share));
             }
-            drop((permit, share));
-        });
+            .in_current_span(),
+        );
     }
-    let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
+    if tokio::time::timeout(DRAIN, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::info!(
+            cut = connections.len(),
+            "connections still open after the drain are cut"
+        );
+    }
+    connections.shutdown().await;
 }
 
 /// Open connections per client address, each under the same cap.

@@ -165,9 +165,10 @@ fn harness_with(
         sockets_dir: dir.path().join("sockets"),
         settings: settings(max_live),
         default_agent: "support".into(),
-        clock: Arc::new(move || clock_now.load(Ordering::SeqCst)),
+        clock: crate::clock::Clock::from_fn(move || clock_now.load(Ordering::SeqCst)),
         publisher: None,
         notes: None,
+        tasks: crate::tasks::Tasks::new(),
     });
     Harness {
         _dir: dir,

@@ -27,10 +27,24 @@ pub(super) const WRITER_BACKSTOP_PAGES: i64 = 16_384;
 /// How long the checkpointer waits before checkpointing a few leftover writes.
 const IDLE: Duration = Duration::from_secs(1);
 
-/// The writer's handle on the checkpoint thread; dropping it stops the thread.
+/// The writer's handle on the checkpoint thread; dropping it stops the thread and
+/// waits for it.
 pub(super) struct Checkpointer {
     poke: SyncSender<()>,
     pending: Arc<AtomicU64>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        // Closing the channel wakes the thread, which then ends.
+        drop(std::mem::replace(&mut self.poke, sync_channel(0).0));
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the database checkpoint thread panicked");
+        }
+    }
 }
 
 impl Checkpointer {
@@ -43,11 +57,15 @@ impl Checkpointer {
         let (poke, woken) = sync_channel(1);
         let pending = Arc::new(AtomicU64::new(0));
         let counted = Arc::clone(&pending);
-        thread::Builder::new()
+        let thread = thread::Builder::new()
             .name("threadgate-db-checkpoint".into())
             .spawn(move || run(&conn, &woken, &counted))
             .map_err(|e| format!("cannot start the checkpoint thread: {e}"))?;
-        Ok(Checkpointer { poke, pending })
+        Ok(Checkpointer {
+            poke,
+            pending,
+            thread: Some(thread),
+        })
     }
 
     /// Tells the checkpointer that `jobs` more writes were committed.

@@ -104,6 +104,23 @@ struct Inner {
     path: PathBuf,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     readers: Mutex<Vec<Connection>>,
+    /// The writer thread, joined when the last handle goes.
+    writer: Mutex<Option<thread::JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    /// Closes the writer's queue and waits for the writer thread: the writes queued
+    /// before commit, then it stops its checkpoint thread and ends.
+    fn drop(&mut self) {
+        drop(lock(&self.jobs).take());
+        let Some(writer) = lock(&self.writer).take() else {
+            return;
+        };
+        // The last handle may go inside a job, on the writer thread itself.
+        if writer.thread().id() != thread::current().id() && writer.join().is_err() {
+            tracing::error!("the database writer thread panicked");
+        }
+    }
 }
 
 impl Db {
@@ -134,7 +151,7 @@ impl Db {
             .map_err(open_err)?;
         let checkpointer = checkpoint::Checkpointer::start(path).map_err(StoreError::Commit)?;
         let (tx, rx) = mpsc::channel::<Job>();
-        thread::Builder::new()
+        let writer = thread::Builder::new()
             .name("threadgate-db-writer".into())
             .spawn(move || writer_loop(writer, rx, checkpointer))
             .map_err(|e| StoreError::Commit(format!("cannot start the writer thread: {e}")))?;
@@ -143,6 +160,7 @@ impl Db {
                 path: path.to_owned(),
                 jobs: Mutex::new(Some(tx)),
                 readers: Mutex::new(readers),
+                writer: Mutex::new(Some(writer)),
             }),
         })
     }
@@ -164,16 +182,6 @@ impl Db {
         rx.await.map_err(|_| StoreError::WriterGone)?
     }
 
-    /// [`Db::write`] for callers outside an async runtime (the CLI).
-    pub fn write_blocking<R, F>(&self, f: F) -> Result<R, StoreError>
-    where
-        R: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<R> + Send + 'static,
-    {
-        let rx = self.submit(f)?;
-        rx.blocking_recv().map_err(|_| StoreError::WriterGone)?
-    }
-
     /// Runs `f` on a read connection (a consistent snapshot) on the blocking pool.
     pub async fn read<R, F>(&self, f: F) -> Result<R, StoreError>
     where
@@ -181,13 +189,16 @@ impl Db {
         F: FnOnce(&Connection) -> rusqlite::Result<R> + Send + 'static,
     {
         let db = self.clone();
-        tokio::task::spawn_blocking(move || db.read_blocking(f))
+        crate::tasks::Tasks::spawn_blocking(move || db.read_inline(f))
             .await
             .map_err(|_| StoreError::WriterGone)?
     }
 
-    /// [`Db::read`] for callers outside an async runtime.
-    pub fn read_blocking<R, F>(&self, f: F) -> Result<R, StoreError>
+    /// Runs `f` on a read connection on the calling thread, without the trip to the
+    /// blocking pool that [`Db::read`] takes: only for a few indexed lookups on a hot
+    /// path (the gate's read decision, the secrets' generation), where the trip costs
+    /// more than the read.
+    pub fn read_inline<R, F>(&self, f: F) -> Result<R, StoreError>
     where
         F: FnOnce(&Connection) -> rusqlite::Result<R>,
     {

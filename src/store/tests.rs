@@ -57,39 +57,44 @@ async fn a_failing_write_rolls_back_alone_in_a_concurrent_batch() {
     assert_eq!(count, 181, "180 successful jobs plus the seed row");
 }
 
-#[test]
-fn reopening_keeps_data_and_does_not_rerun_migrations() {
+#[tokio::test]
+async fn reopening_keeps_data_and_does_not_rerun_migrations() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("state.db");
     {
         let db = Db::open(&path).expect("open");
-        db.write_blocking(|c| c.execute("INSERT INTO meta (key, value) VALUES ('a', '1')", []))
+        db.write(|c| c.execute("INSERT INTO meta (key, value) VALUES ('a', '1')", []))
+            .await
             .expect("write");
     }
     let db = Db::open(&path).expect("reopen");
     let value: String = db
-        .read_blocking(|c| c.query_row("SELECT value FROM meta WHERE key = 'a'", [], |r| r.get(0)))
+        .read(|c| c.query_row("SELECT value FROM meta WHERE key = 'a'", [], |r| r.get(0)))
+        .await
         .expect("read");
     assert_eq!(value, "1");
 }
 
-#[test]
-fn the_database_runs_with_full_sync_and_wal() {
+#[tokio::test]
+async fn the_database_runs_with_full_sync_and_wal() {
     let (_dir, db) = open_temp();
     let mode: String = db
-        .read_blocking(|c| c.pragma_query_value(None, "journal_mode", |r| r.get(0)))
+        .read(|c| c.pragma_query_value(None, "journal_mode", |r| r.get(0)))
+        .await
         .expect("pragma");
     assert_eq!(mode, "wal");
 }
 
-#[test]
-fn a_meta_value_is_set_once_and_read_back() {
+#[tokio::test]
+async fn a_meta_value_is_set_once_and_read_back() {
     let (_dir, db) = open_temp();
     let first = db
-        .write_blocking(|c| meta::get_or_insert(c, meta::INSTANCE_ID, "tg-first"))
+        .write(|c| meta::get_or_insert(c, meta::INSTANCE_ID, "tg-first"))
+        .await
         .expect("first");
     let second = db
-        .write_blocking(|c| meta::get_or_insert(c, meta::INSTANCE_ID, "tg-second"))
+        .write(|c| meta::get_or_insert(c, meta::INSTANCE_ID, "tg-second"))
+        .await
         .expect("second");
     assert_eq!((first.as_str(), second.as_str()), ("tg-first", "tg-first"));
 }

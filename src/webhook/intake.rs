@@ -15,6 +15,7 @@
 //! Only then is the answer 200, and only then is the event sent on `notify` (never
 //! for a duplicate or an [`EventClass::Ignored`] event).
 
+use crate::clock::Clock;
 use crate::ids::ThreadId;
 use crate::secrets::ExposeSecret as _;
 use std::sync::Arc;
@@ -35,14 +36,6 @@ use super::signature::{SIGNATURE_HEADER, SignatureError, SigningSecret, verify_s
 use super::store::{self, InsertOutcome};
 use crate::api_error::ApiError;
 use crate::store::{Db, StoreError};
-
-/// The current time in unix milliseconds. Tests pass a fixed clock.
-pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
-
-/// The wall clock, as a [`Clock`].
-pub fn system_clock() -> Clock {
-    Arc::new(|| chrono::Utc::now().timestamp_millis())
-}
 
 /// Limits and the secret for the intake endpoint.
 #[derive(Debug, Clone)]
@@ -222,7 +215,7 @@ async fn accept(
     body: Bytes,
     started: std::time::Instant,
 ) -> Result<Response, (Refusal, String)> {
-    let now = (state.clock)();
+    let now = state.clock.now_ms();
     let skew_ms = now.saturating_sub(envelope.attempt_at_ms).saturating_abs();
     let max_ms = i64::try_from(state.config.max_skew.as_millis()).unwrap_or(i64::MAX);
     if skew_ms > max_ms {

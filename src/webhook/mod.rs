@@ -15,7 +15,7 @@ pub mod signature;
 pub mod store;
 
 pub use envelope::{ActorKind, Customer, Envelope, EnvelopeError, EventClass};
-pub use intake::{Clock, IntakeConfig, IntakeState, StoredEvent, router, system_clock};
+pub use intake::{IntakeConfig, IntakeState, StoredEvent, router};
 pub use signature::{
     SIGNATURE_HEADER, SignatureError, SigningSecret, SigningSecretError, sign, verify_signature,
 };

@@ -81,7 +81,7 @@ pub fn sign(secret: &[u8], body: &[u8]) -> String {
 fn mac(secret: &[u8], body: &[u8]) -> HmacSha256 {
     // HMAC takes keys of any length (a long key is hashed first): `new_from_slice`
     // never fails for it, so this `expect` cannot fire.
-    #[allow(clippy::expect_used)]
+    #[expect(clippy::expect_used, reason = "HMAC accepts keys of any length")]
     let mut mac = HmacSha256::new_from_slice(secret).expect("hmac accepts keys of any length");
     mac.update(body);
     mac

@@ -323,8 +323,8 @@ fn the_signing_secret_never_prints_and_cannot_be_empty() {
     assert!(SigningSecret::new("").is_err());
 }
 
-#[test]
-fn pending_events_come_back_typed_and_an_unknown_class_is_an_error() {
+#[tokio::test]
+async fn pending_events_come_back_typed_and_an_unknown_class_is_an_error() {
     use crate::store::Db;
     let dir = tempfile::tempdir().expect("tempdir");
     let db = Db::open(&dir.path().join("state.db")).expect("open");
@@ -336,22 +336,22 @@ fn pending_events_come_back_typed_and_an_unknown_class_is_an_error() {
         )
     };
     let (customer, done) = (row("e1", "customer"), row("e2", "done"));
-    db.write_blocking(move |c| c.execute_batch(&format!("{customer}; {done};")))
+    db.write(move |c| c.execute_batch(&format!("{customer}; {done};")))
+        .await
         .expect("insert");
     let pending = db
-        .read_blocking(|c| {
-            super::store::pending_events(c, &crate::ids::ThreadId::parse("th_1").unwrap())
-        })
+        .read(|c| super::store::pending_events(c, &crate::ids::ThreadId::parse("th_1").unwrap()))
+        .await
         .expect("read");
     let classes: Vec<EventClass> = pending.iter().map(|e| e.class).collect();
     assert_eq!(classes, [EventClass::Customer, EventClass::Done]);
     let bogus = row("e3", "bogus");
-    db.write_blocking(move |c| c.execute(&bogus, []))
+    db.write(move |c| c.execute(&bogus, []))
+        .await
         .expect("insert");
     let err = db
-        .read_blocking(|c| {
-            super::store::pending_events(c, &crate::ids::ThreadId::parse("th_1").unwrap())
-        })
+        .read(|c| super::store::pending_events(c, &crate::ids::ThreadId::parse("th_1").unwrap()))
+        .await
         .expect_err("an unknown class is not read as a valid one");
     assert!(err.to_string().contains("bogus"), "{err}");
 }

@@ -8,9 +8,6 @@
 //! (`scripts/build-sandbox-image.sh`; another tag with `THREADGATE_SANDBOX_IMAGE`) and
 //! localstripe (`scripts/localstripe.sh setup`).
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use crate::support;
 
 use threadgate::model::Provider;

@@ -2,9 +2,6 @@
 //! by `threadgate lint agents/` and when `threadgate serve` builds the application,
 //! never at the first webhook.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -1,9 +1,6 @@
 //! The audit log against a real database: the chain verifies, tampering is caught at the
 //! row it touched, rows commit with the caller's state change, and secrets never land.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::json;

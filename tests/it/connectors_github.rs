@@ -1,8 +1,5 @@
 //! The GitHub connector against a local stub of GitHub's REST API.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use crate::support;
 
 use serde_json::{Value, json};

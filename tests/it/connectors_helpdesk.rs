@@ -1,9 +1,6 @@
 //! The helpdesk connector against a fake Plain endpoint that validates every query and
 //! mutation against Plain's GraphQL schema.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use crate::support;
 
 use std::time::Duration;

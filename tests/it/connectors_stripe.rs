@@ -2,9 +2,6 @@
 //!
 //! Needs `.venv-peers`: run `scripts/localstripe.sh setup` once.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use crate::support;
 
 use std::collections::HashSet;

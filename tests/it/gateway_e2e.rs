@@ -5,9 +5,6 @@
 //!
 //! Needs `.venv-peers`: run `scripts/localstripe.sh setup` once.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 #[path = "gateway_e2e/approvals.rs"]
 mod approvals;
 #[path = "gateway_e2e/floods.rs"]
@@ -38,6 +35,8 @@ mod refund_evidence;
 mod restart;
 #[path = "gateway_e2e/scope.rs"]
 mod scope;
+#[path = "gateway_e2e/shutdown.rs"]
+mod shutdown;
 #[path = "gateway_e2e/stripe_events.rs"]
 mod stripe_events;
 #[path = "gateway_e2e/telemetry.rs"]

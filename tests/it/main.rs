@@ -5,8 +5,11 @@
 //! the demo example's modules, written for a crate root of their own, and starts itself
 //! again as the demo's process).
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: an unwrap or expect that fails is a failed test, with its message"
+)]
 
 pub mod support;
 

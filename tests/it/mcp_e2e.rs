@@ -12,9 +12,6 @@
 //! Needs `.venv-peers` (`scripts/localstripe.sh setup`); `in_container` also needs
 //! Docker and the sandbox image (see `tests/agent_e2e.rs`).
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 #[path = "mcp_e2e/client.rs"]
 pub mod client;
 #[path = "mcp_e2e/elicitation.rs"]

@@ -3,9 +3,6 @@
 //! an OS error prints, `audit --verify` with its anchor, `sessions list`, and what the
 //! server's log looks like in a file.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -160,8 +157,17 @@ fn the_environment_overrides_the_file_and_a_wrong_value_names_its_source() {
     assert!(!stderr.contains("sk_live"), "{stderr}");
 }
 
+/// Runs one store call from these synchronous tests (the CLI they drive runs its own).
+fn block_on<T>(work: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(work)
+}
+
 fn append(db: &Db, n: usize) {
-    db.write_blocking(move |c| {
+    block_on(db.write(move |c| {
         for i in 0..n {
             let record = AuditRecord {
                 execution_id: Some(format!("ex-{i}")),
@@ -170,7 +176,7 @@ fn append(db: &Db, n: usize) {
             audit::append(c, &record, &Redactor::empty())?;
         }
         Ok(())
-    })
+    }))
     .expect("append");
 }
 
@@ -206,9 +212,9 @@ fn audit_verify_catches_deleted_newest_rows_by_the_anchor() {
     assert!(grown_head.ends_with(":7"), "{grown_head}");
 
     // An attacker with the database file drops the triggers and the newest rows.
-    db.write_blocking(|c| {
+    block_on(db.write(|c| {
         c.execute_batch("DROP TRIGGER audit_no_delete; DELETE FROM audit WHERE id > 3;")
-    })
+    }))
     .expect("tamper");
     drop(db);
 
@@ -263,8 +269,7 @@ fn sessions_list_shows_the_session_id_and_its_socket() {
         last_error: None,
         stop_requested: false,
     };
-    db.write_blocking(move |c| sessions::insert(c, &row))
-        .expect("insert");
+    block_on(db.write(move |c| sessions::insert(c, &row))).expect("insert");
     let out = setup.run(&["sessions", "list"], "");
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);

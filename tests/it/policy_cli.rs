@@ -1,9 +1,6 @@
 //! Runs the built `threadgate` binary: `check` and `lint`, their output formats, errors
 //! with file:line:column and exit codes.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -2,9 +2,6 @@
 //! reaches the database as an argon2id hash that signs the reviewer in; a short one or an
 //! unknown name is a clear error.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::io::Write as _;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};

@@ -5,9 +5,6 @@
 //! Needs `.venv-peers` (`scripts/localstripe.sh setup`) and Chromium with chromedriver
 //! (`scripts/browser-up.sh`). Screenshots land in `target/tmp/review-screenshots/`.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 #[path = "review_web/web.rs"]
 pub mod web;
 

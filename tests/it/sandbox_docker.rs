@@ -3,9 +3,6 @@
 //! tests running in parallel (and other threadgate instances) never see each other's
 //! containers; each stops what it started.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use crate::support;
 
 use std::io::{Read, Write};

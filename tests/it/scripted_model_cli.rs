@@ -1,9 +1,6 @@
 //! `threadgate scripted-model --listen ADDR` serves the scripted model (labelled as not a
 //! real model) in both wire formats, as `scripts/demo.sh` runs it.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 

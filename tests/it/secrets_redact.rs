@@ -1,9 +1,6 @@
 //! The redactor: stored values found raw, JSON-escaped, in base64 at any alignment and
 //! URL-encoded in any style, and replaced by `[secret:NAME]`.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::borrow::Cow;
 
 use base64::Engine as _;

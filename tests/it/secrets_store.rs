@@ -1,8 +1,5 @@
 //! The encrypted secret store, its grants and the master key, against a real database.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::sync::Arc;
 use threadgate::secrets::ExposeSecret as _;
 
@@ -380,31 +377,6 @@ async fn all_values_feed_a_redactor() {
 }
 
 #[test]
-fn the_blocking_api_serves_the_cli() {
-    let f = fixture();
-    assert_eq!(
-        f.store.set_blocking("k", STRIPE_KEY.into()).expect("set"),
-        Written::Created
-    );
-    f.store.grant_blocking("k", "billing").expect("grant");
-    assert_eq!(f.store.granted_blocking("billing").expect("granted"), ["k"]);
-    assert_eq!(
-        f.store.get_blocking("k").expect("get").expose_secret(),
-        STRIPE_KEY
-    );
-    let got = f
-        .store
-        .resolve_for_agent_blocking("billing", &["k".to_owned()])
-        .expect("resolve");
-    assert_eq!(got[0].1.expose_secret(), STRIPE_KEY);
-    assert_eq!(f.store.all_values_blocking().expect("all").len(), 1);
-    f.store.revoke_blocking("k", "billing").expect("revoke");
-    assert_eq!(f.store.list_blocking().expect("list")[0].grants.len(), 0);
-    f.store.delete_blocking("k").expect("delete");
-    assert!(f.store.list_blocking().expect("list").is_empty());
-}
-
-#[test]
 fn nothing_prints_a_value_or_the_key() {
     let f = fixture();
     let value = SecretString::from(STRIPE_KEY);
@@ -413,10 +385,10 @@ fn nothing_prints_a_value_or_the_key() {
     assert!(shown.contains("[REDACTED]"), "{shown}");
 }
 
-#[test]
-fn a_generated_key_written_to_a_file_loads_back_and_opens_secrets() {
+#[tokio::test]
+async fn a_generated_key_written_to_a_file_loads_back_and_opens_secrets() {
     let f = fixture();
-    f.store.set_blocking("k", STRIPE_KEY.into()).expect("set");
+    f.store.set("k", STRIPE_KEY.into()).await.expect("set");
     let path = f.dir.path().join("master.key");
     f.key.write_to(&path).expect("write key");
     #[cfg(unix)]
@@ -428,7 +400,7 @@ fn a_generated_key_written_to_a_file_loads_back_and_opens_secrets() {
     let loaded = MasterKey::from_file(&path).expect("load");
     let reopened = SecretStore::new(f.db.clone(), Arc::new(loaded));
     assert_eq!(
-        reopened.get_blocking("k").expect("get").expose_secret(),
+        reopened.get("k").await.expect("get").expose_secret(),
         STRIPE_KEY
     );
 
@@ -437,7 +409,7 @@ fn a_generated_key_written_to_a_file_loads_back_and_opens_secrets() {
     let again = MasterKey::from_file(&path).expect("unchanged");
     let still = SecretStore::new(f.db.clone(), Arc::new(again));
     assert!(
-        still.get_blocking("k").is_ok(),
+        still.get("k").await.is_ok(),
         "the key file was not replaced"
     );
 }
@@ -474,8 +446,8 @@ fn key_errors_name_their_source_and_never_the_key() {
     );
 }
 
-#[test]
-fn a_key_parses_with_or_without_padding_and_whitespace() {
+#[tokio::test]
+async fn a_key_parses_with_or_without_padding_and_whitespace() {
     let key = MasterKey::generate();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("k");
@@ -488,10 +460,12 @@ fn a_key_parses_with_or_without_padding_and_whitespace() {
     // Both decode to the same key: a value sealed under one opens under the other.
     let db = Db::open(&dir.path().join("s.db")).expect("open");
     SecretStore::new(db.clone(), Arc::new(padded))
-        .set_blocking("k", STRIPE_KEY.into())
+        .set("k", STRIPE_KEY.into())
+        .await
         .expect("set");
     let got = SecretStore::new(db, Arc::new(unpadded))
-        .get_blocking("k")
+        .get("k")
+        .await
         .expect("get");
     assert_eq!(got.expose_secret(), STRIPE_KEY);
 }

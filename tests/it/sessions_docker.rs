@@ -8,9 +8,6 @@
 //!
 //! [`Application`]: threadgate::app::Application
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use crate::support;
 
 #[path = "sessions_docker/disk.rs"]

@@ -1,9 +1,6 @@
 //! `POST /webhooks/plain` end to end: the real router on a loopback port, a temporary
 //! SQLite file, a fixed clock, and Plain's own example payloads and test vectors.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use crate::support;
 
 use serde_json::{Value, json};

@@ -2,9 +2,6 @@
 //! git2 in temporary directories: branches, materialised worktrees, safe commits of an
 //! agent-controlled directory, removal and pushing.
 
-// Test code: an unwrap or expect that fails is a failed test, with its message.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 #[path = "workspace_git/caps.rs"]
 mod caps;
 #[path = "workspace_git/hostile.rs"]

@@ -14,7 +14,7 @@ pub(crate) struct ArgPath {
 
 impl ArgPath {
     /// Parses a dot path; `None` if a segment is empty.
-    pub fn parse(text: &str) -> Option<Self> {
+    pub(crate) fn parse(text: &str) -> Option<Self> {
         let segments: Box<[Box<str>]> = text.split('.').map(Box::from).collect();
         if segments.iter().any(|s| s.is_empty()) {
             return None;
@@ -26,12 +26,12 @@ impl ArgPath {
     }
 
     /// The first segment: the top-level argument the path reads.
-    pub fn root(&self) -> &str {
-        &self.segments[0]
+    pub(crate) fn root(&self) -> &str {
+        self.segments.first().map_or("", |s| s.as_ref())
     }
 
     /// The value at this path, if there is one.
-    pub fn lookup<'v>(&self, args: &'v Value) -> Option<&'v Value> {
+    pub(crate) fn lookup<'v>(&self, args: &'v Value) -> Option<&'v Value> {
         let mut value = args;
         for segment in &self.segments {
             value = match value {

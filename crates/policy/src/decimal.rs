@@ -134,7 +134,7 @@ pub(crate) struct NumberText {
 impl NumberText {
     /// Writes `number` as serde_json prints it: exact for integers, the shortest
     /// round-tripping text for floats, the original text with arbitrary precision.
-    pub fn new(number: &serde_json::Number) -> Self {
+    pub(crate) fn new(number: &serde_json::Number) -> Self {
         let mut text = Self {
             buffer: [0; 64],
             len: 0,
@@ -147,22 +147,25 @@ impl NumberText {
     }
 
     /// The text.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         if let Some(spilled) = &self.spilled {
             return spilled;
         }
         // INVARIANT: `write_str` only ever copies whole `&str`s into the buffer.
-        std::str::from_utf8(&self.buffer[..self.len]).unwrap_or_default()
+        self.buffer
+            .get(..self.len)
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .unwrap_or_default()
     }
 }
 
 impl Write for NumberText {
     fn write_str(&mut self, s: &str) -> std::fmt::Result {
         let end = self.len + s.len();
-        if end > self.buffer.len() {
+        let Some(slot) = self.buffer.get_mut(self.len..end) else {
             return Err(std::fmt::Error);
-        }
-        self.buffer[self.len..end].copy_from_slice(s.as_bytes());
+        };
+        slot.copy_from_slice(s.as_bytes());
         self.len = end;
         Ok(())
     }

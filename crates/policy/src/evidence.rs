@@ -111,7 +111,7 @@ pub(crate) struct EvidenceCondition {
 impl EvidenceCondition {
     /// Whether the condition holds (`Some(true)`), fails (`Some(false)`) or cannot be
     /// evaluated (`None`) with this evidence.
-    pub fn holds(&self, evidence: &Evidence) -> Option<bool> {
+    pub(crate) fn holds(&self, evidence: &Evidence) -> Option<bool> {
         match evidence.get(self.kind)? {
             Finding::Found { apart_ms } => Some(apart_ms <= self.within_ms),
             Finding::NotFound => Some(false),
@@ -119,7 +119,7 @@ impl EvidenceCondition {
     }
 
     /// The record of checking it, for explanations.
-    pub fn check(&self, evidence: &Evidence) -> EvidenceCheck {
+    pub(crate) fn check(&self, evidence: &Evidence) -> EvidenceCheck {
         EvidenceCheck {
             kind: self.kind,
             within: self.within_text.to_string(),

@@ -26,7 +26,7 @@ pub(crate) struct LoweredName {
 }
 
 impl LoweredName {
-    pub fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str) -> Self {
         let mut lowered = Self {
             buffer: [0; 128],
             len: 0,
@@ -43,12 +43,15 @@ impl LoweredName {
         lowered
     }
 
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         if let Some(long) = &self.long {
             return long;
         }
         // INVARIANT: the buffer holds a lowercased copy of an ASCII string.
-        std::str::from_utf8(&self.buffer[..self.len]).unwrap_or_default()
+        self.buffer
+            .get(..self.len)
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .unwrap_or_default()
     }
 }
 
@@ -109,7 +112,11 @@ pub(crate) struct ToolIndex {
 }
 
 impl ToolIndex {
-    pub fn build<'a>(patterns: impl Iterator<Item = &'a Pattern> + Clone) -> Self {
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "INVARIANT: every index comes from the rules this index was built from; one out of range is a bug that must stop the decision (the gate then fails closed), never drop a rule"
+    )]
+    pub(crate) fn build<'a>(patterns: impl Iterator<Item = &'a Pattern> + Clone) -> Self {
         let mut index = Self::default();
         for tool in BUILTIN_TOOLS {
             let rules = patterns
@@ -172,12 +179,16 @@ impl ToolIndex {
 
     /// The rules that match a built-in catalog tool spelled exactly, in order; `None` for
     /// any other name.
-    pub fn known(&self, name: &str) -> Option<&[usize]> {
+    pub(crate) fn known(&self, name: &str) -> Option<&[usize]> {
         self.known.get(name).map(|rules| &rules[..])
     }
 
     /// The rules whose pattern may match the tool (`name` as written, `lowered`).
-    pub fn candidates(&self, name: &str, lowered: &str, rule_count: usize) -> Candidates {
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "INVARIANT: every index comes from the rules this index was built from; one out of range is a bug that must stop the decision (the gate then fails closed), never drop a rule"
+    )]
+    pub(crate) fn candidates(&self, name: &str, lowered: &str, rule_count: usize) -> Candidates {
         let mut set = Candidates::new(rule_count);
         if let Some(rules) = self.exact.get(lowered) {
             set.insert_all(rules);
@@ -242,6 +253,10 @@ impl Candidates {
         }
     }
 
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "INVARIANT: `used` is at most the inline array's 16 words (set in `new`)"
+    )]
     fn words(&self) -> &[u64] {
         match self {
             Candidates::Inline(words, used) => &words[..*used],
@@ -249,6 +264,10 @@ impl Candidates {
         }
     }
 
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "INVARIANT: every index comes from the rules the set was sized for; one out of range is a bug that must stop the decision (the gate then fails closed), never drop a rule"
+    )]
     fn insert(&mut self, rule: usize) {
         let words = match self {
             Candidates::Inline(words, _) => &mut words[..],
@@ -264,7 +283,7 @@ impl Candidates {
     }
 
     /// The rule indices in ascending order.
-    pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = usize> + '_ {
         self.words()
             .iter()
             .enumerate()

@@ -54,8 +54,7 @@ pub(crate) fn translate(body: &str, mode: Mode) -> Result<String, String> {
     let mut out = String::with_capacity(body.len() + 16);
     let chars: Vec<char> = body.chars().collect();
     let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
+    while let Some(&c) = chars.get(i) {
         i += 1;
         match c {
             '\\' => i = escape(&chars, i, mode, false, &mut out)?,
@@ -66,7 +65,7 @@ pub(crate) fn translate(body: &str, mode: Mode) -> Result<String, String> {
             '{' if quantifier_len(&chars, i) > 0 => {
                 let end = i + quantifier_len(&chars, i);
                 out.push('{');
-                out.extend(&chars[i..end]);
+                out.extend(chars.get(i..end).unwrap_or_default());
                 i = end;
             }
             '{' | '}' | ']' if mode.unicode => {
@@ -106,7 +105,7 @@ fn group(chars: &[char], at: usize, out: &mut String) -> Result<usize, String> {
 /// The length of the rest of a quantifier `{n}`, `{n,}` or `{n,m}` whose `{` is just
 /// before `chars[at]` (its `}` included), or 0 when that `{` starts none.
 fn quantifier_len(chars: &[char], at: usize) -> usize {
-    let rest = &chars[at.min(chars.len())..];
+    let rest = chars.get(at..).unwrap_or_default();
     let digits = |s: &[char]| s.iter().take_while(|c| c.is_ascii_digit()).count();
     let first = digits(rest);
     if first == 0 {
@@ -115,7 +114,7 @@ fn quantifier_len(chars: &[char], at: usize) -> usize {
     match rest.get(first) {
         Some('}') => first + 1,
         Some(',') => {
-            let second = digits(&rest[first + 1..]);
+            let second = digits(rest.get(first + 1..).unwrap_or_default());
             if rest.get(first + 1 + second) == Some(&'}') {
                 first + second + 2
             } else {
@@ -239,21 +238,25 @@ fn property_escape(
     mode: Mode,
     out: &mut String,
 ) -> Result<usize, String> {
-    let c = chars[at];
+    let Some(&c) = chars.get(at) else {
+        return Err("`\\p` needs a property, like `\\p{L}`".into());
+    };
     if !mode.unicode {
         return Err(format!(
             "`\\{c}{{…}}` needs flag `u`: without it JavaScript reads `\\{c}` as the letter {c}"
         ));
     }
     let next = at + 1;
-    let close = chars[next..]
+    let close = chars
+        .get(next..)
+        .unwrap_or_default()
         .iter()
         .position(|&b| b == '}')
         .map(|p| next + p);
     let end = close.filter(|_| chars.get(next) == Some(&'{'));
     let end = end.ok_or_else(|| format!("`\\{c}` needs a property, like `\\{c}{{L}}`"))?;
     out.push('\\');
-    out.extend(&chars[at..=end]);
+    out.extend(chars.get(at..=end).unwrap_or_default());
     Ok(end + 1)
 }
 
@@ -290,8 +293,15 @@ fn unicode_escape(
                 "`\\u{…}` needs flag `u`: without it JavaScript reads `\\u` as the letter u".into(),
             );
         }
-        let close = chars[at..].iter().position(|&c| c == '}').map(|p| at + p);
-        let digits: Option<String> = close.map(|end| chars[at + 1..end].iter().collect());
+        let close = chars
+            .get(at..)
+            .unwrap_or_default()
+            .iter()
+            .position(|&c| c == '}')
+            .map(|p| at + p);
+        let digits: Option<String> = close
+            .and_then(|end| chars.get(at + 1..end))
+            .map(|d| d.iter().collect());
         return match (close, digits) {
             (Some(end), Some(d)) if !d.is_empty() && d.chars().all(|h| h.is_ascii_hexdigit()) => {
                 let _ = write!(out, r"\x{{{d}}}");

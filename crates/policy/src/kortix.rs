@@ -131,10 +131,13 @@ fn nested_quantifier(literal: &str) -> bool {
         return false;
     };
     let chars: Vec<char> = body.chars().collect();
-    (0..chars.len()).filter(|&i| chars[i] == '(').any(|i| {
+    let opens = chars.iter().enumerate().filter(|&(_, &c)| c == '(');
+    opens.map(|(i, _)| i).any(|i| {
         let (mut depth, mut j) = (1, i + 1);
-        while j < chars.len() && depth > 0 {
-            match chars[j] {
+        while depth > 0
+            && let Some(&c) = chars.get(j)
+        {
+            match c {
                 '\\' => j += 1,
                 '(' => depth += 1,
                 ')' => depth -= 1,
@@ -147,13 +150,15 @@ fn nested_quantifier(literal: &str) -> bool {
         }
         let mut inner = Vec::new();
         let mut k = i + 1;
-        while k < j - 1 {
-            if chars[k] == '\\' {
-                k += 2;
-                continue;
+        while k + 1 < j {
+            match chars.get(k) {
+                Some('\\') => k += 2,
+                Some(&c) => {
+                    inner.push(c);
+                    k += 1;
+                }
+                None => break,
             }
-            inner.push(chars[k]);
-            k += 1;
         }
         inner.contains(&'*') || inner.contains(&'+') || has_comma_repetition(&inner)
     })
@@ -161,13 +166,16 @@ fn nested_quantifier(literal: &str) -> bool {
 
 /// Whether `text` holds `{digits,digits}` (either run may be empty).
 fn has_comma_repetition(text: &[char]) -> bool {
-    (0..text.len()).filter(|&i| text[i] == '{').any(|i| {
-        let rest = &text[i + 1..];
+    let opens = text.iter().enumerate().filter(|&(_, &c)| c == '{');
+    opens.map(|(i, _)| i).any(|i| {
+        let rest = text.get(i + 1..).unwrap_or_default();
         let first = rest.iter().take_while(|c| c.is_ascii_digit()).count();
         if rest.get(first) != Some(&',') {
             return false;
         }
-        let second = rest[first + 1..]
+        let second = rest
+            .get(first + 1..)
+            .unwrap_or_default()
             .iter()
             .take_while(|c| c.is_ascii_digit())
             .count();

@@ -47,6 +47,12 @@
 //! JavaScript counts a character outside the BMP as two for `.` and classes; with `m`,
 //! `^`/`$` also meet U+2028/U+2029 in JavaScript.
 
+#![deny(
+    clippy::indexing_slicing,
+    unreachable_pub,
+    reason = "the policy engine decides every call: where it relies on an index, an `expect` names the invariant"
+)]
+
 mod arg_path;
 pub mod calls;
 mod catalog;
@@ -292,6 +298,10 @@ pub struct Policy {
 
 impl Policy {
     /// The decision of rule `i`, whose pattern matches the tool, if the rule matches.
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "INVARIANT: `i` is an index into `self.rules` (from the index built from them); out of range is a bug that must stop the decision, never skip a rule"
+    )]
     fn try_rule(
         &self,
         i: usize,
@@ -378,6 +388,10 @@ impl Policy {
     /// `history` answers how much each limit has already used; `now_unix_ms` is the end
     /// of every limit's rolling window. `evidence` is what the caller gathered of the
     /// kinds [`Policy::evidence_wanted`] names.
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "INVARIANT: candidate indices come from the index built from `self.rules`; out of range is a bug that must stop the decision, never skip a rule"
+    )]
     pub fn decide_with_evidence(
         &self,
         tool: &str,

@@ -62,7 +62,11 @@ pub fn lint(source: &str, file_name: &str) -> Vec<Diagnostic> {
 }
 
 /// Lints a policy file against `catalog`.
-pub fn lint_with_catalog(source: &str, file_name: &str, catalog: &Catalog) -> Vec<Diagnostic> {
+pub(crate) fn lint_with_catalog(
+    source: &str,
+    file_name: &str,
+    catalog: &Catalog,
+) -> Vec<Diagnostic> {
     let found = match Policy::parse(source, file_name) {
         Err(error) => error
             .problems
@@ -94,7 +98,7 @@ fn warnings(rules: &[Rule], catalog: &Catalog) -> Vec<(Severity, Pos, String)> {
         );
     }
     for (j, rule) in rules.iter().enumerate() {
-        if let Some(earlier) = rules[..j].iter().find(|earlier| shadows(earlier, rule)) {
+        if let Some(earlier) = rules.iter().take(j).find(|earlier| shadows(earlier, rule)) {
             warn(rule.pos, shadowed_message(earlier, rule));
         }
         let tools: Vec<&ToolSpec> = catalog

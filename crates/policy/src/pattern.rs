@@ -41,7 +41,7 @@ pub(crate) const REGEX_SIZE_LIMIT: usize = 1 << 20;
 
 impl Pattern {
     /// Compiles a pattern; the error says why a regular expression is invalid.
-    pub fn compile(text: &str) -> Result<Self, String> {
+    pub(crate) fn compile(text: &str) -> Result<Self, String> {
         if text.starts_with('/') {
             let (body, flags) = regex_literal(text)?;
             let body = js_regex::translate(body, flags.mode)
@@ -71,7 +71,7 @@ impl Pattern {
     }
 
     /// Whether the pattern matches `text`.
-    pub fn matches(&self, text: &str) -> bool {
+    pub(crate) fn matches(&self, text: &str) -> bool {
         match self {
             Pattern::Regex(regex) => regex.is_match(text),
             Pattern::Exact(name) => {
@@ -92,7 +92,7 @@ impl Pattern {
     }
 
     /// Whether the pattern matches a name given both as written and lowercased.
-    pub fn matches_lowered(&self, original: &str, lowered: &str) -> bool {
+    pub(crate) fn matches_lowered(&self, original: &str, lowered: &str) -> bool {
         match self {
             Pattern::Regex(regex) => regex.is_match(original),
             Pattern::Exact(name) => name.as_ref() == lowered,
@@ -101,7 +101,7 @@ impl Pattern {
     }
 
     /// For a glob, the literal text before its first `*` and after its last.
-    pub fn glob_affixes(&self) -> Option<(&str, &str)> {
+    pub(crate) fn glob_affixes(&self) -> Option<(&str, &str)> {
         let Pattern::Glob(glob) = self else {
             return None;
         };
@@ -113,7 +113,7 @@ impl Pattern {
     /// Whether every text this pattern matches is also matched by `wider`.
     ///
     /// Sound but not complete: `false` may mean "cannot tell" (regular expressions).
-    pub fn is_covered_by(&self, wider: &Pattern) -> bool {
+    pub(crate) fn is_covered_by(&self, wider: &Pattern) -> bool {
         let wider = match wider {
             Pattern::Regex(_) => return false,
             Pattern::Exact(name) | Pattern::Glob(name) => name,
@@ -188,26 +188,24 @@ pub(crate) fn glob_match(glob: &[u8], text: &[u8], fold: bool) -> bool {
     if glob == b"*" {
         return true;
     }
-    let byte = |i: usize| {
-        if fold {
-            text[i].to_ascii_lowercase()
-        } else {
-            text[i]
-        }
+    let byte_at = |i: usize| {
+        text.get(i)
+            .map(|&b| if fold { b.to_ascii_lowercase() } else { b })
     };
     let (mut g, mut t) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
-    while t < text.len() {
-        if g < glob.len() && glob[g] == b'*' {
+    while let Some(current) = byte_at(t) {
+        let wanted = glob.get(g).copied();
+        if wanted == Some(b'*') {
             star = Some((g, t));
             g += 1;
-        } else if g < glob.len() && glob[g] == byte(t) {
+        } else if wanted == Some(current) {
             g += 1;
             t += 1;
         } else if let Some((star_g, star_t)) = star {
             // As in Kortix (`*` becomes JavaScript's `.*`), a star never absorbs a line
             // terminator: `*@example.com` does not match `x@evil.com\n@example.com`.
-            if is_line_terminator(&text[star_t..]) {
+            if is_line_terminator(text.get(star_t..).unwrap_or_default()) {
                 return false;
             }
             g = star_g + 1;
@@ -217,7 +215,7 @@ pub(crate) fn glob_match(glob: &[u8], text: &[u8], fold: bool) -> bool {
             return false;
         }
     }
-    glob[g..].iter().all(|&b| b == b'*')
+    glob.get(g..).unwrap_or_default().iter().all(|&b| b == b'*')
 }
 
 /// Whether `text` starts with a JavaScript line terminator: `\n`, `\r`, U+2028, U+2029.
@@ -230,7 +228,9 @@ fn is_line_terminator(text: &[u8]) -> bool {
 fn glob_covers(wide: &[u8], narrow: &[u8]) -> bool {
     match wide.split_first() {
         None => narrow.is_empty(),
-        Some((b'*', rest)) => (0..=narrow.len()).any(|skip| glob_covers(rest, &narrow[skip..])),
+        Some((b'*', rest)) => {
+            (0..=narrow.len()).any(|skip| narrow.get(skip..).is_some_and(|n| glob_covers(rest, n)))
+        }
         Some((&c, rest)) => match narrow.split_first() {
             Some((&n, narrow_rest)) if n == c && n != b'*' => glob_covers(rest, narrow_rest),
             _ => false,

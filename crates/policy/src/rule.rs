@@ -83,7 +83,7 @@ pub(crate) enum Comparison {
 }
 
 impl Comparison {
-    pub const KEYS: [(&'static str, Comparison); 4] = [
+    pub(crate) const KEYS: [(&'static str, Comparison); 4] = [
         ("gt", Comparison::Gt),
         ("gte", Comparison::Gte),
         ("lt", Comparison::Lt),
@@ -128,7 +128,11 @@ pub(crate) enum Outcome {
 impl Rule {
     /// Evaluates the conditions (three-valued AND) and limits against a call whose tool
     /// matched, recording every evidence condition it checks in `checks`.
-    pub fn evaluate(&self, call: &CallFacts<'_>, checks: &mut Vec<EvidenceCheck>) -> RuleOutcome {
+    pub(crate) fn evaluate(
+        &self,
+        call: &CallFacts<'_>,
+        checks: &mut Vec<EvidenceCheck>,
+    ) -> RuleOutcome {
         let mut unevaluable = false;
         for condition in &self.conditions {
             match condition.evaluate(call.args) {
@@ -174,7 +178,7 @@ impl Rule {
 
 impl Condition {
     /// Whether the condition holds for these arguments.
-    pub fn evaluate(&self, args: &Value) -> Outcome {
+    pub(crate) fn evaluate(&self, args: &Value) -> Outcome {
         if !args.is_object() {
             return Outcome::Unevaluable;
         }

@@ -62,7 +62,7 @@ pub(crate) enum Kind<'a> {
 
 impl<'a> Node<'a> {
     /// The scalar's text, if this node is a scalar.
-    pub fn scalar(&self) -> Option<&str> {
+    pub(crate) fn scalar(&self) -> Option<&str> {
         match &self.kind {
             Kind::Scalar { text, .. } => Some(text),
             _ => None,
@@ -70,12 +70,12 @@ impl<'a> Node<'a> {
     }
 
     /// Whether this node is YAML's null (`~`, `null` or nothing, unquoted).
-    pub fn is_null(&self) -> bool {
+    pub(crate) fn is_null(&self) -> bool {
         matches!(&self.kind, Kind::Scalar { text, plain: true } if is_null_text(text))
     }
 
     /// The boolean this plain scalar spells, if any (YAML 1.2 core schema).
-    pub fn as_bool(&self) -> Option<bool> {
+    pub(crate) fn as_bool(&self) -> Option<bool> {
         match &self.kind {
             Kind::Scalar { text, plain: true } => match text.as_ref() {
                 "true" | "True" | "TRUE" => Some(true),
@@ -87,7 +87,7 @@ impl<'a> Node<'a> {
     }
 
     /// A short name of this node's shape for error messages.
-    pub fn shape(&self) -> &'static str {
+    pub(crate) fn shape(&self) -> &'static str {
         match &self.kind {
             Kind::Scalar { .. } if self.is_null() => "nothing",
             Kind::Scalar { .. } => "a scalar",
@@ -113,7 +113,7 @@ pub(crate) enum ScalarType {
 
 impl ScalarType {
     /// The name a message gives this type.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ScalarType::String => "a string",
             ScalarType::Number => "a number",
@@ -125,7 +125,7 @@ impl ScalarType {
 
 impl Node<'_> {
     /// The core-schema type of this scalar; `None` for a list or mapping.
-    pub fn scalar_type(&self) -> Option<ScalarType> {
+    pub(crate) fn scalar_type(&self) -> Option<ScalarType> {
         match &self.kind {
             Kind::Scalar { plain: false, .. } => Some(ScalarType::String),
             Kind::Scalar { text, plain: true } => Some(if is_null_text(text) {

@@ -208,7 +208,7 @@ pub fn sign(body: &[u8], secret: &[u8], timestamp: i64) -> String {
 /// The HMAC-SHA256 of `TIMESTAMP.BODY` under `secret`, as Stripe computes it.
 fn mac(secret: &[u8], timestamp: i64, body: &[u8]) -> Signature {
     // HMAC takes a key of any length, so the constructor cannot fail.
-    #[allow(clippy::expect_used)]
+    #[expect(clippy::expect_used, reason = "HMAC accepts keys of any length")]
     let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
     mac.update(timestamp.to_string().as_bytes());
     mac.update(b".");
@@ -224,7 +224,7 @@ pub struct EventsState {
     /// The endpoint's signing secret, read from the secrets store at each delivery.
     pub secret: Credential,
     /// Milliseconds since the epoch.
-    pub clock: Arc<dyn Fn() -> i64 + Send + Sync>,
+    pub clock: crate::clock::Clock,
     /// The limits on the `Stripe-Signature` header.
     pub limits: SignatureLimits,
 }
@@ -267,7 +267,7 @@ async fn receive(
     let header = headers
         .get(SIGNATURE_HEADER)
         .map(|v| v.to_str().unwrap_or_default());
-    let now_s = (state.clock)().div_euclid(1000);
+    let now_s = state.clock.now_ms().div_euclid(1000);
     if let Err(e) = verify(
         header,
         &body,

@@ -12,7 +12,7 @@
 
 use serde_json::{Value, json};
 
-use super::scenarios::{LABEL, Step};
+use super::step::{LABEL, Step};
 use crate::model::types::{ChatRequest, Role};
 
 /// The file the script reads when the search found nothing it can name.

@@ -42,6 +42,7 @@
 
 mod bug_report;
 mod scenarios;
+mod step;
 mod wire;
 
 use std::collections::HashMap;
@@ -56,8 +57,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
+use tracing::Instrument as _;
 
-pub use scenarios::{LABEL, Scenario, Step, next_step};
+pub use scenarios::{Scenario, next_step};
+pub use step::{LABEL, Step};
 
 /// The model id an agent file names to use the scripted model.
 pub const MODEL_ID: &str = "scripted-model";
@@ -84,12 +87,22 @@ struct Shared {
     attempts: Mutex<HashMap<u64, u64>>,
 }
 
-/// A running scripted model server.
+/// A running scripted model server; it stops when the last clone is dropped.
 #[derive(Clone)]
 pub struct ScriptedModel {
     shared: Arc<Shared>,
     /// Where it listens.
     pub addr: SocketAddr,
+    _server: Arc<Server>,
+}
+
+/// The server's task, owned by its [`ScriptedModel`]s: cut when the last one goes.
+struct Server(tokio::task::JoinHandle<()>);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The wire format of a request.
@@ -108,12 +121,19 @@ impl ScriptedModel {
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared::default());
         let app = router(shared.clone());
-        tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                tracing::error!(error = %e, "the scripted model server stopped");
+        let server = tokio::spawn(
+            async move {
+                if let Err(e) = axum::serve(listener, app).await {
+                    tracing::error!(error = %e, "the scripted model server stopped");
+                }
             }
-        });
-        Ok(ScriptedModel { shared, addr })
+            .in_current_span(),
+        );
+        Ok(ScriptedModel {
+            shared,
+            addr,
+            _server: Arc::new(Server(server)),
+        })
     }
 
     /// Serves on `addr` until the process stops (the CLI).

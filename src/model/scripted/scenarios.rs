@@ -4,31 +4,9 @@
 
 use serde_json::{Value, json};
 
+use super::step::{LABEL, Step};
 use crate::model::names::wire_name;
 use crate::model::types::{ChatRequest, Role};
-
-/// The label every answer carries.
-pub const LABEL: &str = "[scripted model, not a real model]";
-
-/// What the scripted model does for one request.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Step {
-    /// Calls `tool` (a gateway name, or a name the request did not offer) with the raw
-    /// `arguments` text, saying `text`.
-    Call {
-        text: String,
-        tool: String,
-        arguments: String,
-    },
-    /// Answers with text only (the turn is over).
-    Say(String),
-    /// Answers HTTP `status` (with `Retry-After: 0` on a 429).
-    Status(u16),
-    /// Answers 200 with a body that is not JSON.
-    NotJson,
-    /// Answers 200 with JSON lacking `usage`.
-    NoUsage,
-}
 
 /// The scenario a conversation triggers, by the first matching words of its user
 /// messages (case-insensitive).

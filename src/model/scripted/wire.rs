@@ -4,7 +4,8 @@
 use serde_json::{Value, json};
 
 use super::MODEL_LABEL;
-use super::scenarios::{LABEL, Step, offered};
+use super::scenarios::offered;
+use super::step::{LABEL, Step};
 use crate::model::types::{ChatRequest, Message, Role, ToolCall, ToolDef};
 
 /// A rough count: four bytes of request per token.
@@ -96,7 +97,9 @@ pub fn parse_anthropic_request(v: &Value) -> Result<ChatRequest, String> {
         messages,
         tools,
         tool_choice: None,
-        max_tokens: v["max_tokens"].as_u64().map(|n| n as u32),
+        max_tokens: v["max_tokens"]
+            .as_u64()
+            .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
     })
 }
 

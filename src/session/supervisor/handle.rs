@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{broadcast, mpsc, oneshot};
 
-use super::parts::Clock;
+use crate::clock::Clock;
 use crate::ids::ThreadId;
 use crate::session::SessionError;
 
@@ -25,6 +25,12 @@ pub(super) enum Msg {
     Stop {
         thread: ThreadId,
         reply: oneshot::Sender<Result<(), SessionError>>,
+    },
+    /// Stops a thread's session without anyone waiting for the answer (a session the
+    /// gate or the model proxy stopped on its own); a failure is logged with `why`.
+    StopSoon {
+        thread: ThreadId,
+        why: &'static str,
     },
     /// Answer once no operation is in flight and no message is waiting.
     WhenQuiet(oneshot::Sender<()>),
@@ -67,7 +73,7 @@ impl SupervisorHandle {
 
     /// Records that a session's agent did something (not merely waited).
     pub fn touch(&self, thread_id: &ThreadId) {
-        let now = (self.clock)();
+        let now = self.clock.now_ms();
         lock(&self.activity).insert(thread_id.clone(), now);
     }
 
@@ -86,6 +92,17 @@ impl SupervisorHandle {
             })
             .map_err(|_| SessionError::Stopped)?;
         rx.await.map_err(|_| SessionError::Stopped)?
+    }
+
+    /// Asks the supervisor to stop a thread's session and returns at once: for a part
+    /// that stops a session on its own and has no one to answer (`why` is logged if the
+    /// stop fails).
+    pub fn stop_soon(&self, thread_id: &ThreadId, why: &'static str) {
+        // A send fails only once the supervisor has stopped, when nothing is to be done.
+        let _ = self.tx.send(Msg::StopSoon {
+            thread: thread_id.clone(),
+            why,
+        });
     }
 
     /// Resumes a session that gave up its container while it waited for a person, now

@@ -8,7 +8,8 @@ use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinHandle;
 
 use super::handle::Msg;
-use super::{Clock, Supervisor, SupervisorHandle, SupervisorParts};
+use super::{Supervisor, SupervisorHandle, SupervisorParts};
+use crate::clock::Clock;
 use crate::ids::ThreadId;
 
 /// The supervisor's mailbox before its task runs: created first, so the gate, the
@@ -59,7 +60,8 @@ impl Supervisor {
             quiet_waiters: Vec::new(),
             last_reconcile_ms: 0,
         };
-        tokio::spawn(sup.run())
+        let tasks = sup.parts.tasks.clone();
+        tasks.spawn(sup.run())
     }
 
     /// [`Supervisor::channel`] then [`Supervisor::start`], for parts that need no handle.

@@ -35,9 +35,11 @@ pub(super) async fn start_session(
     let secrets = parts.secrets.for_agent(&agent.name, &agent.secrets).await?;
     let workspaces = parts.workspaces.clone();
     let thread = row.thread_id.clone();
-    let prepared = tokio::task::spawn_blocking(move || workspaces.prepare(&thread)).await??;
+    let prepared =
+        crate::tasks::Tasks::spawn_blocking(move || workspaces.prepare(&thread)).await??;
     let (path, bytes) = (prepared.path.clone(), parts.settings.workspace_bytes);
-    let limited = tokio::task::spawn_blocking(move || volume::limit(&path, bytes)).await??;
+    let limited =
+        crate::tasks::Tasks::spawn_blocking(move || volume::limit(&path, bytes)).await??;
     if !limited && bytes > 0 {
         tracing::warn!(thread = %row.thread_id, "workspace not size-limited (threadgate is not root)");
     }
@@ -92,7 +94,7 @@ pub(super) async fn stop_session(
     let secrets = parts.secrets.all().await?;
     let workspaces = parts.workspaces.clone();
     let thread = row.thread_id.clone();
-    let published = tokio::task::spawn_blocking(move || -> anyhow::Result<Option<_>> {
+    let published = crate::tasks::Tasks::spawn_blocking(move || -> anyhow::Result<Option<_>> {
         let path = PathBuf::from(&worktree);
         // An unmounted workspace image: a stop that crashed after committing, pushing
         // and unmounting; what the directory shows now is not the session's work.

@@ -22,7 +22,7 @@ pub use self::handle::SupervisorHandle;
 use self::handle::{Msg, Outcome, lock};
 pub use self::inbox::SupervisorInbox;
 use self::lifecycle::{scope_of, start_session, stop_session};
-pub use self::parts::{Clock, SupervisorParts};
+pub use self::parts::SupervisorParts;
 use crate::ids::ThreadId;
 use crate::session::SessionError;
 use crate::session::store::{self, SessionRow, SessionState};
@@ -31,8 +31,6 @@ use crate::workspace::volume;
 
 /// How often the supervisor looks for idle sessions, stop requests and free slots.
 const TICK: Duration = Duration::from_millis(500);
-/// The longest a failed start waits before it is tried again.
-const MAX_BACKOFF_MS: i64 = 5 * 60 * 1000;
 /// How soon a reconciliation whose database read failed is tried again.
 const RECONCILE_RETRY_MS: i64 = 5_000;
 
@@ -56,7 +54,8 @@ impl Supervisor {
         self.reconcile().await;
         self.apply_all_pending().await;
         let ticker_tx = self.tx.clone();
-        let ticker = tokio::spawn(async move {
+        // Ends at the shutdown signal, or when the actor has stopped.
+        self.parts.tasks.spawn_until_shutdown(async move {
             let mut interval = tokio::time::interval(TICK);
             loop {
                 interval.tick().await;
@@ -76,11 +75,10 @@ impl Supervisor {
                 }
             }
         }
-        ticker.abort();
     }
 
     fn now(&self) -> i64 {
-        (self.parts.clock)()
+        self.parts.clock.now_ms()
     }
 
     async fn handle(&mut self, msg: Msg) {
@@ -91,6 +89,11 @@ impl Supervisor {
             Msg::Stop { thread, reply } => {
                 let result = self.stop_thread(&thread).await;
                 let _ = reply.send(result);
+            }
+            Msg::StopSoon { thread, why } => {
+                if let Err(e) = self.stop_thread(&thread).await {
+                    tracing::warn!(thread = %thread, why, error = %e, "cannot stop the session");
+                }
             }
             Msg::WhenQuiet(reply) => self.quiet_waiters.push(reply),
             Msg::Tick => self.tick().await,
@@ -313,14 +316,16 @@ impl Supervisor {
             };
             let ok = matches!(outcome, Outcome::Started { .. });
             crate::metrics::session_start(ok, began.elapsed());
-            let took_ms = began.elapsed().as_millis() as u64;
+            let took_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
             tracing::info!(ok, took_ms, "session start finished");
             let _ = tx.send(Msg::Done {
                 thread: row.thread_id,
                 outcome,
             });
         };
-        tokio::spawn(tracing::Instrument::instrument(start, span));
+        self.parts
+            .tasks
+            .spawn(tracing::Instrument::instrument(start, span));
     }
 
     /// Stops the thread's container (if any), commits its worktree and ends the session.
@@ -358,14 +363,16 @@ impl Supervisor {
                 Err(e) => Outcome::StopFailed(format!("{e:#}")),
             };
             let ok = matches!(outcome, Outcome::Stopped { .. });
-            let took_ms = began.elapsed().as_millis() as u64;
+            let took_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
             tracing::info!(ok, took_ms, "session stop finished");
             let _ = tx.send(Msg::Done {
                 thread: row.thread_id,
                 outcome,
             });
         };
-        tokio::spawn(tracing::Instrument::instrument(stop, span));
+        self.parts
+            .tasks
+            .spawn(tracing::Instrument::instrument(stop, span));
     }
 
     async fn finish(&mut self, thread: &ThreadId, outcome: Outcome) {
@@ -449,9 +456,8 @@ impl Supervisor {
             if self.slots.len() >= self.parts.settings.max_live {
                 break;
             }
-            let backoff =
-                (1000 * 2i64.saturating_pow(row.attempts.clamp(0, 20) as u32)).min(MAX_BACKOFF_MS);
-            if row.attempts > 0 && row.updated_at_ms + backoff > now {
+            let retry_at = crate::retry::SESSION_START.next_at_ms(row.updated_at_ms, row.attempts);
+            if row.attempts > 0 && retry_at > now {
                 continue;
             }
             self.try_start(row).await;
@@ -477,7 +483,8 @@ impl Supervisor {
             }
         }
         // Quiet sessions give up their container.
-        let idle_ms = self.parts.settings.idle_timeout.as_millis() as i64;
+        let idle_ms =
+            i64::try_from(self.parts.settings.idle_timeout.as_millis()).unwrap_or(i64::MAX);
         let quiet: Vec<ThreadId> = {
             let activity = lock(&self.activity);
             self.slots

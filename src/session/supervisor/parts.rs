@@ -1,17 +1,16 @@
-//! What the supervisor drives: its parts, handed over at spawn, and its clock.
+//! What the supervisor drives: its parts, handed over at spawn.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::clock::Clock;
 use crate::sandbox::{Limits, SandboxRuntime};
 use crate::session::SessionSettings;
 use crate::session::{
     AgentBook, BranchPublisher, SecretSource, SessionApi, StopNotes, WorkspaceOps,
 };
 use crate::store::Db;
-
-/// The clock the supervisor reads, in unix milliseconds (tests pass a fake one).
-pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+use crate::tasks::Tasks;
 
 /// Everything the supervisor drives.
 pub struct SupervisorParts {
@@ -33,4 +32,7 @@ pub struct SupervisorParts {
     /// Leaves a note on the thread when the supervisor stops a session on its own
     /// (a full workspace); `None` in tests that do not look at notes.
     pub notes: Option<Arc<dyn StopNotes>>,
+    /// The application's tasks: the actor, its tick and every start and stop it
+    /// spawns run there, and shutdown waits for them.
+    pub tasks: Tasks,
 }

@@ -139,12 +139,12 @@ async fn another_threads_note_is_sent_in_the_first_round_after_a_flood() {
         .position(|t| *t == bob.session.thread_id)
         .expect("bob's note");
     assert!(
-        at <= NOTES_PER_THREAD as usize,
+        at <= usize::try_from(NOTES_PER_THREAD).unwrap(),
         "bob's note was note {} to reach Plain, behind {at} of ada's: {order:?}",
         at + 1
     );
     eventually("ada's notes are all posted", || async {
-        world.plain.note_order().len() == FLOOD as usize + 1
+        world.plain.note_order().len() == usize::try_from(FLOOD).unwrap() + 1
     })
     .await;
     app.stop().await;

@@ -170,7 +170,7 @@ async fn a_narrowed_approval_says_what_it_narrowed() {
         .await;
     let thread = ada.session.thread_id.clone();
     let id = ada.session.hold_refund(&ada.charges[0], 1000).await;
-    let approvals = Approvals::new(app.gate.clone());
+    let approvals = Approvals::new(app.gate.clone(), threadgate::tasks::Tasks::new());
     let lower = BTreeMap::from([("amount".to_owned(), 500)]);
     approvals
         .approve_narrowed(

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use threadgate::session::Clock;
+use threadgate::clock::Clock;
 
 /// Wall-clock time plus an offset the test advances.
 #[derive(Clone, Default)]
@@ -29,6 +29,8 @@ impl TestClock {
     /// The clock to hand to the application.
     pub fn clock(&self) -> Clock {
         let offset = self.offset_ms.clone();
-        Arc::new(move || chrono::Utc::now().timestamp_millis() + offset.load(Ordering::SeqCst))
+        Clock::from_fn(move || {
+            chrono::Utc::now().timestamp_millis() + offset.load(Ordering::SeqCst)
+        })
     }
 }

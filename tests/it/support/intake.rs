@@ -5,7 +5,6 @@
 //! own, smaller surface, for the tests of its edge cases.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use serde_json::Value;
 use threadgate::store::Db;
@@ -56,7 +55,7 @@ pub async fn spawn_intake(
     let state = IntakeState {
         db: db.clone(),
         config,
-        clock: Arc::new(move || now_ms),
+        clock: threadgate::clock::Clock::fixed(now_ms),
         notify,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -236,10 +236,10 @@ fn timeline_connection(thread: &Map<String, Value>, args: &Value) -> Value {
     let mut start = position(&args["after"]).map_or(0, |index| index + 1);
     let mut end = position(&args["before"]).unwrap_or(nodes.len());
     if let Some(first) = args["first"].as_u64() {
-        end = end.min(start + first as usize);
+        end = end.min(start.saturating_add(usize::try_from(first).unwrap_or(usize::MAX)));
     }
     if let Some(last) = args["last"].as_u64() {
-        start = start.max(end.saturating_sub(last as usize));
+        start = start.max(end.saturating_sub(usize::try_from(last).unwrap_or(usize::MAX)));
     }
     let page = &nodes[start.min(end)..end];
     let edges: Vec<Value> = page

@@ -11,10 +11,10 @@ use std::time::Duration;
 use git2::{Oid, Repository, Signature};
 use tempfile::TempDir;
 use threadgate::app::Overrides;
+use threadgate::clock::Clock;
 use threadgate::config::{PlainSettings, RepoSettings, SandboxSettings, SessionSettings, Settings};
 use threadgate::sandbox::SandboxRuntime;
 use threadgate::secrets::{MasterKey, SecretStore, SecretString};
-use threadgate::session::Clock;
 use threadgate::store::Db;
 
 use super::app::{TestApp, spawn_app};
@@ -104,8 +104,6 @@ impl DockerWorld {
     }
 
     /// The settings of an app of this world with `opts`.
-    // Field by field reads better than one literal for a struct this large.
-    #[allow(clippy::field_reassign_with_default)]
     pub fn settings(&self, opts: &AppOptions) -> Settings {
         let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
         let data_dir = self.data_dir();

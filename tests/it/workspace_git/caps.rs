@@ -151,7 +151,7 @@ fn a_commit_writes_one_pack_and_no_loose_objects() {
 
     // A large blob is not worth packing: it is stored loose, alone.
     let big: Vec<u8> = (0..threadgate::workspace::LOOSE_BLOB_BYTES + 10)
-        .map(|i| (i % 251) as u8)
+        .map(|i| u8::try_from(i % 251).unwrap())
         .collect();
     fs::write(wt.path.join("big.bin"), &big).unwrap();
     fx.ws.commit(&tid("th_pack"), &[]).unwrap();

@@ -127,7 +127,7 @@ pub fn commit_files(
             mode: *mode as u32,
             uid: 0,
             gid: 0,
-            file_size: content.len() as u32,
+            file_size: u32::try_from(content.len()).unwrap_or(u32::MAX),
             id,
             flags: 0,
             flags_extended: 0,

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 /// A rule as the manifest parser keeps it.
 #[derive(Clone, Debug)]
-pub struct KRule {
+pub(crate) struct KRule {
     pub pattern: String,
     pub action: &'static str,
     pub conditions: Vec<KCondition>,
@@ -22,7 +22,7 @@ pub struct KRule {
 
 /// `{arg, match, negate}`.
 #[derive(Clone, Debug)]
-pub struct KCondition {
+pub(crate) struct KCondition {
     pub arg: String,
     pub pattern: String,
     pub negate: bool,
@@ -56,7 +56,7 @@ fn js_regex(body: &str, flags: &str) -> Option<Regex> {
 }
 
 /// `compileMatcher(pattern).test(text)`, with `matchesPolicy`'s `*` shortcut.
-pub fn matches(pattern: &str, text: &str) -> bool {
+pub(crate) fn matches(pattern: &str, text: &str) -> bool {
     if pattern == "*" {
         return true;
     }
@@ -105,7 +105,7 @@ fn is_valid_matcher(pattern: &str) -> bool {
 
 /// `areValidConditions`: a rule whose conditions fail it is dropped by the manifest
 /// parser (`extractProjectPolicies`).
-pub fn valid_conditions(conditions: &[KCondition]) -> bool {
+pub(crate) fn valid_conditions(conditions: &[KCondition]) -> bool {
     let segment_ok = |s: &str| {
         let mut bytes = s.bytes();
         bytes
@@ -132,7 +132,7 @@ fn value_at_path<'v>(args: &'v Value, path: &str) -> Option<&'v Value> {
 
 /// `String(value)` for a JavaScript number: ECMAScript Number::toString, written here
 /// from the specification's cases on the shortest round-tripping digits.
-pub fn js_string_of_number(x: f64) -> String {
+pub(crate) fn js_string_of_number(x: f64) -> String {
     if x == 0.0 {
         return "0".into();
     }
@@ -182,7 +182,7 @@ fn first_match(rules: &[KRule], tool: &str, args: &Value) -> Option<&'static str
 }
 
 /// `resolveEffectiveAction`: project rules, then connector rules, then the default.
-pub fn resolve(
+pub(crate) fn resolve(
     project: &[KRule],
     connector: &[KRule],
     default_mode: &str,

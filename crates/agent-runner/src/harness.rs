@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 
 use anyhow::Context as _;
-use serde_json::Value;
+use threadgate_api::AgentView;
 
 use crate::bridge;
 
@@ -18,19 +18,17 @@ pub struct Harness {
 }
 
 impl Harness {
-    /// The harness of the agent definition `agent` (`GET /v1/agent`), if it names one.
-    pub fn of(agent: &Value) -> Option<Harness> {
-        let h = agent.get("harness")?;
-        let command: Vec<String> = h["command"]
-            .as_array()?
-            .iter()
-            .filter_map(|a| a.as_str().map(str::to_owned))
-            .collect();
-        if command.is_empty() {
+    /// The harness of the agent definition `agent` (`GET /v1/agent`), if it names one
+    /// with a command.
+    pub fn of(agent: &AgentView) -> Option<Harness> {
+        let h = agent.harness.as_ref()?;
+        if h.command.is_empty() {
             return None;
         }
-        let port = h["port"].as_u64().and_then(|p| u16::try_from(p).ok())?;
-        Some(Harness { command, port })
+        Some(Harness {
+            command: h.command.clone(),
+            port: h.port,
+        })
     }
 
     /// `http://127.0.0.1:PORT/mcp`.

@@ -6,12 +6,17 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use threadgate_api::{
+    AgentView, ChatAnswer, ChatMessage, ChatRequest, EventsPage, Held, Role, ToolCall, ToolListing,
+    Transcript,
+};
 
 use crate::api::Api;
 use crate::calls::{self, Flow, Submitted};
 use crate::local;
-use crate::prompt::{self, Agent};
+use crate::prompt;
 use crate::tools::{GatewayTools, split_diagnosis};
 
 /// Model calls in a row that may fail (5xx, transport) before the turn is given up.
@@ -55,17 +60,25 @@ pub struct Settings {
 pub struct Runner {
     api: Api,
     settings: Settings,
-    agent: Agent,
+    agent: AgentView,
     gateway: GatewayTools,
-    messages: Vec<Value>,
+    messages: Vec<ChatMessage>,
     events_consumed: i64,
     /// The feed position read so far (events that do not wake the agent included).
     cursor: i64,
     /// Lines of events read but not yet given to the model.
     pending: Vec<String>,
     /// A held call the previous run of the session was waiting on: (index of its tool
-    /// message, tool, the 202 body).
-    resume_hold: Option<(usize, String, Value)>,
+    /// message, tool, the 202 answer).
+    resume_hold: Option<(usize, String, Held)>,
+}
+
+/// The content of a held call's tool message while it waits for a person: saved with
+/// the transcript, so a resumed session waits on the same call again.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+enum HoldMarker {
+    PendingApproval { held: Held, tool: String },
 }
 
 impl Runner {
@@ -76,28 +89,31 @@ impl Runner {
         if !agent.ok() {
             bail!("GET /v1/agent: HTTP {} {}", agent.status, agent.body);
         }
-        let agent = Agent::from_json(&agent.body);
+        let agent: AgentView = agent.read()?;
         let tools = api.get("/v1/tools").await.context("GET /v1/tools")?;
-        let gateway = GatewayTools::from_listing(&tools.body);
+        let listing = tools.read::<ToolListing>().unwrap_or_else(|e| {
+            eprintln!("threadgate-agent-runner: GET /v1/tools: {e:#}; no gateway tools");
+            ToolListing::default()
+        });
+        let gateway = GatewayTools::from_listing(&listing);
         let transcript = api
             .get("/v1/transcript")
             .await
             .context("GET /v1/transcript")?;
-        let (messages, consumed) = if transcript.ok() {
-            (
-                transcript.body["messages"]
-                    .as_array()
-                    .cloned()
-                    .unwrap_or_default(),
-                transcript.body["events_consumed"].as_i64().unwrap_or(0),
-            )
+        let saved = if transcript.ok() {
+            transcript.read::<Transcript>()
         } else {
-            eprintln!(
-                "threadgate-agent-runner: no transcript (HTTP {}); starting a new conversation",
-                transcript.status
-            );
-            (Vec::new(), 0)
+            Err(anyhow::anyhow!("HTTP {}", transcript.status))
         };
+        let Transcript {
+            messages,
+            events_consumed: consumed,
+        } = saved.unwrap_or_else(|e| {
+            eprintln!(
+                "threadgate-agent-runner: no transcript ({e:#}); starting a new conversation"
+            );
+            Transcript::default()
+        });
         let mut runner = Runner {
             api,
             settings,
@@ -119,7 +135,7 @@ impl Runner {
     }
 
     /// The conversation so far.
-    pub fn messages(&self) -> &[Value] {
+    pub fn messages(&self) -> &[ChatMessage] {
         &self.messages
     }
 
@@ -127,28 +143,27 @@ impl Runner {
     /// was waiting on is waited on again; a call without a saved result gets one saying so.
     fn repair(&mut self) {
         if self.messages.is_empty() {
-            self.messages.push(self.agent.system_message());
+            self.messages.push(prompt::system_message(&self.agent));
             return;
         }
-        let Some(at) = self.messages.iter().rposition(|m| m["role"] == "assistant") else {
+        let Some(at) = self
+            .messages
+            .iter()
+            .rposition(|m| m.role == Role::Assistant)
+        else {
             return;
         };
-        let calls = self.messages[at]["tool_calls"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
+        let calls = self.messages[at].tool_calls.clone();
         for call in &calls {
             let answered = (at + 1..self.messages.len())
-                .find(|&i| self.messages[i]["tool_call_id"] == call["id"]);
+                .find(|&i| self.messages[i].tool_call_id.as_deref() == Some(&call.id));
             match answered {
                 Some(i) => {
-                    let content: Value = serde_json::from_str(
-                        self.messages[i]["content"].as_str().unwrap_or(""),
-                    )
-                    .unwrap_or(Value::Null);
-                    if content["status"] == "pending_approval" {
-                        let tool = content["tool"].as_str().unwrap_or("").to_owned();
-                        self.resume_hold = Some((i, tool, content["held"].clone()));
+                    let content = self.messages[i].content.as_deref().unwrap_or("");
+                    if let Ok(HoldMarker::PendingApproval { held, tool }) =
+                        serde_json::from_str(content)
+                    {
+                        self.resume_hold = Some((i, tool, held));
                     }
                 }
                 None => self.messages.push(tool_message(
@@ -165,11 +180,13 @@ impl Runner {
             return;
         };
         let (content, flow) = calls::wait_held(&self.api, &tool, &held).await;
-        self.messages[i]["content"] =
-            json!(prompt::cap_text(&content.to_string(), TOOL_RESULT_CAP));
+        self.messages[i].content = Some(prompt::cap_text(&content.to_string(), TOOL_RESULT_CAP));
         if flow == Flow::Expired {
             self.leave_to_person().await;
-            self.messages.push(json!({"role": "assistant", "content": "(the held call expired; the thread is left to a person)"}));
+            self.messages.push(ChatMessage::text(
+                Role::Assistant,
+                "(the held call expired; the thread is left to a person)",
+            ));
         }
         self.save().await;
     }
@@ -177,8 +194,8 @@ impl Runner {
     /// Whether the last message waits for the model's answer.
     fn awaiting_model(&self) -> bool {
         matches!(
-            self.messages.last().map(|m| m["role"].as_str()),
-            Some(Some("user" | "tool"))
+            self.messages.last().map(|m| m.role),
+            Some(Role::User | Role::Tool)
         )
     }
 
@@ -205,7 +222,10 @@ impl Runner {
 
     /// After a failed round the conversation waits for the next customer event.
     async fn park_last_turn(&mut self) {
-        self.messages.push(json!({"role": "assistant", "content": "(the model could not be reached; waiting for the next message)"}));
+        self.messages.push(ChatMessage::text(
+            Role::Assistant,
+            "(the model could not be reached; waiting for the next message)",
+        ));
         self.save().await;
     }
 
@@ -216,7 +236,14 @@ impl Runner {
             self.cursor, self.settings.poll_wait
         );
         let page = match self.api.get(&path).await {
-            Ok(r) if r.ok() => r.body,
+            Ok(r) if r.ok() => match r.read::<EventsPage>() {
+                Ok(page) => page,
+                Err(e) => {
+                    eprintln!("threadgate-agent-runner: events: {e:#}");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    return;
+                }
+            },
             Ok(r) => {
                 eprintln!("threadgate-agent-runner: events: HTTP {}", r.status);
                 tokio::time::sleep(Duration::from_secs(1)).await;
@@ -232,20 +259,18 @@ impl Runner {
         if let Some(journal) = &self.settings.journal {
             journal_events(journal, &page);
         }
-        for e in page["events"].as_array().into_iter().flatten() {
+        for e in &page.events {
             self.pending.push(prompt::describe_event(e));
-            woke |= prompt::wakes(e["type"].as_str().unwrap_or(""));
+            woke |= prompt::wakes(&e.event_type);
         }
-        if let Some(next) = page["next"].as_i64() {
-            self.cursor = self.cursor.max(next);
-        }
+        self.cursor = self.cursor.max(page.next);
         if self.pending.len() > PENDING_CAP {
             let extra = self.pending.len() - PENDING_CAP;
             self.pending.drain(..extra);
         }
         if woke {
             let text = prompt::events_message(&std::mem::take(&mut self.pending));
-            self.messages.push(json!({"role": "user", "content": text}));
+            self.messages.push(ChatMessage::text(Role::User, text));
             self.events_consumed = self.cursor;
             self.save().await;
         }
@@ -253,23 +278,24 @@ impl Runner {
 
     /// Asks the model and runs its tools until the turn ends.
     pub async fn round(&mut self) -> RoundEnd {
-        let cap = self.agent.max_turns.unwrap_or(DEFAULT_MAX_TURNS).max(1);
+        let cap = self
+            .agent
+            .limits
+            .map_or(DEFAULT_MAX_TURNS, |l| l.max_turns)
+            .max(1);
         for _ in 0..cap {
             let message = match self.ask_model().await {
                 Ok(m) => m,
                 Err(end) => return end,
             };
             self.messages.push(message.clone());
-            let calls = message["tool_calls"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
+            let calls = &message.tool_calls;
             if calls.is_empty() {
                 self.save().await;
                 return RoundEnd::Quiet;
             }
             let mut flow = Flow::Continue;
-            for call in &calls {
+            for call in calls {
                 if flow == Flow::Expired {
                     self.messages.push(tool_message(
                         call,
@@ -300,24 +326,22 @@ impl Runner {
     }
 
     /// `POST /v1/model/chat/completions`, retried on 5xx and transport errors.
-    async fn ask_model(&mut self) -> Result<Value, RoundEnd> {
+    async fn ask_model(&mut self) -> Result<ChatMessage, RoundEnd> {
         let mut tools = self.gateway.definitions().to_vec();
         tools.extend(local::definitions());
-        let mut request = json!({
-            "messages": self.messages,
-            "tools": tools,
-            "tool_choice": "auto",
-            "max_tokens": ANSWER_TOKENS,
-        });
-        if let Some(model) = &self.agent.model {
-            request["model"] = json!(model);
-        }
+        let request = ChatRequest {
+            max_tokens: ANSWER_TOKENS,
+            messages: self.messages.clone(),
+            model: self.agent.model.clone(),
+            tool_choice: "auto".to_owned(),
+            tools,
+        };
         for attempt in 1..=MODEL_RETRIES {
             match self.api.post("/v1/model/chat/completions", &request).await {
                 Ok(r) if r.ok() => {
-                    let message = &r.body["choices"][0]["message"];
-                    if message.is_object() {
-                        return Ok(clean_message(message));
+                    let answer = r.read::<ChatAnswer>();
+                    if let Some(choice) = answer.ok().and_then(|a| a.choices.into_iter().next()) {
+                        return Ok(clean_message(choice.message));
                     }
                     eprintln!(
                         "threadgate-agent-runner: model answer without a message (attempt {attempt})"
@@ -359,9 +383,9 @@ impl Runner {
     }
 
     /// Runs one tool call; garbage (bad JSON, unknown names) becomes an error result.
-    async fn run_tool(&mut self, call: &Value, message: &Value) -> Submitted {
-        let name = call["function"]["name"].as_str().unwrap_or("");
-        let raw = call["function"]["arguments"].as_str().unwrap_or("{}");
+    async fn run_tool(&mut self, call: &ToolCall, message: &ChatMessage) -> Submitted {
+        let name = call.function.name.as_str();
+        let raw = call.function.arguments.as_str();
         let args: Value = match serde_json::from_str(if raw.trim().is_empty() { "{}" } else { raw })
         {
             Ok(v @ Value::Object(_)) => v,
@@ -405,8 +429,9 @@ impl Runner {
         };
         let (args, diagnosis) = split_diagnosis(args);
         let diagnosis = diagnosis.or_else(|| {
-            message["content"]
-                .as_str()
+            message
+                .content
+                .as_deref()
                 .filter(|t| !t.trim().is_empty())
                 .map(str::to_owned)
         });
@@ -422,13 +447,17 @@ impl Runner {
 
     /// Saves the conversation with the held call marked pending (a session stopped now
     /// waits on it again when resumed), then waits for the person's decision.
-    async fn wait_for_person(&mut self, call: &Value, held: Value) -> (Value, Flow) {
+    async fn wait_for_person(&mut self, call: &ToolCall, held: Held) -> (Value, Flow) {
         let tool = self
             .gateway
-            .resolve(call["function"]["name"].as_str().unwrap_or(""))
+            .resolve(&call.function.name)
             .unwrap_or("")
             .to_owned();
-        let marker = json!({"status": "pending_approval", "tool": tool, "held": held});
+        let marker = HoldMarker::PendingApproval {
+            held: held.clone(),
+            tool: tool.clone(),
+        };
+        let marker = serde_json::to_value(&marker).unwrap_or(Value::Null);
         self.messages.push(tool_message(call, marker));
         self.save().await;
         self.messages.pop();
@@ -444,11 +473,8 @@ impl Runner {
             "thread_id": self.agent.thread_id,
             "text": "The agent's held call expired without a decision; the agent stopped. A person needs to take this thread over.",
         });
-        let (result, _) = calls::call(&self.api, "helpdesk.add_note", args, None, None).await;
-        eprintln!(
-            "threadgate-agent-runner: note on expiry: {}",
-            result["status"]
-        );
+        // The call's answer is logged with the gateway call.
+        let _ = calls::call(&self.api, "helpdesk.add_note", args, None, None).await;
     }
 
     /// `PUT /v1/transcript`; a failure is logged, the conversation goes on in memory.
@@ -456,7 +482,10 @@ impl Runner {
     /// in the conversation the model sees next) until it fits.
     pub async fn save(&mut self) {
         loop {
-            let body = json!({"messages": self.messages, "events_consumed": self.events_consumed});
+            let body = Transcript {
+                events_consumed: self.events_consumed,
+                messages: self.messages.clone(),
+            };
             match self.api.put("/v1/transcript", &body).await {
                 Ok(r) if r.status == 413 && self.elide_oldest_results() => continue,
                 other => return report_save(other),
@@ -468,14 +497,15 @@ impl Runner {
     fn elide_oldest_results(&mut self) -> bool {
         let open: Vec<usize> = (0..self.messages.len())
             .filter(|&i| {
-                self.messages[i]["role"] == "tool" && self.messages[i]["content"] != ELIDED
+                let m = &self.messages[i];
+                m.role == Role::Tool && m.content.as_deref() != Some(ELIDED)
             })
             .collect();
         if open.is_empty() {
             return false;
         }
         for &i in &open[..open.len().div_ceil(2)] {
-            self.messages[i]["content"] = json!(ELIDED);
+            self.messages[i].content = Some(ELIDED.to_owned());
         }
         eprintln!("threadgate-agent-runner: transcript over the cap; older tool results elided");
         true
@@ -505,13 +535,16 @@ fn report_save(reply: anyhow::Result<crate::api::Reply>) {
 const JOURNAL_CAP: u64 = 4 * 1024 * 1024;
 
 /// Appends a non-empty events page to the journal (one JSON line), within its cap.
-fn journal_events(path: &std::path::Path, page: &Value) {
+fn journal_events(path: &std::path::Path, page: &EventsPage) {
     use std::io::Write;
-    if page["events"].as_array().is_none_or(|e| e.is_empty()) {
+    if page.events.is_empty() {
         return;
     }
     let size = std::fs::metadata(path).map_or(0, |m| m.len());
-    let line = format!("{page}\n");
+    let Ok(mut line) = serde_json::to_string(page) else {
+        return;
+    };
+    line.push('\n');
     if size + line.len() as u64 > JOURNAL_CAP {
         return;
     }
@@ -528,21 +561,22 @@ fn journal_events(path: &std::path::Path, page: &Value) {
     }
 }
 
-/// Keeps what a chat message needs: role, content, tool calls.
-fn clean_message(m: &Value) -> Value {
-    let mut out = json!({"role": "assistant", "content": m["content"].clone()});
-    if let Some(calls) = m["tool_calls"].as_array().filter(|c| !c.is_empty()) {
-        out["tool_calls"] = json!(calls);
+/// Keeps what the model's answer needs in the conversation: its content and tool
+/// calls, as the assistant's.
+fn clean_message(m: ChatMessage) -> ChatMessage {
+    ChatMessage {
+        content: m.content,
+        role: Role::Assistant,
+        tool_call_id: None,
+        tool_calls: m.tool_calls,
     }
-    out
 }
 
-fn tool_message(call: &Value, content: Value) -> Value {
-    json!({
-        "role": "tool",
-        "tool_call_id": call["id"].as_str().unwrap_or(""),
-        "content": prompt::cap_text(&content.to_string(), TOOL_RESULT_CAP),
-    })
+fn tool_message(call: &ToolCall, content: Value) -> ChatMessage {
+    ChatMessage::tool_result(
+        call.id.clone(),
+        prompt::cap_text(&content.to_string(), TOOL_RESULT_CAP),
+    )
 }
 
 fn error_result(message: String) -> Value {

@@ -174,7 +174,7 @@ fn list_files(root: &Path, args: &Value) -> anyhow::Result<Value> {
 fn read_file(root: &Path, args: &Value) -> anyhow::Result<Value> {
     let rel = arg_str(args, "path")?.ok_or_else(|| anyhow!("argument `path` is required"))?;
     let path = confine(root, rel)?;
-    let offset = arg_u64(args, "offset")?.unwrap_or(0) as usize;
+    let offset = usize::try_from(arg_u64(args, "offset")?.unwrap_or(0)).unwrap_or(usize::MAX);
     let bytes = std::fs::read(&path).with_context(|| format!("cannot read {rel}"))?;
     let start = offset.min(bytes.len());
     let end = (start + READ_CAP).min(bytes.len());

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::{Map, Value, json};
+use threadgate_api::ToolListing;
 
 /// The argument the runner adds to every gateway tool.
 pub const DIAGNOSIS: &str = "diagnosis";
@@ -26,30 +27,24 @@ pub fn function_name(tool: &str) -> String {
 }
 
 impl GatewayTools {
-    /// Reads `GET /v1/tools`'s `{"tools": [{"name","risk","description","args":[{"name",
-    /// "type","required","description","enum"}]}]}` (descriptions and enums optional).
-    /// Entries without a name are skipped.
-    pub fn from_listing(listing: &Value) -> GatewayTools {
+    /// The function tools of `GET /v1/tools`'s listing (descriptions and enums as it
+    /// gives them).
+    pub fn from_listing(listing: &ToolListing) -> GatewayTools {
         let mut tools = GatewayTools::default();
-        for tool in listing["tools"].as_array().into_iter().flatten() {
-            let Some(name) = tool["name"].as_str() else {
-                continue;
-            };
+        for tool in &listing.tools {
             let mut properties = Map::new();
             let mut required = Vec::new();
-            for arg in tool["args"].as_array().into_iter().flatten() {
-                let Some(arg_name) = arg["name"].as_str() else {
-                    continue;
-                };
-                let mut schema = schema_of(arg["type"].as_str());
-                for key in ["description", "enum"] {
-                    if !arg[key].is_null() {
-                        schema[key] = arg[key].clone();
-                    }
+            for arg in &tool.args {
+                let mut schema = schema_of(&arg.ty);
+                if let Some(d) = &arg.description {
+                    schema.insert("description".into(), json!(d));
                 }
-                properties.insert(arg_name.to_owned(), schema);
-                if arg["required"].as_bool() == Some(true) {
-                    required.push(arg_name.to_owned());
+                if let Some(values) = &arg.values {
+                    schema.insert("enum".into(), json!(values));
+                }
+                properties.insert(arg.name.clone(), Value::Object(schema));
+                if arg.required {
+                    required.push(arg.name.clone());
                 }
             }
             properties.insert(
@@ -57,12 +52,17 @@ impl GatewayTools {
                 json!({"type": "string", "description":
                     "What you found and why you make this call, with the evidence. A person reads it if the call is held for approval."}),
             );
-            let risk = tool["risk"].as_str().unwrap_or("unknown");
+            let name = &tool.name;
+            let risk = if tool.risk.is_empty() {
+                "unknown"
+            } else {
+                &tool.risk
+            };
             let fname = function_name(name);
             tools.definitions.push(json!({"type": "function", "function": {
                 "name": fname,
                 "description": format!("{}Gateway tool `{name}` (risk: {risk}). The policy may run it, hold it for a person, or block it.",
-                    tool["description"].as_str().map(|d| format!("{d} ")).unwrap_or_default()),
+                    tool.description.as_deref().map(|d| format!("{d} ")).unwrap_or_default()),
                 "parameters": {"type": "object", "properties": properties, "required": required, "additionalProperties": false},
             }}));
             tools.names.insert(fname, name.to_owned());
@@ -95,14 +95,21 @@ impl GatewayTools {
     }
 }
 
-fn schema_of(ty: Option<&str>) -> Value {
-    match ty {
-        Some("string") => json!({"type": "string"}),
-        Some("integer") => json!({"type": "integer"}),
-        Some("boolean") => json!({"type": "boolean"}),
-        Some("array of strings") => json!({"type": "array", "items": {"type": "string"}}),
-        _ => json!({}),
-    }
+/// The JSON schema of a listed argument type; an unknown type takes any value.
+fn schema_of(ty: &str) -> Map<String, Value> {
+    let mut schema = Map::new();
+    let json_type = match ty {
+        "string" => "string",
+        "integer" => "integer",
+        "boolean" => "boolean",
+        "array of strings" => {
+            schema.insert("items".into(), json!({"type": "string"}));
+            "array"
+        }
+        _ => return schema,
+    };
+    schema.insert("type".into(), json!(json_type));
+    schema
 }
 
 /// Splits a call's arguments into the gateway's arguments and the diagnosis.

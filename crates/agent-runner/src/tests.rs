@@ -9,6 +9,7 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
+use threadgate_api::{ChatMessage, Role, ToolListing};
 
 use crate::agent::{RoundEnd, Runner, Settings};
 
@@ -34,7 +35,11 @@ fn m(s: &Shared) -> std::sync::MutexGuard<'_, Mock> {
     s.lock().unwrap()
 }
 
-pub(crate) fn listing() -> Value {
+pub(crate) fn listing() -> ToolListing {
+    serde_json::from_value(listing_json()).unwrap()
+}
+
+fn listing_json() -> Value {
     json!({"tools": [
         {"name": "stripe.list_invoices", "risk": "read", "args": [{"name": "customer", "type": "string", "required": false}, {"name": "limit", "type": "integer", "required": false}]},
         {"name": "stripe.create_refund", "risk": "write", "description": "Refunds a charge.", "args": [{"name": "charge", "type": "string", "required": true}, {"name": "amount", "type": "integer", "required": false}, {"name": "reason", "type": "string", "required": false, "description": "Why.", "enum": ["duplicate", "fraudulent"]}]},
@@ -51,7 +56,7 @@ fn router(state: Shared) -> Router {
             "limits": {"max_tokens": 1000, "max_turns": 8}, "thread_id": "th_1",
             "skills": [{"name": "refunds", "description": "Refund rules", "body": "Refund duplicates only."}],
         })) }))
-        .route("/v1/tools", get(|| async { Json(listing()) }))
+        .route("/v1/tools", get(|| async { Json(listing_json()) }))
         .route("/v1/transcript", get(|State(s): State<Shared>| async move {
             Json(m(&s).transcript.clone().unwrap_or(json!({"messages": [], "events_consumed": 0})))
         }).put(|State(s): State<Shared>, Json(body): Json<Value>| async move {
@@ -143,11 +148,11 @@ fn customer_event(position: i64, text: &str) -> Value {
         "event": {"payload": {"chat": {"text": text}, "thread": {"id": "th_1"}}}})
 }
 
-fn tool_results(messages: &[Value]) -> Vec<Value> {
+fn tool_results(messages: &[ChatMessage]) -> Vec<Value> {
     messages
         .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| serde_json::from_str(m["content"].as_str().unwrap()).unwrap())
+        .filter(|m| m.role == Role::Tool)
+        .map(|m| serde_json::from_str(m.content.as_deref().unwrap()).unwrap())
         .collect()
 }
 
@@ -284,7 +289,7 @@ async fn an_approved_hold_feeds_back_the_real_result() {
             .insert("stripe.create_refund".into(), held("ex_1"));
         g.executions.insert(
             "ex_1".into(),
-            json!({"execution_id": "ex_1", "status": "ok", "result": {"refund": "re_9"}}),
+            json!({"execution_id": "ex_1", "tool": "stripe.create_refund", "status": "ok", "result": {"refund": "re_9"}}),
         );
         g.model.push_back(answer(
             None,
@@ -327,7 +332,7 @@ async fn a_denied_hold_gives_the_model_the_persons_message() {
         g.events.push(customer_event(1, "refund please"));
         g.call_replies
             .insert("stripe.create_refund".into(), held("ex_2"));
-        g.executions.insert("ex_2".into(), json!({"execution_id": "ex_2", "status": "denied", "message": "Offer a credit instead"}));
+        g.executions.insert("ex_2".into(), json!({"execution_id": "ex_2", "tool": "stripe.create_refund", "status": "denied", "message": "Offer a credit instead"}));
         g.model.push_back(answer(
             None,
             vec![tool_call(
@@ -366,7 +371,7 @@ async fn an_expired_hold_stops_and_leaves_a_note() {
             .insert("stripe.create_refund".into(), held("ex_3"));
         g.executions.insert(
             "ex_3".into(),
-            json!({"execution_id": "ex_3", "status": "expired"}),
+            json!({"execution_id": "ex_3", "tool": "stripe.create_refund", "status": "expired"}),
         );
         g.model.push_back(answer(
             None,
@@ -495,7 +500,7 @@ async fn a_resumed_session_goes_on_with_the_same_conversation() {
 #[tokio::test]
 async fn events_that_are_not_the_customers_do_not_wake_the_model() {
     let w = world().await;
-    m(&w.state).events.push(json!({"position": 1, "type": "thread.note_created", "event": {"payload": {"note": {"text": "internal"}}}}));
+    m(&w.state).events.push(json!({"position": 1, "event_id": "pEv_1", "type": "thread.note_created", "occurred_at_ms": 0, "event": {"payload": {"note": {"text": "internal"}}}}));
     let mut r = Runner::load(w.settings.clone()).await.unwrap();
     r.read_events().await;
     assert_eq!(r.messages().len(), 1, "only the system message");
@@ -503,10 +508,7 @@ async fn events_that_are_not_the_customers_do_not_wake_the_model() {
     assert!(journal.contains("thread.note_created"));
     m(&w.state).events.push(customer_event(2, "hello"));
     r.read_events().await;
-    let last = r.messages().last().unwrap()["content"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let last = r.messages().last().unwrap().content.clone().unwrap();
     assert!(last.contains("internal") && last.contains("hello"));
 }
 
@@ -535,12 +537,12 @@ async fn a_flood_of_events_and_a_huge_result_are_capped_and_the_transcript_fits(
     }
     let mut r = Runner::load(w.settings.clone()).await.unwrap();
     r.read_events().await;
-    let events = r.messages()[1]["content"].as_str().unwrap().to_owned();
+    let events = r.messages()[1].content.clone().unwrap();
     assert!(events.len() <= 33 * 1024, "{}", events.len());
     assert!(events.contains("earlier events left out") && events.contains("message 150 "));
     assert_eq!(r.round().await, RoundEnd::Quiet);
-    for message in r.messages().iter().filter(|m| m["role"] == "tool") {
-        assert!(message["content"].as_str().unwrap().len() <= 33 * 1024);
+    for message in r.messages().iter().filter(|m| m.role == Role::Tool) {
+        assert!(message.content.as_deref().unwrap().len() <= 33 * 1024);
     }
     let g = m(&w.state);
     let saved = g.transcript.clone().unwrap();
@@ -598,7 +600,7 @@ async fn a_session_stopped_while_a_call_is_held_waits_on_it_again_when_resumed()
         let mut g = m(&w.state);
         g.executions.insert(
             "ex_r".into(),
-            json!({"execution_id": "ex_r", "status": "ok", "result": {"refund": "re_7"}}),
+            json!({"execution_id": "ex_r", "tool": "stripe.create_refund", "status": "ok", "result": {"refund": "re_7"}}),
         );
         g.model.push_back(answer(
             None,

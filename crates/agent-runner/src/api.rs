@@ -2,7 +2,8 @@
 //! (`/run/threadgate/api.sock`), one connection per request.
 //!
 //! Every answer is read in full (bounded by [`MAX_BODY`]) and parsed as JSON; a body
-//! that is not JSON becomes `{"raw": "..."}` so the caller can still report it.
+//! that is not JSON becomes `{"raw": "..."}` so the caller can still report it. Callers
+//! read a body as its `threadgate_api` type with [`Reply::read`].
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,7 +13,10 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use threadgate_api::ErrorAnswer;
 use tokio::net::UnixStream;
 
 /// The largest answer the runner reads from the socket.
@@ -34,9 +38,22 @@ impl Reply {
         (200..300).contains(&self.status)
     }
 
-    /// The error code of an error answer (`{"error": CODE}`), or `""`.
-    pub fn code(&self) -> &str {
-        self.body["error"].as_str().unwrap_or("")
+    /// The body as the API's type `T`.
+    pub fn read<T: DeserializeOwned>(&self) -> anyhow::Result<T> {
+        T::deserialize(&self.body).with_context(|| {
+            format!(
+                "HTTP {}: the answer is not a {}",
+                self.status,
+                std::any::type_name::<T>()
+            )
+        })
+    }
+
+    /// The error code of an error answer (`{"status": "error", "error": CODE}`), or `""`.
+    pub fn code(&self) -> String {
+        self.read::<ErrorAnswer>()
+            .map(|e| e.body().error.clone())
+            .unwrap_or_default()
     }
 }
 
@@ -59,13 +76,15 @@ impl Api {
         self.send(Method::GET, path, None).await
     }
 
-    /// `POST path` with a JSON body.
-    pub async fn post(&self, path: &str, body: &Value) -> anyhow::Result<Reply> {
+    /// `POST path` with `body` as JSON.
+    pub async fn post(&self, path: &str, body: &impl Serialize) -> anyhow::Result<Reply> {
+        let body = serde_json::to_vec(body)?;
         self.send(Method::POST, path, Some(body)).await
     }
 
-    /// `PUT path` with a JSON body.
-    pub async fn put(&self, path: &str, body: &Value) -> anyhow::Result<Reply> {
+    /// `PUT path` with `body` as JSON.
+    pub async fn put(&self, path: &str, body: &impl Serialize) -> anyhow::Result<Reply> {
+        let body = serde_json::to_vec(body)?;
         self.send(Method::PUT, path, Some(body)).await
     }
 
@@ -73,7 +92,7 @@ impl Api {
         &self,
         method: Method,
         path: &str,
-        body: Option<&Value>,
+        body: Option<Vec<u8>>,
     ) -> anyhow::Result<Reply> {
         tokio::time::timeout(REQUEST_TIMEOUT, self.send_inner(method.clone(), path, body))
             .await
@@ -84,7 +103,7 @@ impl Api {
         &self,
         method: Method,
         path: &str,
-        body: Option<&Value>,
+        body: Option<Vec<u8>>,
     ) -> anyhow::Result<Reply> {
         let stream = UnixStream::connect(&self.socket)
             .await
@@ -96,10 +115,6 @@ impl Api {
             // The connection ends with the request; its error, if any, shows in the reply.
             let _ = conn.await;
         });
-        let bytes = match body {
-            Some(v) => Bytes::from(serde_json::to_vec(v)?),
-            None => Bytes::new(),
-        };
         let mut req = Request::builder()
             .method(method.clone())
             .uri(path)
@@ -107,7 +122,7 @@ impl Api {
         if body.is_some() {
             req = req.header("content-type", "application/json");
         }
-        let req = req.body(Full::new(bytes))?;
+        let req = req.body(Full::new(body.map(Bytes::from).unwrap_or_default()))?;
         let res = sender
             .send_request(req)
             .await
@@ -123,5 +138,36 @@ impl Api {
             |_| json!({"raw": String::from_utf8_lossy(&collected[..collected.len().min(2000)])}),
         );
         Ok(Reply { status, body })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use threadgate_api::{CallAnswer, ExecutionView};
+
+    use super::*;
+
+    #[test]
+    fn an_answer_reads_as_its_type_or_says_what_it_is_not() {
+        let refused = Reply {
+            status: 403,
+            body: json!({"status": "error", "error": "out_of_scope", "message": "m"}),
+        };
+        assert_eq!(refused.code(), "out_of_scope");
+        assert!(matches!(
+            refused.read::<CallAnswer>(),
+            Ok(CallAnswer::Error(_))
+        ));
+        let e = refused.read::<ExecutionView>().unwrap_err();
+        assert!(
+            format!("{e:#}").contains("HTTP 403: the answer is not a"),
+            "{e:#}"
+        );
+        let raw = Reply {
+            status: 502,
+            body: json!({"raw": "Bad Gateway"}),
+        };
+        assert_eq!(raw.code(), "", "not an error answer");
+        assert!(raw.read::<CallAnswer>().is_err());
     }
 }

@@ -52,10 +52,13 @@ async fn chosen_harness(settings: &Settings) -> Option<(harness::Harness, String
     let api = api::Api::new(settings.socket.clone());
     loop {
         match api.get("/v1/agent").await {
-            Ok(r) if r.ok() => {
-                let model = r.body["model"].as_str().unwrap_or_default().to_owned();
-                return harness::Harness::of(&r.body).map(|h| (h, model));
-            }
+            Ok(r) if r.ok() => match r.read::<threadgate_api::AgentView>() {
+                Ok(agent) => {
+                    let model = agent.model.clone().unwrap_or_default();
+                    return harness::Harness::of(&agent).map(|h| (h, model));
+                }
+                Err(e) => eprintln!("threadgate-agent-runner: GET /v1/agent: {e:#}"),
+            },
             Ok(r) => eprintln!("threadgate-agent-runner: GET /v1/agent: {}", r.status),
             Err(e) => eprintln!("threadgate-agent-runner: GET /v1/agent: {e:#}"),
         }

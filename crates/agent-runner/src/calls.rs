@@ -4,7 +4,9 @@
 use std::path::Path;
 use std::time::Duration;
 
+use serde::Serialize;
 use serde_json::{Value, json};
+use threadgate_api::{CallAnswer, CallRequest, ExecutionStatus, ExecutionView, Held};
 
 use crate::api::{Api, Reply};
 
@@ -29,8 +31,8 @@ pub enum Flow {
 pub enum Submitted {
     /// The tool message's content and what comes next.
     Final(Value, Flow),
-    /// Held for a person: the 202 body, to wait on with [`wait_held`].
-    Held(Value),
+    /// Held for a person: the 202 answer, to wait on with [`wait_held`].
+    Held(Held),
 }
 
 /// Calls catalog tool `tool` and, when it is held, waits for the decision.
@@ -56,8 +58,12 @@ pub async fn submit(
     diagnosis: Option<String>,
     findings: Option<&Path>,
 ) -> Submitted {
-    let body = json!({"tool": tool, "args": args, "diagnosis": diagnosis});
-    let reply = match api.post("/v1/calls", &body).await {
+    let request = CallRequest {
+        tool: tool.to_owned(),
+        args,
+        diagnosis,
+    };
+    let reply = match api.post("/v1/calls", &request).await {
         Ok(r) => r,
         Err(e) => {
             return Submitted::Final(
@@ -66,16 +72,19 @@ pub async fn submit(
             );
         }
     };
-    log(tool, &reply.body);
-    if reply.status == 202 {
+    let answer = reply.read::<CallAnswer>().ok();
+    log(tool, answer.as_ref());
+    if let Some(CallAnswer::PendingApproval(held)) = answer.as_ref()
+        && reply.status == 202
+    {
         if let Some(file) = findings {
-            record_hold(file, tool, &body, &reply.body);
+            record_hold(file, &request, held);
         }
-        return Submitted::Held(reply.body);
+        return Submitted::Held(held.clone());
     }
     let done = reply.status == 200 && ends_turn(tool);
     Submitted::Final(
-        answer(&reply),
+        for_model(&reply, answer.as_ref()),
         if done { Flow::Done } else { Flow::Continue },
     )
 }
@@ -84,14 +93,18 @@ pub async fn submit(
 const FINDINGS_CAP: u64 = 256 * 1024;
 
 /// Appends a held call, its arguments and the diagnosis to the findings file.
-fn record_hold(file: &Path, tool: &str, call: &Value, held: &Value) {
+fn record_hold(file: &Path, request: &CallRequest, held: &Held) {
     use std::io::Write;
     let entry = format!(
-        "## `{tool}` held for a person\n\nExecution: {}\nApproval: {}\nArguments: `{}`\n\n{}\n\n",
-        held["execution_id"].as_str().unwrap_or("?"),
-        held["approval_url"].as_str().unwrap_or("-"),
-        call["args"],
-        call["diagnosis"].as_str().unwrap_or("(no diagnosis given)"),
+        "## `{}` held for a person\n\nExecution: {}\nApproval: {}\nArguments: `{}`\n\n{}\n\n",
+        request.tool,
+        held.execution_id,
+        held.approval_url,
+        request.args,
+        request
+            .diagnosis
+            .as_deref()
+            .unwrap_or("(no diagnosis given)"),
     );
     if std::fs::metadata(file).map_or(0, |m| m.len()) + entry.len() as u64 > FINDINGS_CAP {
         return;
@@ -111,9 +124,9 @@ fn record_hold(file: &Path, tool: &str, call: &Value, held: &Value) {
     }
 }
 
-fn log(tool: &str, body: &Value) {
-    let status = body["status"].as_str().unwrap_or("?");
-    let id = body["execution_id"].as_str().unwrap_or("-");
+fn log(tool: &str, answer: Option<&CallAnswer>) {
+    let status = answer.map_or("?", CallAnswer::status);
+    let id = answer.and_then(CallAnswer::execution_id).unwrap_or("-");
     eprintln!("threadgate-agent-runner: gateway call {tool}: {status} (execution {id})");
 }
 
@@ -125,13 +138,13 @@ fn ends_turn(tool: &str) -> bool {
     )
 }
 
-/// The gateway's answer as the model sees it: its body, with the HTTP status added when
-/// the body does not say what happened.
-fn answer(reply: &Reply) -> Value {
+/// The gateway's answer as the model sees it: its body as sent, with the HTTP status
+/// added when the body does not say it, and what to do about a blocked call.
+fn for_model(reply: &Reply, answer: Option<&CallAnswer>) -> Value {
     let mut body = reply.body.clone();
     if let Some(map) = body.as_object_mut() {
         map.entry("http_status").or_insert(json!(reply.status));
-        if reply.status == 403 && map.get("status").and_then(Value::as_str) == Some("blocked") {
+        if reply.status == 403 && matches!(answer, Some(CallAnswer::Blocked(_))) {
             map.insert(
                 "note".into(),
                 json!("The policy blocks this call: do not retry it; tell the customer what a person will do instead."),
@@ -142,19 +155,15 @@ fn answer(reply: &Reply) -> Value {
 }
 
 /// Waits for the decision on a held call, until its expiry (plus a grace period).
-pub async fn wait_held(api: &Api, tool: &str, held: &Value) -> (Value, Flow) {
-    let Some(id) = held["execution_id"].as_str() else {
-        return (
-            json!({"status": "error", "error": "held without an execution id"}),
-            Flow::Continue,
-        );
-    };
-    let ttl = held["expires_at"]
-        .as_str()
+pub async fn wait_held(api: &Api, tool: &str, held: &Held) -> (Value, Flow) {
+    let id = held.execution_id.as_str();
+    let ttl = held
+        .expires_at
+        .as_deref()
         .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
         .map(|t| {
             let left = t.timestamp_millis() - chrono::Utc::now().timestamp_millis();
-            Duration::from_millis(left.max(0) as u64)
+            Duration::from_millis(u64::try_from(left).unwrap_or(0))
         })
         .unwrap_or(UNKNOWN_TTL);
     let deadline = tokio::time::Instant::now() + ttl + EXPIRY_GRACE;
@@ -162,10 +171,10 @@ pub async fn wait_held(api: &Api, tool: &str, held: &Value) -> (Value, Flow) {
     eprintln!("threadgate-agent-runner: {tool} is held for a person (execution {id}); waiting");
     loop {
         if tokio::time::Instant::now() >= deadline {
-            return expired(id, held);
+            return expired(held);
         }
-        let view = match api.get(&path).await {
-            Ok(r) if r.ok() => r.body,
+        let reply = match api.get(&path).await {
+            Ok(r) if r.ok() => r,
             Ok(r) => {
                 eprintln!(
                     "threadgate-agent-runner: waiting on {id}: HTTP {} {}",
@@ -181,45 +190,61 @@ pub async fn wait_held(api: &Api, tool: &str, held: &Value) -> (Value, Flow) {
                 continue;
             }
         };
-        match view["status"].as_str().unwrap_or("") {
-            "pending_approval" | "running" => continue,
-            "expired" => return expired(id, held),
-            "ok" => {
+        let view = match reply.read::<ExecutionView>() {
+            Ok(view) => view,
+            Err(e) => {
+                eprintln!("threadgate-agent-runner: waiting on {id}: {e:#}");
+                return (noted(&reply.body, "The call did not run."), Flow::Continue);
+            }
+        };
+        match view.status {
+            ExecutionStatus::PendingApproval | ExecutionStatus::Running => continue,
+            ExecutionStatus::Expired => return expired(held),
+            ExecutionStatus::Ok => {
                 let flow = if ends_turn(tool) {
                     Flow::Done
                 } else {
                     Flow::Continue
                 };
-                return (decided(view, "A person approved this call; it ran."), flow);
+                return (noted(&view, "A person approved this call; it ran."), flow);
             }
-            "denied" => {
+            ExecutionStatus::Denied => {
                 return (
-                    decided(
-                        view,
+                    noted(
+                        &view,
                         "A person denied this call. Read their message and tell the customer what happens next; do not retry it.",
                     ),
                     Flow::Continue,
                 );
             }
-            _ => return (decided(view, "The call did not run."), Flow::Continue),
+            ExecutionStatus::Failed | ExecutionStatus::NeedsCheck | ExecutionStatus::Blocked => {
+                return (noted(&view, "The call did not run."), Flow::Continue);
+            }
         }
     }
 }
 
-fn decided(mut view: Value, note: &str) -> Value {
-    if let Some(map) = view.as_object_mut() {
-        map.insert("note".into(), json!(note));
-    }
-    view
+/// An answer for the model with a `note` on what to make of it.
+#[derive(Serialize)]
+struct Noted<'a, T> {
+    #[serde(flatten)]
+    answer: &'a T,
+    note: &'a str,
 }
 
-fn expired(id: &str, held: &Value) -> (Value, Flow) {
+fn noted<T: Serialize>(answer: &T, note: &str) -> Value {
+    serde_json::to_value(Noted { answer, note })
+        .unwrap_or_else(|e| json!({"status": "error", "error": format!("{e}"), "note": note}))
+}
+
+fn expired(held: &Held) -> (Value, Flow) {
+    let id = &held.execution_id;
     eprintln!("threadgate-agent-runner: held call {id} expired without a decision");
     (
         json!({
             "status": "expired",
             "execution_id": id,
-            "approval_url": held["approval_url"],
+            "approval_url": held.approval_url,
             "note": "No one decided on this call in time; it did not run. The thread is left to a person.",
         }),
         Flow::Expired,

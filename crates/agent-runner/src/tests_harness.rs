@@ -9,18 +9,24 @@ use tokio::net::{TcpStream, UnixListener};
 use crate::bridge;
 use crate::harness::Harness;
 
+/// The harness of an agent answer given as JSON.
+fn harness_of(agent: serde_json::Value) -> Option<Harness> {
+    let agent: threadgate_api::AgentView = serde_json::from_value(agent).expect("an agent");
+    Harness::of(&agent)
+}
+
 #[test]
 fn the_agent_file_chooses_the_harness_and_its_urls() {
     assert_eq!(
-        Harness::of(&json!({"name": "support", "harness": null})),
+        harness_of(json!({"name": "support", "harness": null})),
         None
     );
-    assert_eq!(Harness::of(&json!({"name": "support"})), None);
+    assert_eq!(harness_of(json!({"name": "support"})), None);
     assert_eq!(
-        Harness::of(&json!({"harness": {"command": [], "port": 7345}})),
+        harness_of(json!({"name": "support", "harness": {"command": [], "port": 7345}})),
         None
     );
-    let h = Harness::of(&json!({"harness": {
+    let h = harness_of(json!({"name": "support", "harness": {
         "command": ["/opt/agent", "--mcp", "{mcp_url}", "--llm={model_base_url}"], "port": 7345}}))
     .expect("a harness");
     assert_eq!(h.mcp_url(), "http://127.0.0.1:7345/mcp");
