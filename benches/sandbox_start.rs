@@ -96,8 +96,10 @@ fn sandbox_start(c: &mut Criterion) {
             for _ in 0..iters {
                 session += 1;
                 let spec = SandboxSpec {
-                    session_id: format!("s{session}"),
-                    thread_id: format!("th{session}"),
+                    session_id: threadgate::ids::SessionId::parse(format!("s{session}"))
+                        .expect("id"),
+                    thread_id: threadgate::ids::ThreadId::parse(format!("th{session}"))
+                        .expect("id"),
                     image: image(),
                     workspace_dir: workspace.path().to_path_buf(),
                     socket_dir: socket_dir.path().to_path_buf(),

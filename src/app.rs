@@ -11,24 +11,25 @@ mod metrics_http;
 use crate::secrets::ExposeSecret as _;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, broadcast, mpsc};
+use tokio::sync::mpsc;
 
 use crate::approvals::{self, Approvals};
 use crate::clock::Clock;
 use crate::config::Settings;
 use crate::gateway::{
-    ConnLimits, Connectors, Gate, LoadedPolicy, SandboxApi, SandboxRouter, SocketHost,
+    Connectors, Gate, GateParts, LoadedPolicy, SandboxApi, SandboxRouter, SocketHost,
 };
 use crate::model::{ModelProxy, Upstream};
 use crate::policy::{Catalog, Policy};
 use crate::reviewers::hasher::{GLOBAL_MAX_WAITING, GLOBAL_PERMITS, Hasher};
 use crate::sandbox::{DockerRuntime, Limits, SandboxRuntime};
 use crate::secrets::{KeySource, MasterKey, Redactor, RedactorSource, SecretStore, SecretString};
+use crate::server::ConnLimits;
 use crate::session::{AgentBook, SessionApi, Supervisor, SupervisorHandle, SupervisorParts};
 use crate::store::Db;
 use crate::store::meta;
@@ -154,19 +155,19 @@ async fn model_proxy(
 fn publisher(
     settings: &Settings,
     gate: &Arc<Gate>,
-    db: &Db,
+    foundation: &Foundation,
     base: String,
 ) -> Option<Arc<dyn crate::session::BranchPublisher>> {
     settings.repo.remote.as_ref()?;
-    let github = gate.connectors.github.clone()?;
+    let github = foundation.connectors.github.clone()?;
     let repo = settings.github.repos.first()?.clone();
     let g = gate.clone();
-    let notes = crate::gateway::pull_note::OutboxPullNotes::new(gate.clone(), repo.clone());
+    let notes = crate::notes::pull::OutboxPullNotes::new(gate.outbox().clone(), repo.clone());
     Some(Arc::new(crate::session::GithubPublisher {
         github,
         repo,
         base,
-        db: db.clone(),
+        db: foundation.db.clone(),
         redactor: Arc::new(move || g.current_redactor()),
         latest_finding: crate::executions::store::latest_finding,
         thread_calls: crate::executions::thread_calls::thread_calls,
@@ -240,13 +241,11 @@ impl Foundation {
 
     /// The gate, handed the supervisor's handle at construction.
     fn gate(&self, settings: &Settings, supervisor: SupervisorHandle) -> Arc<Gate> {
-        let (changes, _) = broadcast::channel(1024);
-        Arc::new(Gate {
+        Arc::new(Gate::new(GateParts {
             db: self.db.clone(),
-            policy: RwLock::new(self.loaded.clone()),
-            catalog: Catalog::builtin(),
+            policy: self.loaded.clone(),
             connectors: self.connectors.clone(),
-            redactor: RwLock::new(self.redactor.clone()),
+            redactor: self.redactor.clone(),
             redactor_source: Some(RedactorSource::new(
                 self.secrets.clone(),
                 Some(self.generation),
@@ -254,12 +253,9 @@ impl Foundation {
             agents: self.agents.clone(),
             public_url: settings.public_url.clone(),
             clock: self.clock.clone(),
-            changes,
-            outbox: Notify::new(),
             supervisor,
-            holds: Arc::default(),
             max_pending_holds: settings.sessions.max_pending_holds,
-        })
+        }))
     }
 }
 
@@ -305,9 +301,7 @@ async fn serve_metrics(
         clock: clock.clone(),
     });
     let stopping = tasks.stopping();
-    tasks.spawn(crate::gateway::serve::serve(
-        listener, router, limits, stopping,
-    ));
+    tasks.spawn(crate::server::serve(listener, router, limits, stopping));
     Ok(addr)
 }
 
@@ -382,9 +376,9 @@ fn supervisor_parts(
         settings: settings.sessions.clone(),
         default_agent: settings.default_agent.clone(),
         clock: base.clock.clone(),
-        publisher: publisher(settings, gate, &base.db, base_branch),
-        notes: Some(Arc::new(crate::gateway::stop_note::OutboxStopNotes::new(
-            gate.clone(),
+        publisher: publisher(settings, gate, base, base_branch),
+        notes: Some(Arc::new(crate::notes::stop::OutboxStopNotes::new(
+            gate.outbox().clone(),
         ))),
         tasks: tasks.clone(),
     }
@@ -481,7 +475,7 @@ fn background(
             sup.thread_changed(&ev.thread_id);
         }
     });
-    tasks.spawn_until_shutdown(approvals::outbox::run(gate));
+    tasks.spawn_until_shutdown(crate::notes::run(gate.outbox().clone()));
     tasks.spawn_until_shutdown(crate::audit::anchor::keep(
         db.clone(),
         settings.audit_anchor_path(),
@@ -517,7 +511,7 @@ impl Application {
             "refusing to start without a Plain signing secret: set THREADGATE_PLAIN_SIGNING_SECRET \
              (or plain.signing_secret_file); an unsigned webhook endpoint would let anyone open sessions",
         )?;
-        match crate::gateway::raise_open_file_limit() {
+        match crate::server::raise_open_file_limit() {
             Ok(n) => tracing::debug!(open_files = n, "open-file limit"),
             Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
         }
@@ -526,7 +520,7 @@ impl Application {
         let (handle, inbox) = Supervisor::channel(base.clock.clone());
         let gate = base.gate(&settings, handle.clone());
         // Before any session socket serves a call: reads rely on these marks.
-        gate.holds.load(&base.db).await?;
+        gate.load_holds().await?;
         let approvals = Approvals::new(gate.clone(), tasks.clone());
         // Before the supervisor can open a session socket: only calls a previous run
         // left behind are recovered, never one a session makes now.
@@ -609,7 +603,7 @@ impl Application {
             .metrics_addr
             .map_or("off".to_owned(), |a| a.to_string());
         tracing::info!(addr = %self.addr, metrics = %metrics, instance = %self.instance_id, "threadgate serving");
-        crate::gateway::serve::serve(self.listener, self.router, self.limits, shutdown).await;
+        crate::server::serve(self.listener, self.router, self.limits, shutdown).await;
         tracing::info!(running = self.tasks.len(), "shutting down");
         self.supervisor.shutdown();
         let drained = self.tasks.shutdown(deadline).await;

@@ -16,10 +16,12 @@ pub mod connectors;
 pub mod executions;
 pub mod gateway;
 pub mod health;
+pub mod ids;
 pub mod mcp;
 pub mod metrics;
 pub mod model;
 pub mod money;
+pub mod notes;
 /// The policy engine, a crate of its own (`crates/policy`) so its purity is checked by
 /// the compiler: re-exported here so `threadgate::policy` stays its path.
 pub use threadgate_policy as policy;
@@ -28,6 +30,7 @@ pub mod review;
 pub mod reviewers;
 pub mod sandbox;
 pub mod secrets;
+pub mod server;
 pub mod session;
 pub mod store;
 pub mod tasks;

@@ -20,6 +20,7 @@ pub async fn figure(count: usize) {
         let thread = w
             .open_thread(&app, &customer, "I was charged twice for my order.")
             .await;
+        let thread = threadgate::ids::ThreadId::parse(thread.as_str()).expect("thread id");
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             let t = thread.clone();

@@ -365,7 +365,9 @@ async fn settle(w: &AgentWorld, app: &TestApp, thread: &str) {
 async fn ended(w: &AgentWorld, app: &TestApp, thread: &str) {
     let head = format!("threadgate/{thread}");
     let done = within(|| async {
-        let t = thread.to_owned();
+        let Ok(t) = threadgate::ids::ThreadId::parse(thread) else {
+            return false;
+        };
         let row = app
             .db
             .read(move |c| sessions::get(c, &t))

@@ -22,6 +22,7 @@ use super::{Approvals, Choice, DecideError};
 use crate::api_error::ApiError;
 use crate::executions::store::{self, Execution, Status};
 use crate::gateway::routes::rfc3339;
+use crate::ids::ExecutionId;
 use crate::reviewers::hasher::Hasher;
 use crate::reviewers::throttle::{Throttle, request_client_key};
 use crate::reviewers::{self, Reviewer};
@@ -93,7 +94,7 @@ async fn reviewer(api: &Api, headers: &HeaderMap) -> Result<Reviewer, Response> 
         )
         .into_response());
     };
-    match reviewers::authenticate_with(&api.approvals.gate.db, &api.hasher, token).await {
+    match reviewers::authenticate_with(api.approvals.gate.db(), &api.hasher, token).await {
         Ok(Some(r)) => Ok(r),
         Ok(None) => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -143,7 +144,7 @@ async fn list(State(api): State<Api>, ext: axum::http::Extensions, headers: Head
     let a = api.approvals;
     let held = a
         .gate
-        .db
+        .db()
         .read(|c| store::with_status(c, Status::Held))
         .await;
     match held {
@@ -173,7 +174,7 @@ async fn show(
         return r;
     }
     let a = api.approvals;
-    let found = a.gate.db.read(move |c| store::get(c, &id)).await;
+    let found = a.gate.db().read(move |c| store::get(c, &id)).await;
     match found {
         Ok(Some(e)) => Json(reviewer_view(&a, &e)).into_response(),
         Ok(None) => {
@@ -219,6 +220,10 @@ async fn decide(
             )
             .into_response();
         }
+    };
+    // A text that is no execution id names no call.
+    let Ok(id) = ExecutionId::parse(id) else {
+        return ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such call").into_response();
     };
     match a.decide(&id, &who.name, body.decision, body.message).await {
         Ok(e) => Json(reviewer_view(&a, &e)).into_response(),

@@ -9,10 +9,7 @@
 //! outcome is unknown after a crash is marked `needs_check` for a person, never re-sent.
 
 pub mod http;
-pub mod label_outbox;
 pub mod narrow;
-pub mod outbox;
-pub mod trail_outbox;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,6 +19,7 @@ use serde::Deserialize;
 use crate::audit::{AuditEvent, AuditRecord};
 use crate::executions::{self, Execution, Status, store, trail};
 use crate::gateway::{CallReply, Gate, LoadedPolicy};
+use crate::ids::ExecutionId;
 use crate::policy::Verdict;
 use crate::secrets::Redactor;
 use crate::tasks::Tasks;
@@ -78,7 +76,7 @@ impl Approvals {
     /// Records a reviewer's decision on a held call and, when approved, runs it.
     pub async fn decide(
         &self,
-        id: &str,
+        id: &ExecutionId,
         reviewer: &str,
         choice: Choice,
         message: Option<String>,
@@ -86,7 +84,7 @@ impl Approvals {
         let now = self.gate.now();
         let redactor = self.gate.current_redactor();
         let asked = Asked {
-            id: id.to_owned(),
+            id: id.clone(),
             reviewer: reviewer.to_owned(),
             choice,
             message,
@@ -94,20 +92,20 @@ impl Approvals {
         };
         let recorded = self
             .gate
-            .db
+            .db()
             .write(move |conn| record_decision(conn, &redactor, &asked))
             .await?;
         match recorded {
-            Recorded::Missing => Err(DecideError::NotFound(id.to_owned())),
-            Recorded::Already(Status::Expired) => Err(DecideError::Expired { id: id.to_owned() }),
+            Recorded::Missing => Err(DecideError::NotFound(id.to_string())),
+            Recorded::Already(Status::Expired) => Err(DecideError::Expired { id: id.to_string() }),
             Recorded::Already(status) => Err(DecideError::AlreadyDecided {
-                id: id.to_owned(),
+                id: id.to_string(),
                 status: status.as_str(),
             }),
             Recorded::Expired(exec) => {
                 crate::metrics::approval("expired", now - exec.created_at_ms);
                 self.after_change(&exec);
-                Err(DecideError::Expired { id: id.to_owned() })
+                Err(DecideError::Expired { id: id.to_string() })
             }
             Recorded::Decided(exec) => {
                 crate::metrics::approval(exec.status.as_str(), now - exec.created_at_ms);
@@ -122,39 +120,37 @@ impl Approvals {
 
     /// Runs an approved call off the reviewer's request, in the application's tasks
     /// (shutdown waits for it; a run cut at the deadline is recovered at the next start).
-    fn spawn_run(&self, id: &str) {
-        let (me, id) = (self.clone(), id.to_owned());
+    fn spawn_run(&self, id: &ExecutionId) {
+        let (me, id) = (self.clone(), id.clone());
         self.tasks.spawn(async move {
             me.run_approved(&id).await;
         });
     }
 
     fn after_change(&self, exec: &Execution) {
-        let _ = self.gate.changes.send(exec.id.clone());
         // The trail's event for this change is queued; the outbox posts it.
-        self.gate.outbox.notify_one();
-        self.gate.supervisor.resume(&exec.thread_id);
+        self.gate.changed(exec);
     }
 
     /// Runs an approved call once: claims it (`approved` to `running`), decides it again
     /// against the current policy (a `block` now beats the approval), then sends it.
     /// Does nothing when another task already claimed it.
-    pub async fn run_approved(&self, id: &str) -> Option<CallReply> {
+    pub async fn run_approved(&self, id: &ExecutionId) -> Option<CallReply> {
         let loaded = self.gate.current_policy();
-        let catalog = self.gate.catalog.clone();
+        let catalog = self.gate.catalog().clone();
         let redactor = self.gate.current_redactor();
         let now = self.gate.now();
-        let id_owned = id.to_owned();
+        let id_owned = id.clone();
         let claimed = self
             .gate
-            .db
+            .db()
             .write(move |conn| claim(conn, &loaded, &catalog, &redactor, &id_owned, now))
             .await;
         let (exec, run) = match claimed {
             Ok(Some(c)) => c,
             Ok(None) => return None,
             Err(e) => {
-                tracing::error!(execution = id, error = %e, "cannot claim an approved call");
+                tracing::error!(execution = %id, error = %e, "cannot claim an approved call");
                 return None;
             }
         };
@@ -173,7 +169,7 @@ impl Approvals {
         let redactor = self.gate.current_redactor();
         let expired = self
             .gate
-            .db
+            .db()
             .write(move |conn| {
                 let due = store::expired_holds(conn, now)?;
                 let mut done = Vec::new();
@@ -209,7 +205,7 @@ impl Approvals {
     pub async fn leftovers(&self) -> Result<Leftovers, crate::store::StoreError> {
         let read = |status| async move {
             self.gate
-                .db
+                .db()
                 .read(move |c| store::with_status(c, status))
                 .await
         };
@@ -228,12 +224,7 @@ impl Approvals {
             self.run_approved(&exec.id).await;
         }
         for exec in left.running {
-            let idempotent = self
-                .gate
-                .connectors
-                .for_tool(&exec.tool)
-                .is_some_and(|c| c.supports_idempotency());
-            if idempotent {
+            if self.gate.may_resend(&exec.tool) {
                 tracing::info!(execution = %exec.id, "re-sending a call with its idempotency key after a restart");
                 self.gate.execute(exec, Instant::now()).await;
             } else {
@@ -249,7 +240,7 @@ impl Approvals {
         let e = exec.clone();
         let written = self
             .gate
-            .db
+            .db()
             .write(move |conn| {
                 store::finish(conn, &e.id, Status::NeedsCheck, None, Some(reason), now)?;
                 if trail::was_held(&e) {
@@ -273,7 +264,7 @@ impl Approvals {
 
 /// A reviewer's decision as asked, before it is recorded.
 struct Asked {
-    id: String,
+    id: ExecutionId,
     reviewer: String,
     choice: Choice,
     message: Option<String>,

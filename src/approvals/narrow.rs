@@ -18,6 +18,7 @@ use crate::executions::binding_hash;
 use crate::executions::store::{self, Status};
 use crate::executions::{self, trail};
 use crate::gateway::{HELD_BY, LoadedPolicy, SqlHistory};
+use crate::ids::ExecutionId;
 use crate::money::money_arg;
 use crate::policy::{Catalog, Verdict};
 use crate::secrets::Redactor;
@@ -89,16 +90,16 @@ impl Approvals {
     /// lowered it is a plain approval.
     pub async fn approve_narrowed(
         &self,
-        id: &str,
+        id: &ExecutionId,
         reviewer: &str,
         message: Option<String>,
         lower: BTreeMap<String, i64>,
     ) -> Result<Result<store::Execution, NarrowError>, DecideError> {
         let changed_any = {
-            let owned = id.to_owned();
-            let exec = self.gate.db.read(move |c| store::get(c, &owned)).await?;
+            let owned = id.clone();
+            let exec = self.gate.db().read(move |c| store::get(c, &owned)).await?;
             let Some(exec) = exec else {
-                return Err(DecideError::NotFound(id.to_owned()));
+                return Err(DecideError::NotFound(id.to_string()));
             };
             // Unreadable arguments are not "no change": a narrowing must never become an
             // approval of the call as held.
@@ -129,7 +130,7 @@ impl Approvals {
                 let waited = self.gate.now() - exec.created_at_ms;
                 crate::metrics::approval("expired", waited);
                 self.after_change(&exec);
-                Err(DecideError::Expired { id: id.to_owned() })
+                Err(DecideError::Expired { id: id.to_string() })
             }
             Outcome::Refused(e) => Ok(Err(e)),
             Outcome::Other(e) => Err(e),
@@ -146,7 +147,7 @@ impl Approvals {
         let now = self.gate.now();
         let redactor = self.gate.current_redactor();
         let loaded = self.gate.current_policy();
-        let catalog = self.gate.catalog.clone();
+        let catalog = self.gate.catalog().clone();
         let ask = Ask {
             id: id.to_owned(),
             reviewer: reviewer.to_owned(),
@@ -156,7 +157,7 @@ impl Approvals {
         };
         let outcome = self
             .gate
-            .db
+            .db()
             .write(move |conn| {
                 let found = recheck(conn, &loaded, &catalog, &redactor, &ask)?;
                 let (held, args, narrowed) = match found {
@@ -261,7 +262,7 @@ fn record(
 
 /// The held call, or why it can no longer be decided (its ttl was checked before).
 fn still_held(held: store::Execution) -> Result<store::Execution, DecideError> {
-    let id = held.id.clone();
+    let id = held.id.to_string();
     if held.status == Status::Expired {
         return Err(DecideError::Expired { id });
     }

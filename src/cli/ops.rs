@@ -34,7 +34,7 @@ pub enum SessionsCommand {
     /// List sessions: thread, state, container, branch, age.
     List,
     /// Stop a thread's session: container removed, work committed, worktree removed.
-    Stop { thread: String },
+    Stop { thread: crate::ids::ThreadId },
     /// Stop starting new sessions (webhooks are still stored and acknowledged).
     Pause,
     /// Start sessions again, beginning with those that waited.

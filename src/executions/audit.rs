@@ -25,9 +25,9 @@ pub fn record(
         None => exec.because.clone(),
     };
     let rec = AuditRecord {
-        execution_id: Some(exec.id.clone()),
-        session_id: Some(exec.session_id.clone()),
-        thread_id: Some(exec.thread_id.clone()),
+        execution_id: Some(exec.id.to_string()),
+        session_id: Some(exec.session_id.to_string()),
+        thread_id: Some(exec.thread_id.to_string()),
         agent: Some(exec.agent.clone()),
         tool: Some(exec.tool.clone()),
         args: Some(redact_args(redactor, &args)),
@@ -53,8 +53,8 @@ pub fn refusal(
 ) -> rusqlite::Result<()> {
     let rec = AuditRecord {
         at_ms: now_ms,
-        session_id: Some(scope.session_id.clone()),
-        thread_id: Some(scope.thread_id.clone()),
+        session_id: Some(scope.session_id.to_string()),
+        thread_id: Some(scope.thread_id.to_string()),
         agent: Some(scope.agent.clone()),
         tool: Some(tool.to_owned()),
         decision: Some("refused".into()),
@@ -74,15 +74,15 @@ mod tests {
 
     fn execution() -> Execution {
         let scope = SessionScope {
-            session_id: "se_1".into(),
-            thread_id: "th_1".into(),
+            session_id: crate::ids::SessionId::parse("se_1").expect("id"),
+            thread_id: crate::ids::ThreadId::parse("th_1").expect("id"),
             agent: "support".into(),
             customer_id: None,
             customer_email: None,
         };
         let args = r#"{"amount":500,"charge":"ch_1"}"#.to_owned();
         let mut exec = Execution::by_threadgate(
-            "ex_1",
+            &crate::ids::ExecutionId::parse("ex_1").expect("id"),
             &scope,
             "stripe.create_refund",
             args,

@@ -95,11 +95,6 @@ pub fn binding_hash(tool: &str, canonical_args: &str, account: &str, session_id:
     hex::encode(h.finalize())
 }
 
-/// A fresh execution id (time-ordered).
-pub fn new_execution_id() -> String {
-    format!("ex_{}", uuid::Uuid::now_v7().simple())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,7 @@
 //! with its session: agent working while the session runs, waiting for approval while
 //! it has a held call, handed to a person once it stopped on its own. Each change marks
 //! the thread for a sync (a version past the synced one) in the transaction that makes
-//! it; the outbox (`approvals::label_outbox`) makes Plain match. What is stored is the
+//! it; the outbox (`notes::label_outbox`) makes Plain match. What is stored is the
 //! wanted state, not the steps to it, so a sync repeated after a crash does no harm.
 
 use rusqlite::{Connection, OptionalExtension, params};

@@ -13,5 +13,5 @@ pub mod thread_calls;
 pub mod trail;
 
 pub use audit::record as audit;
-pub use frozen::{binding_hash, canonical_args, new_execution_id, redact_args};
+pub use frozen::{binding_hash, canonical_args, redact_args};
 pub use store::{Execution, OutboxNote, Status};

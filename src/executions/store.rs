@@ -4,6 +4,7 @@
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
+use crate::ids::{ExecutionId, SessionId, ThreadId};
 use crate::store::{cached_execute, cached_query_row};
 
 /// Where an execution stands. Stored as snake_case text; unknown text read back is an
@@ -42,9 +43,9 @@ impl Status {
 /// One row of the executions table.
 #[derive(Debug, Clone, Serialize)]
 pub struct Execution {
-    pub id: String,
-    pub session_id: String,
-    pub thread_id: String,
+    pub id: ExecutionId,
+    pub session_id: SessionId,
+    pub thread_id: ThreadId,
     pub agent: String,
     pub tool: String,
     /// Canonical JSON of the frozen arguments.
@@ -74,7 +75,7 @@ impl Execution {
     /// published pull request): bound to no request, decided and finished at `now_ms`
     /// with `verdict` and `status`.
     pub fn by_threadgate(
-        id: &str,
+        id: &ExecutionId,
         scope: &crate::session::SessionScope,
         tool: &str,
         args: String,
@@ -83,7 +84,7 @@ impl Execution {
         now_ms: i64,
     ) -> Execution {
         Execution {
-            id: id.to_owned(),
+            id: id.clone(),
             session_id: scope.session_id.clone(),
             thread_id: scope.thread_id.clone(),
             agent: scope.agent.clone(),
@@ -466,8 +467,8 @@ pub fn release_charges(conn: &Connection, execution_id: &str) -> rusqlite::Resul
 /// A note waiting to reach Plain.
 #[derive(Debug, Clone)]
 pub struct OutboxNote {
-    pub execution_id: String,
-    pub thread_id: String,
+    pub execution_id: ExecutionId,
+    pub thread_id: ThreadId,
     pub marker: String,
     pub text: String,
     pub markdown: String,

@@ -7,7 +7,7 @@
 //!
 //! Each event is queued in the transaction that makes the change it tells of, in the
 //! thread event outbox (`thread_event_outbox`), and posted by the outbox
-//! (`approvals::trail_outbox`), never from a request handler. Each carries its own
+//! (`notes::trail_outbox`), never from a request handler. Each carries its own
 //! external id, `<execution id>:<step>`; Plain refuses a second event with an external
 //! id it has, so a re-sent event (after a crash, or from a second instance) never shows
 //! twice, and the queue refuses to hold the same external id twice.
@@ -19,6 +19,7 @@
 use rusqlite::{Connection, params};
 
 use super::store::{Execution, Status};
+use crate::ids::ThreadId;
 use crate::secrets::Redactor;
 use crate::store::cached_execute;
 
@@ -32,7 +33,7 @@ const MAX_TEXT_CHARS: usize = 10_000;
 pub struct TrailEvent {
     /// `<execution id>:<step>`; Plain takes each external id once.
     pub external_id: String,
-    pub thread_id: String,
+    pub thread_id: ThreadId,
     pub title: String,
     /// Plain text, shown as written.
     pub body: String,
@@ -257,7 +258,7 @@ mod tests {
     fn event(thread: &str, n: u32) -> TrailEvent {
         TrailEvent {
             external_id: format!("ex_{thread}_{n}:held"),
-            thread_id: thread.to_owned(),
+            thread_id: ThreadId::parse(thread).expect("thread id"),
             title: "t".into(),
             body: "b".into(),
             link: None,

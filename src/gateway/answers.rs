@@ -23,7 +23,7 @@ pub fn call_answer(reply: CallReply) -> (StatusCode, CallAnswer) {
         } => (
             StatusCode::OK,
             CallAnswer::Ok(Ran {
-                execution_id,
+                execution_id: execution_id.into_string(),
                 replayed,
                 result,
             }),
@@ -36,7 +36,7 @@ pub fn call_answer(reply: CallReply) -> (StatusCode, CallAnswer) {
             StatusCode::BAD_GATEWAY,
             CallAnswer::Failed(Failed {
                 error,
-                execution_id,
+                execution_id: execution_id.into_string(),
                 retry_after_ms,
             }),
         ),
@@ -49,7 +49,10 @@ pub fn call_answer(reply: CallReply) -> (StatusCode, CallAnswer) {
         ),
         CallReply::Blocked { execution_id, rule } => (
             StatusCode::FORBIDDEN,
-            CallAnswer::Blocked(Blocked { execution_id, rule }),
+            CallAnswer::Blocked(Blocked {
+                execution_id: execution_id.into_string(),
+                rule,
+            }),
         ),
         CallReply::Refused(refusal) => {
             let e = ApiError::from(refusal);
@@ -63,7 +66,7 @@ pub fn held(execution: &Execution, approval_url: &str) -> Held {
     Held {
         approval_summary: execution.summary.clone(),
         approval_url: approval_url.to_owned(),
-        execution_id: execution.id.clone(),
+        execution_id: execution.id.to_string(),
         expires_at: execution.expires_at_ms.map(rfc3339),
     }
 }
@@ -87,7 +90,7 @@ pub fn agent_view(e: &Execution) -> ExecutionView {
     };
     ExecutionView {
         error: e.error.clone(),
-        execution_id: e.id.clone(),
+        execution_id: e.id.to_string(),
         expires_at: e.expires_at_ms.map(rfc3339),
         message: e.decision_message.clone(),
         result,
@@ -189,7 +192,7 @@ mod tests {
         };
         assert_eq!(body.error, "out_of_scope");
         let (status, answer) = call_answer(CallReply::Blocked {
-            execution_id: "ex_1".into(),
+            execution_id: crate::ids::ExecutionId::parse("ex_1").expect("id"),
             rule: "policy.yaml:3".into(),
         });
         assert_eq!(

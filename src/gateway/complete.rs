@@ -71,15 +71,18 @@ async fn complete_args(
 ) -> Result<Completion, CompleteError> {
     if takes_thread {
         if let Some(asked) = args.get("thread_id").and_then(Value::as_str)
-            && asked != scope.thread_id
+            && scope.thread_id != asked
         {
             return Err(CompleteError::OutOfScope {
                 tool: tool.to_owned(),
-                scoped: scope.thread_id.clone(),
+                scoped: scope.thread_id.to_string(),
                 asked: asked.to_owned(),
             });
         }
-        args.insert("thread_id".into(), Value::String(scope.thread_id.clone()));
+        args.insert(
+            "thread_id".into(),
+            Value::String(scope.thread_id.to_string()),
+        );
     }
     let Some(action) = tool.strip_prefix("stripe.") else {
         return Ok(Completion::default());

@@ -12,11 +12,9 @@ use rusqlite::Connection;
 
 use super::gate::{Gate, LoadedPolicy};
 use super::prepare::PreparedCall;
-use super::stop_note::StopNote;
 use crate::audit::{AuditEvent, AuditRecord};
-use crate::executions::{
-    self, Execution, Status, new_execution_id, redact_args, store as exec_store, trail,
-};
+use crate::executions::{self, Execution, Status, redact_args, store as exec_store, trail};
+use crate::notes::stop::StopNote;
 use crate::policy::{Catalog, LimitCharge, LimitHistory, Verdict};
 use crate::secrets::Redactor;
 use crate::session::SessionScope;
@@ -76,7 +74,7 @@ impl Context {
     pub(super) fn of(gate: &Gate, scope: &SessionScope) -> Context {
         Context {
             loaded: gate.current_policy(),
-            catalog: gate.catalog.clone(),
+            catalog: gate.catalog().clone(),
             redactor: gate.current_redactor(),
             scope: scope.clone(),
             now: gate.now(),
@@ -142,7 +140,7 @@ fn too_many_holds(
         return Ok(None);
     }
     let note = StopNote::too_many_holds(limit);
-    let first = super::stop_note::queue(conn, &cx.scope, &note, cx.now, &cx.redactor)?;
+    let first = crate::notes::stop::queue(conn, &cx.scope, &note, cx.now, &cx.redactor)?;
     Ok(Some(Decided::TooManyHolds { limit, first }))
 }
 
@@ -225,7 +223,8 @@ fn record(
         Verdict::Hold => {
             audit(AuditEvent::Held)?;
             let url = format!("{}{}", cx.url_prefix, exec.id);
-            let note = super::note::held_note(&exec, &redacted, &rule_text, &url, &cx.redactor);
+            let note =
+                crate::notes::held::held_note(&exec, &redacted, &rule_text, &url, &cx.redactor);
             exec_store::enqueue_note(conn, &note, cx.now)?;
             trail::enqueue(conn, &trail::held(&exec, &url), cx.now)?;
             Ok(Decided::Held(exec))
@@ -251,7 +250,7 @@ pub(super) fn frozen(
         Verdict::Block => (Status::Blocked, None),
     };
     Execution {
-        id: new_execution_id(),
+        id: crate::ids::ExecutionId::random(),
         session_id: cx.scope.session_id.clone(),
         thread_id: cx.scope.thread_id.clone(),
         agent: cx.scope.agent.clone(),

@@ -4,14 +4,17 @@
 use std::sync::{Arc, RwLock};
 
 use serde_json::Value;
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::broadcast;
 
 use super::refusal::Refusal;
+use crate::clock::Clock;
 use crate::connectors::{Connector, GithubConnector, HelpdeskConnector, StripeConnector};
 use crate::executions::Execution;
-use crate::policy::{Catalog, Policy};
+use crate::ids::ExecutionId;
+use crate::notes::Outbox;
+use crate::policy::{Catalog, Policy, ToolSpec};
 use crate::secrets::{Redactor, RedactorSource};
-use crate::session::{AgentBook, SupervisorHandle};
+use crate::session::{AgentBook, AgentDefinition, SupervisorHandle};
 use crate::store::Db;
 
 /// The connectors threadgate calls tools through; any may be absent (not configured),
@@ -72,12 +75,12 @@ pub use threadgate_api::CallRequest;
 #[derive(Debug)]
 pub enum CallReply {
     Ran {
-        execution_id: String,
+        execution_id: ExecutionId,
         result: Value,
         replayed: bool,
     },
     Failed {
-        execution_id: String,
+        execution_id: ExecutionId,
         error: String,
         retry_after_ms: Option<u64>,
     },
@@ -86,42 +89,160 @@ pub enum CallReply {
         approval_url: String,
     },
     Blocked {
-        execution_id: String,
+        execution_id: ExecutionId,
         rule: String,
     },
     /// Refused before any decision (or its answer dropped as out of scope).
     Refused(Refusal),
 }
 
-/// Everything the gate needs; shared by the sandbox API and the approvals service.
-pub struct Gate {
+/// What the gate is built from (at start, by `app`).
+pub struct GateParts {
     pub db: Db,
-    pub policy: RwLock<Arc<LoadedPolicy>>,
-    pub catalog: Catalog,
+    pub policy: Arc<LoadedPolicy>,
     pub connectors: Connectors,
-    pub redactor: RwLock<Arc<Redactor>>,
-    /// Rebuilds `redactor` when a secret was set or deleted (checked before each call
-    /// and before a result is redacted); `None` keeps `redactor` as it is.
+    pub redactor: Arc<Redactor>,
+    /// Rebuilds the redactor when a secret was set or deleted; `None` keeps it as it is.
     pub redactor_source: Option<RedactorSource>,
     pub agents: Arc<AgentBook>,
     pub public_url: String,
-    pub clock: crate::clock::Clock,
-    /// Execution ids whose status changed (long polls wait on this).
-    pub changes: broadcast::Sender<String>,
-    /// Wakes the note outbox.
-    pub outbox: Notify,
+    pub clock: Clock,
     /// The supervisor, created before the gate (its channel first, its task later).
     pub supervisor: SupervisorHandle,
-    /// The sessions that may have a call waiting for a person (loaded at start).
-    pub holds: Arc<super::holds::HoldMarks>,
     /// Calls of one session waiting for a person at most (`[sessions]
     /// max_pending_holds`; 0: no limit).
     pub max_pending_holds: usize,
 }
 
+/// Everything the gate needs; shared by the sandbox API, MCP, the model proxy and the
+/// approvals service, each through the methods below. Its fields are the gateway's own.
+pub struct Gate {
+    pub(super) db: Db,
+    policy: RwLock<Arc<LoadedPolicy>>,
+    pub(super) catalog: Catalog,
+    pub(super) connectors: Connectors,
+    /// Shared with the note outbox, which redacts with what it holds at the time.
+    redactor: Arc<RwLock<Arc<Redactor>>>,
+    /// Rebuilds `redactor` when a secret was set or deleted (checked before each call
+    /// and before a result is redacted); `None` keeps `redactor` as it is.
+    redactor_source: Option<RedactorSource>,
+    pub(super) agents: Arc<AgentBook>,
+    public_url: String,
+    clock: Clock,
+    /// Execution ids whose status changed (long polls wait on this).
+    changes: broadcast::Sender<ExecutionId>,
+    /// The note outbox: queued notes and trail events are posted by it once woken.
+    pub(super) outbox: Arc<Outbox>,
+    /// The supervisor, created before the gate (its channel first, its task later).
+    pub(super) supervisor: SupervisorHandle,
+    /// The sessions that may have a call waiting for a person (loaded at start).
+    pub(super) holds: Arc<super::holds::HoldMarks>,
+    /// Calls of one session waiting for a person at most (`[sessions]
+    /// max_pending_holds`; 0: no limit).
+    pub(super) max_pending_holds: usize,
+}
+
 impl Gate {
+    /// The gate over `parts`, with its note outbox (over the same database, Plain
+    /// connector, clock and redactor) and no session marked as holding yet.
+    pub fn new(parts: GateParts) -> Gate {
+        let (changes, _) = broadcast::channel(1024);
+        let redactor = Arc::new(RwLock::new(parts.redactor));
+        let outbox = Arc::new(Outbox::new(
+            parts.db.clone(),
+            parts.connectors.helpdesk.clone(),
+            parts.clock.clone(),
+            redactor.clone(),
+        ));
+        Gate {
+            db: parts.db,
+            policy: RwLock::new(parts.policy),
+            catalog: Catalog::builtin(),
+            connectors: parts.connectors,
+            redactor,
+            redactor_source: parts.redactor_source,
+            agents: parts.agents,
+            public_url: parts.public_url,
+            clock: parts.clock,
+            changes,
+            outbox,
+            supervisor: parts.supervisor,
+            holds: Arc::default(),
+            max_pending_holds: parts.max_pending_holds,
+        }
+    }
+
+    /// The time by the gate's clock, in unix milliseconds.
     pub fn now(&self) -> i64 {
         self.clock.now_ms()
+    }
+
+    /// The database calls are recorded in, for those that read or decide them.
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    /// The tool catalog calls are checked against.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// The agent definition called `name`, if there is one.
+    pub fn agent(&self, name: &str) -> Option<&AgentDefinition> {
+        self.agents.get(name)
+    }
+
+    /// The tools `agent` is offered, in the catalog's order: those it is granted, less
+    /// those the policy in force blocks outright. `None` for an unknown agent.
+    pub fn offered_tools(&self, agent: &str) -> Option<Vec<&'static ToolSpec>> {
+        let agent = self.agents.get(agent)?;
+        let loaded = self.current_policy();
+        let tools = self
+            .catalog
+            .tools()
+            .iter()
+            .filter(|t| agent.grants(t.name))
+            .filter(|t| !loaded.policy.always_blocks(t.name, &self.catalog))
+            .collect();
+        Some(tools)
+    }
+
+    /// Whether a call to `tool` whose outcome was lost may be sent again: its connector
+    /// deduplicates by idempotency key.
+    pub fn may_resend(&self, tool: &str) -> bool {
+        self.connectors
+            .for_tool(tool)
+            .is_some_and(|c| c.supports_idempotency())
+    }
+
+    /// The note outbox: to wake it after queuing a note, or to run it.
+    pub fn outbox(&self) -> &Arc<Outbox> {
+        &self.outbox
+    }
+
+    /// The supervisor, to tell it of a thread's activity or stop a session.
+    pub fn supervisor(&self) -> &SupervisorHandle {
+        &self.supervisor
+    }
+
+    /// Execution ids as their status changes, for a long poll.
+    pub fn changes(&self) -> broadcast::Receiver<ExecutionId> {
+        self.changes.subscribe()
+    }
+
+    /// Announces a change of `exec` made outside the gate (a decision, an expiry, an
+    /// approved run): long polls wake, the outbox posts the trail event queued with it,
+    /// and the thread's session is resumed.
+    pub fn changed(&self, exec: &Execution) {
+        self.notify(&exec.id);
+        self.outbox.wake();
+        self.supervisor.resume(&exec.thread_id);
+    }
+
+    /// Marks every session with a held or approved call, before any session socket
+    /// serves a call (reads rely on the marks).
+    pub async fn load_holds(&self) -> Result<(), crate::store::StoreError> {
+        self.holds.load(&self.db).await
     }
 
     pub fn current_policy(&self) -> Arc<LoadedPolicy> {
@@ -131,11 +252,21 @@ impl Gate {
             .clone()
     }
 
+    /// Puts `loaded` in force for every call decided from now on.
+    pub fn set_policy(&self, loaded: LoadedPolicy) {
+        *self.policy.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(loaded);
+    }
+
     pub fn current_redactor(&self) -> Arc<Redactor> {
         self.redactor
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Puts `redactor` in force until the secret store's generation next moves.
+    pub fn set_redactor(&self, redactor: Redactor) {
+        *self.redactor.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(redactor);
     }
 
     /// Brings `redactor` up to date with the secret store (one small read when nothing
@@ -155,7 +286,7 @@ impl Gate {
         )
     }
 
-    pub(super) fn notify(&self, execution_id: &str) {
-        let _ = self.changes.send(execution_id.to_owned());
+    pub(super) fn notify(&self, execution_id: &ExecutionId) {
+        let _ = self.changes.send(execution_id.clone());
     }
 }

@@ -45,7 +45,7 @@ impl SandboxRouter for Arc<Gate> {
 }
 
 async fn call(State(s): State<Scoped>, body: Result<Json<CallRequest>, JsonRejection>) -> Response {
-    s.gate.supervisor.touch(&s.scope.thread_id);
+    s.gate.supervisor().touch(&s.scope.thread_id);
     let req = match body {
         Ok(Json(req)) => req,
         Err(rejection) => {
@@ -58,7 +58,7 @@ async fn call(State(s): State<Scoped>, body: Result<Json<CallRequest>, JsonRejec
         }
     };
     // Only catalog names become a label: an agent cannot mint series.
-    let tool = match s.gate.catalog.get(&req.tool) {
+    let tool = match s.gate.catalog().get(&req.tool) {
         Some(_) => req.tool.clone(),
         None => "unknown".to_owned(),
     };
@@ -101,17 +101,11 @@ fn outcome(reply: &CallReply) -> (&'static str, Option<&str>) {
 /// `GET /v1/tools`: the tools the session's agent is granted, without those the policy
 /// blocks outright, with their descriptions and argument values (`tool_docs`).
 async fn tools(State(s): State<Scoped>) -> Response {
-    let Some(agent) = s.gate.agents.get(&s.scope.agent) else {
+    let Some(offered) = s.gate.offered_tools(&s.scope.agent) else {
         return Json(ToolListing::default()).into_response();
     };
-    let loaded = s.gate.current_policy();
-    let tools = s
-        .gate
-        .catalog
-        .tools()
-        .iter()
-        .filter(|t| agent.grants(t.name))
-        .filter(|t| !loaded.policy.always_blocks(t.name, &s.gate.catalog))
+    let tools = offered
+        .into_iter()
         .map(|t| ToolEntry {
             args: t
                 .args

@@ -58,7 +58,7 @@ impl Gate {
                 replayed: true,
             },
             Decided::Held(exec) | Decided::Pending(exec) => {
-                self.outbox.notify_one();
+                self.outbox.wake();
                 let approval_url = self.approval_url(&exec.id);
                 CallReply::Held {
                     execution: Box::new(exec),
@@ -86,7 +86,7 @@ impl Gate {
             limit,
             "too many calls waiting for a person; stopping the session"
         );
-        self.outbox.notify_one();
+        self.outbox.wake();
         self.supervisor
             .stop_soon(&scope.thread_id, "too many calls waiting for a person");
     }

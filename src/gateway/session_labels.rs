@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use super::Gate;
 use crate::executions::labels;
+use crate::ids::{SessionId, ThreadId};
 use crate::session::{SessionApi, SessionScope};
 
 /// Wraps the sockets' [`SessionApi`], recording whether each thread's session runs.
@@ -16,7 +17,7 @@ pub struct LabelledSessions {
     inner: Arc<dyn SessionApi>,
     gate: Arc<Gate>,
     /// The thread of each open session.
-    threads: Mutex<HashMap<String, String>>,
+    threads: Mutex<HashMap<SessionId, ThreadId>>,
 }
 
 impl LabelledSessions {
@@ -37,16 +38,16 @@ impl LabelledSessions {
             .is_some_and(|h| !h.state_labels().configured().is_empty())
     }
 
-    async fn record(&self, thread_id: String, working: bool) {
+    async fn record(&self, thread_id: ThreadId, working: bool) {
         let now = self.gate.now();
         let thread = thread_id.clone();
         let written = self
             .gate
-            .db
+            .db()
             .write(move |c| labels::set_working(c, &thread, working, now))
             .await;
         match written {
-            Ok(()) => self.gate.outbox.notify_one(),
+            Ok(()) => self.gate.outbox().wake(),
             Err(e) => {
                 tracing::error!(thread = %thread_id, error = %e, "cannot record the thread's agent-working label");
             }

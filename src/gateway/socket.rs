@@ -12,7 +12,8 @@ use axum::Router;
 use tokio::net::UnixListener;
 use tokio::sync::oneshot;
 
-use super::serve::{ConnLimits, serve};
+use crate::ids::SessionId;
+use crate::server::{ConnLimits, serve};
 use crate::session::{SessionApi, SessionScope};
 use crate::tasks::Tasks;
 
@@ -33,7 +34,7 @@ struct Listener {
 /// Runs the sessions' socket listeners.
 pub struct SocketHost {
     routes: Arc<dyn SandboxRouter>,
-    listeners: Mutex<HashMap<String, Listener>>,
+    listeners: Mutex<HashMap<SessionId, Listener>>,
     limits: ConnLimits,
     tasks: Tasks,
 }
@@ -94,7 +95,7 @@ impl SessionApi for SocketHost {
                 let _ = stopped.await;
             })
             .await;
-            tracing::debug!(session, "session socket closed");
+            tracing::debug!(session = %session, "session socket closed");
         });
         lock(&self.listeners).insert(scope.session_id, Listener { shutdown, task });
         Ok(())

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use super::answers::agent_view;
 use super::gate::Gate;
 use crate::executions::store::{self as exec_store, Execution};
+use crate::ids::ExecutionId;
 
 /// Why an execution cannot be shown or waited on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -70,9 +71,12 @@ impl WaitProgress for Unreported {
     }
 }
 
-/// The execution `id` if it belongs to session `session_id`.
+/// The execution `id` if it belongs to session `session_id`. A text that is no execution
+/// id is answered as an id that is not there.
 pub async fn load(gate: &Gate, session_id: &str, id: &str) -> Result<Execution, WaitError> {
-    let owned = id.to_owned();
+    let Ok(owned) = ExecutionId::parse(id) else {
+        return Err(WaitError::NotFound);
+    };
     match gate.db.read(move |c| exec_store::get(c, &owned)).await {
         Ok(Some(e)) if e.session_id == session_id => Ok(e),
         Ok(_) => Err(WaitError::NotFound),
@@ -88,7 +92,7 @@ pub async fn load(gate: &Gate, session_id: &str, id: &str) -> Result<Execution, 
 pub struct ExecutionWatch<'g> {
     gate: &'g Gate,
     session_id: &'g str,
-    changes: broadcast::Receiver<String>,
+    changes: broadcast::Receiver<ExecutionId>,
 }
 
 impl<'g> ExecutionWatch<'g> {
@@ -97,7 +101,7 @@ impl<'g> ExecutionWatch<'g> {
         ExecutionWatch {
             gate,
             session_id,
-            changes: gate.changes.subscribe(),
+            changes: gate.changes(),
         }
     }
 
@@ -151,7 +155,7 @@ impl<'g> ExecutionWatch<'g> {
         let _ = tokio::time::timeout_at(until, async {
             loop {
                 match self.changes.recv().await {
-                    Ok(changed) if changed == id => return,
+                    Ok(changed) if changed.as_str() == id => return,
                     Ok(_) => continue,
                     Err(RecvError::Lagged(_)) => return,
                     // No one announces changes any more: only the time is left.

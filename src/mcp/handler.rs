@@ -100,18 +100,10 @@ impl SessionTools {
     pub fn tools(&self) -> Vec<rmcp::model::Tool> {
         let gate = &self.server.gate;
         let wait = wait_tool(self.server.settings.wait_default.as_secs());
-        let Some(agent) = gate.agents.get(&self.scope.agent) else {
+        let Some(offered) = gate.offered_tools(&self.scope.agent) else {
             return vec![wait];
         };
-        let loaded = gate.current_policy();
-        let mut tools: Vec<_> = gate
-            .catalog
-            .tools()
-            .iter()
-            .filter(|t| agent.grants(t.name))
-            .filter(|t| !loaded.policy.always_blocks(t.name, &gate.catalog))
-            .map(gateway_tool)
-            .collect();
+        let mut tools: Vec<_> = offered.into_iter().map(gateway_tool).collect();
         tools.push(wait);
         tools
     }
@@ -125,7 +117,7 @@ impl SessionTools {
         progress: Option<Progress>,
     ) -> Result<CallToolResponse, ErrorData> {
         let gate = &self.server.gate;
-        gate.supervisor.touch(&self.scope.thread_id);
+        gate.supervisor().touch(&self.scope.thread_id);
         let mut args = Value::Object(params.arguments.unwrap_or_default());
         let diagnosis = args
             .as_object_mut()
@@ -173,7 +165,7 @@ impl SessionTools {
         request_digest: String,
     ) -> InputRequiredResult {
         let state = HeldState {
-            execution_id: execution.id.clone(),
+            execution_id: execution.id.to_string(),
             binding_hash: execution.binding_hash.clone(),
             request_digest,
             expires_at_ms: execution.expires_at_ms.unwrap_or(0),
@@ -190,7 +182,7 @@ impl SessionTools {
             meta: None,
             message,
             url: approval_url.to_owned(),
-            elicitation_id: execution.id.clone(),
+            elicitation_id: execution.id.to_string(),
         });
         let requests =
             BTreeMap::from([("approval".to_owned(), InputRequest::Elicitation(request))]);

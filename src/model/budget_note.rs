@@ -1,12 +1,12 @@
 //! The internal notes queued when the model proxy stops a session on its own: its model
 //! budget is spent, or a stored secret's value reached its prompt. Either way the
 //! session may not call the model again and a person takes over (the note is written
-//! by `gateway::stop_note`, like every note of a session that stopped on its own).
+//! by `notes::stop`, like every note of a session that stopped on its own).
 
 use rusqlite::Connection;
 
 use super::store as model_store;
-use crate::gateway::stop_note::{self, StopNote};
+use crate::notes::stop::{self, StopNote};
 use crate::secrets::Redactor;
 use crate::session::SessionScope;
 
@@ -48,5 +48,5 @@ pub fn queue(
     if !model_store::mark_exhausted(conn, &scope.session_id, &scope.thread_id, now_ms)? {
         return Ok(false);
     }
-    stop_note::queue(conn, scope, note, now_ms, redactor)
+    stop::queue(conn, scope, note, now_ms, redactor)
 }

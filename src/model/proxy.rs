@@ -28,7 +28,7 @@ use super::upstream::{Answered, Upstream, UpstreamError};
 use super::{budget_note, openai, scan};
 use crate::audit::{self, AuditEvent, AuditRecord};
 use crate::gateway::Gate;
-use crate::gateway::stop_note::StopNote;
+use crate::notes::stop::StopNote;
 use crate::session::{AgentDefinition, SessionScope};
 
 /// Why a model call was refused or failed; each maps to a status and error code of
@@ -78,7 +78,7 @@ impl ModelProxy {
     }
 
     fn agent(&self, scope: &SessionScope) -> Result<AgentDefinition, ProxyError> {
-        self.gate.agents.get(&scope.agent).cloned().ok_or_else(|| {
+        self.gate.agent(&scope.agent).cloned().ok_or_else(|| {
             ProxyError::ModelNotAllowed("the session has no agent definition".into())
         })
     }
@@ -146,11 +146,11 @@ impl ModelProxy {
         }
         let (s, t) = (scope.session_id.clone(), scope.thread_id.clone());
         self.gate
-            .db
+            .db()
             .write(move |c| model_store::add_turn(c, &s, &t))
             .await
             .map_err(internal)?;
-        self.gate.supervisor.touch(&scope.thread_id);
+        self.gate.supervisor().touch(&scope.thread_id);
         let started = Instant::now();
         let sent = self.upstream.send(wire, &redactor).await;
         let latency = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
@@ -260,7 +260,7 @@ impl ModelProxy {
         let session = scope.session_id.clone();
         let spent = self
             .gate
-            .db
+            .db()
             .write(move |c| {
                 model_store::add_tokens(c, &session, tokens)?;
                 audit::append(c, &record, &redactor)?;
@@ -283,7 +283,7 @@ impl ModelProxy {
     async fn append_audit(&self, record: AuditRecord) -> Result<(), ProxyError> {
         let redactor = self.gate.current_redactor();
         self.gate
-            .db
+            .db()
             .write(move |c| audit::append(c, &record, &redactor))
             .await
             .map(|_| ())
@@ -324,7 +324,7 @@ impl ModelProxy {
     async fn spent(&self, scope: &SessionScope) -> Result<model_store::Spent, ProxyError> {
         let s = scope.session_id.clone();
         self.gate
-            .db
+            .db()
             .read(move |c| model_store::spent(c, &s))
             .await
             .map_err(internal)
@@ -339,15 +339,15 @@ impl ModelProxy {
         let scope_w = scope.clone();
         let first = self
             .gate
-            .db
+            .db()
             .write(move |c| budget_note::queue(c, &scope_w, &note, now, &redactor))
             .await
             .map_err(internal)?;
         if first {
             tracing::info!(session = %scope.session_id, thread = %scope.thread_id, outcome, "session stopped by the model proxy");
-            self.gate.outbox.notify_one();
+            self.gate.outbox().wake();
             self.gate
-                .supervisor
+                .supervisor()
                 .stop_soon(&scope.thread_id, "stopped by the model proxy");
         }
         Ok(())
@@ -357,8 +357,8 @@ impl ModelProxy {
 /// An audit record of the pseudo-tool `model.chat` for the session.
 fn model_record(scope: &SessionScope, event: AuditEvent) -> AuditRecord {
     AuditRecord {
-        session_id: Some(scope.session_id.clone()),
-        thread_id: Some(scope.thread_id.clone()),
+        session_id: Some(scope.session_id.to_string()),
+        thread_id: Some(scope.thread_id.to_string()),
         agent: Some(scope.agent.clone()),
         tool: Some("model.chat".into()),
         ..AuditRecord::new(event)

@@ -20,7 +20,7 @@ pub async fn forget_old_transcripts(proxy: &ModelProxy) -> anyhow::Result<usize>
     let before = proxy.gate.now().saturating_sub(retention);
     let forgotten = proxy
         .gate
-        .db
+        .db()
         .write(move |c| model_store::forget_transcripts(c, before))
         .await?;
     Ok(forgotten)

@@ -149,7 +149,7 @@ async fn get_transcript(State(s): State<Scoped>) -> Response {
     match s
         .proxy
         .gate
-        .db
+        .db()
         .read(move |c| model_store::transcript(c, &session))
         .await
     {
@@ -224,12 +224,12 @@ async fn put_transcript(State(s): State<Scoped>, body: Result<Bytes, BytesReject
         )
         .into_response();
     }
-    s.proxy.gate.supervisor.touch(&s.scope.thread_id);
+    s.proxy.gate.supervisor().touch(&s.scope.thread_id);
     let (session, now) = (s.scope.session_id.clone(), s.proxy.gate.now());
     let written = s
         .proxy
         .gate
-        .db
+        .db()
         .write(move |c| model_store::put_transcript(c, &session, &stored, now))
         .await;
     match written {

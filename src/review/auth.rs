@@ -148,7 +148,7 @@ async fn current(state: &ReviewState, headers: &HeaderMap) -> Option<Signed> {
     let found = state
         .approvals
         .gate
-        .db
+        .db()
         .write(move |c| {
             let row = c
                 .query_row(
@@ -342,7 +342,7 @@ pub async fn login(
         );
     }
     let password = SecretString::from(form.password);
-    match reviewers::verify_password(&state.approvals.gate.db, &state.hasher, name, password).await
+    match reviewers::verify_password(state.approvals.gate.db(), &state.hasher, name, password).await
     {
         Ok(Some(reviewer)) => {
             state.throttle.clear_sign_in(&keys);
@@ -420,7 +420,7 @@ pub(super) async fn open_session(
     let written = state
         .approvals
         .gate
-        .db
+        .db()
         .write(move |c| {
             // Sessions that ended without a sign-out go when anyone signs in.
             c.execute(
@@ -498,7 +498,7 @@ pub async fn logout(
     let _ = state
         .approvals
         .gate
-        .db
+        .db()
         .write(move |c| c.execute("DELETE FROM review_sessions WHERE token_digest = ?1", [&d]))
         .await;
     let mut response = Redirect::to("/login").into_response();

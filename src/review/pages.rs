@@ -16,6 +16,7 @@ use super::views::{ApprovalView, HistoryRow, OtherCall, TrailRow};
 use super::{ReviewState, message, render};
 use crate::approvals::{Choice, DecideError};
 use crate::executions::store::{self, Execution, Status};
+use crate::ids::{ExecutionId, ThreadId};
 
 /// Rows shown in the history and the thread pages.
 const PAGE_ROWS: i64 = 200;
@@ -66,7 +67,7 @@ pub(super) fn internal(who: &Signed, e: impl std::fmt::Display) -> Response {
 }
 
 /// The thread's customer as recorded with its session.
-pub(super) fn customer(c: &Connection, thread_id: &str) -> rusqlite::Result<String> {
+pub(super) fn customer(c: &Connection, thread_id: &ThreadId) -> rusqlite::Result<String> {
     let row = crate::session::store::get(c, thread_id)?.map(|s| (s.customer_email, s.customer_id));
     Ok(match row {
         Some((Some(email), _)) => email,
@@ -80,7 +81,7 @@ pub async fn history(State(state): State<ReviewState>, who: Signed) -> Response 
     let read = state
         .approvals
         .gate
-        .db
+        .db()
         .read(|c| store::decided_holds(c, PAGE_ROWS))
         .await;
     match read {
@@ -114,7 +115,7 @@ async fn approval_page(
     let read = state
         .approvals
         .gate
-        .db
+        .db()
         .read(move |c| {
             let Some(e) = store::get(c, &owned)? else {
                 return Ok(None);
@@ -249,13 +250,18 @@ async fn apply_decision(
     let refused =
         |status, text: String| -> Result<Banner, Box<Response>> { Ok((status, text, "error")) };
     let name = who.reviewer.name.as_str();
+    // A text that is no execution id names no approval: answered as one not found.
+    let parsed = ExecutionId::parse(id).ok();
     let result = match form.decision {
         None => return refused(StatusCode::BAD_REQUEST, "Choose Approve or Deny.".into()),
-        Some(Choice::Deny) => state
-            .approvals
-            .decide(id, name, Choice::Deny, form.message)
-            .await
-            .map(Ok),
+        Some(Choice::Deny) => match &parsed {
+            Some(exec_id) => state
+                .approvals
+                .decide(exec_id, name, Choice::Deny, form.message)
+                .await
+                .map(Ok),
+            None => Err(DecideError::NotFound(id.to_owned())),
+        },
         Some(Choice::Approve) => {
             let held = match read_call(state, id).await {
                 Ok(held) => held,
@@ -285,10 +291,15 @@ async fn apply_decision(
                 Ok(lower) => lower,
                 Err(text) => return refused(StatusCode::UNPROCESSABLE_ENTITY, text),
             };
-            state
-                .approvals
-                .approve_narrowed(id, name, form.message, lower)
-                .await
+            match &parsed {
+                Some(exec_id) => {
+                    state
+                        .approvals
+                        .approve_narrowed(exec_id, name, form.message, lower)
+                        .await
+                }
+                None => Err(DecideError::NotFound(id.to_owned())),
+            }
         }
     };
     match result {
@@ -361,7 +372,7 @@ async fn read_call(
     state
         .approvals
         .gate
-        .db
+        .db()
         .read(move |c| store::get(c, &owned))
         .await
 }
@@ -403,7 +414,7 @@ pub async fn thread(
     let read = state
         .approvals
         .gate
-        .db
+        .db()
         .read(move |c| trail(c, &t, &redactor))
         .await;
     match read {

@@ -87,7 +87,7 @@ pub async fn queue(
     let read = state
         .approvals
         .gate
-        .db
+        .db()
         .read(move |c| {
             let (held, total) = store::held_page(c, &filter, now, QUEUE_PAGE, offset)?;
             let mut rows = Vec::with_capacity(held.len());

@@ -76,11 +76,11 @@ impl QueueRow {
     ) -> QueueRow {
         let left = e.expires_at_ms.map(|at| at - now);
         QueueRow {
-            id: e.id.clone(),
+            id: e.id.to_string(),
             tool: e.tool.clone(),
             summary: summary(e, redactor),
             customer: redactor.redact(&customer).into_owned(),
-            thread_id: e.thread_id.clone(),
+            thread_id: e.thread_id.to_string(),
             thread_url,
             agent: e.agent.clone(),
             rule: rule(e),
@@ -112,7 +112,7 @@ pub struct HistoryRow {
 impl HistoryRow {
     pub fn new(e: &Execution, redactor: &Redactor) -> HistoryRow {
         HistoryRow {
-            id: e.id.clone(),
+            id: e.id.to_string(),
             tool: e.tool.clone(),
             summary: summary(e, redactor),
             status: e.status.as_str(),
@@ -123,7 +123,7 @@ impl HistoryRow {
             when: when(e.decided_at_ms.or(e.finished_at_ms)),
             message: redacted(e.decision_message.as_deref(), redactor, "-"),
             outcome: outcome(e, redactor),
-            thread_id: e.thread_id.clone(),
+            thread_id: e.thread_id.to_string(),
         }
     }
 }
@@ -254,13 +254,13 @@ impl ApprovalView {
             String::new()
         };
         ApprovalView {
-            id: e.id.clone(),
+            id: e.id.to_string(),
             tool: e.tool.clone(),
             status,
             open,
             summary: summary(e, redactor),
             customer: redactor.redact(&customer).into_owned(),
-            thread_id: e.thread_id.clone(),
+            thread_id: e.thread_id.to_string(),
             thread_url,
             agent: e.agent.clone(),
             age: span(now - e.created_at_ms),
@@ -326,7 +326,7 @@ impl OtherCall {
         let args: Value = serde_json::from_str(&e.args).unwrap_or_default();
         let shown = redact_args(redactor, &args).to_string();
         OtherCall {
-            id: e.id.clone(),
+            id: e.id.to_string(),
             when: when(Some(e.created_at_ms)),
             tool: e.tool.clone(),
             status: e.status.as_str(),

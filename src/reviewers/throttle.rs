@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Mutex;
 
-use crate::gateway::serve::address_key;
+use crate::server::address_key;
 
 /// Failures allowed within the window before a key is locked or starts backing off.
 pub const MAX_FAILURES: u32 = 5;

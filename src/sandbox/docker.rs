@@ -157,7 +157,7 @@ impl DockerRuntime {
     /// container only through the read-only bind of their directory.
     fn container_body(&self, spec: &SandboxSpec) -> Result<ContainerCreateBody, SandboxError> {
         let invalid = |reason: &str| SandboxError::InvalidSpec {
-            session: spec.session_id.clone(),
+            session: spec.session_id.to_string(),
             reason: reason.to_string(),
         };
         let memory = i64::try_from(spec.limits.memory_bytes)
@@ -168,8 +168,8 @@ impl DockerRuntime {
 
         let labels = HashMap::from([
             (LABEL_INSTANCE.to_string(), self.instance_id.clone()),
-            (LABEL_SESSION.to_string(), spec.session_id.clone()),
-            (LABEL_THREAD.to_string(), spec.thread_id.clone()),
+            (LABEL_SESSION.to_string(), spec.session_id.to_string()),
+            (LABEL_THREAD.to_string(), spec.thread_id.to_string()),
         ]);
         let mounts = vec![
             bind(&spec.workspace_dir, CONTAINER_WORKSPACE, false),
@@ -256,7 +256,7 @@ impl DockerRuntime {
 
     fn validate(&self, spec: &SandboxSpec) -> Result<(), SandboxError> {
         let invalid = |reason: String| SandboxError::InvalidSpec {
-            session: spec.session_id.clone(),
+            session: spec.session_id.to_string(),
             reason,
         };
         if spec.session_id.is_empty() || spec.thread_id.is_empty() || spec.image.is_empty() {

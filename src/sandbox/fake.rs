@@ -11,6 +11,7 @@ use std::sync::{Mutex, MutexGuard};
 use async_trait::async_trait;
 
 use super::{SandboxError, SandboxHandle, SandboxInfo, SandboxRuntime, SandboxSpec};
+use crate::ids::{SessionId, ThreadId};
 
 /// The instance id the fake puts in container names.
 const FAKE_INSTANCE: &str = "fake";
@@ -21,9 +22,9 @@ pub struct FakeContainer {
     /// Id and name, as `start` returned them.
     pub handle: SandboxHandle,
     /// The spec's session id.
-    pub session_id: String,
+    pub session_id: SessionId,
     /// The spec's thread id.
-    pub thread_id: String,
+    pub thread_id: ThreadId,
     /// The spec's image.
     pub image: String,
     /// Names of the secrets granted (never their values).
@@ -157,7 +158,7 @@ impl SandboxRuntime for FakeRuntime {
                 running: true,
             },
         );
-        state.secrets_dirs.insert(spec.session_id.clone());
+        state.secrets_dirs.insert(spec.session_id.to_string());
         state.starts += 1;
         Ok(handle)
     }
@@ -173,7 +174,7 @@ impl SandboxRuntime for FakeRuntime {
             return Ok(());
         };
         if let Some(container) = state.containers.remove(&key) {
-            state.secrets_dirs.remove(&container.session_id);
+            state.secrets_dirs.remove(container.session_id.as_str());
             state.stops += 1;
         }
         Ok(())
@@ -186,8 +187,8 @@ impl SandboxRuntime for FakeRuntime {
             .values()
             .map(|c| SandboxInfo {
                 container_id: c.handle.container_id.clone(),
-                session_id: c.session_id.clone(),
-                thread_id: c.thread_id.clone(),
+                session_id: c.session_id.to_string(),
+                thread_id: c.thread_id.to_string(),
                 running: c.running,
             })
             .collect())
@@ -198,7 +199,7 @@ impl SandboxRuntime for FakeRuntime {
         let live: BTreeSet<String> = state
             .containers
             .values()
-            .map(|c| c.session_id.clone())
+            .map(|c| c.session_id.to_string())
             .collect();
         let before = state.secrets_dirs.len();
         state.secrets_dirs.retain(|session| live.contains(session));

@@ -26,6 +26,8 @@ use std::path::PathBuf;
 
 use async_trait::async_trait;
 
+use crate::ids::{SessionId, ThreadId};
+
 pub use docker::DockerRuntime;
 pub use fake::FakeRuntime;
 
@@ -81,9 +83,9 @@ pub trait SandboxRuntime: Send + Sync {
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {
     /// The session this container serves (a label, and part of the container name).
-    pub session_id: String,
+    pub session_id: SessionId,
     /// The support thread the session works on (a label).
-    pub thread_id: String,
+    pub thread_id: ThreadId,
     /// The image to run, e.g. `threadgate-sandbox:latest`.
     pub image: String,
     /// Host directory mounted read-write at `/workspace` (the session's git worktree).

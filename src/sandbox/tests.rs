@@ -13,8 +13,8 @@ use super::*;
 
 fn spec(session: &str) -> SandboxSpec {
     SandboxSpec {
-        session_id: session.to_string(),
-        thread_id: format!("th_{session}"),
+        session_id: crate::ids::SessionId::parse(session).expect("session id"),
+        thread_id: crate::ids::ThreadId::parse(format!("th_{session}")).expect("thread id"),
         image: "threadgate-sandbox:latest".to_string(),
         workspace_dir: PathBuf::from("/nonexistent/workspace"),
         socket_dir: PathBuf::from("/nonexistent/socket"),

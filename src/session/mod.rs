@@ -25,6 +25,8 @@ mod tests;
 
 use std::path::PathBuf;
 
+use crate::ids::{SessionId, ThreadId};
+
 pub use agents::{AgentBook, AgentDefinition, AllowedModels, HarnessCommand};
 pub use notes::{StopNotes, StopReason};
 pub use publish::{BranchPublisher, GithubPublisher};
@@ -37,8 +39,8 @@ pub use workspace::{CommitReport, PreparedWorktree, WorkspaceOps};
 /// arrives on decides which scope it gets; nothing in the request can change it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionScope {
-    pub session_id: String,
-    pub thread_id: String,
+    pub session_id: SessionId,
+    pub thread_id: ThreadId,
     pub agent: String,
     pub customer_id: Option<String>,
     pub customer_email: Option<String>,

@@ -185,7 +185,7 @@ impl BranchPublisher for GithubPublisher {
             .await
             .context("reading the session's findings")?;
         let facts = PullFacts {
-            thread_id: scope.thread_id.clone(),
+            thread_id: scope.thread_id.to_string(),
             workspace,
             subject,
             branch: branch.to_owned(),

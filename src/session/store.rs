@@ -5,6 +5,7 @@
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
+use crate::ids::{SessionId, ThreadId};
 use crate::store::meta;
 
 /// Where a session stands. Stored as lowercase text; unknown text read back is an
@@ -36,8 +37,8 @@ impl SessionState {
 /// One row of the sessions table.
 #[derive(Debug, Clone, Serialize)]
 pub struct SessionRow {
-    pub thread_id: String,
-    pub session_id: String,
+    pub thread_id: ThreadId,
+    pub session_id: SessionId,
     pub agent: String,
     pub state: SessionState,
     pub container_id: Option<String>,
@@ -78,7 +79,7 @@ fn row_to_session(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
 }
 
 /// The session of `thread_id`, if it ever had one.
-pub fn get(conn: &Connection, thread_id: &str) -> rusqlite::Result<Option<SessionRow>> {
+pub fn get(conn: &Connection, thread_id: &ThreadId) -> rusqlite::Result<Option<SessionRow>> {
     conn.query_row(
         &format!("SELECT {COLUMNS} FROM sessions WHERE thread_id = ?1"),
         [thread_id],
@@ -189,7 +190,7 @@ pub fn set_worktree(conn: &Connection, thread_id: &str, worktree: &str) -> rusql
 
 /// Asks the running server to stop a thread's session (`threadgate sessions stop`).
 /// Returns false when the thread has no session.
-pub fn request_stop(conn: &Connection, thread_id: &str) -> rusqlite::Result<bool> {
+pub fn request_stop(conn: &Connection, thread_id: &ThreadId) -> rusqlite::Result<bool> {
     let changed = conn.execute(
         "UPDATE sessions SET stop_requested = 1 WHERE thread_id = ?1 AND state != 'ended'",
         [thread_id],
@@ -207,7 +208,7 @@ pub fn cancel_stop(conn: &Connection, thread_id: &str) -> rusqlite::Result<()> {
 }
 
 /// Threads whose session must stop: an operator asked, or the thread is DONE.
-pub fn stop_requests(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+pub fn stop_requests(conn: &Connection) -> rusqlite::Result<Vec<ThreadId>> {
     let mut stmt = conn.prepare("SELECT thread_id FROM sessions WHERE stop_requested = 1")?;
     let rows = stmt.query_map([], |r| r.get(0))?;
     rows.collect()
@@ -256,8 +257,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = Db::open(&dir.path().join("t.db")).unwrap();
         let row = SessionRow {
-            thread_id: "th_1".into(),
-            session_id: "s_1".into(),
+            thread_id: ThreadId::parse("th_1").unwrap(),
+            session_id: SessionId::parse("s_1").unwrap(),
             agent: "support".into(),
             state: SessionState::Idle,
             container_id: None,
@@ -273,7 +274,10 @@ mod tests {
             stop_requested: false,
         };
         db.write(move |c| insert(c, &row)).await.unwrap();
-        let read = db.read(|c| get(c, "th_1")).await.unwrap();
+        let read = db
+            .read(|c| get(c, &ThreadId::parse("th_1").unwrap()))
+            .await
+            .unwrap();
         assert_eq!(read.map(|r| r.state), Some(SessionState::Idle));
 
         // The table's CHECK refuses it; a database written by a newer version (or edited
@@ -287,7 +291,10 @@ mod tests {
         })
         .await
         .unwrap();
-        let err = db.read(|c| get(c, "th_1")).await.unwrap_err();
+        let err = db
+            .read(|c| get(c, &ThreadId::parse("th_1").unwrap()))
+            .await
+            .unwrap_err();
         assert!(
             err.to_string().contains("unknown SessionState \"paused\""),
             "{err}"

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::SessionSettings;
 use super::*;
+use crate::ids::ThreadId;
 use crate::sandbox::{FakeRuntime, Limits, SandboxRuntime};
 use crate::secrets::SecretString;
 use crate::store::Db;
@@ -25,11 +26,10 @@ impl FakeWorkspaces {
 }
 
 impl WorkspaceOps for FakeWorkspaces {
-    fn branch_name(&self, thread_id: &str) -> anyhow::Result<String> {
-        anyhow::ensure!(!thread_id.contains(".."), "bad thread id");
-        Ok(format!("threadgate/{thread_id}"))
+    fn branch_name(&self, thread_id: &ThreadId) -> String {
+        format!("threadgate/{thread_id}")
     }
-    fn prepare(&self, thread_id: &str) -> anyhow::Result<PreparedWorktree> {
+    fn prepare(&self, thread_id: &ThreadId) -> anyhow::Result<PreparedWorktree> {
         let path = self.root.join(thread_id);
         std::fs::create_dir_all(&path)?;
         self.log
@@ -43,23 +43,23 @@ impl WorkspaceOps for FakeWorkspaces {
     }
     fn commit(
         &self,
-        thread_id: &str,
+        thread_id: &ThreadId,
         _worktree: &Path,
         _secrets: &[(String, SecretString)],
     ) -> anyhow::Result<CommitReport> {
         self.log.lock().unwrap().push(format!("commit {thread_id}"));
         Ok(CommitReport::default())
     }
-    fn remove_worktree(&self, thread_id: &str) -> anyhow::Result<()> {
+    fn remove_worktree(&self, thread_id: &ThreadId) -> anyhow::Result<()> {
         self.log.lock().unwrap().push(format!("remove {thread_id}"));
         Ok(())
     }
-    fn push(&self, _thread_id: &str) -> anyhow::Result<()> {
+    fn push(&self, _thread_id: &ThreadId) -> anyhow::Result<()> {
         Ok(())
     }
     fn changed_files(
         &self,
-        thread_id: &str,
+        thread_id: &ThreadId,
         limit: usize,
     ) -> anyhow::Result<crate::workspace::ChangedFiles> {
         self.log.lock().unwrap().push(format!("diff {thread_id}"));
@@ -82,7 +82,7 @@ struct FakeApi {
 #[async_trait::async_trait]
 impl SessionApi for FakeApi {
     async fn open(&self, scope: SessionScope, _dir: PathBuf) -> anyhow::Result<()> {
-        self.open.lock().unwrap().push(scope.session_id);
+        self.open.lock().unwrap().push(scope.session_id.to_string());
         Ok(())
     }
     async fn close(&self, session_id: &str) {
@@ -203,7 +203,7 @@ impl Harness {
             })
             .await
             .expect("insert event");
-        self.handle.thread_changed(thread);
+        self.handle.thread_changed(&tid(thread));
         self.settle().await;
     }
 
@@ -217,7 +217,7 @@ impl Harness {
     }
 
     async fn state(&self, thread: &str) -> Option<SessionState> {
-        let thread = thread.to_owned();
+        let thread = tid(thread);
         self.db
             .read(move |c| store::get(c, &thread))
             .await
@@ -303,7 +303,7 @@ async fn done_is_remembered_until_the_session_has_ended_and_a_newer_message_canc
     })
     .await
     .expect("insert events");
-    h.handle.thread_changed("th_1");
+    h.handle.thread_changed(&tid("th_1"));
     h.settle().await;
     assert_eq!(h.state("th_1").await, Some(SessionState::Running));
     let flagged = h.db.read(store::stop_requests).await.expect("read");
@@ -322,7 +322,7 @@ async fn done_is_remembered_until_the_session_has_ended_and_a_newer_message_canc
     })
     .await
     .expect("insert done");
-    h.handle.thread_changed("th_1");
+    h.handle.thread_changed(&tid("th_1"));
     h.settle().await;
     assert_eq!(h.state("th_1").await, Some(SessionState::Ended));
     assert!(
@@ -348,8 +348,8 @@ async fn a_stop_while_the_container_is_starting_ends_the_session_once_started() 
     .await
     .expect("insert event");
     // Queued behind the event, so handled while the start is in flight.
-    h.handle.thread_changed("th_1");
-    h.handle.stop("th_1").await.expect("stop");
+    h.handle.thread_changed(&tid("th_1"));
+    h.handle.stop(&tid("th_1")).await.expect("stop");
     let ended = async {
         loop {
             h.settle().await;
@@ -400,7 +400,7 @@ async fn a_decision_resumes_an_idle_session() {
     tokio::time::sleep(Duration::from_millis(600)).await;
     h.settle().await;
     assert_eq!(h.state("th_1").await, Some(SessionState::Idle));
-    h.handle.resume("th_1");
+    h.handle.resume(&tid("th_1"));
     h.settle().await;
     assert_eq!(h.state("th_1").await, Some(SessionState::Running));
 }
@@ -427,7 +427,7 @@ async fn an_operator_stop_request_ends_the_session() {
     let h = harness(4);
     h.event("th_1", "customer", 1_000).await;
     let asked =
-        h.db.write(|c| store::request_stop(c, "th_1"))
+        h.db.write(|c| store::request_stop(c, &tid("th_1")))
             .await
             .expect("stop");
     assert!(asked);
@@ -476,8 +476,8 @@ async fn restart_adopts_live_containers_reaps_strays_and_resumes_vanished_ones()
     // A container labelled with this instance but belonging to no session.
     let stray = sandbox
         .start(&crate::sandbox::SandboxSpec {
-            session_id: "s_stray".into(),
-            thread_id: "th_stray".into(),
+            session_id: crate::ids::SessionId::parse("s_stray").expect("session id"),
+            thread_id: tid("th_stray"),
             image: "img".into(),
             workspace_dir: dir.path().to_owned(),
             socket_dir: dir.path().to_owned(),
@@ -553,7 +553,7 @@ async fn failed_reads_in_the_tick_stop_and_start_nothing() {
     h.event("th_2", "customer", 1_000).await;
     assert_eq!(h.state("th_2").await, Some(SessionState::Queued));
     assert!(
-        h.db.write(|c| store::request_stop(c, "th_1"))
+        h.db.write(|c| store::request_stop(c, &tid("th_1")))
             .await
             .expect("stop")
     );
@@ -572,4 +572,8 @@ async fn failed_reads_in_the_tick_stop_and_start_nothing() {
     h.settle().await;
     assert_eq!(h.state("th_1").await, Some(SessionState::Ended));
     assert_eq!(h.state("th_2").await, Some(SessionState::Running));
+}
+
+fn tid(text: &str) -> ThreadId {
+    ThreadId::parse(text).expect("thread id")
 }

@@ -2,6 +2,7 @@
 //! logic is tested with an in-memory fake, implemented for real by
 //! [`crate::workspace::Workspaces`].
 
+use crate::ids::ThreadId;
 use crate::secrets::ExposeSecret as _;
 use std::path::{Path, PathBuf};
 
@@ -28,41 +29,41 @@ pub struct CommitReport {
 /// two for the same thread at once). Blocking: call from `spawn_blocking`.
 pub trait WorkspaceOps: Send + Sync {
     /// The branch a thread's session works on.
-    fn branch_name(&self, thread_id: &str) -> anyhow::Result<String>;
+    fn branch_name(&self, thread_id: &ThreadId) -> String;
     /// Creates the thread's branch from the default branch if needed and checks it out.
-    fn prepare(&self, thread_id: &str) -> anyhow::Result<PreparedWorktree>;
+    fn prepare(&self, thread_id: &ThreadId) -> anyhow::Result<PreparedWorktree>;
     /// Commits what the agent left in `worktree` onto the thread's branch, leaving out
     /// any file that contains one of `secrets`.
     fn commit(
         &self,
-        thread_id: &str,
+        thread_id: &ThreadId,
         worktree: &Path,
         secrets: &[(String, SecretString)],
     ) -> anyhow::Result<CommitReport>;
     /// Removes the worktree; the branch stays.
-    fn remove_worktree(&self, thread_id: &str) -> anyhow::Result<()>;
+    fn remove_worktree(&self, thread_id: &ThreadId) -> anyhow::Result<()>;
     /// Pushes the thread's branch (only it) when a remote is configured.
-    fn push(&self, thread_id: &str) -> anyhow::Result<()>;
+    fn push(&self, thread_id: &ThreadId) -> anyhow::Result<()>;
     /// Whether the thread's branch holds commits the default branch does not; only then
     /// is it pushed and published when the session ends.
-    fn has_changes(&self, _thread_id: &str) -> anyhow::Result<bool> {
+    fn has_changes(&self, _thread_id: &ThreadId) -> anyhow::Result<bool> {
         Ok(true)
     }
     /// The message of the branch's tip commit, when it has changes.
-    fn tip_message(&self, _thread_id: &str) -> anyhow::Result<Option<String>> {
+    fn tip_message(&self, _thread_id: &ThreadId) -> anyhow::Result<Option<String>> {
         Ok(None)
     }
     /// The paths the thread's branch changed against the default branch, the first
     /// `limit` of them.
-    fn changed_files(&self, thread_id: &str, limit: usize) -> anyhow::Result<ChangedFiles>;
+    fn changed_files(&self, thread_id: &ThreadId, limit: usize) -> anyhow::Result<ChangedFiles>;
 }
 
 impl WorkspaceOps for crate::workspace::Workspaces {
-    fn branch_name(&self, thread_id: &str) -> anyhow::Result<String> {
-        Ok(crate::workspace::Workspaces::branch_name(thread_id)?)
+    fn branch_name(&self, thread_id: &ThreadId) -> String {
+        crate::workspace::Workspaces::branch_name(thread_id)
     }
 
-    fn prepare(&self, thread_id: &str) -> anyhow::Result<PreparedWorktree> {
+    fn prepare(&self, thread_id: &ThreadId) -> anyhow::Result<PreparedWorktree> {
         let w = crate::workspace::Workspaces::prepare(self, thread_id)?;
         Ok(PreparedWorktree {
             path: w.path,
@@ -72,7 +73,7 @@ impl WorkspaceOps for crate::workspace::Workspaces {
 
     fn commit(
         &self,
-        thread_id: &str,
+        thread_id: &ThreadId,
         _worktree: &Path,
         secrets: &[(String, SecretString)],
     ) -> anyhow::Result<CommitReport> {
@@ -91,25 +92,25 @@ impl WorkspaceOps for crate::workspace::Workspaces {
         })
     }
 
-    fn remove_worktree(&self, thread_id: &str) -> anyhow::Result<()> {
+    fn remove_worktree(&self, thread_id: &ThreadId) -> anyhow::Result<()> {
         Ok(crate::workspace::Workspaces::remove_worktree(
             self, thread_id,
         )?)
     }
 
-    fn push(&self, thread_id: &str) -> anyhow::Result<()> {
+    fn push(&self, thread_id: &ThreadId) -> anyhow::Result<()> {
         Ok(crate::workspace::Workspaces::push(self, thread_id)?)
     }
 
-    fn has_changes(&self, thread_id: &str) -> anyhow::Result<bool> {
+    fn has_changes(&self, thread_id: &ThreadId) -> anyhow::Result<bool> {
         Ok(crate::workspace::Workspaces::has_changes(self, thread_id)?)
     }
 
-    fn tip_message(&self, thread_id: &str) -> anyhow::Result<Option<String>> {
+    fn tip_message(&self, thread_id: &ThreadId) -> anyhow::Result<Option<String>> {
         Ok(crate::workspace::Workspaces::tip_message(self, thread_id)?)
     }
 
-    fn changed_files(&self, thread_id: &str, limit: usize) -> anyhow::Result<ChangedFiles> {
+    fn changed_files(&self, thread_id: &ThreadId, limit: usize) -> anyhow::Result<ChangedFiles> {
         Ok(crate::workspace::Workspaces::changed_files(
             self, thread_id, limit,
         )?)

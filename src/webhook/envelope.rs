@@ -10,6 +10,8 @@
 use chrono::DateTime;
 use serde_json::{Map, Value};
 
+use crate::ids::{InvalidId, ThreadId};
+
 /// What threadgate reads from one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Envelope {
@@ -24,8 +26,9 @@ pub struct Envelope {
     /// When this delivery attempt was made
     /// (`webhookMetadata.webhookDeliveryAttemptTimestamp`), in unix milliseconds.
     pub attempt_at_ms: i64,
-    /// `payload.thread.id`, for thread events.
-    pub thread_id: Option<String>,
+    /// `payload.thread.id`, for thread events: parsed here, so a delivery whose thread
+    /// id could not name a branch or a directory is refused before anything is stored.
+    pub thread_id: Option<ThreadId>,
     /// `payload.thread.status`: the thread's status after the event (for
     /// `thread.thread_status_transitioned`, the new status).
     pub thread_status: Option<String>,
@@ -121,6 +124,13 @@ pub enum EnvelopeError {
         field: &'static str,
         expected: &'static str,
     },
+    /// An id field that is not an id of its kind.
+    #[error("invalid field {field}: {error}")]
+    InvalidId {
+        field: &'static str,
+        #[source]
+        error: InvalidId,
+    },
 }
 
 /// Event types in which a customer writes to the thread (or opens it).
@@ -175,7 +185,14 @@ impl Envelope {
         let thread = payload
             .and_then(|p| p.get("thread"))
             .and_then(Value::as_object);
-        let thread_id = thread.and_then(|t| optional_str(t.get("id")));
+        let thread_id = thread
+            .and_then(|t| optional_str(t.get("id")))
+            .map(ThreadId::parse)
+            .transpose()
+            .map_err(|error| EnvelopeError::InvalidId {
+                field: "payload.thread.id",
+                error,
+            })?;
         let thread_status = thread.and_then(|t| optional_str(t.get("status")));
         let customer = thread
             .and_then(|t| t.get("customer"))

@@ -16,6 +16,7 @@
 //! for a duplicate or an [`EventClass::Ignored`] event).
 
 use crate::clock::Clock;
+use crate::ids::ThreadId;
 use crate::secrets::ExposeSecret as _;
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,7 +70,7 @@ pub struct StoredEvent {
     /// The event's row in `events`.
     pub seq: i64,
     /// The thread it belongs to (only thread events are sent).
-    pub thread_id: String,
+    pub thread_id: ThreadId,
     /// What it means for the thread's session; never [`EventClass::Ignored`].
     pub class: EventClass,
 }

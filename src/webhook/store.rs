@@ -11,6 +11,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::envelope::{Envelope, EventClass};
 
+use crate::ids::ThreadId;
+
 /// The outcome of [`insert`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InsertOutcome {
@@ -76,18 +78,33 @@ pub struct PendingEvent {
     pub customer_email: Option<String>,
 }
 
-/// Threads with events not yet applied, oldest first.
-pub fn threads_with_pending_events(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+/// Threads with events not yet applied, oldest first. A stored thread id that is no
+/// [`ThreadId`] (kept by a version of threadgate that did not check it at intake) is
+/// logged and left out: its events cannot start a session, and no other thread's wait
+/// for it.
+pub fn threads_with_pending_events(conn: &Connection) -> rusqlite::Result<Vec<ThreadId>> {
     let mut stmt = conn.prepare(
         "SELECT thread_id FROM events WHERE applied_at_ms IS NULL AND thread_id IS NOT NULL \
          AND class != 'ignored' GROUP BY thread_id ORDER BY min(seq)",
     )?;
-    let rows = stmt.query_map([], |r| r.get(0))?;
-    rows.collect()
+    let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+    let mut threads = Vec::new();
+    for text in rows {
+        match ThreadId::parse(text?) {
+            Ok(thread) => threads.push(thread),
+            Err(e) => {
+                tracing::warn!(error = %e, "stored events of an invalid thread id are not applied")
+            }
+        }
+    }
+    Ok(threads)
 }
 
 /// A thread's unapplied events in the order they happened.
-pub fn pending_events(conn: &Connection, thread_id: &str) -> rusqlite::Result<Vec<PendingEvent>> {
+pub fn pending_events(
+    conn: &Connection,
+    thread_id: &ThreadId,
+) -> rusqlite::Result<Vec<PendingEvent>> {
     let mut stmt = conn.prepare(
         "SELECT seq, class, occurred_at_ms, customer_id, customer_email FROM events \
          WHERE thread_id = ?1 AND applied_at_ms IS NULL AND class != 'ignored' \

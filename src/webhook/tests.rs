@@ -340,7 +340,7 @@ async fn pending_events_come_back_typed_and_an_unknown_class_is_an_error() {
         .await
         .expect("insert");
     let pending = db
-        .read(|c| super::store::pending_events(c, "th_1"))
+        .read(|c| super::store::pending_events(c, &crate::ids::ThreadId::parse("th_1").unwrap()))
         .await
         .expect("read");
     let classes: Vec<EventClass> = pending.iter().map(|e| e.class).collect();
@@ -350,7 +350,7 @@ async fn pending_events_come_back_typed_and_an_unknown_class_is_an_error() {
         .await
         .expect("insert");
     let err = db
-        .read(|c| super::store::pending_events(c, "th_1"))
+        .read(|c| super::store::pending_events(c, &crate::ids::ThreadId::parse("th_1").unwrap()))
         .await
         .expect_err("an unknown class is not read as a valid one");
     assert!(err.to_string().contains("bogus"), "{err}");

@@ -2,6 +2,7 @@
 //! default branch's tip (what an engineer reviews in the pull request).
 
 use super::{Settings, WorkspaceError, prepare};
+use crate::ids::ThreadId;
 
 /// How one path differs between the default branch and the thread's branch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +35,7 @@ pub struct ChangedFiles {
 /// thread branch changed nothing.
 pub(super) fn changed_files(
     settings: &Settings,
-    thread_id: &str,
+    thread_id: &ThreadId,
     limit: usize,
 ) -> Result<ChangedFiles, WorkspaceError> {
     let thread_ref = settings.thread_ref(thread_id)?;

@@ -6,6 +6,7 @@ use std::io::Write as _;
 use git2::{ErrorCode, PushOptions, Remote, RemoteCallbacks, Repository, Signature};
 use rustix::fs::{CWD, Mode, OFlags};
 
+use crate::ids::ThreadId;
 use crate::workspace::names;
 use crate::workspace::prepare::branch_tip;
 use crate::workspace::snapshot::{SecretScanner, Snapshot};
@@ -13,7 +14,7 @@ use crate::workspace::{CommitOutcome, Settings, SkippedFile, WorkspaceError};
 
 pub(crate) fn commit(
     settings: &Settings,
-    thread_id: &str,
+    thread_id: &ThreadId,
     secrets: &[(&str, &[u8])],
 ) -> Result<CommitOutcome, WorkspaceError> {
     let thread_ref = settings.thread_ref(thread_id)?;
@@ -68,7 +69,7 @@ pub(crate) fn commit(
         .map_err(WorkspaceError::git(thread_id, "writing the commit"))?;
     write_pack(&repo, &odb, &pending, thread_id)?;
     move_branch(&repo, thread_id, &thread_ref, old_tip, new_tip)?;
-    tracing::info!(thread_id, commit = %new_tip, skipped = skipped.len(), "committed worktree");
+    tracing::info!(thread_id = %thread_id, commit = %new_tip, skipped = skipped.len(), "committed worktree");
     Ok(CommitOutcome {
         commit: Some(new_tip.to_string()),
         skipped,
@@ -88,7 +89,7 @@ fn write_pack(
     repo: &Repository,
     odb: &git2::Odb<'_>,
     pending: &git2::Mempack<'_>,
-    thread_id: &str,
+    thread_id: &ThreadId,
 ) -> Result<(), WorkspaceError> {
     let mut pack = git2::Buf::new();
     pending.dump(repo, &mut pack).map_err(WorkspaceError::git(
@@ -115,7 +116,7 @@ fn write_pack(
 /// `old` (libgit2 checks under the ref's lock file).
 pub(crate) fn move_branch(
     repo: &Repository,
-    thread_id: &str,
+    thread_id: &ThreadId,
     thread_ref: &str,
     old: git2::Oid,
     new: git2::Oid,
@@ -136,7 +137,7 @@ pub(crate) fn move_branch(
 /// Opens the worktree root without following a symlink in its place.
 fn open_worktree_root(
     settings: &Settings,
-    thread_id: &str,
+    thread_id: &ThreadId,
 ) -> Result<std::os::fd::OwnedFd, WorkspaceError> {
     let path = settings.worktrees_dir.join(thread_id);
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
@@ -154,7 +155,7 @@ fn open_worktree_root(
 }
 
 /// Author and committer of a thread's commits: derived from the thread id alone.
-fn thread_signature(thread_id: &str) -> Result<Signature<'static>, WorkspaceError> {
+fn thread_signature(thread_id: &ThreadId) -> Result<Signature<'static>, WorkspaceError> {
     Signature::now(
         &format!("threadgate thread {thread_id}"),
         &format!("{thread_id}@threadgate.invalid"),
@@ -162,7 +163,7 @@ fn thread_signature(thread_id: &str) -> Result<Signature<'static>, WorkspaceErro
     .map_err(WorkspaceError::git(thread_id, "making the signature"))
 }
 
-fn commit_message(thread_id: &str, skipped: &[SkippedFile]) -> String {
+fn commit_message(thread_id: &ThreadId, skipped: &[SkippedFile]) -> String {
     let mut message = format!(
         "threadgate: work on thread {thread_id}\n\n\
          What the support session for thread {thread_id} left in its worktree.\n"
@@ -186,7 +187,7 @@ fn commit_message(thread_id: &str, skipped: &[SkippedFile]) -> String {
     message
 }
 
-pub(crate) fn push(settings: &Settings, thread_id: &str) -> Result<(), WorkspaceError> {
+pub(crate) fn push(settings: &Settings, thread_id: &ThreadId) -> Result<(), WorkspaceError> {
     let thread_ref = settings.thread_ref(thread_id)?;
     let Some(remote_spec) = settings.remote.as_deref() else {
         return Ok(());
@@ -231,7 +232,7 @@ pub(crate) fn push(settings: &Settings, thread_id: &str) -> Result<(), Workspace
 /// for the URL or path given.
 fn find_remote<'r>(
     repo: &'r Repository,
-    thread_id: &str,
+    thread_id: &ThreadId,
     spec: &str,
 ) -> Result<Remote<'r>, WorkspaceError> {
     if Remote::is_valid_name(spec) {

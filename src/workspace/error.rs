@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::ids::ThreadId;
+
 /// Everything that can go wrong while preparing, committing, removing or pushing a
 /// thread's workspace. Messages never contain file contents or secret values.
 #[derive(Debug, thiserror::Error)]
@@ -10,7 +12,7 @@ pub enum WorkspaceError {
     #[error("invalid thread id {thread_id:?}: {reason}")]
     InvalidThreadId {
         /// The rejected id (truncated if very long).
-        thread_id: String,
+        thread_id: ThreadId,
         /// Which rule it broke.
         reason: &'static str,
     },
@@ -48,7 +50,7 @@ pub enum WorkspaceError {
     #[error("git error for thread {thread_id} while {action}: {source}")]
     Git {
         /// The thread whose workspace was being handled.
-        thread_id: String,
+        thread_id: ThreadId,
         /// What was being done, e.g. "writing the tree".
         action: &'static str,
         /// The libgit2 error.
@@ -58,7 +60,7 @@ pub enum WorkspaceError {
     #[error("filesystem error for thread {thread_id} at {path}: {source}")]
     Io {
         /// The thread whose workspace was being handled.
-        thread_id: String,
+        thread_id: ThreadId,
         /// The path involved.
         path: PathBuf,
         /// The OS error.
@@ -68,7 +70,7 @@ pub enum WorkspaceError {
     #[error("branch {branch} of thread {thread_id} does not exist")]
     BranchMissing {
         /// The thread.
-        thread_id: String,
+        thread_id: ThreadId,
         /// The full branch name.
         branch: String,
     },
@@ -76,7 +78,7 @@ pub enum WorkspaceError {
     #[error("branch {branch} of thread {thread_id} moved while committing; nothing was written")]
     BranchMoved {
         /// The thread.
-        thread_id: String,
+        thread_id: ThreadId,
         /// The full branch name.
         branch: String,
     },
@@ -84,7 +86,7 @@ pub enum WorkspaceError {
     #[error("worktree {path} of thread {thread_id} is not a directory")]
     NotADirectory {
         /// The thread.
-        thread_id: String,
+        thread_id: ThreadId,
         /// The worktree path.
         path: PathBuf,
     },
@@ -92,7 +94,7 @@ pub enum WorkspaceError {
     #[error("worktree {path} of thread {thread_id} does not exist")]
     WorktreeMissing {
         /// The thread.
-        thread_id: String,
+        thread_id: ThreadId,
         /// The worktree path.
         path: PathBuf,
     },
@@ -100,7 +102,7 @@ pub enum WorkspaceError {
     #[error("cannot scan the worktree of thread {thread_id} for secrets: {reason}")]
     SecretScanner {
         /// The thread.
-        thread_id: String,
+        thread_id: ThreadId,
         /// The matcher's build error (it never contains the values).
         reason: String,
     },
@@ -108,7 +110,7 @@ pub enum WorkspaceError {
     #[error("remote {remote} rejected {branch} of thread {thread_id}: {message}")]
     PushRejected {
         /// The thread.
-        thread_id: String,
+        thread_id: ThreadId,
         /// The full ref pushed.
         branch: String,
         /// The configured remote name or URL.
@@ -119,7 +121,10 @@ pub enum WorkspaceError {
 }
 
 impl WorkspaceError {
-    pub(crate) fn git(thread_id: &str, action: &'static str) -> impl FnOnce(git2::Error) -> Self {
+    pub(crate) fn git(
+        thread_id: &ThreadId,
+        action: &'static str,
+    ) -> impl FnOnce(git2::Error) -> Self {
         let thread_id = thread_id.to_owned();
         move |source| WorkspaceError::Git {
             thread_id,
@@ -129,7 +134,7 @@ impl WorkspaceError {
     }
 
     pub(crate) fn io(
-        thread_id: &str,
+        thread_id: &ThreadId,
         path: impl Into<PathBuf>,
     ) -> impl FnOnce(std::io::Error) -> Self {
         let thread_id = thread_id.to_owned();

@@ -54,6 +54,8 @@ use std::sync::Arc;
 
 use git2::{Repository, RepositoryOpenFlags};
 
+use crate::ids::ThreadId;
+
 pub use changes::{ChangedFiles, FileChange};
 pub use error::WorkspaceError;
 pub use snapshot::{LOOSE_BLOB_BYTES, MAX_DEPTH, MAX_FILE_BYTES};
@@ -237,12 +239,10 @@ impl Workspaces {
         })
     }
 
-    /// The branch name for a thread, `threadgate/<thread-id>`, after checking that the id
-    /// is made only of ASCII letters, digits, `_` and `-` (first character alphanumeric,
-    /// at most 128 characters).
-    pub fn branch_name(thread_id: &str) -> Result<String, WorkspaceError> {
-        names::validate_thread_id(thread_id)?;
-        Ok(format!("{}{thread_id}", names::BRANCH_PREFIX))
+    /// The branch name for a thread, `threadgate/<thread-id>` (a [`ThreadId`] is one
+    /// safe ref component by construction).
+    pub fn branch_name(thread_id: &ThreadId) -> String {
+        format!("{}{thread_id}", names::BRANCH_PREFIX)
     }
 
     /// The default branch's full ref name, e.g. `refs/heads/main`.
@@ -254,7 +254,7 @@ impl Workspaces {
     /// (or reuses it), and materialises the branch's tree at the thread's worktree path
     /// if that directory does not exist. An existing directory is kept untouched, so a
     /// resumed session finds the agent's uncommitted files. Idempotent.
-    pub fn prepare(&self, thread_id: &str) -> Result<Worktree, WorkspaceError> {
+    pub fn prepare(&self, thread_id: &ThreadId) -> Result<Worktree, WorkspaceError> {
         prepare::prepare(&self.settings, thread_id)
     }
 
@@ -267,7 +267,7 @@ impl Workspaces {
     /// Returns `commit: None` when the tree equals the branch tip's tree.
     pub fn commit(
         &self,
-        thread_id: &str,
+        thread_id: &ThreadId,
         secrets: &[(&str, &[u8])],
     ) -> Result<CommitOutcome, WorkspaceError> {
         commit::commit(&self.settings, thread_id, secrets)
@@ -275,13 +275,13 @@ impl Workspaces {
 
     /// Deletes the thread's worktree directory (without following any symlink in it) and
     /// keeps the branch. Succeeds when the directory is already gone.
-    pub fn remove_worktree(&self, thread_id: &str) -> Result<(), WorkspaceError> {
+    pub fn remove_worktree(&self, thread_id: &ThreadId) -> Result<(), WorkspaceError> {
         remove::remove_worktree(&self.settings, thread_id)
     }
 
     /// Whether the thread's branch holds commits the default branch does not (the
     /// session changed something). A missing branch has none.
-    pub fn has_changes(&self, thread_id: &str) -> Result<bool, WorkspaceError> {
+    pub fn has_changes(&self, thread_id: &ThreadId) -> Result<bool, WorkspaceError> {
         let thread_ref = self.settings.thread_ref(thread_id)?;
         let repo = self.settings.open_repository()?;
         let Some(tip) = prepare::branch_tip(&repo, thread_id, &thread_ref)? else {
@@ -300,7 +300,7 @@ impl Workspaces {
     }
 
     /// The message of the thread branch's tip commit, when the branch has changes.
-    pub fn tip_message(&self, thread_id: &str) -> Result<Option<String>, WorkspaceError> {
+    pub fn tip_message(&self, thread_id: &ThreadId) -> Result<Option<String>, WorkspaceError> {
         if !self.has_changes(thread_id)? {
             return Ok(None);
         }
@@ -317,7 +317,7 @@ impl Workspaces {
     /// tree against the default branch tip's tree), the first `limit` in path order.
     pub fn changed_files(
         &self,
-        thread_id: &str,
+        thread_id: &ThreadId,
         limit: usize,
     ) -> Result<ChangedFiles, WorkspaceError> {
         changes::changed_files(&self.settings, thread_id, limit)
@@ -325,7 +325,7 @@ impl Workspaces {
 
     /// Pushes `refs/heads/threadgate/<thread-id>` (and nothing else) to the configured
     /// remote as a fast-forward. Does nothing when no remote is configured.
-    pub fn push(&self, thread_id: &str) -> Result<(), WorkspaceError> {
+    pub fn push(&self, thread_id: &ThreadId) -> Result<(), WorkspaceError> {
         commit::push(&self.settings, thread_id)
     }
 }
@@ -361,8 +361,8 @@ impl Settings {
     }
 
     /// The full ref of a thread's branch, checked never to be the default branch.
-    fn thread_ref(&self, thread_id: &str) -> Result<String, WorkspaceError> {
-        let full = format!("refs/heads/{}", Workspaces::branch_name(thread_id)?);
+    fn thread_ref(&self, thread_id: &ThreadId) -> Result<String, WorkspaceError> {
+        let full = format!("refs/heads/{}", Workspaces::branch_name(thread_id));
         // INVARIANT: open() refuses a default branch under threadgate/, so this holds;
         // checked again because writing the default branch is the one unrecoverable bug.
         if full == self.default_ref {

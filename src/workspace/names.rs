@@ -1,47 +1,8 @@
-//! Name rules: which thread ids may become a branch and a directory, and which file
-//! names may enter a tree that engineers will later check out.
-
-use crate::workspace::WorkspaceError;
+//! Name rules: which file names may enter a tree that engineers will later check out
+//! (which thread ids may become a branch and a directory is `ids::ThreadId`'s rule).
 
 /// The namespace every thread branch lives in, below `refs/heads/`.
 pub(crate) const BRANCH_PREFIX: &str = "threadgate/";
-
-/// The longest thread id accepted. Plain's ids are about 30 characters.
-const MAX_THREAD_ID_LEN: usize = 128;
-
-/// Checks that `thread_id` is safe both as one ref component and as one directory name.
-///
-/// Only ASCII letters, digits, `_` and `-` are allowed, the first character must be a
-/// letter or a digit, and the length is 1 to 128. This rules out every ref-format trap
-/// (`..`, `.lock`, `@{`, control characters, `/`) and every path trap (`.`, `..`, a
-/// leading `-` or `.`) by construction rather than by listing them.
-pub(crate) fn validate_thread_id(thread_id: &str) -> Result<(), WorkspaceError> {
-    let invalid = |reason: &'static str| WorkspaceError::InvalidThreadId {
-        thread_id: thread_id.chars().take(MAX_THREAD_ID_LEN + 8).collect(),
-        reason,
-    };
-    let Some(first) = thread_id.chars().next() else {
-        return Err(invalid("it is empty"));
-    };
-    if thread_id.len() > MAX_THREAD_ID_LEN {
-        return Err(invalid("it is longer than 128 characters"));
-    }
-    if !first.is_ascii_alphanumeric() {
-        return Err(invalid("it must start with an ascii letter or digit"));
-    }
-    let allowed = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
-    if !thread_id.chars().all(allowed) {
-        return Err(invalid(
-            "only ascii letters, digits, '_' and '-' are allowed",
-        ));
-    }
-    // Belt and braces: libgit2 must agree that the full ref name is well formed.
-    let full = format!("refs/heads/{BRANCH_PREFIX}{thread_id}");
-    if !git2::Reference::is_valid_name(&full) {
-        return Err(invalid("git does not accept it as a branch name"));
-    }
-    Ok(())
-}
 
 /// Why a file name cannot be stored in a tree or written into a worktree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,13 +17,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use git2::{ErrorCode, Oid, Repository, RepositoryInitOptions, Tree};
 
+use crate::ids::ThreadId;
 use crate::workspace::names::{self, NameProblem};
 use crate::workspace::{MAX_DEPTH, Settings, WorkspaceError, Worktree};
 
 /// Distinguishes temporary directories made by this process.
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
-pub(crate) fn prepare(settings: &Settings, thread_id: &str) -> Result<Worktree, WorkspaceError> {
+pub(crate) fn prepare(
+    settings: &Settings,
+    thread_id: &ThreadId,
+) -> Result<Worktree, WorkspaceError> {
     let thread_ref = settings.thread_ref(thread_id)?;
     let repo = settings.open_repository()?;
     let tip = ensure_branch(&repo, settings, thread_id, &thread_ref)?;
@@ -77,7 +81,7 @@ pub(crate) fn prepare(settings: &Settings, thread_id: &str) -> Result<Worktree, 
 fn ensure_branch(
     repo: &Repository,
     settings: &Settings,
-    thread_id: &str,
+    thread_id: &ThreadId,
     thread_ref: &str,
 ) -> Result<Oid, WorkspaceError> {
     if let Some(tip) = branch_tip(repo, thread_id, thread_ref)? {
@@ -100,7 +104,7 @@ fn ensure_branch(
 /// A symbolic ref in its place is an error, never followed.
 pub(crate) fn branch_tip(
     repo: &Repository,
-    thread_id: &str,
+    thread_id: &ThreadId,
     thread_ref: &str,
 ) -> Result<Option<Oid>, WorkspaceError> {
     let reference = match repo.find_reference(thread_ref) {
@@ -119,7 +123,7 @@ pub(crate) fn branch_tip(
 /// Writes the tip's tree into `dir` and gives it its own standalone `.git`.
 fn materialise(
     repo: &Repository,
-    thread_id: &str,
+    thread_id: &ThreadId,
     thread_ref: &str,
     tip: Oid,
     dir: &Path,
@@ -134,7 +138,7 @@ fn materialise(
 
 fn write_tree(
     repo: &Repository,
-    thread_id: &str,
+    thread_id: &ThreadId,
     tree: &Tree<'_>,
     dir: &Path,
     depth: usize,
@@ -144,7 +148,7 @@ fn write_tree(
         match names::check_entry_name(name) {
             Ok(()) => {}
             Err(NameProblem::NotAComponent | NameProblem::ReservedGitName) => {
-                tracing::warn!(thread_id, name = %String::from_utf8_lossy(name), "tree entry with an unsafe name not materialised");
+                tracing::warn!(thread_id = %thread_id, name = %String::from_utf8_lossy(name), "tree entry with an unsafe name not materialised");
                 continue;
             }
         }
@@ -186,7 +190,7 @@ fn write_tree(
             // A submodule: an empty directory, as git leaves an uninitialised one.
             0o160000 => fs::create_dir(&path).map_err(io_err)?,
             mode => {
-                tracing::warn!(thread_id, mode, path = %path.display(), "tree entry not materialised");
+                tracing::warn!(thread_id = %thread_id, mode, path = %path.display(), "tree entry not materialised");
             }
         }
     }
@@ -198,7 +202,7 @@ fn write_tree(
 /// Nothing in it refers to threadgate's repository.
 fn init_agent_git(
     repo: &Repository,
-    thread_id: &str,
+    thread_id: &ThreadId,
     thread_ref: &str,
     tip: Oid,
     tree: Oid,

@@ -14,10 +14,13 @@ use std::path::Path;
 
 use rustix::fs::{AtFlags, CWD, Dir, Mode, OFlags};
 
+use crate::ids::ThreadId;
 use crate::workspace::{MAX_DEPTH, Settings, WorkspaceError};
 
-pub(crate) fn remove_worktree(settings: &Settings, thread_id: &str) -> Result<(), WorkspaceError> {
-    crate::workspace::names::validate_thread_id(thread_id)?;
+pub(crate) fn remove_worktree(
+    settings: &Settings,
+    thread_id: &ThreadId,
+) -> Result<(), WorkspaceError> {
     let path = settings.worktrees_dir.join(thread_id);
     // INVARIANT: a validated id is one plain component, so the path is a direct child.
     if path.parent() != Some(settings.worktrees_dir.as_path()) {

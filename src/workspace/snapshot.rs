@@ -16,6 +16,7 @@ use aho_corasick::AhoCorasick;
 use git2::{ObjectType, Oid, Repository, Tree, TreeEntry};
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 
+use crate::ids::ThreadId;
 use crate::secrets::{MIN_SECRET_LEN, Redactor, SecretString};
 use crate::workspace::names::{self, NameProblem};
 use crate::workspace::{CommitLimits, SkipReason, SkippedFile, WorkspaceError};
@@ -91,7 +92,7 @@ pub(crate) struct Snapshot<'a> {
     /// The same repository without the in-memory pack, for blobs of
     /// [`LOOSE_BLOB_BYTES`] or more.
     loose: &'a Repository,
-    thread_id: &'a str,
+    thread_id: &'a ThreadId,
     scanner: Option<SecretScanner>,
     /// Entries left out so far.
     pub(crate) skipped: Vec<SkippedFile>,
@@ -122,7 +123,7 @@ enum Entry {
 impl<'a> Snapshot<'a> {
     pub(crate) fn new(
         (repo, loose): (&'a Repository, &'a Repository),
-        thread_id: &'a str,
+        thread_id: &'a ThreadId,
         scanner: Option<SecretScanner>,
         limits: CommitLimits,
     ) -> Self {

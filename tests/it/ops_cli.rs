@@ -253,8 +253,8 @@ fn sessions_list_shows_the_session_id_and_its_socket() {
     let setup = Setup::new("");
     let db = setup.db();
     let row = SessionRow {
-        thread_id: "th_01HLIST".into(),
-        session_id: "s0193abcdef01234".into(),
+        thread_id: threadgate::ids::ThreadId::parse("th_01HLIST").expect("id"),
+        session_id: threadgate::ids::SessionId::parse("s0193abcdef01234").expect("id"),
         agent: "support".into(),
         state: SessionState::Running,
         container_id: Some("f00dfeedbeef1234".into()),

@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 
 use support::intake::{EventRow, IntakeApp, spawn_intake};
 use support::plain::{example, examples_dir};
+use threadgate::ids::ThreadId;
 use threadgate::store::Db;
 use threadgate::webhook::{EventClass, IntakeConfig, StoredEvent, sign, verify_signature};
 
@@ -163,7 +164,7 @@ async fn every_plain_example_is_accepted_with_its_class() {
                 notified,
                 vec![StoredEvent {
                     seq: answer["seq"].as_i64().expect("seq"),
-                    thread_id: thread_id.to_owned(),
+                    thread_id: ThreadId::parse(thread_id).expect("thread id"),
                     class: case.class,
                 }],
                 "{}",
@@ -234,6 +235,33 @@ async fn a_missing_envelope_field_is_400_naming_it() {
         "invalid field id: expected a non-empty string"
     );
     assert_eq!(app.row_count().await, 0);
+}
+
+#[tokio::test]
+async fn a_thread_id_that_cannot_name_a_branch_is_400_naming_the_field_and_stores_nothing() {
+    let mut app = spawn_app(NOW_MS).await;
+    for (n, bad) in ["../outside", "a/b", "-rf", "x.lock", "th 1"]
+        .iter()
+        .enumerate()
+    {
+        let value = email_delivery(&format!("pEv_bad{n}"), bad, NOW_MS);
+        let (status, answer) = app.post_signed(bytes(&value)).await;
+        assert_eq!(status, 400, "{bad:?}: {answer}");
+        assert_eq!(answer["error"], "invalid_envelope", "{bad:?}");
+        let message = answer["message"].as_str().expect("message");
+        assert!(
+            message.starts_with("invalid field payload.thread.id: invalid thread id"),
+            "{bad:?}: {message}"
+        );
+    }
+    assert_eq!(app.row_count().await, 0);
+    assert_eq!(app.notifications(), vec![]);
+    // The same delivery with a good thread id is stored: only the id was refused.
+    let (status, _) = app
+        .post_signed(bytes(&email_delivery("pEv_bad0", "th_good", NOW_MS)))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(app.row_count().await, 1);
 }
 
 #[tokio::test]

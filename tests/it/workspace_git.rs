@@ -15,56 +15,44 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use git2::Repository;
-use support::{Fixture, all_refs, commit_files, dir_listing, init_repo, write_exec};
+use support::{Fixture, all_refs, commit_files, dir_listing, init_repo, tid, write_exec};
 use threadgate::workspace::{RepoConfig, SkipReason, WorkspaceError, Workspaces};
 
 #[test]
-fn branch_names_are_validated() {
+fn a_thread_branch_is_named_from_its_id() {
     assert_eq!(
-        Workspaces::branch_name("th_01HABC").unwrap(),
+        Workspaces::branch_name(&tid("th_01HABC")),
         "threadgate/th_01HABC"
     );
-    for bad in ["", "../x", "a/b", "x.lock", ".git", "-rf", "a b", "a..b"] {
-        let err = Workspaces::branch_name(bad).unwrap_err();
-        assert!(
-            matches!(err, WorkspaceError::InvalidThreadId { .. }),
-            "{bad:?}"
-        );
-    }
 }
 
+/// Ids that would escape `threadgate/` or the worktrees directory are no thread ids:
+/// the workspace never sees them (the one validator is `ThreadId::parse`).
 #[test]
-fn invalid_thread_ids_touch_nothing() {
-    let fx = Fixture::new();
-    let before_refs = fx.refs();
-    let before_root = dir_listing(&fx.root);
-    for bad in ["../outside", "..", "a/../../b", "threadgate/x"] {
-        assert!(matches!(
-            fx.ws.prepare(bad),
-            Err(WorkspaceError::InvalidThreadId { .. })
-        ));
-        assert!(matches!(
-            fx.ws.commit(bad, &[]),
-            Err(WorkspaceError::InvalidThreadId { .. })
-        ));
-        assert!(matches!(
-            fx.ws.remove_worktree(bad),
-            Err(WorkspaceError::InvalidThreadId { .. })
-        ));
-        assert!(matches!(
-            fx.ws.push(bad),
-            Err(WorkspaceError::InvalidThreadId { .. })
-        ));
+fn ids_that_would_escape_are_no_thread_ids() {
+    for bad in [
+        "",
+        "../x",
+        "a/b",
+        "x.lock",
+        ".git",
+        "-rf",
+        "a b",
+        "a..b",
+        "../outside",
+        "..",
+        "a/../../b",
+        "threadgate/x",
+    ] {
+        assert!(threadgate::ids::ThreadId::parse(bad).is_err(), "{bad:?}");
     }
-    assert_eq!(fx.refs(), before_refs);
-    assert_eq!(dir_listing(&fx.root), before_root);
 }
 
 #[test]
 fn prepare_creates_branch_and_materialises_tree() {
     let fx = Fixture::new();
     let before = fx.refs();
-    let wt = fx.ws.prepare("th_1").unwrap();
+    let wt = fx.ws.prepare(&tid("th_1")).unwrap();
     assert_eq!(wt.branch, "threadgate/th_1");
     assert_eq!(wt.path, fx.worktrees.join("th_1"));
     assert_eq!(wt.head, fx.main_tip.to_string());
@@ -119,10 +107,10 @@ fn prepare_creates_branch_and_materialises_tree() {
 #[test]
 fn prepare_is_idempotent_and_resume_keeps_uncommitted_files() {
     let fx = Fixture::new();
-    let first = fx.ws.prepare("th_resume").unwrap();
+    let first = fx.ws.prepare(&tid("th_resume")).unwrap();
     fs::write(first.path.join("notes.txt"), "work in progress\n").unwrap();
     fs::write(first.path.join("README.md"), "edited\n").unwrap();
-    let second = fx.ws.prepare("th_resume").unwrap();
+    let second = fx.ws.prepare(&tid("th_resume")).unwrap();
     assert!(second.resumed);
     assert_eq!((&second.path, &second.head), (&first.path, &first.head));
     assert_eq!(
@@ -135,9 +123,9 @@ fn prepare_is_idempotent_and_resume_keeps_uncommitted_files() {
     );
 
     // After a commit and removal, prepare rebuilds from the branch, not from main.
-    let outcome = fx.ws.commit("th_resume", &[]).unwrap();
-    fx.ws.remove_worktree("th_resume").unwrap();
-    let third = fx.ws.prepare("th_resume").unwrap();
+    let outcome = fx.ws.commit(&tid("th_resume"), &[]).unwrap();
+    fx.ws.remove_worktree(&tid("th_resume")).unwrap();
+    let third = fx.ws.prepare(&tid("th_resume")).unwrap();
     assert!(!third.resumed);
     assert_eq!(Some(third.head.clone()), outcome.commit);
     assert_eq!(
@@ -159,7 +147,7 @@ fn prepare_is_idempotent_and_resume_keeps_uncommitted_files() {
 #[test]
 fn commit_records_the_worktree_on_the_thread_branch_only() {
     let fx = Fixture::new();
-    let wt = fx.ws.prepare("th_c").unwrap();
+    let wt = fx.ws.prepare(&tid("th_c")).unwrap();
     let before = fx.refs();
     let p = &wt.path;
     fs::write(p.join("README.md"), "changed\n").unwrap();
@@ -171,7 +159,7 @@ fn commit_records_the_worktree_on_the_thread_branch_only() {
     fs::create_dir_all(p.join("empty/dir")).unwrap();
     symlink("../outside/data.txt", p.join("cfg")).unwrap();
 
-    let outcome = fx.ws.commit("th_c", &[]).unwrap();
+    let outcome = fx.ws.commit(&tid("th_c"), &[]).unwrap();
     assert!(outcome.skipped.is_empty(), "{:?}", outcome.skipped);
     let tip = fx.tip("th_c");
     assert_eq!(outcome.commit, Some(tip.to_string()));
@@ -202,7 +190,7 @@ fn commit_records_the_worktree_on_the_thread_branch_only() {
     assert_eq!(fx.refs(), expected, "only the thread branch moved");
 
     // Nothing changed since: no new commit.
-    let again = fx.ws.commit("th_c", &[]).unwrap();
+    let again = fx.ws.commit(&tid("th_c"), &[]).unwrap();
     assert_eq!(again.commit, None);
     assert_eq!(fx.tip("th_c"), tip);
 }
@@ -210,9 +198,9 @@ fn commit_records_the_worktree_on_the_thread_branch_only() {
 #[test]
 fn commit_without_changes_writes_nothing() {
     let fx = Fixture::new();
-    fx.ws.prepare("th_idle").unwrap();
+    fx.ws.prepare(&tid("th_idle")).unwrap();
     let before = fx.refs();
-    let outcome = fx.ws.commit("th_idle", &[]).unwrap();
+    let outcome = fx.ws.commit(&tid("th_idle"), &[]).unwrap();
     assert_eq!(outcome.commit, None);
     assert_eq!(fx.refs(), before);
 }
@@ -220,7 +208,7 @@ fn commit_without_changes_writes_nothing() {
 #[test]
 fn files_holding_secrets_are_left_out_and_named() {
     let fx = Fixture::new();
-    let wt = fx.ws.prepare("th_s").unwrap();
+    let wt = fx.ws.prepare(&tid("th_s")).unwrap();
     let value: &[u8] = b"sk_live_51Habc123SECRET";
     let p = &wt.path;
     fs::write(p.join("leak.txt"), b"token=sk_live_51Habc123SECRET\n").unwrap();
@@ -235,7 +223,7 @@ fn files_holding_secrets_are_left_out_and_named() {
         ("DB_PASSWORD", b"hunter2"),
         ("EMPTY", b""),
     ];
-    let outcome = fx.ws.commit("th_s", secrets).unwrap();
+    let outcome = fx.ws.commit(&tid("th_s"), secrets).unwrap();
     let tree = fx.tree_of(fx.tip("th_s"));
     assert!(tree.contains_key("clean.txt"));
     for gone in ["leak.txt", "README.md", "sneaky-link", "other.txt"] {
@@ -298,7 +286,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 #[test]
 fn commit_before_prepare_names_the_thread() {
     let fx = Fixture::new();
-    let err = fx.ws.commit("th_none", &[]).unwrap_err();
+    let err = fx.ws.commit(&tid("th_none"), &[]).unwrap_err();
     assert!(matches!(err, WorkspaceError::BranchMissing { .. }));
     assert!(err.to_string().contains("threadgate/th_none"), "{err}");
 }
@@ -307,7 +295,10 @@ fn commit_before_prepare_names_the_thread() {
 fn default_branch_is_chosen_and_protected() {
     let fx = Fixture::with(|cfg| cfg.default_branch = Some("release".into()));
     let release = fx.repo().refname_to_id("refs/heads/release").unwrap();
-    assert_eq!(fx.ws.prepare("th_rel").unwrap().head, release.to_string());
+    assert_eq!(
+        fx.ws.prepare(&tid("th_rel")).unwrap().head,
+        release.to_string()
+    );
     assert_eq!(fx.ws.default_ref(), "refs/heads/release");
 
     let tmp = tempfile::tempdir().unwrap();
@@ -354,10 +345,10 @@ fn submodule_entries_survive_a_commit() {
         .commit(Some("refs/heads/main"), &sig, &sig, "sub", &tree, &[&main])
         .unwrap();
 
-    let wt = fx.ws.prepare("th_sub").unwrap();
+    let wt = fx.ws.prepare(&tid("th_sub")).unwrap();
     assert!(wt.path.join("vendor").is_dir());
     fs::write(wt.path.join("README.md"), "sub\n").unwrap();
-    fx.ws.commit("th_sub", &[]).unwrap();
+    fx.ws.commit(&tid("th_sub"), &[]).unwrap();
     let files = fx.tree_of(fx.tip("th_sub"));
     assert_eq!(
         files["vendor"],
@@ -380,10 +371,10 @@ fn push_sends_only_the_thread_branch() {
     let url = remote_path.to_string_lossy().into_owned();
     let fx = Fixture::with(|cfg| cfg.remote = Some(url.clone()));
 
-    let wt = fx.ws.prepare("th_push").unwrap();
+    let wt = fx.ws.prepare(&tid("th_push")).unwrap();
     fs::write(wt.path.join("README.md"), "pushed\n").unwrap();
-    fx.ws.commit("th_push", &[]).unwrap();
-    fx.ws.push("th_push").unwrap();
+    fx.ws.commit(&tid("th_push"), &[]).unwrap();
+    fx.ws.push(&tid("th_push")).unwrap();
     let pushed = all_refs(&remote);
     let branch_refs: Vec<_> = pushed
         .keys()
@@ -410,8 +401,8 @@ fn push_sends_only_the_thread_branch() {
     })
     .unwrap();
     fs::write(wt.path.join("README.md"), "pushed again\n").unwrap();
-    named.commit("th_push", &[]).unwrap();
-    named.push("th_push").unwrap();
+    named.commit(&tid("th_push"), &[]).unwrap();
+    named.push(&tid("th_push")).unwrap();
     assert_eq!(
         all_refs(&remote)["refs/heads/threadgate/th_push"],
         fx.tip("th_push").to_string()
@@ -422,7 +413,7 @@ fn push_sends_only_the_thread_branch() {
     remote
         .reference("refs/heads/threadgate/th_push", stray, true, "test")
         .unwrap();
-    let err = fx.ws.push("th_push").unwrap_err();
+    let err = fx.ws.push(&tid("th_push")).unwrap_err();
     assert!(matches!(err, WorkspaceError::PushRejected { .. }), "{err}");
     assert_eq!(
         remote
@@ -433,8 +424,8 @@ fn push_sends_only_the_thread_branch() {
 
     // No remote configured: nothing to do.
     let local = Fixture::new();
-    local.ws.prepare("th_local").unwrap();
-    local.ws.push("th_local").unwrap();
+    local.ws.prepare(&tid("th_local")).unwrap();
+    local.ws.push(&tid("th_local")).unwrap();
 }
 
 #[test]
@@ -445,7 +436,7 @@ fn many_threads_commit_at_once() {
         for i in 0..8 {
             let ws = fx.ws.clone();
             scope.spawn(move || {
-                let thread = format!("th_par{i}");
+                let thread = tid(&format!("th_par{i}"));
                 let wt = ws.prepare(&thread).unwrap();
                 fs::write(wt.path.join(format!("mine-{i}.txt")), format!("{i}\n")).unwrap();
                 assert!(ws.commit(&thread, &[]).unwrap().commit.is_some());
@@ -474,7 +465,7 @@ fn prepare_and_commit_time_for_a_small_repo() {
     let rounds = 20;
     let (mut preparing, mut committing) = (Duration::ZERO, Duration::ZERO);
     for i in 0..rounds {
-        let thread = format!("th_time{i}");
+        let thread = tid(&format!("th_time{i}"));
         let start = Instant::now();
         let wt = fx.ws.prepare(&thread).unwrap();
         preparing += start.elapsed();
@@ -499,7 +490,7 @@ fn encoded_secrets_are_left_out_too() {
     use base64::Engine as _;
     use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
     let fx = Fixture::new();
-    let wt = fx.ws.prepare("th_enc").unwrap();
+    let wt = fx.ws.prepare(&tid("th_enc")).unwrap();
     let value = "sk_live_9x\"q\\z/+?~>>SECRET";
     let url: String = value
         .bytes()
@@ -536,7 +527,7 @@ fn encoded_secrets_are_left_out_too() {
     fs::write(wt.path.join("clean.txt"), b"nothing here\n").unwrap();
     let outcome = fx
         .ws
-        .commit("th_enc", &[("STRIPE_KEY", value.as_bytes())])
+        .commit(&tid("th_enc"), &[("STRIPE_KEY", value.as_bytes())])
         .unwrap();
     let tree = fx.tree_of(fx.tip("th_enc"));
     assert!(tree.contains_key("clean.txt"));
@@ -562,16 +553,16 @@ fn changed_files_diff_the_branch_tip_against_the_default_branch() {
     use threadgate::workspace::{ChangedFiles, FileChange};
     let fx = Fixture::new();
     assert_eq!(
-        fx.ws.changed_files("th_1", 10).unwrap(),
+        fx.ws.changed_files(&tid("th_1"), 10).unwrap(),
         ChangedFiles::default(),
         "a missing branch changed nothing"
     );
-    let wt = fx.ws.prepare("th_1").unwrap();
+    let wt = fx.ws.prepare(&tid("th_1")).unwrap();
     fs::write(wt.path.join("README.md"), "hello again\n").unwrap();
     fs::write(wt.path.join("NEW.md"), "new\n").unwrap();
     fs::remove_file(wt.path.join("docs/guide.md")).unwrap();
-    fx.ws.commit("th_1", &[]).unwrap();
-    let changed = fx.ws.changed_files("th_1", 10).unwrap();
+    fx.ws.commit(&tid("th_1"), &[]).unwrap();
+    let changed = fx.ws.changed_files(&tid("th_1"), 10).unwrap();
     assert_eq!(changed.total, 3);
     assert_eq!(
         changed.files,
@@ -582,6 +573,6 @@ fn changed_files_diff_the_branch_tip_against_the_default_branch() {
         ]
     );
     // Capped: the first paths listed, all of them counted.
-    let capped = fx.ws.changed_files("th_1", 1).unwrap();
+    let capped = fx.ws.changed_files(&tid("th_1"), 1).unwrap();
     assert_eq!((capped.files.len(), capped.total), (1, 3));
 }

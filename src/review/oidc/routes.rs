@@ -57,7 +57,7 @@ pub async fn begin(
         max_pending_per_address: oidc.settings.max_pending_per_address,
     };
     let now = state.approvals.gate.now();
-    match pending::start(&state.approvals.gate.db, started, caps, now).await {
+    match pending::start(state.approvals.gate.db(), started, caps, now).await {
         Ok(Ok(())) => {
             let max_age = pending::TTL_MS / 1000;
             let mut response = Redirect::to(url.as_str()).into_response();
@@ -107,7 +107,7 @@ async fn signed_in(
     let refuse = |status, text: &str| Box::new(message(status, None, "Not signed in", text));
     let browser = cookie(headers, OIDC_COOKIE).unwrap_or_default();
     let now = state.approvals.gate.now();
-    let db = &state.approvals.gate.db;
+    let db = state.approvals.gate.db();
     let returned = match pending::take(db, &q.state, browser, now).await {
         Ok(Ok(returned)) => returned,
         Ok(Err(stale)) => {

@@ -2,6 +2,7 @@
 //! session's row and feed, and the actor learns what to do next. No IO beyond that
 //! transaction, no actor state.
 
+use crate::ids::{SessionId, ThreadId};
 use crate::session::store::{self, SessionRow, SessionState};
 use crate::webhook::EventClass;
 use crate::webhook::store as event_store;
@@ -23,7 +24,7 @@ pub(super) enum Want {
 /// reads), and says what the supervisor must do.
 pub(super) fn apply_events(
     conn: &rusqlite::Connection,
-    thread: &str,
+    thread: &ThreadId,
     default_agent: &str,
     branch: &str,
     now: i64,
@@ -32,9 +33,8 @@ pub(super) fn apply_events(
     let mut row = store::get(conn, thread)?;
     let mut want = Want::Nothing;
     for ev in &pending {
-        let valid_thread = !branch.is_empty();
         match ev.class {
-            EventClass::Customer if valid_thread => {
+            EventClass::Customer => {
                 // An event older than the thread's DONE does not reopen it.
                 let stale = row.as_ref().is_some_and(|r| {
                     r.state == SessionState::Ended && ev.occurred_at_ms < r.last_event_ms
@@ -83,11 +83,10 @@ pub(super) fn apply_events(
     Ok(want)
 }
 
-fn new_session(thread: &str, agent: &str, branch: &str, now: i64) -> SessionRow {
-    let id = uuid::Uuid::new_v4().simple().to_string();
+fn new_session(thread: &ThreadId, agent: &str, branch: &str, now: i64) -> SessionRow {
     SessionRow {
-        thread_id: thread.to_owned(),
-        session_id: format!("s{}", &id[..15]),
+        thread_id: thread.clone(),
+        session_id: SessionId::random(),
         agent: agent.to_owned(),
         state: SessionState::Queued,
         container_id: None,

@@ -7,28 +7,29 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::clock::Clock;
+use crate::ids::ThreadId;
 use crate::session::SessionError;
 
 /// A message to the actor; it serves them one at a time.
 pub(super) enum Msg {
     /// New events (or a decision on a held call) for a thread.
-    Thread(String),
+    Thread(ThreadId),
     /// A spawned operation finished.
     Done {
-        thread: String,
+        thread: ThreadId,
         outcome: Outcome,
     },
     /// A decision came for a session's held call.
-    Resume(String),
+    Resume(ThreadId),
     /// An operator stops a thread's session.
     Stop {
-        thread: String,
+        thread: ThreadId,
         reply: oneshot::Sender<Result<(), SessionError>>,
     },
     /// Stops a thread's session without anyone waiting for the answer (a session the
     /// gate or the model proxy stopped on its own); a failure is logged with `why`.
     StopSoon {
-        thread: String,
+        thread: ThreadId,
         why: &'static str,
     },
     /// Answer once no operation is in flight and no message is waiting.
@@ -58,35 +59,35 @@ pub(super) enum Outcome {
 #[derive(Clone)]
 pub struct SupervisorHandle {
     pub(super) tx: mpsc::UnboundedSender<Msg>,
-    pub(super) activity: Arc<Mutex<HashMap<String, i64>>>,
-    pub(super) feed: broadcast::Sender<String>,
+    pub(super) activity: Arc<Mutex<HashMap<ThreadId, i64>>>,
+    pub(super) feed: broadcast::Sender<ThreadId>,
     pub(super) clock: Clock,
 }
 
 impl SupervisorHandle {
     /// Tells the supervisor a thread has new events or a decision.
-    pub fn thread_changed(&self, thread_id: &str) {
+    pub fn thread_changed(&self, thread_id: &ThreadId) {
         // A send fails only once the supervisor has stopped, when nothing is to be done.
-        let _ = self.tx.send(Msg::Thread(thread_id.to_owned()));
+        let _ = self.tx.send(Msg::Thread(thread_id.clone()));
     }
 
     /// Records that a session's agent did something (not merely waited).
-    pub fn touch(&self, thread_id: &str) {
+    pub fn touch(&self, thread_id: &ThreadId) {
         let now = self.clock.now_ms();
-        lock(&self.activity).insert(thread_id.to_owned(), now);
+        lock(&self.activity).insert(thread_id.clone(), now);
     }
 
     /// Thread ids whose feed gained events.
-    pub fn subscribe_feed(&self) -> broadcast::Receiver<String> {
+    pub fn subscribe_feed(&self) -> broadcast::Receiver<ThreadId> {
         self.feed.subscribe()
     }
 
     /// Stops a thread's session: container removed, work committed, worktree removed.
-    pub async fn stop(&self, thread_id: &str) -> Result<(), SessionError> {
+    pub async fn stop(&self, thread_id: &ThreadId) -> Result<(), SessionError> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Msg::Stop {
-                thread: thread_id.to_owned(),
+                thread: thread_id.clone(),
                 reply,
             })
             .map_err(|_| SessionError::Stopped)?;
@@ -96,18 +97,18 @@ impl SupervisorHandle {
     /// Asks the supervisor to stop a thread's session and returns at once: for a part
     /// that stops a session on its own and has no one to answer (`why` is logged if the
     /// stop fails).
-    pub fn stop_soon(&self, thread_id: &str, why: &'static str) {
+    pub fn stop_soon(&self, thread_id: &ThreadId, why: &'static str) {
         // A send fails only once the supervisor has stopped, when nothing is to be done.
         let _ = self.tx.send(Msg::StopSoon {
-            thread: thread_id.to_owned(),
+            thread: thread_id.clone(),
             why,
         });
     }
 
     /// Resumes a session that gave up its container while it waited for a person, now
     /// that the decision has come.
-    pub fn resume(&self, thread_id: &str) {
-        let _ = self.tx.send(Msg::Resume(thread_id.to_owned()));
+    pub fn resume(&self, thread_id: &ThreadId) {
+        let _ = self.tx.send(Msg::Resume(thread_id.clone()));
     }
 
     /// Runs a reconciliation now.

@@ -10,6 +10,7 @@ use tokio::task::JoinHandle;
 use super::handle::Msg;
 use super::{Supervisor, SupervisorHandle, SupervisorParts};
 use crate::clock::Clock;
+use crate::ids::ThreadId;
 
 /// The supervisor's mailbox before its task runs: created first, so the gate, the
 /// sandbox API and the model proxy get a [`SupervisorHandle`] at construction, and the
@@ -18,8 +19,8 @@ use crate::clock::Clock;
 pub struct SupervisorInbox {
     tx: mpsc::UnboundedSender<Msg>,
     rx: mpsc::UnboundedReceiver<Msg>,
-    activity: Arc<Mutex<HashMap<String, i64>>>,
-    feed: broadcast::Sender<String>,
+    activity: Arc<Mutex<HashMap<ThreadId, i64>>>,
+    feed: broadcast::Sender<ThreadId>,
 }
 
 impl Supervisor {

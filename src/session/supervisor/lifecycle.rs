@@ -64,7 +64,7 @@ pub(super) async fn start_session(
         limits: parts.limits,
         command: agent.command.clone(),
         env: vec![
-            ("THREADGATE_THREAD_ID".into(), row.thread_id.clone()),
+            ("THREADGATE_THREAD_ID".into(), row.thread_id.to_string()),
             ("THREADGATE_AGENT".into(), agent.name.clone()),
         ],
     };
@@ -101,14 +101,14 @@ pub(super) async fn stop_session(
         if path.exists() && !volume::is_unmounted(&path) {
             let report = workspaces.commit(&thread, &path, &secrets)?;
             for skipped in report.skipped.iter().take(20) {
-                tracing::warn!(thread, file = %skipped, "left a file out of the commit");
+                tracing::warn!(thread = %thread, file = %skipped, "left a file out of the commit");
             }
             if report.skipped.len() > 20 {
                 let more = report.skipped.len() - 20;
-                tracing::warn!(thread, more, "left more files out of the commit");
+                tracing::warn!(thread = %thread, more, "left more files out of the commit");
             }
             if let Some(commit) = &report.commit {
-                tracing::info!(thread, commit, "committed the session's work");
+                tracing::info!(thread = %thread, commit, "committed the session's work");
             }
         }
         if !end {

@@ -23,6 +23,7 @@ use self::handle::{Msg, Outcome, lock};
 pub use self::inbox::SupervisorInbox;
 use self::lifecycle::{scope_of, start_session, stop_session};
 pub use self::parts::SupervisorParts;
+use crate::ids::ThreadId;
 use crate::session::SessionError;
 use crate::session::store::{self, SessionRow, SessionState};
 use crate::webhook::store as event_store;
@@ -38,12 +39,12 @@ pub struct Supervisor {
     parts: Arc<SupervisorParts>,
     tx: mpsc::UnboundedSender<Msg>,
     rx: mpsc::UnboundedReceiver<Msg>,
-    activity: Arc<Mutex<HashMap<String, i64>>>,
-    feed: broadcast::Sender<String>,
+    activity: Arc<Mutex<HashMap<ThreadId, i64>>>,
+    feed: broadcast::Sender<ThreadId>,
     /// Threads with an operation in flight, and whether events came meanwhile.
-    busy: HashMap<String, bool>,
+    busy: HashMap<ThreadId, bool>,
     /// Threads holding a container slot (starting or running).
-    slots: HashSet<String>,
+    slots: HashSet<ThreadId>,
     quiet_waiters: Vec<oneshot::Sender<()>>,
     last_reconcile_ms: i64,
 }
@@ -91,7 +92,7 @@ impl Supervisor {
             }
             Msg::StopSoon { thread, why } => {
                 if let Err(e) = self.stop_thread(&thread).await {
-                    tracing::warn!(thread, why, error = %e, "cannot stop the session");
+                    tracing::warn!(thread = %thread, why, error = %e, "cannot stop the session");
                 }
             }
             Msg::WhenQuiet(reply) => self.quiet_waiters.push(reply),
@@ -120,20 +121,14 @@ impl Supervisor {
     /// Applies a thread's unapplied events in the order they happened, then does what
     /// the result asks: start or resume its session, or end it.
     #[tracing::instrument(name = "supervisor", skip_all, fields(thread_id = %thread))]
-    async fn apply_thread(&mut self, thread: &str) {
+    async fn apply_thread(&mut self, thread: &ThreadId) {
         if let Some(dirty) = self.busy.get_mut(thread) {
             *dirty = true;
             return;
         }
         let now = self.now();
         let default_agent = self.parts.default_agent.clone();
-        let branch = match self.parts.workspaces.branch_name(thread) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::warn!(thread, error = %e, "thread id cannot name a branch; its events are ignored");
-                String::new()
-            }
-        };
+        let branch = self.parts.workspaces.branch_name(thread);
         let thread_owned = thread.to_owned();
         let applied = self
             .parts
@@ -143,7 +138,7 @@ impl Supervisor {
         let want = match applied {
             Ok(want) => want,
             Err(e) => {
-                tracing::error!(thread, error = %e, "cannot apply events");
+                tracing::error!(thread = %thread, error = %e, "cannot apply events");
                 return;
             }
         };
@@ -160,13 +155,13 @@ impl Supervisor {
             }
             Want::End => {
                 if let Err(e) = self.stop_thread(thread).await {
-                    tracing::error!(thread, error = %e, "cannot end session");
+                    tracing::error!(thread = %thread, error = %e, "cannot end session");
                 }
             }
         }
     }
 
-    async fn resume(&mut self, thread: &str) {
+    async fn resume(&mut self, thread: &ThreadId) {
         if let Some(dirty) = self.busy.get_mut(thread) {
             *dirty = true;
             return;
@@ -179,12 +174,12 @@ impl Supervisor {
         }
     }
 
-    fn touch(&self, thread: &str) {
+    fn touch(&self, thread: &ThreadId) {
         lock(&self.activity).insert(thread.to_owned(), self.now());
     }
 
     /// Starts or resumes the thread's container unless it has one.
-    async fn ensure_live(&mut self, thread: &str) {
+    async fn ensure_live(&mut self, thread: &ThreadId) {
         let row = match self.session(thread).await {
             Some(row) => row,
             None => return,
@@ -195,7 +190,7 @@ impl Supervisor {
         }
     }
 
-    async fn session(&self, thread: &str) -> Option<SessionRow> {
+    async fn session(&self, thread: &ThreadId) -> Option<SessionRow> {
         let thread = thread.to_owned();
         match self.parts.db.read(move |c| store::get(c, &thread)).await {
             Ok(row) => row,
@@ -206,7 +201,7 @@ impl Supervisor {
         }
     }
 
-    async fn set_state(&self, thread: &str, state: SessionState, container: Option<String>) {
+    async fn set_state(&self, thread: &ThreadId, state: SessionState, container: Option<String>) {
         let now = self.now();
         let thread = thread.to_owned();
         let result = self
@@ -255,10 +250,10 @@ impl Supervisor {
         };
         for row in full {
             let thread = row.thread_id.clone();
-            tracing::warn!(thread, "workspace full; stopping the session");
+            tracing::warn!(thread = %thread, "workspace full; stopping the session");
             self.note_stop(&row, &reason).await;
             if let Err(e) = self.stop_thread(&thread).await {
-                tracing::warn!(thread, error = %e, "cannot stop a session with a full workspace");
+                tracing::warn!(thread = %thread, error = %e, "cannot stop a session with a full workspace");
             }
         }
     }
@@ -272,7 +267,7 @@ impl Supervisor {
         };
         if let Err(e) = notes.stopped(&scope_of(row), reason).await {
             let thread = &row.thread_id;
-            tracing::warn!(thread, error = %e, "cannot queue the note for a stopped session");
+            tracing::warn!(thread = %thread, error = %e, "cannot queue the note for a stopped session");
         }
     }
 
@@ -334,11 +329,11 @@ impl Supervisor {
     }
 
     /// Stops the thread's container (if any), commits its worktree and ends the session.
-    async fn stop_thread(&mut self, thread: &str) -> Result<(), SessionError> {
+    async fn stop_thread(&mut self, thread: &ThreadId) -> Result<(), SessionError> {
         let row = self
             .session(thread)
             .await
-            .ok_or_else(|| SessionError::UnknownThread(thread.to_owned()))?;
+            .ok_or_else(|| SessionError::UnknownThread(thread.to_string()))?;
         if row.state == SessionState::Ended {
             return Ok(());
         }
@@ -380,7 +375,7 @@ impl Supervisor {
             .spawn(tracing::Instrument::instrument(stop, span));
     }
 
-    async fn finish(&mut self, thread: &str, outcome: Outcome) {
+    async fn finish(&mut self, thread: &ThreadId, outcome: Outcome) {
         let dirty = self.busy.remove(thread).unwrap_or(false);
         match outcome {
             Outcome::Started {
@@ -394,16 +389,16 @@ impl Supervisor {
                     .write(move |c| store::set_worktree(c, &t, &worktree))
                     .await
                 {
-                    tracing::error!(thread, error = %e, "cannot record the session's worktree");
+                    tracing::error!(thread = %thread, error = %e, "cannot record the session's worktree");
                 }
                 self.set_state(thread, SessionState::Running, Some(container_id))
                     .await;
                 self.touch(thread);
-                tracing::info!(thread, "session running");
+                tracing::info!(thread = %thread, "session running");
             }
             Outcome::StartFailed(error) => {
                 self.slots.remove(thread);
-                tracing::error!(thread, error = %error, "session failed to start; will retry");
+                tracing::error!(thread = %thread, error = %error, "session failed to start; will retry");
                 let (t, now) = (thread.to_owned(), self.now());
                 if let Err(e) = self
                     .parts
@@ -411,7 +406,7 @@ impl Supervisor {
                     .write(move |c| store::record_failure(c, &t, &error, now))
                     .await
                 {
-                    tracing::error!(thread, error = %e, "cannot record the failed start");
+                    tracing::error!(thread = %thread, error = %e, "cannot record the failed start");
                 }
             }
             Outcome::Stopped { ended } => {
@@ -422,11 +417,11 @@ impl Supervisor {
                     SessionState::Idle
                 };
                 self.set_state(thread, state, None).await;
-                tracing::info!(thread, state = state.as_str(), "session stopped");
+                tracing::info!(thread = %thread, state = state.as_str(), "session stopped");
                 self.start_queued().await;
             }
             Outcome::StopFailed(error) => {
-                tracing::error!(thread, error = %error, "stopping session failed; will retry");
+                tracing::error!(thread = %thread, error = %error, "stopping session failed; will retry");
             }
         }
         if dirty {
@@ -484,13 +479,13 @@ impl Supervisor {
             if !self.busy.contains_key(&thread)
                 && let Err(e) = self.stop_thread(&thread).await
             {
-                tracing::warn!(thread, error = %e, "cannot stop session");
+                tracing::warn!(thread = %thread, error = %e, "cannot stop session");
             }
         }
         // Quiet sessions give up their container.
         let idle_ms =
             i64::try_from(self.parts.settings.idle_timeout.as_millis()).unwrap_or(i64::MAX);
-        let quiet: Vec<String> = {
+        let quiet: Vec<ThreadId> = {
             let activity = lock(&self.activity);
             self.slots
                 .iter()
@@ -503,7 +498,7 @@ impl Supervisor {
             if let Some(row) = self.session(&thread).await
                 && row.state == SessionState::Running
             {
-                tracing::info!(thread, "session idle; stopping its container");
+                tracing::info!(thread = %thread, "session idle; stopping its container");
                 self.spawn_stop(row, false);
             }
         }
@@ -551,10 +546,10 @@ impl Supervisor {
         };
         let by_session: HashMap<&str, &SessionRow> =
             live.iter().map(|r| (r.session_id.as_str(), r)).collect();
-        let mut adopted = HashSet::new();
+        let mut adopted: HashSet<ThreadId> = HashSet::new();
         let mut strays = Vec::new();
         for c in &containers {
-            if self.busy.contains_key(&c.thread_id) {
+            if self.busy.contains_key(c.thread_id.as_str()) {
                 continue;
             }
             let owner = by_session.get(c.session_id.as_str());
@@ -562,14 +557,17 @@ impl Supervisor {
                 r.state == SessionState::Running
                     && r.container_id.as_deref() == Some(c.container_id.as_str())
             });
-            if ours && c.running {
-                adopted.insert(c.thread_id.clone());
-                if self.slots.insert(c.thread_id.clone())
-                    && let Some(row) = owner
-                {
+            if ours
+                && c.running
+                && let Some(row) = owner
+            {
+                // The session's own row names the thread (its container's label says
+                // the same: both were written from it).
+                adopted.insert(row.thread_id.clone());
+                if self.slots.insert(row.thread_id.clone()) {
                     crate::metrics::reconcile("adopted", 1);
                     self.reopen_api(row).await;
-                    self.touch(&c.thread_id);
+                    self.touch(&row.thread_id);
                 }
                 continue;
             }

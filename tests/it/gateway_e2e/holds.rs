@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use threadgate::app::Overrides;
-use threadgate::approvals::outbox::NOTES_PER_THREAD;
-use threadgate::gateway::note::reference;
+use threadgate::notes::held::reference;
+use threadgate::notes::outbox::NOTES_PER_THREAD;
 
 use crate::support::app::TestApp;
 use crate::support::plain_fake::Failure;
@@ -182,7 +182,7 @@ async fn an_agent_note_with_a_held_calls_marker_does_not_suppress_the_real_note(
     assert_eq!(status, 200, "{body}");
 
     clock.advance(Duration::from_secs(60));
-    app.gate.outbox.notify_one();
+    app.gate.outbox().wake();
     eventually("the outbox settles the note", || async {
         outbox_row(&app, &id).await.1
     })

@@ -36,7 +36,7 @@ fn done(thread_id: &str) -> Vec<u8> {
 async fn end(app: &TestApp, thread: &str) {
     assert_eq!(app.send_webhook(&done(thread)).await, 200);
     eventually("the session ends", || {
-        let t = thread.to_owned();
+        let t = threadgate::ids::ThreadId::parse(thread).expect("thread id");
         async move {
             let row = app
                 .db

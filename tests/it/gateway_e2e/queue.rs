@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use serde_json::{Value, json};
-use threadgate::gateway::note::reference;
+use threadgate::notes::held::reference;
 
 use crate::support::plain::plain_id;
 use crate::support::wait::eventually;

@@ -31,7 +31,7 @@ policies:
 fn use_policy(app: &TestApp, text: &str) {
     let policy = Policy::parse(text, "policy.yaml").expect("parse");
     let loaded = LoadedPolicy::new(policy, "policy.yaml".into());
-    *app.gate.policy.write().expect("lock") = std::sync::Arc::new(loaded);
+    app.gate.set_policy(loaded);
 }
 
 async fn read_charge(session: &Session, charge: &str) -> (u16, Value) {

@@ -236,7 +236,7 @@ async fn a_note_posted_just_before_a_crash_is_not_posted_twice() {
         .await;
     assert_eq!(status, 202, "{held}");
     let id = held["execution_id"].as_str().expect("id").to_owned();
-    let mark = threadgate::gateway::note::reference(&id);
+    let mark = threadgate::notes::held::reference(&id);
     let count = || {
         world
             .plain

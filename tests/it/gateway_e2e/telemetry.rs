@@ -234,7 +234,10 @@ async fn log_lines_carry_the_thread_session_and_execution_ids() {
         .expect("execution id")
         .to_owned();
     // supervisor → stop: the session's stop, with both ids.
-    app.supervisor.stop(&thread).await.expect("stop");
+    app.supervisor
+        .stop(&threadgate::ids::ThreadId::parse(thread.as_str()).expect("thread id"))
+        .await
+        .expect("stop");
     let stopped = format!("session_id={}", session.id);
     crate::support::wait::eventually("the session stop is logged", || {
         let stopped = stopped.clone();

@@ -107,7 +107,7 @@ async fn an_event_sent_again_after_a_lost_answer_shows_once() {
         })
         .await
         .expect("reset");
-    app.gate.outbox.notify_one();
+    app.gate.outbox().wake();
     eventually("the re-sent event is recorded as sent", || {
         event_sent(&app, &external_id)
     })
@@ -173,7 +173,12 @@ async fn a_narrowed_approval_says_what_it_narrowed() {
     let approvals = Approvals::new(app.gate.clone(), threadgate::tasks::Tasks::new());
     let lower = BTreeMap::from([("amount".to_owned(), 500)]);
     approvals
-        .approve_narrowed(&id, "alice", None, lower)
+        .approve_narrowed(
+            &threadgate::ids::ExecutionId::parse(id.as_str()).expect("id"),
+            "alice",
+            None,
+            lower,
+        )
         .await
         .expect("decided")
         .expect("narrowed");
@@ -272,7 +277,7 @@ async fn an_event_plain_fails_is_retried_until_it_is_there() {
 
     // Past its backoff on threadgate's clock: the next round sends it.
     clock.advance(Duration::from_secs(60));
-    app.gate.outbox.notify_one();
+    app.gate.outbox().wake();
     let events = events_at_least(&world, &thread, 1).await;
     assert_eq!(external_ids(&events), std::slice::from_ref(&external_id));
     eventually("the event is recorded as sent", || {

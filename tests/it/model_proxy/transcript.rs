@@ -81,7 +81,7 @@ async fn the_transcript_is_kept_across_an_idle_stop_and_resume() {
     assert_eq!(status, 200);
     let thread = s.thread_id.clone();
     eventually("the quiet session goes idle", || async {
-        let t = thread.clone();
+        let t = threadgate::ids::ThreadId::parse(thread.as_str()).expect("thread id");
         let row = app
             .db
             .read(move |c| sessions::get(c, &t))

@@ -285,12 +285,12 @@ async fn approve_is_refused_when_arguments_are_left_out_and_a_policy_change_is_f
         threadgate::secrets::SecretString::from(charge.clone()),
     )])
     .expect("redactor");
-    *app.gate.redactor.write().expect("lock") = std::sync::Arc::new(redactor);
+    app.gate.set_redactor(redactor);
     let mut text = std::fs::read_to_string(&world.settings.policy_file).expect("policy");
     text.push_str("\n# edited after the hold\n");
     let edited = threadgate::policy::Policy::parse(&text, "policy.yaml").expect("parse");
     let loaded = threadgate::gateway::LoadedPolicy::new(edited, "policy.yaml".into());
-    *app.gate.policy.write().expect("lock") = std::sync::Arc::new(loaded);
+    app.gate.set_policy(loaded);
 
     let (_, page) = web.get(&format!("/approvals/{id}")).await;
     assert!(!page.contains(&charge), "the secret value is shown");

@@ -120,7 +120,7 @@ impl TestApp {
     /// Waits until `thread`'s session is no longer running (stopped or ended).
     pub async fn session_stops(&self, thread: &str) {
         super::wait::eventually("the session stops", || async {
-            let t = thread.to_owned();
+            let t = threadgate::ids::ThreadId::parse(thread).expect("thread id");
             let row = self
                 .db
                 .read(move |c| threadgate::session::store::get(c, &t))

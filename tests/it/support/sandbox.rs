@@ -72,8 +72,9 @@ impl TestEnv {
     /// A spec for `session` with one secret, small limits and this env's directories.
     pub fn spec(&self, session: &str, secret: &str) -> SandboxSpec {
         SandboxSpec {
-            session_id: session.to_string(),
-            thread_id: format!("th_{session}"),
+            session_id: threadgate::ids::SessionId::parse(session).expect("session id"),
+            thread_id: threadgate::ids::ThreadId::parse(format!("th_{session}"))
+                .expect("thread id"),
             image: image(),
             workspace_dir: self.workspace.path().to_path_buf(),
             socket_dir: self.socket_dir.path().to_path_buf(),

@@ -234,7 +234,7 @@ impl World {
     /// The running session of `thread_id`, once its socket is up.
     pub async fn session_of(&self, app: &TestApp, thread_id: &str) -> Session {
         let found = wait_for(Duration::from_secs(30), || async {
-            let t = thread_id.to_owned();
+            let t = threadgate::ids::ThreadId::parse(thread_id).expect("thread id");
             let row = app
                 .db
                 .read(move |c| sessions::get(c, &t))
@@ -249,7 +249,7 @@ impl World {
                 .join(&row.session_id)
                 .join("api.sock");
             let session = Session {
-                id: row.session_id,
+                id: row.session_id.to_string(),
                 thread_id: thread_id.to_owned(),
                 socket,
             };

@@ -6,7 +6,7 @@
 use std::fs;
 use std::path::Path;
 
-use super::support::Fixture;
+use super::support::{Fixture, tid};
 use threadgate::workspace::{CommitLimits, SkipReason};
 
 fn capped(max_files: usize, max_bytes: u64) -> Fixture {
@@ -31,7 +31,7 @@ fn loose_objects(git_dir: &Path) -> usize {
 #[test]
 fn a_flood_of_new_files_stops_at_the_file_cap_and_the_message_says_so_once() {
     let fx = capped(50, u64::MAX);
-    let wt = fx.ws.prepare("th_flood").unwrap();
+    let wt = fx.ws.prepare(&tid("th_flood")).unwrap();
     fs::create_dir_all(wt.path.join("flood")).unwrap();
     for i in 0..2_000 {
         fs::write(
@@ -40,7 +40,7 @@ fn a_flood_of_new_files_stops_at_the_file_cap_and_the_message_says_so_once() {
         )
         .unwrap();
     }
-    let outcome = fx.ws.commit("th_flood", &[]).unwrap();
+    let outcome = fx.ws.commit(&tid("th_flood"), &[]).unwrap();
 
     let tree = fx.tree_of(fx.tip("th_flood"));
     let kept = tree.keys().filter(|k| k.starts_with("flood/")).count();
@@ -75,13 +75,13 @@ fn a_flood_of_new_files_stops_at_the_file_cap_and_the_message_says_so_once() {
 #[test]
 fn the_byte_cap_counts_only_new_content_and_keeps_the_branch_version() {
     let fx = capped(1_000, 1_000);
-    let wt = fx.ws.prepare("th_bytes").unwrap();
+    let wt = fx.ws.prepare(&tid("th_bytes")).unwrap();
     // The README is on the branch already: its unchanged bytes cost nothing.
     let readme_before = fx.tree_of(fx.tip("th_bytes"))["README.md"].clone();
     for name in ["a", "b", "c"] {
         fs::write(wt.path.join(name), name.repeat(400)).unwrap();
     }
-    let outcome = fx.ws.commit("th_bytes", &[]).unwrap();
+    let outcome = fx.ws.commit(&tid("th_bytes"), &[]).unwrap();
     let tree = fx.tree_of(fx.tip("th_bytes"));
     let new: Vec<_> = ["a", "b", "c"]
         .into_iter()
@@ -105,7 +105,7 @@ fn the_byte_cap_counts_only_new_content_and_keeps_the_branch_version() {
 
     // A file the branch holds, grown past the cap, keeps its branch version.
     fs::write(wt.path.join("README.md"), "x".repeat(5_000)).unwrap();
-    fx.ws.commit("th_bytes", &[]).unwrap();
+    fx.ws.commit(&tid("th_bytes"), &[]).unwrap();
     assert_eq!(fx.tree_of(fx.tip("th_bytes"))["README.md"], readme_before);
 }
 
@@ -114,7 +114,7 @@ fn a_commit_writes_one_pack_and_no_loose_objects() {
     let fx = Fixture::new();
     let git_dir = fx.repo().path().to_owned();
     let loose_before = loose_objects(&git_dir);
-    let wt = fx.ws.prepare("th_pack").unwrap();
+    let wt = fx.ws.prepare(&tid("th_pack")).unwrap();
     fs::create_dir_all(wt.path.join("notes/deep")).unwrap();
     for i in 0..300 {
         fs::write(
@@ -123,7 +123,7 @@ fn a_commit_writes_one_pack_and_no_loose_objects() {
         )
         .unwrap();
     }
-    let outcome = fx.ws.commit("th_pack", &[]).unwrap();
+    let outcome = fx.ws.commit(&tid("th_pack"), &[]).unwrap();
     assert!(outcome.commit.is_some());
     assert_eq!(
         loose_objects(&git_dir),
@@ -154,7 +154,7 @@ fn a_commit_writes_one_pack_and_no_loose_objects() {
         .map(|i| u8::try_from(i % 251).unwrap())
         .collect();
     fs::write(wt.path.join("big.bin"), &big).unwrap();
-    fx.ws.commit("th_pack", &[]).unwrap();
+    fx.ws.commit(&tid("th_pack"), &[]).unwrap();
     assert_eq!(loose_objects(&git_dir), loose_before + 1);
     assert_eq!(fx.tree_of(fx.tip("th_pack"))["big.bin"].1, big);
 }

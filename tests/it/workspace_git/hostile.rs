@@ -6,13 +6,13 @@ use std::fs;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::Path;
 
-use super::support::{Fixture, dir_listing, write_exec};
+use super::support::{Fixture, dir_listing, tid, write_exec};
 use threadgate::workspace::{MAX_FILE_BYTES, SkipReason, WorkspaceError};
 
 #[test]
 fn special_files_and_reserved_names_are_skipped() {
     let fx = Fixture::new();
-    let wt = fx.ws.prepare("th_special").unwrap();
+    let wt = fx.ws.prepare(&tid("th_special")).unwrap();
     let p = &wt.path;
     let _socket = std::os::unix::net::UnixListener::bind(p.join("agent.sock")).unwrap();
     let dir = fs::File::open(p).unwrap();
@@ -22,7 +22,7 @@ fn special_files_and_reserved_names_are_skipped() {
     symlink("/etc/passwd", p.join(".gitmodules")).unwrap();
     fs::write(p.join("kept.txt"), "kept\n").unwrap();
 
-    let outcome = fx.ws.commit("th_special", &[]).unwrap();
+    let outcome = fx.ws.commit(&tid("th_special"), &[]).unwrap();
     let reason_of = |name: &str| {
         outcome
             .skipped
@@ -113,7 +113,7 @@ fn a_hostile_worktree_cannot_make_threadgate_write_elsewhere() {
     let fx = Fixture::new();
     let main_config = fs::read(fx.repo_path.join(".git/config")).unwrap();
     for variant in 0..4 {
-        let thread = format!("th_hostile{variant}");
+        let thread = tid(&format!("th_hostile{variant}"));
         let wt = fx.ws.prepare(&thread).unwrap();
         plant_hostile_git(variant, &wt.path, &fx);
         fs::write(wt.path.join("README.md"), format!("variant {variant}\n")).unwrap();
@@ -178,7 +178,7 @@ fn a_hostile_worktree_cannot_make_threadgate_write_elsewhere() {
 #[test]
 fn remove_worktree_deletes_only_the_directory_and_keeps_the_branch() {
     let fx = Fixture::new();
-    let wt = fx.ws.prepare("th_rm").unwrap();
+    let wt = fx.ws.prepare(&tid("th_rm")).unwrap();
     symlink(&fx.outside, wt.path.join("escape")).unwrap();
     symlink(fx.outside.join("data.txt"), wt.path.join("data-link")).unwrap();
     fs::create_dir_all(wt.path.join("locked/inner")).unwrap();
@@ -192,7 +192,7 @@ fn remove_worktree_deletes_only_the_directory_and_keeps_the_branch() {
     let outside_before = dir_listing(&fx.outside);
     let refs_before = fx.refs();
 
-    fx.ws.remove_worktree("th_rm").unwrap();
+    fx.ws.remove_worktree(&tid("th_rm")).unwrap();
     assert!(!wt.path.exists());
     assert_eq!(
         dir_listing(&fx.outside),
@@ -204,23 +204,23 @@ fn remove_worktree_deletes_only_the_directory_and_keeps_the_branch() {
         b"outside data\n"
     );
     assert_eq!(fx.refs(), refs_before, "branch kept");
-    fx.ws.remove_worktree("th_rm").unwrap();
+    fx.ws.remove_worktree(&tid("th_rm")).unwrap();
 }
 
 #[test]
 fn remove_worktree_refuses_a_worktree_that_is_a_symlink() {
     let fx = Fixture::new();
     symlink(&fx.outside, fx.worktrees.join("th_link")).unwrap();
-    let err = fx.ws.remove_worktree("th_link").unwrap_err();
+    let err = fx.ws.remove_worktree(&tid("th_link")).unwrap_err();
     assert!(matches!(err, WorkspaceError::NotADirectory { .. }), "{err}");
     assert!(err.to_string().contains("th_link"));
     assert!(fx.outside.join("data.txt").exists());
     assert!(matches!(
-        fx.ws.prepare("th_link"),
+        fx.ws.prepare(&tid("th_link")),
         Err(WorkspaceError::NotADirectory { .. })
     ));
     assert!(matches!(
-        fx.ws.commit("th_link", &[]),
+        fx.ws.commit(&tid("th_link"), &[]),
         Err(WorkspaceError::NotADirectory { .. })
     ));
 }
@@ -228,7 +228,7 @@ fn remove_worktree_refuses_a_worktree_that_is_a_symlink() {
 #[test]
 fn oversized_files_are_left_out_without_deleting_the_branch_version() {
     let fx = Fixture::new();
-    let wt = fx.ws.prepare("th_big").unwrap();
+    let wt = fx.ws.prepare(&tid("th_big")).unwrap();
     let huge = MAX_FILE_BYTES + 1;
     // Sparse files: the size check happens before any byte is read.
     fs::OpenOptions::new()
@@ -243,7 +243,7 @@ fn oversized_files_are_left_out_without_deleting_the_branch_version() {
         .unwrap();
     fs::write(wt.path.join("small.txt"), "small\n").unwrap();
 
-    let outcome = fx.ws.commit("th_big", &[]).unwrap();
+    let outcome = fx.ws.commit(&tid("th_big"), &[]).unwrap();
     let too_large = SkipReason::TooLarge {
         limit: MAX_FILE_BYTES,
     };

@@ -14,7 +14,6 @@ use threadgate::workspace::{RepoConfig, Workspaces};
 /// "outside" that nothing may touch.
 pub struct Fixture {
     pub _tmp: TempDir,
-    pub root: PathBuf,
     pub repo_path: PathBuf,
     pub worktrees: PathBuf,
     pub outside: PathBuf,
@@ -48,7 +47,6 @@ impl Fixture {
         let ws = Workspaces::open(cfg).unwrap();
         Fixture {
             _tmp: tmp,
-            root,
             repo_path,
             worktrees,
             outside,
@@ -208,4 +206,9 @@ pub fn dir_listing(dir: &Path) -> BTreeMap<PathBuf, String> {
 pub fn write_exec(path: &Path, content: &str) {
     fs::write(path, content).unwrap();
     fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// `text` as a thread id (the tests' ids are all valid).
+pub fn tid(text: &str) -> threadgate::ids::ThreadId {
+    threadgate::ids::ThreadId::parse(text).expect("thread id")
 }

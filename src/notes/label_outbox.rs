@@ -4,31 +4,31 @@
 //! adds or removes only the configured label types, so repeating one does no harm.
 //! Nothing is read or sent when no state label is configured.
 
+use super::Outbox;
 use crate::connectors::HelpdeskConnector;
 use crate::connectors::helpdesk::StateLabels;
 use crate::executions::labels::{self, LabelSync, WantedLabels};
-use crate::gateway::Gate;
 use crate::store::StoreError;
 
 /// Threads synced in one round at most.
 const SYNCS_PER_ROUND: i64 = 50;
 
 /// Syncs every due thread's labels once; returns how many threads Plain now matches.
-pub async fn drain(gate: &Gate) -> Result<usize, StoreError> {
-    let Some(helpdesk) = gate.connectors.helpdesk.clone() else {
+pub async fn drain(outbox: &Outbox) -> Result<usize, StoreError> {
+    let Some(helpdesk) = outbox.helpdesk.clone() else {
         return Ok(0);
     };
     if helpdesk.state_labels().configured().is_empty() {
         return Ok(0);
     }
-    let now = gate.now();
-    let due = gate
+    let now = outbox.now();
+    let due = outbox
         .db
         .read(move |c| labels::due(c, now, SYNCS_PER_ROUND))
         .await?;
     let mut synced = 0;
     for sync in due {
-        if sync_one(gate, &helpdesk, &sync).await {
+        if sync_one(outbox, &helpdesk, &sync).await {
             synced += 1;
         }
     }
@@ -47,7 +47,7 @@ pub fn wanted_ids(config: &StateLabels, wanted: WantedLabels) -> Vec<&str> {
     .collect()
 }
 
-async fn sync_one(gate: &Gate, helpdesk: &HelpdeskConnector, sync: &LabelSync) -> bool {
+async fn sync_one(outbox: &Outbox, helpdesk: &HelpdeskConnector, sync: &LabelSync) -> bool {
     let config = helpdesk.state_labels();
     let managed: Vec<&str> = config.configured().into_iter().map(|(_, id)| id).collect();
     let wanted = wanted_ids(config, sync.wanted);
@@ -58,18 +58,17 @@ async fn sync_one(gate: &Gate, helpdesk: &HelpdeskConnector, sync: &LabelSync) -
     let written = match &sent {
         Ok(()) => {
             let version = sync.version;
-            gate.db
+            outbox
+                .db
                 .write(move |c| labels::synced(c, &thread, version))
                 .await
         }
         Err(error) => {
-            let next = crate::retry::OUTBOX.next_at_ms(gate.now(), sync.attempts);
-            let error = gate
-                .current_redactor()
-                .redact(&error.to_string())
-                .into_owned();
+            let next = crate::retry::OUTBOX.next_at_ms(outbox.now(), sync.attempts);
+            let error = outbox.redactor().redact(&error.to_string()).into_owned();
             tracing::warn!(thread = %sync.thread_id, error = %error, "cannot sync the thread's state labels yet; will retry");
-            gate.db
+            outbox
+                .db
                 .write(move |c| labels::sync_failed(c, &thread, &error, next))
                 .await
         }

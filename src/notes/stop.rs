@@ -5,18 +5,19 @@
 //! `session.workspace`, `session.holds`), so the outbox's marker and retry logic apply
 //! unchanged, and the audit chain shows why the session stopped.
 //!
-//! It lives in the gateway because the gateway itself stops a session that floods
-//! people with holds; the model proxy and the supervisor use it from here.
+//! The gateway (a session that floods people with holds), the model proxy (a spent
+//! budget, a secret in the prompt) and the supervisor (a full workspace) queue it here.
 
 use std::sync::Arc;
 
 use rusqlite::Connection;
 
-use super::Gate;
-use super::note::new_marker;
+use super::Outbox;
+use super::held::new_marker;
 use crate::audit::{AuditEvent, AuditRecord};
 use crate::executions::audit::record;
 use crate::executions::store::{self, Execution, OutboxNote, Status};
+use crate::ids::ExecutionId;
 use crate::secrets::Redactor;
 use crate::session::{SessionScope, StopNotes, StopReason};
 
@@ -79,7 +80,8 @@ pub fn queue(
     now_ms: i64,
     redactor: &Redactor,
 ) -> rusqlite::Result<bool> {
-    let id = format!("ex_stop_{}_{}", note.key, scope.session_id);
+    let id = ExecutionId::parse(format!("ex_stop_{}_{}", note.key, scope.session_id))
+        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
     if store::get(conn, &id)?.is_some() {
         return Ok(false);
     }
@@ -112,7 +114,7 @@ pub fn queue(
 }
 
 fn blocked_execution(
-    id: &str,
+    id: &ExecutionId,
     scope: &SessionScope,
     note: &StopNote,
     because: &str,
@@ -140,30 +142,30 @@ fn human_bytes(bytes: u64) -> String {
     }
 }
 
-/// The supervisor's [`StopNotes`], writing through the gate's database and waking the
-/// outbox.
+/// The supervisor's [`StopNotes`], writing through the outbox's database and
+/// waking it.
 pub struct OutboxStopNotes {
-    gate: Arc<Gate>,
+    outbox: Arc<Outbox>,
 }
 
 impl OutboxStopNotes {
-    pub fn new(gate: Arc<Gate>) -> OutboxStopNotes {
-        OutboxStopNotes { gate }
+    pub fn new(outbox: Arc<Outbox>) -> OutboxStopNotes {
+        OutboxStopNotes { outbox }
     }
 }
 
 #[async_trait::async_trait]
 impl StopNotes for OutboxStopNotes {
     async fn stopped(&self, scope: &SessionScope, reason: &StopReason) -> anyhow::Result<()> {
-        let (now, redactor) = (self.gate.now(), self.gate.current_redactor());
+        let (now, redactor) = (self.outbox.now(), self.outbox.redactor());
         let (scope, note) = (scope.clone(), StopNote::for_reason(reason));
         let first = self
-            .gate
+            .outbox
             .db
             .write(move |c| queue(c, &scope, &note, now, &redactor))
             .await?;
         if first {
-            self.gate.outbox.notify_one();
+            self.outbox.wake();
         }
         Ok(())
     }

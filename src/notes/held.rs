@@ -104,5 +104,5 @@ fn json_on_lines(json: &str) -> String {
 }
 
 #[cfg(test)]
-#[path = "note_tests.rs"]
+#[path = "held_tests.rs"]
 mod tests;

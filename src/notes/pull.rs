@@ -10,13 +10,14 @@ use std::sync::Arc;
 use rusqlite::Connection;
 use serde_json::json;
 
-use super::Gate;
-use super::note::new_marker;
+use super::Outbox;
+use super::held::new_marker;
 use crate::audit::{AuditEvent, AuditRecord};
 use crate::connectors::github::PullRequest;
 use crate::executions::audit::record;
 use crate::executions::store::{self, Execution, OutboxNote, Status};
 use crate::executions::thread_calls::PULL_REQUEST_TOOL;
+use crate::ids::ExecutionId;
 use crate::secrets::Redactor;
 use crate::session::SessionScope;
 use crate::session::publish::PullNotes;
@@ -32,7 +33,8 @@ pub fn queue(
     now_ms: i64,
     redactor: &Redactor,
 ) -> rusqlite::Result<bool> {
-    let id = format!("ex_pull_{repo}_{}", pull.number);
+    let id = ExecutionId::parse(format!("ex_pull_{repo}_{}", pull.number))
+        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
     if store::get(conn, &id)?.is_some() {
         return Ok(false);
     }
@@ -65,7 +67,7 @@ pub fn queue(
 }
 
 fn pull_execution(
-    id: &str,
+    id: &ExecutionId,
     scope: &SessionScope,
     repo: &str,
     pull: &PullRequest,
@@ -83,32 +85,32 @@ fn pull_execution(
     )
 }
 
-/// The publisher's [`PullNotes`], writing through the gate's database and waking the
-/// outbox.
+/// The publisher's [`PullNotes`], writing through the outbox's database and
+/// waking it.
 pub struct OutboxPullNotes {
-    gate: Arc<Gate>,
+    outbox: Arc<Outbox>,
     repo: String,
 }
 
 impl OutboxPullNotes {
     /// Notes for the pull requests of `repo` (`owner/name`).
-    pub fn new(gate: Arc<Gate>, repo: String) -> OutboxPullNotes {
-        OutboxPullNotes { gate, repo }
+    pub fn new(outbox: Arc<Outbox>, repo: String) -> OutboxPullNotes {
+        OutboxPullNotes { outbox, repo }
     }
 }
 
 #[async_trait::async_trait]
 impl PullNotes for OutboxPullNotes {
     async fn opened(&self, scope: &SessionScope, pull: &PullRequest) -> anyhow::Result<()> {
-        let (now, redactor) = (self.gate.now(), self.gate.current_redactor());
+        let (now, redactor) = (self.outbox.now(), self.outbox.redactor());
         let (scope, pull, repo) = (scope.clone(), pull.clone(), self.repo.clone());
         let first = self
-            .gate
+            .outbox
             .db
             .write(move |c| queue(c, &scope, &repo, &pull, now, &redactor))
             .await?;
         if first {
-            self.gate.outbox.notify_one();
+            self.outbox.wake();
         }
         Ok(())
     }

@@ -5,6 +5,7 @@ use serde_json::json;
 
 use super::*;
 use crate::executions::store::Status;
+use crate::ids::{ExecutionId, SessionId, ThreadId};
 
 const URL: &str = "https://threadgate.reviewers.test/approvals/ex_real";
 
@@ -27,9 +28,9 @@ const AGENT_FRAGMENTS: [&str; 6] = [
 
 fn held(diagnosis: &str, args: serde_json::Value) -> Execution {
     Execution {
-        id: "ex_real".into(),
-        session_id: "s1".into(),
-        thread_id: "th_1".into(),
+        id: ExecutionId::parse("ex_real").expect("id"),
+        session_id: SessionId::parse("s1").expect("id"),
+        thread_id: ThreadId::parse("th_1").expect("id"),
         agent: "support".into(),
         tool: "helpdesk.escalate_to_engineer".into(),
         args: args.to_string(),

@@ -1,7 +1,7 @@
 //! The note outbox: internal notes for held calls reach Plain even if Plain is down
 //! when the call is held, and are never posted twice. A note is queued in the same
 //! transaction that holds its call; an attempt is recorded before it is sent, so after
-//! a crash the outbox first looks for the note's marker (keyed: see `gateway::note`)
+//! a crash the outbox first looks for the note's marker (keyed: see `notes::held`)
 //! on the thread's timeline.
 //!
 //! Notes go out in rounds, fairly across threads: a round takes at most
@@ -10,11 +10,9 @@
 //! at most, never by its whole backlog. A round whose notes cannot be read is logged
 //! and tried again at the next wake-up; it is never taken for "nothing is due".
 
-use std::sync::Arc;
-use std::time::Duration;
-
+use super::Outbox;
+use crate::connectors::HelpdeskConnector;
 use crate::executions::store::{self, OutboxNote};
-use crate::gateway::Gate;
 use crate::store::StoreError;
 
 /// Notes of one thread in one round at most.
@@ -25,21 +23,21 @@ const NOTES_PER_ROUND: i64 = 50;
 /// Sends every due note, round by round, until none is due; returns how many reached
 /// Plain. An error reading the due notes ends the drain with that error (what was
 /// sent before it stays sent).
-pub async fn drain(gate: &Gate) -> Result<usize, StoreError> {
-    let Some(helpdesk) = gate.connectors.helpdesk.clone() else {
+pub async fn drain(outbox: &Outbox) -> Result<usize, StoreError> {
+    let Some(helpdesk) = outbox.helpdesk.clone() else {
         return Ok(0);
     };
     let mut sent = 0;
     loop {
-        let now = gate.now();
-        let due = gate
+        let now = outbox.now();
+        let due = outbox
             .db
             .read(move |c| store::due_notes(c, now, NOTES_PER_THREAD, NOTES_PER_ROUND))
             .await?;
         if due.is_empty() {
             return Ok(sent);
         }
-        let round = send_round(gate, &helpdesk, due).await;
+        let round = send_round(outbox, &helpdesk, due).await;
         sent += round.sent;
         if round.settled == 0 {
             // Not one note was recorded as sent or put off: the database refuses
@@ -56,20 +54,20 @@ struct Round {
     settled: usize,
 }
 
-async fn send_round(
-    gate: &Gate,
-    helpdesk: &crate::connectors::HelpdeskConnector,
-    due: Vec<OutboxNote>,
-) -> Round {
+async fn send_round(outbox: &Outbox, helpdesk: &HelpdeskConnector, due: Vec<OutboxNote>) -> Round {
     let mut round = Round {
         sent: 0,
         settled: 0,
     };
     for note in due {
-        match send(gate, helpdesk, &note).await {
+        match send(outbox, helpdesk, &note).await {
             Ok(()) => {
-                let (id, now) = (note.execution_id.clone(), gate.now());
-                match gate.db.write(move |c| store::note_sent(c, &id, now)).await {
+                let (id, now) = (note.execution_id.clone(), outbox.now());
+                match outbox
+                    .db
+                    .write(move |c| store::note_sent(c, &id, now))
+                    .await
+                {
                     Ok(()) => {
                         round.sent += 1;
                         round.settled += 1;
@@ -82,11 +80,11 @@ async fn send_round(
             Err(error) => {
                 let (id, next) = (
                     note.execution_id.clone(),
-                    crate::retry::OUTBOX.next_at_ms(gate.now(), note.attempts),
+                    crate::retry::OUTBOX.next_at_ms(outbox.now(), note.attempts),
                 );
-                let error = gate.current_redactor().redact(&error).into_owned();
+                let error = outbox.redactor().redact(&error).into_owned();
                 tracing::warn!(execution = %note.execution_id, error = %error, "cannot post the note yet; will retry");
-                match gate
+                match outbox
                     .db
                     .write(move |c| store::note_failed(c, &id, &error, next))
                     .await
@@ -103,8 +101,8 @@ async fn send_round(
 }
 
 async fn send(
-    gate: &Gate,
-    helpdesk: &crate::connectors::HelpdeskConnector,
+    outbox: &Outbox,
+    helpdesk: &HelpdeskConnector,
     note: &OutboxNote,
 ) -> Result<(), String> {
     if note.attempts > 0 {
@@ -119,7 +117,8 @@ async fn send(
         }
     }
     let id = note.execution_id.clone();
-    gate.db
+    outbox
+        .db
         .write(move |c| store::note_attempting(c, &id))
         .await
         .map_err(|e| e.to_string())?;
@@ -128,20 +127,4 @@ async fn send(
         .await
         .map(|_| ())
         .map_err(|e| e.to_string())
-}
-
-/// Runs the outbox until the process stops: on every wake-up and every few seconds.
-pub async fn run(gate: Arc<Gate>) {
-    loop {
-        if let Err(e) = drain(&gate).await {
-            tracing::error!(error = %e, "cannot read the notes due; trying again at the next round");
-        }
-        if let Err(e) = super::trail_outbox::drain(&gate).await {
-            tracing::error!(error = %e, "cannot read the thread events due; trying again at the next round");
-        }
-        if let Err(e) = super::label_outbox::drain(&gate).await {
-            tracing::error!(error = %e, "cannot read the threads whose labels are due; trying again at the next round");
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(2), gate.outbox.notified()).await;
-    }
 }

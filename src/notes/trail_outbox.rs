@@ -9,10 +9,10 @@
 //! an event waits while an earlier one of its thread is put off. A round whose events
 //! cannot be read is an error for the caller to log; it is never "nothing is due".
 
+use super::Outbox;
 use crate::connectors::HelpdeskConnector;
 use crate::connectors::helpdesk::{EventPosted, ThreadEvent};
 use crate::executions::trail::{self, TrailEvent};
-use crate::gateway::Gate;
 use crate::store::StoreError;
 
 /// Events of one thread in one round at most.
@@ -22,21 +22,21 @@ const EVENTS_PER_ROUND: i64 = 50;
 
 /// Sends every due event, round by round, until none is due; returns how many reached
 /// Plain (or were already there).
-pub async fn drain(gate: &Gate) -> Result<usize, StoreError> {
-    let Some(helpdesk) = gate.connectors.helpdesk.clone() else {
+pub async fn drain(outbox: &Outbox) -> Result<usize, StoreError> {
+    let Some(helpdesk) = outbox.helpdesk.clone() else {
         return Ok(0);
     };
     let mut sent = 0;
     loop {
-        let now = gate.now();
-        let due = gate
+        let now = outbox.now();
+        let due = outbox
             .db
             .read(move |c| trail::due(c, now, EVENTS_PER_THREAD, EVENTS_PER_ROUND))
             .await?;
         if due.is_empty() {
             return Ok(sent);
         }
-        let (reached, settled) = send_round(gate, &helpdesk, due).await;
+        let (reached, settled) = send_round(outbox, &helpdesk, due).await;
         sent += reached;
         if settled == 0 {
             // Not one event was recorded as sent or put off: the database refuses
@@ -48,7 +48,7 @@ pub async fn drain(gate: &Gate) -> Result<usize, StoreError> {
 
 /// Sends one round; `(reached Plain, recorded)`.
 async fn send_round(
-    gate: &Gate,
+    outbox: &Outbox,
     helpdesk: &HelpdeskConnector,
     due: Vec<TrailEvent>,
 ) -> (usize, usize) {
@@ -61,14 +61,15 @@ async fn send_round(
                     tracing::info!(event = %id, "plain already had this thread event");
                 }
                 reached += 1;
-                let now = gate.now();
-                gate.db.write(move |c| trail::sent(c, &id, now)).await
+                let now = outbox.now();
+                outbox.db.write(move |c| trail::sent(c, &id, now)).await
             }
             Err(error) => {
-                let next = crate::retry::OUTBOX.next_at_ms(gate.now(), event.attempts);
-                let error = gate.current_redactor().redact(&error).into_owned();
+                let next = crate::retry::OUTBOX.next_at_ms(outbox.now(), event.attempts);
+                let error = outbox.redactor().redact(&error).into_owned();
                 tracing::warn!(event = %id, error = %error, "cannot post the thread event yet; will retry");
-                gate.db
+                outbox
+                    .db
                     .write(move |c| trail::failed(c, &id, &error, next))
                     .await
             }
