@@ -76,7 +76,7 @@ pub(super) fn customer(c: &Connection, thread_id: &str) -> rusqlite::Result<Stri
 }
 
 /// `GET /approvals/history`: decided and expired holds, newest first.
-pub async fn history(State(state): State<ReviewState>, headers: HeaderMap) -> Response {
+pub(super) async fn history(State(state): State<ReviewState>, headers: HeaderMap) -> Response {
     let Some(who) = auth::current(&state, &headers).await else {
         return auth::sign_in_first("/approvals/history");
     };
@@ -179,7 +179,7 @@ async fn approval_page(
 }
 
 /// `GET /approvals/{id}`: the note's link.
-pub async fn approval(
+pub(super) async fn approval(
     State(state): State<ReviewState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -225,7 +225,7 @@ fn parse_form(fields: Vec<(String, String)>) -> DecideForm {
 }
 
 /// `POST /approvals/{id}/decide`.
-pub async fn decide(
+pub(super) async fn decide(
     State(state): State<ReviewState>,
     headers: HeaderMap,
     Path(id): Path<String>,
@@ -402,7 +402,7 @@ async fn already_decided(state: &ReviewState, me: &str, id: &str, status: &str) 
 }
 
 /// `GET /threads/{thread_id}`: every audited event of the thread's calls.
-pub async fn thread(
+pub(super) async fn thread(
     State(state): State<ReviewState>,
     headers: HeaderMap,
     Path(thread_id): Path<String>,

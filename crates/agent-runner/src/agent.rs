@@ -28,7 +28,7 @@ const ANSWER_TOKENS: u64 = 4096;
 
 /// How a round of work on the thread ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RoundEnd {
+pub(crate) enum RoundEnd {
     /// Replied or escalated.
     Done,
     /// The model answered without calling a tool.
@@ -47,7 +47,7 @@ pub enum RoundEnd {
 
 /// Where the runner works.
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub(crate) struct Settings {
     pub socket: PathBuf,
     pub workspace: PathBuf,
     /// Seconds of one events long poll.
@@ -57,7 +57,7 @@ pub struct Settings {
 }
 
 /// One session's runner.
-pub struct Runner {
+pub(crate) struct Runner {
     api: Api,
     settings: Settings,
     agent: AgentView,
@@ -83,7 +83,7 @@ enum HoldMarker {
 
 impl Runner {
     /// Loads the agent, its tools and the transcript from the socket.
-    pub async fn load(settings: Settings) -> anyhow::Result<Runner> {
+    pub(crate) async fn load(settings: Settings) -> anyhow::Result<Runner> {
         let api = Api::new(&settings.socket);
         let agent = api.get("/v1/agent").await.context("GET /v1/agent")?;
         if !agent.ok() {
@@ -130,12 +130,12 @@ impl Runner {
     }
 
     /// The agent's name.
-    pub fn agent_name(&self) -> &str {
+    pub(crate) fn agent_name(&self) -> &str {
         &self.agent.name
     }
 
     /// The conversation so far.
-    pub fn messages(&self) -> &[ChatMessage] {
+    pub(crate) fn messages(&self) -> &[ChatMessage] {
         &self.messages
     }
 
@@ -175,7 +175,7 @@ impl Runner {
     }
 
     /// Waits again on the held call a stopped session was waiting on, if any.
-    pub async fn resume_pending_hold(&mut self) {
+    pub(crate) async fn resume_pending_hold(&mut self) {
         let Some((i, tool, held)) = self.resume_hold.take() else {
             return;
         };
@@ -200,7 +200,7 @@ impl Runner {
     }
 
     /// Runs until the proxy stops the session: reads events, works the thread when woken.
-    pub async fn run(&mut self) -> anyhow::Result<()> {
+    pub(crate) async fn run(&mut self) -> anyhow::Result<()> {
         self.resume_pending_hold().await;
         loop {
             if !self.awaiting_model() {
@@ -230,7 +230,7 @@ impl Runner {
     }
 
     /// One long poll of the feed; a customer event becomes a user message.
-    pub async fn read_events(&mut self) {
+    pub(crate) async fn read_events(&mut self) {
         let path = format!(
             "/v1/events?after={}&wait={}",
             self.cursor, self.settings.poll_wait
@@ -277,7 +277,7 @@ impl Runner {
     }
 
     /// Asks the model and runs its tools until the turn ends.
-    pub async fn round(&mut self) -> RoundEnd {
+    pub(crate) async fn round(&mut self) -> RoundEnd {
         let cap = self
             .agent
             .limits
@@ -480,7 +480,7 @@ impl Runner {
     /// `PUT /v1/transcript`; a failure is logged, the conversation goes on in memory.
     /// Above the server's size cap (413), the oldest tool results are elided (here and
     /// in the conversation the model sees next) until it fits.
-    pub async fn save(&mut self) {
+    pub(crate) async fn save(&mut self) {
         loop {
             let body = Transcript {
                 events_consumed: self.events_consumed,

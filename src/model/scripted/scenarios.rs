@@ -136,7 +136,7 @@ fn customer(request: &ChatRequest) -> Option<String> {
 
 /// A gateway tool's name as the request offers it (the proxy may have renamed it for
 /// the wire); an unoffered tool keeps its wire form.
-pub fn offered(request: &ChatRequest, tool: &str) -> String {
+pub(super) fn offered(request: &ChatRequest, tool: &str) -> String {
     let wire = wire_name(tool);
     request
         .tools
@@ -296,7 +296,7 @@ fn injection_step(request: &ChatRequest, turn: usize) -> Step {
 }
 
 /// A test directive in the user messages: `[scripted:NAME:N]` answers N.
-pub fn directive(request: &ChatRequest, name: &str) -> Option<u64> {
+pub(super) fn directive(request: &ChatRequest, name: &str) -> Option<u64> {
     let text = user_text(request);
     let start = text.find(&format!("[scripted:{name}:"))? + name.len() + 11;
     let end = text[start..].find(']')? + start;
@@ -304,6 +304,6 @@ pub fn directive(request: &ChatRequest, name: &str) -> Option<u64> {
 }
 
 /// Whether the user messages hold the flag `[scripted:NAME]`.
-pub fn flag(request: &ChatRequest, name: &str) -> bool {
+pub(super) fn flag(request: &ChatRequest, name: &str) -> bool {
     user_text(request).contains(&format!("[scripted:{name}]"))
 }

@@ -8,7 +8,7 @@ use super::scenarios::{LABEL, Step, offered};
 use crate::model::types::{ChatRequest, Message, Role, ToolCall, ToolDef};
 
 /// A rough count: four bytes of request per token.
-pub fn estimate_tokens(body: &Value) -> u64 {
+pub(super) fn estimate_tokens(body: &Value) -> u64 {
     (body.to_string().len() as u64 / 4).max(1)
 }
 
@@ -25,7 +25,7 @@ fn text_of(v: &Value) -> String {
 }
 
 /// Reads an Anthropic Messages request into the internal type.
-pub fn parse_anthropic_request(v: &Value) -> Result<ChatRequest, String> {
+pub(super) fn parse_anthropic_request(v: &Value) -> Result<ChatRequest, String> {
     let mut messages = Vec::new();
     if let Some(system) = v.get("system") {
         messages.push(Message {
@@ -107,7 +107,7 @@ fn call_id(request: &ChatRequest) -> String {
 }
 
 /// An OpenAI `chat.completion` for `step`.
-pub fn openai_answer(request: &ChatRequest, step: &Step, prompt_tokens: u64) -> Value {
+pub(super) fn openai_answer(request: &ChatRequest, step: &Step, prompt_tokens: u64) -> Value {
     let (message, finish, completion) = match step {
         Step::Call {
             text,
@@ -140,7 +140,7 @@ pub fn openai_answer(request: &ChatRequest, step: &Step, prompt_tokens: u64) -> 
 }
 
 /// An Anthropic `message` for `step`.
-pub fn anthropic_answer(request: &ChatRequest, step: &Step, prompt_tokens: u64) -> Value {
+pub(super) fn anthropic_answer(request: &ChatRequest, step: &Step, prompt_tokens: u64) -> Value {
     let (content, stop, completion) = match step {
         Step::Call {
             text,
