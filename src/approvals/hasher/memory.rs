@@ -132,6 +132,10 @@ impl Lease {
         if self.blocks.len() < needed {
             self.blocks.resize(needed, Block::new());
         }
+        #[expect(
+            clippy::indexing_slicing,
+            reason = "INVARIANT: the blocks were just grown to at least `needed`"
+        )]
         let memory = &mut self.blocks[..needed];
         let computed = argon2
             .hash_password_into_with_memory(password, salt, out, &mut *memory)
