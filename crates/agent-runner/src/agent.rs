@@ -153,13 +153,26 @@ impl Runner {
         else {
             return;
         };
-        let calls = self.messages[at].tool_calls.clone();
+        let calls = self
+            .messages
+            .get(at)
+            .map(|m| m.tool_calls.clone())
+            .unwrap_or_default();
         for call in &calls {
-            let answered = (at + 1..self.messages.len())
-                .find(|&i| self.messages[i].tool_call_id.as_deref() == Some(&call.id));
+            let answered = self
+                .messages
+                .iter()
+                .enumerate()
+                .skip(at + 1)
+                .find(|(_, m)| m.tool_call_id.as_deref() == Some(&call.id))
+                .map(|(i, _)| i);
             match answered {
                 Some(i) => {
-                    let content = self.messages[i].content.as_deref().unwrap_or("");
+                    let content = self
+                        .messages
+                        .get(i)
+                        .and_then(|m| m.content.as_deref())
+                        .unwrap_or("");
                     if let Ok(HoldMarker::PendingApproval { held, tool }) =
                         serde_json::from_str(content)
                     {
@@ -180,7 +193,9 @@ impl Runner {
             return;
         };
         let (content, flow) = calls::wait_held(&self.api, &tool, &held).await;
-        self.messages[i].content = Some(prompt::cap_text(&content.to_string(), TOOL_RESULT_CAP));
+        if let Some(m) = self.messages.get_mut(i) {
+            m.content = Some(prompt::cap_text(&content.to_string(), TOOL_RESULT_CAP));
+        }
         if flow == Flow::Expired {
             self.leave_to_person().await;
             self.messages.push(ChatMessage::text(
@@ -495,17 +510,20 @@ impl Runner {
 
     /// Replaces the oldest half of the not-yet-elided tool results; false when none is left.
     fn elide_oldest_results(&mut self) -> bool {
-        let open: Vec<usize> = (0..self.messages.len())
-            .filter(|&i| {
-                let m = &self.messages[i];
-                m.role == Role::Tool && m.content.as_deref() != Some(ELIDED)
-            })
+        let open: Vec<usize> = self
+            .messages
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.role == Role::Tool && m.content.as_deref() != Some(ELIDED))
+            .map(|(i, _)| i)
             .collect();
         if open.is_empty() {
             return false;
         }
-        for &i in &open[..open.len().div_ceil(2)] {
-            self.messages[i].content = Some(ELIDED.to_owned());
+        for &i in open.iter().take(open.len().div_ceil(2)) {
+            if let Some(m) = self.messages.get_mut(i) {
+                m.content = Some(ELIDED.to_owned());
+            }
         }
         eprintln!("threadgate-agent-runner: transcript over the cap; older tool results elided");
         true

@@ -135,7 +135,7 @@ impl Api {
             .to_bytes();
         driver.abort();
         let body = serde_json::from_slice(&collected).unwrap_or_else(
-            |_| json!({"raw": String::from_utf8_lossy(&collected[..collected.len().min(2000)])}),
+            |_| json!({"raw": String::from_utf8_lossy(collected.get(..2000).unwrap_or(&collected))}),
         );
         Ok(Reply { status, body })
     }

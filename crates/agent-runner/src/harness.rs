@@ -65,8 +65,11 @@ impl Harness {
             .with_context(|| format!("bridge: bind 127.0.0.1:{}", self.port))?;
         tokio::spawn(bridge::serve(listener, socket));
         let argv = self.argv();
-        let mut child = tokio::process::Command::new(&argv[0])
-            .args(&argv[1..])
+        let Some((program, args)) = argv.split_first() else {
+            anyhow::bail!("the harness command is empty");
+        };
+        let mut child = tokio::process::Command::new(program)
+            .args(args)
             .current_dir(workspace)
             .env("THREADGATE_MCP_URL", self.mcp_url())
             .env("THREADGATE_MODEL_BASE_URL", self.model_base_url())
@@ -77,7 +80,7 @@ impl Harness {
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .spawn()
-            .with_context(|| format!("start the harness {:?}", argv[0]))?;
+            .with_context(|| format!("start the harness {program:?}"))?;
         let status = child.wait().await.context("wait for the harness")?;
         Ok(status.to_string())
     }

@@ -182,7 +182,7 @@ fn read_file(root: &Path, args: &Value) -> anyhow::Result<Value> {
         "path": shown(root, &path),
         "size": bytes.len(),
         "offset": start,
-        "content": String::from_utf8_lossy(&bytes[start..end]),
+        "content": String::from_utf8_lossy(bytes.get(start..end).unwrap_or_default()),
         "next_offset": (end < bytes.len()).then_some(end),
     }))
 }
@@ -337,7 +337,7 @@ async fn drain(mut stream: impl tokio::io::AsyncRead + Unpin) -> (String, bool) 
             Ok(0) | Err(_) => break,
             Ok(n) => {
                 let room = OUTPUT_CAP.saturating_sub(kept.len());
-                kept.extend_from_slice(&buf[..n.min(room)]);
+                kept.extend_from_slice(buf.get(..n.min(room)).unwrap_or_default());
                 truncated |= n > room;
             }
         }

@@ -105,11 +105,18 @@ fn tool_objects(request: &ChatRequest) -> Vec<Value> {
 fn charges(request: &ChatRequest) -> Vec<(String, i64, i64)> {
     let mut seen: Vec<(String, i64, i64)> = Vec::new();
     for o in tool_objects(request) {
-        let (Some(id), Some(amount)) = (o["id"].as_str(), o["amount"].as_i64()) else {
+        let (Some(id), Some(amount)) = (
+            o.get("id").and_then(Value::as_str),
+            o.get("amount").and_then(Value::as_i64),
+        ) else {
             continue;
         };
         if id.starts_with("ch_") && !seen.iter().any(|(s, _, _)| s == id) {
-            seen.push((id.to_owned(), amount, o["created"].as_i64().unwrap_or(0)));
+            seen.push((
+                id.to_owned(),
+                amount,
+                o.get("created").and_then(Value::as_i64).unwrap_or(0),
+            ));
         }
     }
     seen
@@ -118,8 +125,9 @@ fn charges(request: &ChatRequest) -> Vec<(String, i64, i64)> {
 /// The later of two charges with the same amount, if any.
 fn duplicate(charges: &[(String, i64, i64)]) -> Option<&(String, i64, i64)> {
     charges.iter().enumerate().find_map(|(i, a)| {
-        charges[..i]
+        charges
             .iter()
+            .take(i)
             .find(|b| b.1 == a.1)
             .map(|b| if (a.2, i) >= (b.2, 0) { a } else { b })
     })

@@ -56,18 +56,21 @@ pub(super) fn parse_anthropic_request(v: &Value) -> Result<ChatRequest, String> 
             tool_call_id: None,
         };
         for b in blocks {
-            match b["type"].as_str() {
-                Some("text") => msg.content.push_str(b["text"].as_str().unwrap_or_default()),
+            let field = |key: &str| b.get(key).unwrap_or(&Value::Null);
+            match field("type").as_str() {
+                Some("text") => msg
+                    .content
+                    .push_str(field("text").as_str().unwrap_or_default()),
                 Some("tool_use") => msg.tool_calls.push(ToolCall {
-                    id: b["id"].as_str().unwrap_or_default().to_owned(),
-                    name: b["name"].as_str().unwrap_or_default().to_owned(),
-                    arguments: b["input"].to_string(),
+                    id: field("id").as_str().unwrap_or_default().to_owned(),
+                    name: field("name").as_str().unwrap_or_default().to_owned(),
+                    arguments: field("input").to_string(),
                 }),
                 Some("tool_result") => messages.push(Message {
                     role: Role::Tool,
-                    content: text_of(&b["content"]),
+                    content: text_of(field("content")),
                     tool_calls: vec![],
-                    tool_call_id: b["tool_use_id"].as_str().map(str::to_owned),
+                    tool_call_id: field("tool_use_id").as_str().map(str::to_owned),
                 }),
                 _ => return Err("unknown content block".into()),
             }
