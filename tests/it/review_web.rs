@@ -6,7 +6,7 @@
 //! (`scripts/browser-up.sh`). Screenshots land in `target/tmp/review-screenshots/`.
 
 #[path = "review_web/web.rs"]
-pub mod web;
+pub(crate) mod web;
 
 #[path = "review_web/browser.rs"]
 mod browser;
