@@ -19,6 +19,10 @@
 //! log capture instead of the production default, `info` to stderr).
 
 #![expect(
+    clippy::indexing_slicing,
+    reason = "test code: an index out of range is a failed test"
+)]
+#![expect(
     clippy::expect_used,
     reason = "test code: an unwrap or expect that fails is a failed test, with its message"
 )]

@@ -11,6 +11,10 @@
     clippy::expect_used,
     reason = "test code: an unwrap or expect that fails is a failed test, with its message"
 )]
+#![expect(
+    clippy::indexing_slicing,
+    reason = "test code: an index out of range is a failed test"
+)]
 
 #[path = "../tests/it/support/mod.rs"]
 pub mod support;

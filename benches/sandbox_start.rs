@@ -16,6 +16,10 @@
 //! its 1 s target: that is on purpose, so that each sample is exactly one start.
 
 #![expect(
+    clippy::indexing_slicing,
+    reason = "test code: an index out of range is a failed test"
+)]
+#![expect(
     clippy::expect_used,
     reason = "test code: an unwrap or expect that fails is a failed test, with its message"
 )]

@@ -15,6 +15,10 @@
 //! --all-targets` it is a smoke run (2 starts, a burst of 12).
 
 #![expect(
+    clippy::indexing_slicing,
+    reason = "test code: an index out of range is a failed test"
+)]
+#![expect(
     clippy::expect_used,
     reason = "test code: an unwrap or expect that fails is a failed test, with its message"
 )]

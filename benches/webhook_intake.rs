@@ -10,6 +10,10 @@
 //! microbenchmark), `THREADGATE_SHARED` (the shared directory with Plain's examples).
 
 #![expect(
+    clippy::indexing_slicing,
+    reason = "test code: an index out of range is a failed test"
+)]
+#![expect(
     clippy::expect_used,
     reason = "test code: an unwrap or expect that fails is a failed test, with its message"
 )]

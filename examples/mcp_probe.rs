@@ -8,6 +8,11 @@
 //! Usage: `mcp_probe PLAN.json` where the plan names `customer`, `charges` (two),
 //! `other_thread` and `secret`.
 
+#![expect(
+    clippy::indexing_slicing,
+    reason = "example code: an index out of range stops the example with its message"
+)]
+
 use rmcp::RoleClient;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig,

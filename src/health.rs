@@ -198,12 +198,14 @@ pub fn body(checks: &[Check]) -> Value {
     let mut each = Map::new();
     for c in checks {
         let mut entry = json!({ "ok": c.error.is_none() });
-        if let Some(e) = &c.error {
-            entry["error"] = json!(e);
+        if let Some(e) = &c.error
+            && let Some(fields) = entry.as_object_mut()
+        {
+            fields.insert("error".into(), json!(e));
         }
-        if let Some(Value::Object(detail)) = &c.detail {
+        if let (Some(Value::Object(detail)), Some(fields)) = (&c.detail, entry.as_object_mut()) {
             for (k, v) in detail {
-                entry[k] = v.clone();
+                fields.insert(k.clone(), v.clone());
             }
         }
         each.insert(c.name.to_owned(), entry);
@@ -230,7 +232,11 @@ pub fn router(readiness: Readiness) -> Router {
 async fn readyz(State(r): State<Readiness>) -> Response {
     let checks = r.check().await;
     let body = body(&checks);
-    let status = if body["failed"].as_array().is_some_and(|f| f.is_empty()) {
+    let status = if body
+        .get("failed")
+        .and_then(Value::as_array)
+        .is_some_and(|f| f.is_empty())
+    {
         StatusCode::OK
     } else {
         for c in checks.iter().filter(|c| c.error.is_some()) {

@@ -197,7 +197,7 @@ mod otlp {
     use tracing_subscriber::filter::Targets;
 
     /// The export layer for a subscriber `S`, and the provider that batches and sends.
-    pub fn layer<S>(
+    pub(crate) fn layer<S>(
         endpoint: &str,
     ) -> Result<
         (

@@ -16,6 +16,10 @@
 //! asserts on time.
 
 #![expect(
+    clippy::indexing_slicing,
+    reason = "test code: an index out of range is a failed test"
+)]
+#![expect(
     clippy::unwrap_used,
     clippy::expect_used,
     reason = "test code: an unwrap or expect that fails is a failed test, with its message"

@@ -3,6 +3,10 @@
 //! because it installs the process-wide tracing subscriber.
 
 #![expect(
+    clippy::indexing_slicing,
+    reason = "test code: an index out of range is a failed test"
+)]
+#![expect(
     clippy::expect_used,
     reason = "test code: an unwrap or expect that fails is a failed test, with its message"
 )]

@@ -10,7 +10,7 @@ use threadgate::session::store as sessions;
 use crate::support::agent::AgentWorld;
 
 /// Measures and prints the figure over `count` threads.
-pub async fn figure(count: usize) {
+pub(crate) async fn figure(count: usize) {
     let w = AgentWorld::new(Provider::Scripted).await;
     let app = w.start().await;
     let mut times = Vec::new();

@@ -16,7 +16,7 @@ use crate::support::agent::AgentWorld;
 use crate::support::app::TestApp;
 
 /// How `scripts/demo.sh` is used.
-pub const USAGE: &str = "\
+pub(crate) const USAGE: &str = "\
 Usage: scripts/demo.sh                 the demo, then threadgate and its review page stay up:
                                        sign in with the printed reviewer, approve the held
                                        refund and watch it run; Ctrl-C stops and cleans up
@@ -26,11 +26,11 @@ Usage: scripts/demo.sh                 the demo, then threadgate and its review 
 
 /// How long one thread may take to settle (a container starts, the runner asks the
 /// model several times, on a machine that may be busy).
-pub const SETTLE: Duration = Duration::from_secs(240);
+pub(crate) const SETTLE: Duration = Duration::from_secs(240);
 
 /// One thread of the demo: its title, the customer's first message, their charges (in
 /// cents), and whether support marks it done once the agent has replied.
-pub struct ThreadPlan {
+pub(crate) struct ThreadPlan {
     pub title: &'static str,
     pub text: &'static str,
     pub charges: &'static [u64],
@@ -38,7 +38,7 @@ pub struct ThreadPlan {
 }
 
 /// The four threads.
-pub const THREADS: [ThreadPlan; 4] = [
+pub(crate) const THREADS: [ThreadPlan; 4] = [
     ThreadPlan {
         title: "charged twice",
         text: "Hi, I was charged twice for my order this month.",
@@ -97,7 +97,7 @@ const DEMO_RULE: &str =
 
 /// What the command line asks for.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// The demo; `wait`: stay up for a reviewer until Ctrl-C.
     Demo { wait: bool },
     /// The first-call figure over this many threads.
@@ -107,7 +107,7 @@ pub enum Mode {
 }
 
 /// Reads the arguments (without the program's name).
-pub fn parse(args: &[String]) -> Result<Mode, String> {
+pub(crate) fn parse(args: &[String]) -> Result<Mode, String> {
     let mut mode = Mode::Demo { wait: true };
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
@@ -135,7 +135,7 @@ pub fn parse(args: &[String]) -> Result<Mode, String> {
 }
 
 /// Runs the demo as its command line asks; answers the process's exit code.
-pub fn main_with_args(args: Vec<String>) -> i32 {
+pub(crate) fn main_with_args(args: Vec<String>) -> i32 {
     let mode = match parse(&args) {
         Ok(mode) => mode,
         Err(e) => {
@@ -189,7 +189,7 @@ fn interrupts() -> watch::Receiver<bool> {
 }
 
 /// `work`'s output, or `None` when Ctrl-C comes first (`work` is dropped then).
-pub async fn unless_interrupted<T>(
+pub(crate) async fn unless_interrupted<T>(
     stop: &mut watch::Receiver<bool>,
     work: impl Future<Output = T>,
 ) -> Option<T> {
@@ -295,7 +295,7 @@ fn seed_repository(path: &std::path::Path) {
 }
 
 /// A thread the demo opened.
-pub struct Opened {
+pub(crate) struct Opened {
     pub plan: &'static ThreadPlan,
     pub thread: String,
 }

@@ -19,6 +19,10 @@
 //! runs it end to end.
 
 #![expect(
+    clippy::indexing_slicing,
+    reason = "example code: an index out of range stops the example with its message"
+)]
+#![expect(
     clippy::expect_used,
     reason = "test code: an unwrap or expect that fails is a failed test, with its message"
 )]

@@ -12,7 +12,7 @@ use crate::support::plain_fake_model::Entry;
 
 /// One gated call of a thread.
 #[derive(Debug, Clone)]
-pub struct Call {
+pub(crate) struct Call {
     pub id: String,
     pub tool: String,
     pub status: String,
@@ -25,7 +25,7 @@ pub struct Call {
 }
 
 /// The gated calls of `thread`, oldest first (empty when they cannot be read).
-pub async fn calls_of(app: &TestApp, thread: &str) -> Vec<Call> {
+pub(crate) async fn calls_of(app: &TestApp, thread: &str) -> Vec<Call> {
     let thread = thread.to_owned();
     app.db
         .read(move |c| {
@@ -54,7 +54,7 @@ pub async fn calls_of(app: &TestApp, thread: &str) -> Vec<Call> {
 }
 
 /// Prints the summary of thread `t`.
-pub async fn thread(w: &AgentWorld, app: &TestApp, t: &Opened) {
+pub(crate) async fn thread(w: &AgentWorld, app: &TestApp, t: &Opened) {
     let thread = &t.thread;
     println!("== {}: thread {thread}", t.plan.title);
     println!("   the customer wrote: {:?}", t.plan.text);
@@ -99,7 +99,7 @@ pub async fn thread(w: &AgentWorld, app: &TestApp, t: &Opened) {
 }
 
 /// Prints `text` indented behind a bar, line by line.
-pub fn print_quoted(text: &str) {
+pub(crate) fn print_quoted(text: &str) {
     for line in text.lines() {
         println!("     | {line}");
     }
@@ -131,7 +131,7 @@ fn commits(w: &AgentWorld, thread: &str) {
 }
 
 /// One commit of a branch.
-pub struct Commit {
+pub(crate) struct Commit {
     pub hash: String,
     pub subject: String,
     /// `(added|modified|deleted|..., path)` against its first parent.
@@ -139,7 +139,7 @@ pub struct Commit {
 }
 
 /// The commits of `branch` not on `main`, newest first.
-pub fn branch_log(repo: &std::path::Path, branch: &str) -> Result<Vec<Commit>, git2::Error> {
+pub(crate) fn branch_log(repo: &std::path::Path, branch: &str) -> Result<Vec<Commit>, git2::Error> {
     let repo = git2::Repository::open(repo)?;
     let tip = repo
         .find_branch(branch, git2::BranchType::Local)?
@@ -210,7 +210,7 @@ fn pull_request(w: &AgentWorld, thread: &str) {
 }
 
 /// A call's arguments on one line, cut at 60 characters.
-pub fn compact(args: &Value) -> String {
+pub(crate) fn compact(args: &Value) -> String {
     let text = args.to_string();
     if text.chars().count() > 60 {
         format!("{}...", text.chars().take(57).collect::<String>())

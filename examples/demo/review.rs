@@ -16,11 +16,11 @@ use crate::support::agent::AgentWorld;
 use crate::support::app::TestApp;
 
 /// The demo reviewer's name.
-pub const REVIEWER: &str = "demo-reviewer";
+pub(crate) const REVIEWER: &str = "demo-reviewer";
 
 /// Makes the demo's reviewer, prints how to review the held refund, and reports what
 /// becomes of it until Ctrl-C.
-pub async fn stay_up(
+pub(crate) async fn stay_up(
     w: &AgentWorld,
     app: &TestApp,
     threads: &[Opened],

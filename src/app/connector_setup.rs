@@ -19,7 +19,7 @@ use crate::gateway::Connectors;
 /// A connector's table in the settings cannot give a connector.
 #[derive(Debug, thiserror::Error)]
 #[error("configuration key {key}: {message}")]
-pub struct SetupError {
+pub(super) struct SetupError {
     /// The offending key, e.g. `stripe.api_url`.
     pub key: String,
     /// What is wrong with it.
@@ -29,7 +29,7 @@ pub struct SetupError {
 /// Builds the Stripe, Plain helpdesk and GitHub connectors, their credentials read from
 /// `store`. Logs which connectors are configured and whether their secret is stored
 /// (names only, never values).
-pub async fn build(
+pub(super) async fn build(
     settings: &Settings,
     store: Arc<dyn CredentialSource>,
 ) -> Result<Connectors, SetupError> {
@@ -136,7 +136,7 @@ async fn check_state_labels(helpdesk: &HelpdeskConnector) -> Result<(), SetupErr
 /// Stripe's webhook endpoint (`POST /webhooks/stripe`), when `[stripe] webhook_secret`
 /// names the stored signing secret: its events keep the connector's remembered customer
 /// emails true. `None` when no secret is named.
-pub fn stripe_events(
+pub(super) fn stripe_events(
     settings: &Settings,
     connectors: &Connectors,
     store: Arc<dyn CredentialSource>,

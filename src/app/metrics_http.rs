@@ -36,7 +36,7 @@ fn read_stored(c: &rusqlite::Connection) -> rusqlite::Result<Stored> {
 
 /// What the metrics listener serves.
 #[derive(Clone)]
-pub struct MetricsState {
+pub(super) struct MetricsState {
     /// Read at each scrape for the stored-state gauges.
     pub db: Db,
     /// Now, in unix milliseconds (the held calls' age).
@@ -44,7 +44,7 @@ pub struct MetricsState {
 }
 
 /// The metrics listener's routes: `GET /metrics`.
-pub fn router(state: MetricsState) -> Router {
+pub(super) fn router(state: MetricsState) -> Router {
     Router::new()
         .route("/metrics", routing::get(scrape))
         .with_state(state)

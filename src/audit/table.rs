@@ -109,24 +109,34 @@ pub fn format_table(rows: &[AuditRecordRow]) -> String {
         })
         .collect();
     let shown: Vec<usize> = (0..COLUMNS.len())
-        .filter(|&i| cells.iter().any(|row| !row[i].is_empty()))
+        .filter(|&i| {
+            cells
+                .iter()
+                .any(|row| row.get(i).is_some_and(|c| !c.is_empty()))
+        })
         .collect();
     let widths: Vec<usize> = shown
         .iter()
         .map(|&i| {
             cells
                 .iter()
-                .map(|row| row[i].chars().count())
-                .chain([COLUMNS[i].header.len()])
+                .map(|row| row.get(i).map_or(0, |c| c.chars().count()))
+                .chain(COLUMNS.get(i).map(|c| c.header.len()))
                 .max()
                 .unwrap_or(0)
         })
         .collect();
     let mut out = String::new();
-    let header: Vec<&str> = shown.iter().map(|&i| COLUMNS[i].header).collect();
+    let header: Vec<&str> = shown
+        .iter()
+        .map(|&i| COLUMNS.get(i).map_or("", |c| c.header))
+        .collect();
     push_line(&mut out, &header, &widths);
     for row in &cells {
-        let line: Vec<&str> = shown.iter().map(|&i| row[i].as_str()).collect();
+        let line: Vec<&str> = shown
+            .iter()
+            .map(|&i| row.get(i).map_or("", String::as_str))
+            .collect();
         push_line(&mut out, &line, &widths);
     }
     out

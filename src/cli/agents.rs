@@ -22,7 +22,7 @@ pub struct ScriptedModelArgs {
 /// Checks every agent in `dir` and the skills beside it (`dir/../skills`, or the
 /// configured skills directory) against the catalog and `[model].allowed`; prints one
 /// `file:line: problem` per line.
-pub fn lint(config: &ConfigArgs, dir: &Path) -> ExitCode {
+pub(super) fn lint(config: &ConfigArgs, dir: &Path) -> ExitCode {
     let settings = match Settings::load(config.config.as_deref()) {
         Ok(s) => s,
         Err(e) => {
@@ -51,7 +51,7 @@ pub fn lint(config: &ConfigArgs, dir: &Path) -> ExitCode {
 }
 
 /// Runs the scripted model server (not a real model) until the process stops.
-pub fn scripted_model(args: &ScriptedModelArgs) -> ExitCode {
+pub(super) fn scripted_model(args: &ScriptedModelArgs) -> ExitCode {
     if let Err(e) = crate::telemetry::init() {
         eprintln!("threadgate: {e}");
         return ExitCode::FAILURE;

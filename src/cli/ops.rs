@@ -150,7 +150,7 @@ fn open(config: &ConfigArgs) -> anyhow::Result<(Settings, Db)> {
 }
 
 /// `threadgate serve`: runs until SIGINT or SIGTERM.
-pub fn serve(config: &ConfigArgs) -> ExitCode {
+pub(super) fn serve(config: &ConfigArgs) -> ExitCode {
     finish((|| {
         let settings = Settings::load(config.config.as_deref())?;
         let endpoint = settings.telemetry.otlp_endpoint.clone();
@@ -218,7 +218,7 @@ fn sessions_table(settings: &Settings, rows: &[sessions::SessionRow], now_ms: i6
 }
 
 /// `threadgate sessions ...`
-pub fn sessions(config: &ConfigArgs, cmd: &SessionsCommand) -> ExitCode {
+pub(super) fn sessions(config: &ConfigArgs, cmd: &SessionsCommand) -> ExitCode {
     finish(block_on(async {
         let (settings, db) = open(config)?;
         match cmd {
@@ -252,7 +252,7 @@ pub fn sessions(config: &ConfigArgs, cmd: &SessionsCommand) -> ExitCode {
 }
 
 /// `threadgate secrets ...`
-pub fn secrets(config: &ConfigArgs, cmd: &SecretsCommand) -> ExitCode {
+pub(super) fn secrets(config: &ConfigArgs, cmd: &SecretsCommand) -> ExitCode {
     finish(block_on(async {
         let (settings, db) = open(config)?;
         let store = app::open_secrets(&db, &settings)?;
@@ -299,7 +299,7 @@ pub fn secrets(config: &ConfigArgs, cmd: &SecretsCommand) -> ExitCode {
 }
 
 /// `threadgate reviewers ...`
-pub fn reviewers(config: &ConfigArgs, cmd: &ReviewersCommand) -> ExitCode {
+pub(super) fn reviewers(config: &ConfigArgs, cmd: &ReviewersCommand) -> ExitCode {
     finish(block_on(async {
         let (_, db) = open(config)?;
         // One password at a time: the command sets at most one.
@@ -383,7 +383,7 @@ fn read_password() -> anyhow::Result<SecretString> {
 }
 
 /// `threadgate audit ...`
-pub fn audit(config: &ConfigArgs, args: &AuditArgs) -> ExitCode {
+pub(super) fn audit(config: &ConfigArgs, args: &AuditArgs) -> ExitCode {
     finish(block_on(async {
         let (settings, db) = open(config)?;
         if args.verify {

@@ -58,7 +58,7 @@ const MIN_CALL_WIDTH: usize = 31;
 const DECISION_WIDTH: usize = 10;
 
 /// Runs `threadgate check`.
-pub fn check(args: &CheckArgs) -> ExitCode {
+pub(super) fn check(args: &CheckArgs) -> ExitCode {
     match decide_calls(args) {
         Ok((calls, decisions)) => {
             let output = match args.format {
@@ -76,7 +76,7 @@ pub fn check(args: &CheckArgs) -> ExitCode {
 }
 
 /// Runs `threadgate lint`.
-pub fn lint(args: &LintArgs) -> ExitCode {
+pub(super) fn lint(args: &LintArgs) -> ExitCode {
     let file = display(&args.policy);
     let source = match read(&args.policy) {
         Ok(source) => source,

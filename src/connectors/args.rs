@@ -15,7 +15,11 @@ pub(crate) struct Args<'a> {
 
 impl<'a> Args<'a> {
     /// Checks that `value` is an object with no key outside `allowed`.
-    pub fn new(tool: &'a str, value: &'a Value, allowed: &[&str]) -> Result<Self, ConnectorError> {
+    pub(super) fn new(
+        tool: &'a str,
+        value: &'a Value,
+        allowed: &[&str],
+    ) -> Result<Self, ConnectorError> {
         let Some(map) = value.as_object() else {
             return Err(ConnectorError::invalid(format!(
                 "{tool}: arguments must be a json object"
@@ -42,13 +46,13 @@ impl<'a> Args<'a> {
     }
 
     /// A required non-empty string.
-    pub fn str(&self, key: &str) -> Result<&'a str, ConnectorError> {
+    pub(super) fn str(&self, key: &str) -> Result<&'a str, ConnectorError> {
         self.opt_str(key)?
             .ok_or_else(|| self.wrong(key, "a non-empty string (it is required)"))
     }
 
     /// An optional non-empty string.
-    pub fn opt_str(&self, key: &str) -> Result<Option<&'a str>, ConnectorError> {
+    pub(super) fn opt_str(&self, key: &str) -> Result<Option<&'a str>, ConnectorError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::String(text)) if !text.trim().is_empty() => Ok(Some(text)),
@@ -58,7 +62,7 @@ impl<'a> Args<'a> {
 
     /// A required provider object id: letters, digits, `_` and `-` only, so it is safe
     /// as a URL path segment.
-    pub fn id(&self, key: &str) -> Result<&'a str, ConnectorError> {
+    pub(super) fn id(&self, key: &str) -> Result<&'a str, ConnectorError> {
         let id = self.str(key)?;
         if is_plain_id(id) {
             Ok(id)
@@ -68,7 +72,7 @@ impl<'a> Args<'a> {
     }
 
     /// An optional id, as [`Args::id`].
-    pub fn opt_id(&self, key: &str) -> Result<Option<&'a str>, ConnectorError> {
+    pub(super) fn opt_id(&self, key: &str) -> Result<Option<&'a str>, ConnectorError> {
         match self.get(key) {
             None => Ok(None),
             Some(_) => self.id(key).map(Some),
@@ -76,7 +80,12 @@ impl<'a> Args<'a> {
     }
 
     /// An optional integer in `min..=max`.
-    pub fn opt_int(&self, key: &str, min: u64, max: u64) -> Result<Option<u64>, ConnectorError> {
+    pub(super) fn opt_int(
+        &self,
+        key: &str,
+        min: u64,
+        max: u64,
+    ) -> Result<Option<u64>, ConnectorError> {
         match self.get(key) {
             None => Ok(None),
             Some(value) => match value.as_u64() {
@@ -87,7 +96,7 @@ impl<'a> Args<'a> {
     }
 
     /// An optional boolean.
-    pub fn opt_bool(&self, key: &str) -> Result<Option<bool>, ConnectorError> {
+    pub(super) fn opt_bool(&self, key: &str) -> Result<Option<bool>, ConnectorError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Bool(flag)) => Ok(Some(*flag)),
@@ -96,7 +105,7 @@ impl<'a> Args<'a> {
     }
 
     /// An optional list of non-empty strings.
-    pub fn opt_str_list(&self, key: &str) -> Result<Option<Vec<&'a str>>, ConnectorError> {
+    pub(super) fn opt_str_list(&self, key: &str) -> Result<Option<Vec<&'a str>>, ConnectorError> {
         let Some(value) = self.get(key) else {
             return Ok(None);
         };
@@ -114,7 +123,7 @@ impl<'a> Args<'a> {
     }
 
     /// Fails with a message naming `key` and what it must be.
-    pub fn reject(&self, key: &str, expected: &str) -> ConnectorError {
+    pub(super) fn reject(&self, key: &str, expected: &str) -> ConnectorError {
         self.wrong(key, expected)
     }
 }

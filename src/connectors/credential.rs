@@ -18,7 +18,7 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use super::ConnectorError;
 
 /// What replaces a credential value in any text a connector produces.
-pub const REDACTED: &str = "[redacted]";
+pub(super) const REDACTED: &str = "[redacted]";
 
 /// Where a live credential's value comes from (the secret store).
 #[async_trait]

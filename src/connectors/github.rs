@@ -137,13 +137,14 @@ impl GithubConnector {
             .append_pair("q", &query)
             .append_pair("per_page", &SEARCH_PAGE_SIZE.to_string());
         let found = self.send(self.client.get(url)).await?;
-        let items: Vec<Value> = found["items"]
-            .as_array()
+        let items: Vec<Value> = found
+            .get("items")
+            .and_then(Value::as_array)
             .into_iter()
             .flatten()
             .filter(|item| {
-                item["repository"]["full_name"]
-                    .as_str()
+                item.pointer("/repository/full_name")
+                    .and_then(Value::as_str)
                     .is_some_and(|r| self.allows_repo(r))
             })
             .map(|item| {
@@ -152,13 +153,13 @@ impl GithubConnector {
                     "path": item["path"],
                     "sha": item["sha"],
                     "html_url": item["html_url"],
-                    "repository": item["repository"]["full_name"],
+                    "repository": item.pointer("/repository/full_name"),
                 })
             })
             .collect();
         Ok(json!({
-            "total_count": found["total_count"],
-            "incomplete_results": found["incomplete_results"],
+            "total_count": found.get("total_count"),
+            "incomplete_results": found.get("incomplete_results"),
             "items": items,
         }))
     }
@@ -194,19 +195,23 @@ impl GithubConnector {
         let (owner, name) = split_repo(&args, args.str("repo")?)?;
         self.check_repo(&args, args.str("repo")?)?;
         let mut issue = json!({"title": args.str("title")?});
-        if let Some(body) = args.opt_str("body")? {
-            issue["body"] = json!(body);
+        if let Some(body) = args.opt_str("body")?
+            && let Some(fields) = issue.as_object_mut()
+        {
+            fields.insert("body".into(), json!(body));
         }
-        if let Some(labels) = args.opt_str_list("labels")? {
-            issue["labels"] = json!(labels);
+        if let Some(labels) = args.opt_str_list("labels")?
+            && let Some(fields) = issue.as_object_mut()
+        {
+            fields.insert("labels".into(), json!(labels));
         }
         let url = http::endpoint(&self.base, &["repos", owner, name, "issues"]);
         let created = self.send(self.client.post(url).json(&issue)).await?;
         Ok(json!({
-            "number": created["number"],
-            "id": created["id"],
-            "html_url": created["html_url"],
-            "title": created["title"],
+            "number": created.get("number"),
+            "id": created.get("id"),
+            "html_url": created.get("html_url"),
+            "title": created.get("title"),
         }))
     }
 
@@ -271,14 +276,22 @@ impl GithubConnector {
             "variables": {"id": pull.node_id},
         });
         let answer = self.send(self.client.post(url).json(&request)).await?;
-        if let Some(errors) = answer["errors"].as_array().filter(|e| !e.is_empty()) {
+        if let Some(errors) = answer
+            .get("errors")
+            .and_then(Value::as_array)
+            .filter(|e| !e.is_empty())
+        {
             let message: Vec<&str> = errors
                 .iter()
                 .filter_map(|e| e["message"].as_str())
                 .collect();
             return Err(ConnectorError::Rejected {
                 status: 200,
-                code: errors[0]["type"].as_str().map(str::to_owned),
+                code: errors
+                    .first()
+                    .and_then(|e| e.get("type"))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
                 message: self.token.redact(&format!(
                     "github refused to mark pull request {} ready: {}",
                     pull.number,
@@ -427,12 +440,15 @@ fn file_view(content: &Value) -> Result<Value, ConnectorError> {
             ConnectorError::unknown(format!("github sent invalid base64 content: {error}"))
         })?;
     let mut view = base;
-    match String::from_utf8(bytes) {
-        Ok(text) => view["content"] = json!(text),
-        Err(not_text) => {
-            view["content_base64"] =
-                json!(base64::engine::general_purpose::STANDARD.encode(not_text.as_bytes()));
-        }
+    let (key, decoded) = match String::from_utf8(bytes) {
+        Ok(text) => ("content", json!(text)),
+        Err(not_text) => (
+            "content_base64",
+            json!(base64::engine::general_purpose::STANDARD.encode(not_text.as_bytes())),
+        ),
+    };
+    if let Some(fields) = view.as_object_mut() {
+        fields.insert(key.into(), decoded);
     }
     Ok(view)
 }
@@ -457,8 +473,9 @@ fn interpret(response: HttpResponse, token: &Credential) -> Result<Value, Connec
         });
     }
     let body: Value = serde_json::from_slice(&response.body).unwrap_or(Value::Null);
-    let mut message = body["message"]
-        .as_str()
+    let mut message = body
+        .get("message")
+        .and_then(Value::as_str)
         .map(str::to_owned)
         .unwrap_or_else(|| {
             format!(
@@ -466,8 +483,9 @@ fn interpret(response: HttpResponse, token: &Credential) -> Result<Value, Connec
                 http::body_excerpt(&response.body)
             )
         });
-    let details: Vec<String> = body["errors"]
-        .as_array()
+    let details: Vec<String> = body
+        .get("errors")
+        .and_then(Value::as_array)
         .into_iter()
         .flatten()
         .map(|error| match error {
@@ -494,7 +512,12 @@ fn interpret(response: HttpResponse, token: &Credential) -> Result<Value, Connec
     }
     Err(ConnectorError::Rejected {
         status: code,
-        code: body["errors"][0]["code"].as_str().map(str::to_owned),
+        code: body
+            .get("errors")
+            .and_then(|e| e.get(0))
+            .and_then(|e| e.get("code"))
+            .and_then(Value::as_str)
+            .map(str::to_owned),
         message,
     })
 }

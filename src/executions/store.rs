@@ -597,7 +597,7 @@ pub fn latest_finding(c: &Connection, thread: &str) -> rusqlite::Result<Option<S
         .optional()?;
     if let Some(text) = note
         .and_then(|args| serde_json::from_str::<serde_json::Value>(&args).ok())
-        .and_then(|args| args["text"].as_str().map(str::to_owned))
+        .and_then(|args| args.get("text").and_then(|t| t.as_str()).map(str::to_owned))
     {
         return Ok(Some(text));
     }

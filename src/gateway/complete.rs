@@ -13,7 +13,7 @@ use crate::session::SessionScope;
 
 /// Why completing a call failed; the agent gets this as a 4xx or 502.
 #[derive(Debug, thiserror::Error)]
-pub enum CompleteError {
+pub(super) enum CompleteError {
     #[error("{tool} is scoped to thread {scoped}; it cannot act on thread {asked}")]
     OutOfScope {
         tool: String,
@@ -30,7 +30,7 @@ pub enum CompleteError {
 
 /// What completion learnt that the decision must take into account.
 #[derive(Debug, Default)]
-pub struct Completion {
+pub(super) struct Completion {
     /// Set when the call touches an object that is not (or cannot be shown to be) the
     /// thread's customer's: the call is held whatever the policy says.
     pub forced_hold: Option<String>,
@@ -40,7 +40,7 @@ pub struct Completion {
 
 /// Fills in scope and provider facts in `args` (an object) for `tool`, and gathers the
 /// `wanted` evidence.
-pub async fn complete(
+pub(super) async fn complete(
     tool: &str,
     args: &mut Map<String, Value>,
     scope: &SessionScope,

@@ -20,7 +20,7 @@ use crate::session::SessionScope;
 
 /// Why a call was refused before the policy.
 #[derive(Debug, thiserror::Error)]
-pub enum ScopeError {
+pub(super) enum ScopeError {
     /// The call reaches outside the thread's customer or the configured repositories.
     #[error("{0}")]
     OutOfScope(String),
@@ -41,7 +41,7 @@ fn out(message: String) -> ScopeError {
 
 /// Checks a Stripe read against the thread's customer, and fills in `customer` (the
 /// object's owner) so the result can be checked after it runs.
-pub async fn check_stripe_read(
+pub(super) async fn check_stripe_read(
     tool: &str,
     args: &mut Map<String, Value>,
     scope: &SessionScope,
@@ -160,7 +160,7 @@ fn check_stripe_result(tool: &str, args: &Value, result: &Value) -> Result<(), S
 
 /// Checks that a GitHub call names only configured repositories; a search without a
 /// `repo` is left to the connector, which limits it to the configured ones.
-pub fn check_github(
+pub(super) fn check_github(
     tool: &str,
     args: &Map<String, Value>,
     github: Option<&GithubConnector>,
@@ -200,7 +200,7 @@ const STRIPE_READS: &[&str] = &[
 
 /// Checks the answer of a call that ran; `Err` carries the refusal message and the
 /// answer must then be dropped.
-pub fn check_result(tool: &str, args: &Value, result: &Value) -> Result<(), String> {
+pub(super) fn check_result(tool: &str, args: &Value, result: &Value) -> Result<(), String> {
     if STRIPE_READS.contains(&tool) {
         return check_stripe_result(tool, args, result);
     }

@@ -126,11 +126,15 @@ pub fn arg_schema(tool: &ToolSpec, a: &ArgSpec) -> Value {
 }
 
 fn with_docs(mut v: Value, tool: &ToolSpec, a: &ArgSpec) -> Value {
-    if let Some(d) = arg_description(tool.name, a) {
-        v["description"] = json!(d);
+    if let Some(d) = arg_description(tool.name, a)
+        && let Some(fields) = v.as_object_mut()
+    {
+        fields.insert("description".into(), json!(d));
     }
-    if let Some(values) = arg_values(tool.name, a.name) {
-        v["enum"] = json!(values);
+    if let Some(values) = arg_values(tool.name, a.name)
+        && let Some(fields) = v.as_object_mut()
+    {
+        fields.insert("enum".into(), json!(values));
     }
     v
 }

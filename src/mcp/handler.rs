@@ -332,7 +332,9 @@ fn reply_result(reply: CallReply) -> CallToolResult {
         CallAnswer::Ok(_) | CallAnswer::PendingApproval(_) => CallToolResult::structured(body),
         CallAnswer::Failed(_) | CallAnswer::Blocked(_) => CallToolResult::structured_error(body),
         CallAnswer::Error(_) => {
-            body["http_status"] = json!(status.as_u16());
+            if let Some(fields) = body.as_object_mut() {
+                fields.insert("http_status".into(), json!(status.as_u16()));
+            }
             CallToolResult::structured_error(body)
         }
     }

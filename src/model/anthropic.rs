@@ -69,23 +69,31 @@ pub fn request_to_wire(r: &ChatRequest, default_max_tokens: u32) -> Value {
         "max_tokens": r.max_tokens.unwrap_or(default_max_tokens),
         "messages": messages,
     });
-    if !system.is_empty() {
-        out["system"] = json!(system.join("\n\n"));
+    if !system.is_empty()
+        && let Some(fields) = out.as_object_mut()
+    {
+        fields.insert("system".into(), json!(system.join("\n\n")));
     }
     if !r.tools.is_empty() {
-        out["tools"] = r
+        let tools: Value = r
             .tools
             .iter()
             .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
             .collect();
+        if let Some(fields) = out.as_object_mut() {
+            fields.insert("tools".into(), tools);
+        }
     }
     if let Some(choice) = &r.tool_choice {
-        out["tool_choice"] = match choice {
+        let tool_choice = match choice {
             ToolChoice::Auto => json!({"type": "auto"}),
             ToolChoice::None => json!({"type": "none"}),
             ToolChoice::Required => json!({"type": "any"}),
             ToolChoice::Named(n) => json!({"type": "tool", "name": n}),
         };
+        if let Some(fields) = out.as_object_mut() {
+            fields.insert("tool_choice".into(), tool_choice);
+        }
     }
     out
 }

@@ -200,22 +200,30 @@ pub fn request_to_wire(r: &ChatRequest) -> Value {
         "stream": false,
     });
     if !r.tools.is_empty() {
-        out["tools"] = r
+        let tools: Value = r
             .tools
             .iter()
             .map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}))
             .collect();
+        if let Some(fields) = out.as_object_mut() {
+            fields.insert("tools".into(), tools);
+        }
     }
     if let Some(choice) = &r.tool_choice {
-        out["tool_choice"] = match choice {
+        let tool_choice = match choice {
             ToolChoice::Auto => json!("auto"),
             ToolChoice::None => json!("none"),
             ToolChoice::Required => json!("required"),
             ToolChoice::Named(n) => json!({"type": "function", "function": {"name": n}}),
         };
+        if let Some(fields) = out.as_object_mut() {
+            fields.insert("tool_choice".into(), tool_choice);
+        }
     }
-    if let Some(n) = r.max_tokens {
-        out["max_tokens"] = json!(n);
+    if let Some(n) = r.max_tokens
+        && let Some(fields) = out.as_object_mut()
+    {
+        fields.insert("max_tokens".into(), json!(n));
     }
     out
 }

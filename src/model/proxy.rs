@@ -270,12 +270,15 @@ impl ModelProxy {
             .map_err(internal)?;
         let answer = answer?;
         let mut wire = openai::answer_to_wire(&answer, self.gate.now() / 1000);
-        wire["threadgate"] = json!({
+        let usage = json!({
             "tokens_used": spent.tokens,
             "tokens_budget": agent.limits.max_tokens,
             "turns_used": spent.turns,
             "turns_budget": agent.limits.max_turns,
         });
+        if let Some(fields) = wire.as_object_mut() {
+            fields.insert("threadgate".into(), usage);
+        }
         Ok(wire)
     }
 

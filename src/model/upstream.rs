@@ -241,7 +241,7 @@ impl Upstream {
             return Attempt::Retry(format!("HTTP {status}"), asked);
         }
         if !status.is_success() {
-            let text = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
+            let text = String::from_utf8_lossy(body.get(..300).unwrap_or(&body)).into_owned();
             return Attempt::Done(Err(UpstreamError::Failed(format!(
                 "the model upstream refused the request: HTTP {status}: {text}"
             ))));

@@ -77,7 +77,7 @@ pub(super) fn customer(c: &Connection, thread_id: &ThreadId) -> rusqlite::Result
 }
 
 /// `GET /approvals/history`: decided and expired holds, newest first.
-pub async fn history(State(state): State<ReviewState>, who: Signed) -> Response {
+pub(super) async fn history(State(state): State<ReviewState>, who: Signed) -> Response {
     let read = state
         .approvals
         .gate
@@ -177,7 +177,7 @@ async fn approval_page(
 }
 
 /// `GET /approvals/{id}`: the note's link.
-pub async fn approval(
+pub(super) async fn approval(
     State(state): State<ReviewState>,
     who: Signed,
     Path(id): Path<String>,
@@ -220,7 +220,7 @@ fn parse_form(fields: Vec<(String, String)>) -> DecideForm {
 }
 
 /// `POST /approvals/{id}/decide`.
-pub async fn decide(
+pub(super) async fn decide(
     State(state): State<ReviewState>,
     who: Signed,
     Path(id): Path<String>,
@@ -404,7 +404,7 @@ async fn already_decided(state: &ReviewState, me: &str, id: &str, status: &str) 
 }
 
 /// `GET /threads/{thread_id}`: every audited event of the thread's calls.
-pub async fn thread(
+pub(super) async fn thread(
     State(state): State<ReviewState>,
     who: Signed,
     Path(thread_id): Path<String>,

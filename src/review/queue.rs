@@ -18,13 +18,13 @@ use super::{ReviewState, message, render};
 use crate::executions::store::{self, HeldFilter};
 
 /// Held calls on one page of the queue.
-pub const QUEUE_PAGE: i64 = 25;
+pub(super) const QUEUE_PAGE: i64 = 25;
 /// The longest thread id or tool name a filter takes.
 const MAX_FILTER_LEN: usize = 128;
 
 /// The query string as sent.
 #[derive(Debug, Default, Deserialize)]
-pub struct QueueQuery {
+pub(super) struct QueueQuery {
     #[serde(default)]
     thread: String,
     #[serde(default)]
@@ -70,7 +70,7 @@ struct QueuePage<'a> {
 }
 
 /// `GET /approvals`.
-pub async fn queue(
+pub(super) async fn queue(
     State(state): State<ReviewState>,
     who: Signed,
     Query(query): Query<QueueQuery>,

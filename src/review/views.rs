@@ -9,12 +9,12 @@ use crate::executions::store::{Execution, Status};
 use crate::secrets::Redactor;
 
 /// The largest arguments shown in full; larger ones are left out (and Approve disabled).
-pub const MAX_SHOWN_ARGS: usize = 64 * 1024;
+pub(super) const MAX_SHOWN_ARGS: usize = 64 * 1024;
 /// The longest diagnosis shown.
-pub const MAX_SHOWN_DIAGNOSIS: usize = 16 * 1024;
+pub(super) const MAX_SHOWN_DIAGNOSIS: usize = 16 * 1024;
 
 /// "3 min", "2 h 5 min", "4 d".
-pub fn span(ms: i64) -> String {
+pub(super) fn span(ms: i64) -> String {
     let min = ms.max(0) / 60_000;
     match min {
         0 => "under a minute".into(),
@@ -25,14 +25,14 @@ pub fn span(ms: i64) -> String {
 }
 
 /// A UTC timestamp for people.
-pub fn when(ms: Option<i64>) -> String {
+pub(super) fn when(ms: Option<i64>) -> String {
     ms.and_then(chrono::DateTime::from_timestamp_millis)
         .map(|t| t.format("%Y-%m-%d %H:%M UTC").to_string())
         .unwrap_or_else(|| "-".into())
 }
 
 /// "refund (line 12)".
-pub fn rule(e: &Execution) -> String {
+pub(super) fn rule(e: &Execution) -> String {
     match e.rule_line {
         Some(line) => format!("{} (line {line})", e.because),
         None => e.because.clone(),
@@ -52,7 +52,7 @@ fn redacted(text: Option<&str>, redactor: &Redactor, none: &str) -> String {
 }
 
 /// One pending approval in the queue.
-pub struct QueueRow {
+pub(super) struct QueueRow {
     pub id: String,
     pub tool: String,
     pub summary: String,
@@ -67,7 +67,7 @@ pub struct QueueRow {
 }
 
 impl QueueRow {
-    pub fn new(
+    pub(super) fn new(
         e: &Execution,
         now: i64,
         redactor: &Redactor,
@@ -96,7 +96,7 @@ impl QueueRow {
 }
 
 /// One decided or expired approval.
-pub struct HistoryRow {
+pub(super) struct HistoryRow {
     pub id: String,
     pub tool: String,
     pub summary: String,
@@ -110,7 +110,7 @@ pub struct HistoryRow {
 }
 
 impl HistoryRow {
-    pub fn new(e: &Execution, redactor: &Redactor) -> HistoryRow {
+    pub(super) fn new(e: &Execution, redactor: &Redactor) -> HistoryRow {
         HistoryRow {
             id: e.id.to_string(),
             tool: e.tool.clone(),
@@ -130,7 +130,7 @@ impl HistoryRow {
 
 /// A numeric argument the reviewer may lower: an amount of money is shown and typed in
 /// its currency's units ("25.00", USD), any other number as a whole number.
-pub struct Narrowable {
+pub(super) struct Narrowable {
     pub name: String,
     /// The held value as the reviewer reads and types it.
     pub held: String,
@@ -160,7 +160,7 @@ impl Narrowable {
 }
 
 /// One approval's page.
-pub struct ApprovalView {
+pub(super) struct ApprovalView {
     pub id: String,
     pub tool: String,
     pub status: &'static str,
@@ -188,7 +188,7 @@ pub struct ApprovalView {
 
 /// What was left out of the arguments shown, if anything (then Approve is disabled: a
 /// person does not approve what they cannot see).
-pub fn left_out(redactor: &Redactor, raw: &str) -> (String, String) {
+pub(super) fn left_out(redactor: &Redactor, raw: &str) -> (String, String) {
     let Ok(args) = serde_json::from_str::<Value>(raw) else {
         return (
             String::new(),
@@ -217,7 +217,7 @@ pub fn left_out(redactor: &Redactor, raw: &str) -> (String, String) {
 
 impl ApprovalView {
     /// The view of `e` at `now`, under the policy whose hash is `current_policy`.
-    pub fn new(
+    pub(super) fn new(
         e: &Execution,
         now: i64,
         redactor: &Redactor,
@@ -313,7 +313,7 @@ fn outcome(e: &Execution, redactor: &Redactor) -> String {
 }
 
 /// Another call on the same thread.
-pub struct OtherCall {
+pub(super) struct OtherCall {
     pub id: String,
     pub when: String,
     pub tool: String,
@@ -322,7 +322,7 @@ pub struct OtherCall {
 }
 
 impl OtherCall {
-    pub fn new(e: &Execution, redactor: &Redactor) -> OtherCall {
+    pub(super) fn new(e: &Execution, redactor: &Redactor) -> OtherCall {
         let args: Value = serde_json::from_str(&e.args).unwrap_or_default();
         let shown = redact_args(redactor, &args).to_string();
         OtherCall {
@@ -339,7 +339,7 @@ impl OtherCall {
 }
 
 /// One audit row of a thread.
-pub struct TrailRow {
+pub(super) struct TrailRow {
     pub when: String,
     pub event: String,
     pub execution_id: String,
@@ -353,7 +353,7 @@ pub struct TrailRow {
 impl TrailRow {
     /// An audit row for people: every text redacted with the current redactor (a secret
     /// stored since the row was written is hidden too), the outcome cut.
-    pub fn new(r: &crate::audit::AuditRecordRow, redactor: &Redactor) -> TrailRow {
+    pub(super) fn new(r: &crate::audit::AuditRecordRow, redactor: &Redactor) -> TrailRow {
         let text = |t: &Option<String>| redacted(t.as_deref(), redactor, "-");
         TrailRow {
             when: when(Some(r.at_ms)),

@@ -151,6 +151,10 @@ impl Redactor {
             }
             out.push_str(&text[copied..start]);
             out.push_str("[secret:");
+            #[expect(
+                clippy::indexing_slicing,
+                reason = "INVARIANT: a span's owner is a needle's owner, an index into `names` built with the needles"
+            )]
             out.push_str(&self.names[span.owner]);
             out.push(']');
             copied = end;
@@ -219,6 +223,10 @@ impl Redactor {
             .collect();
         for plus in self.decodings(haystack) {
             let decoded = url_decode(haystack, plus, true);
+            #[expect(
+                clippy::indexing_slicing,
+                reason = "INVARIANT: `origin` has an entry for every decoded byte and one for the end, so for any match in `decoded.bytes` both ends are indexes of it; a fallback would leave a secret unredacted"
+            )]
             spans.extend(automaton.find_overlapping_iter(&decoded.bytes).map(|m| {
                 self.span(
                     haystack,
@@ -234,6 +242,10 @@ impl Redactor {
     /// The span of `haystack` to redact for match `m` at `start..end`: a base64 match
     /// grows to the whole base64 run around it.
     fn span(&self, haystack: &[u8], start: usize, end: usize, m: &aho_corasick::Match) -> Span {
+        #[expect(
+            clippy::indexing_slicing,
+            reason = "INVARIANT: the automaton is built from `needles`, so a pattern id is an index into them; a fallback would leave a secret unredacted"
+        )]
         let needle = self.needles[m.pattern().as_usize()];
         let (start, end) = if needle.base64 {
             base64_run(haystack, start, end)
@@ -247,6 +259,10 @@ impl Redactor {
         }
     }
 
+    #[expect(
+        clippy::indexing_slicing,
+        reason = "INVARIANT: the automaton is built from `needles` and each needle's owner indexes `names`"
+    )]
     fn name_of(&self, m: &aho_corasick::Match) -> &str {
         &self.names[self.needles[m.pattern().as_usize()].owner]
     }
@@ -296,13 +312,13 @@ fn merge(mut spans: Vec<Span>) -> Vec<Span> {
 /// any `=` padding after.
 fn base64_run(haystack: &[u8], mut start: usize, mut end: usize) -> (usize, usize) {
     let is_b64 = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'-' | b'_');
-    while start > 0 && is_b64(haystack[start - 1]) {
+    while start > 0 && haystack.get(start - 1).is_some_and(|&b| is_b64(b)) {
         start -= 1;
     }
-    while end < haystack.len() && is_b64(haystack[end]) {
+    while haystack.get(end).is_some_and(|&b| is_b64(b)) {
         end += 1;
     }
-    while end < haystack.len() && haystack[end] == b'=' {
+    while haystack.get(end) == Some(&b'=') {
         end += 1;
     }
     (start, end)
@@ -346,6 +362,10 @@ fn needles_for(value: &str) -> Vec<(Vec<u8>, bool)> {
         for engine in [&STANDARD_NO_PAD, &URL_SAFE_NO_PAD] {
             let encoded = engine.encode(&shifted);
             if last - first >= MIN_ENCODED_NEEDLE {
+                #[expect(
+                    clippy::indexing_slicing,
+                    reason = "INVARIANT: an unpadded encoding of n bytes has ceil(8n/6) characters, at least `last` = floor(8n/6), and `first` <= `last` here; a fallback would drop a needle and leave a secret unredacted"
+                )]
                 needles.push((encoded.as_bytes()[first..last].to_vec(), true));
             }
         }
@@ -366,15 +386,15 @@ fn url_decode(input: &[u8], plus: bool, map: bool) -> Decoded {
     let mut bytes = Vec::with_capacity(input.len());
     let mut origin = Vec::with_capacity(if map { input.len() + 1 } else { 0 });
     let mut i = 0;
-    while i < input.len() {
+    while let Some(&here) = input.get(i) {
         if map {
             origin.push(i);
         }
-        let escaped = match input[i] {
+        let escaped = match here {
             b'%' => hex_pair(input.get(i + 1).copied(), input.get(i + 2).copied()),
             _ => None,
         };
-        match (escaped, input[i]) {
+        match (escaped, here) {
             (Some(byte), _) => {
                 bytes.push(byte);
                 i += 3;

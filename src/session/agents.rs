@@ -206,8 +206,9 @@ impl Document {
             .iter()
             .position(|l| l.trim_start().starts_with(&format!("{key}:")))
             .unwrap_or(0);
-        let found = lines[start..]
+        let found = lines
             .iter()
+            .skip(start)
             .position(|l| l.contains(value))
             .map_or(start, |i| start + i);
         found + self.front_line

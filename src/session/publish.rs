@@ -330,12 +330,14 @@ fn thread_of(
     let Some(event) = event else {
         return Ok((None, None));
     };
-    let workspace = event["workspaceId"]
-        .as_str()
+    let workspace = event
+        .get("workspaceId")
+        .and_then(Value::as_str)
         .filter(|w| crate::connectors::is_plain_id(w))
         .map(str::to_owned);
-    let subject = event["payload"]["thread"]["title"]
-        .as_str()
+    let subject = event
+        .pointer("/payload/thread/title")
+        .and_then(Value::as_str)
         .filter(|t| !t.trim().is_empty())
         .map(str::to_owned);
     Ok((workspace, subject))

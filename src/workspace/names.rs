@@ -56,7 +56,7 @@ fn trim_end_dots_spaces(name: &[u8]) -> &[u8] {
         .iter()
         .rposition(|b| *b != b'.' && *b != b' ')
         .map_or(0, |i| i + 1);
-    &name[..end]
+    name.get(..end).unwrap_or(name)
 }
 
 /// Removes the code points HFS+ ignores when comparing names (the list git uses in

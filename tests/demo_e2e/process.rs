@@ -11,18 +11,18 @@ use std::time::{Duration, Instant};
 
 /// A running demo process. Dropped while it runs, it gets SIGINT (so it cleans up) and
 /// is killed if it has not stopped within a minute.
-pub struct DemoProcess {
+pub(crate) struct DemoProcess {
     child: Child,
     lines: mpsc::Receiver<String>,
     seen: Vec<String>,
 }
 
 /// Everything a demo printed.
-pub struct Transcript(Vec<String>);
+pub(crate) struct Transcript(Vec<String>);
 
 impl DemoProcess {
     /// Starts the demo with `args` (split at whitespace) in `env_name`.
-    pub fn start(env_name: &str, args: &str) -> DemoProcess {
+    pub(crate) fn start(env_name: &str, args: &str) -> DemoProcess {
         let mut child = Command::new(std::env::current_exe().expect("the test binary"))
             .args([
                 "demo_process",
@@ -56,7 +56,7 @@ impl DemoProcess {
 
     /// The rest of the first line (from now on) that starts with `prefix`, trimmed;
     /// panics with everything printed when none comes within `timeout`.
-    pub fn line_after(&mut self, prefix: &str, timeout: Duration) -> String {
+    pub(crate) fn line_after(&mut self, prefix: &str, timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -83,7 +83,7 @@ impl DemoProcess {
     }
 
     /// Sends SIGINT, as Ctrl-C in a terminal does.
-    pub fn interrupt(&self) {
+    pub(crate) fn interrupt(&self) {
         let status = Command::new("kill")
             .args(["-INT", &self.child.id().to_string()])
             .status()
@@ -92,7 +92,7 @@ impl DemoProcess {
     }
 
     /// Waits for the process to exit, reading what it prints; panics after `timeout`.
-    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+    pub(crate) fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
         let deadline = Instant::now() + timeout;
         loop {
             while let Ok(line) = self.lines.try_recv() {
@@ -115,7 +115,7 @@ impl DemoProcess {
     }
 
     /// What it printed so far.
-    pub fn transcript(&self) -> Transcript {
+    pub(crate) fn transcript(&self) -> Transcript {
         Transcript(self.seen.clone())
     }
 }
@@ -140,18 +140,18 @@ impl Drop for DemoProcess {
 
 impl Transcript {
     /// Every line.
-    pub fn lines(&self) -> &[String] {
+    pub(crate) fn lines(&self) -> &[String] {
         &self.0
     }
 
     /// Every line, joined.
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         self.0.join("\n")
     }
 
     /// The summary of the thread titled `title`: from its `== TITLE: thread ID` line to
     /// the next blank line.
-    pub fn section(&self, title: &str) -> Option<String> {
+    pub(crate) fn section(&self, title: &str) -> Option<String> {
         let head = format!("== {title}: thread ");
         let start = self.0.iter().position(|l| l.starts_with(&head))?;
         let lines: Vec<&str> = self.0[start..]
@@ -163,7 +163,7 @@ impl Transcript {
     }
 
     /// The thread id of the thread titled `title`.
-    pub fn thread_of(&self, title: &str) -> String {
+    pub(crate) fn thread_of(&self, title: &str) -> String {
         let head = format!("== {title}: thread ");
         self.0
             .iter()
@@ -194,7 +194,7 @@ fn cookie(resp: &reqwest::Response, name: &str) -> String {
 
 /// Signs in at `base` as `name` with `password` and approves held call `id` through
 /// the review page's forms, as a browser does.
-pub fn approve(base: &str, name: &str, password: &str, id: &str) {
+pub(crate) fn approve(base: &str, name: &str, password: &str, id: &str) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

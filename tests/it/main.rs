@@ -10,6 +10,10 @@
     clippy::expect_used,
     reason = "test code: an unwrap or expect that fails is a failed test, with its message"
 )]
+#![expect(
+    clippy::indexing_slicing,
+    reason = "test code: an index out of range is a failed test"
+)]
 
 pub mod support;
 

@@ -13,7 +13,7 @@
 //! Docker and the sandbox image (see `tests/agent_e2e.rs`).
 
 #[path = "mcp_e2e/client.rs"]
-pub mod client;
+pub(crate) mod client;
 #[path = "mcp_e2e/elicitation.rs"]
 mod elicitation;
 #[path = "mcp_e2e/gated.rs"]

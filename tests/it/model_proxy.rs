@@ -28,31 +28,31 @@ use support::unix_http::unix_request;
 use support::world::{Session, World};
 
 /// The model key threadgate holds; never sent anywhere but the upstream.
-pub const MODEL_KEY: &str = "sk-model-e2e-4f1c9a7d2b6e8035";
+pub(crate) const MODEL_KEY: &str = "sk-model-e2e-4f1c9a7d2b6e8035";
 
 /// A world whose model upstream is a fresh scripted server.
-pub struct ModelWorld {
+pub(crate) struct ModelWorld {
     pub world: World,
     pub model: ScriptedModel,
 }
 
 impl ModelWorld {
     /// A world under the repository's policy and agents, its model on `provider`.
-    pub async fn new(provider: Provider) -> ModelWorld {
+    pub(crate) async fn new(provider: Provider) -> ModelWorld {
         let mut world = World::new().await;
         let model = world.use_scripted_model(provider, MODEL_KEY).await;
         ModelWorld { world, model }
     }
 
     /// Uses a copy of `agents/support.md` with these limits.
-    pub fn with_limits(mut self, max_tokens: u64, max_turns: u64) -> ModelWorld {
+    pub(crate) fn with_limits(mut self, max_tokens: u64, max_turns: u64) -> ModelWorld {
         self.world.limit_agent(max_tokens, max_turns);
         self
     }
 }
 
 /// The session's gateway tools as OpenAI function tools (as the runner offers them).
-pub async fn offered_tools(session: &Session) -> Vec<Value> {
+pub(crate) async fn offered_tools(session: &Session) -> Vec<Value> {
     let (status, body) = session.get("/v1/tools").await;
     assert_eq!(status, 200);
     body["tools"]
@@ -80,13 +80,13 @@ pub async fn offered_tools(session: &Session) -> Vec<Value> {
 }
 
 /// `POST /v1/model/chat/completions` with `messages` and the session's tools.
-pub async fn chat(session: &Session, messages: Value) -> (u16, Value) {
+pub(crate) async fn chat(session: &Session, messages: Value) -> (u16, Value) {
     let body = json!({"messages": messages, "tools": offered_tools(session).await});
     chat_raw(session, &body).await
 }
 
 /// `POST /v1/model/chat/completions` with exactly `body`.
-pub async fn chat_raw(session: &Session, body: &Value) -> (u16, Value) {
+pub(crate) async fn chat_raw(session: &Session, body: &Value) -> (u16, Value) {
     unix_request(
         &session.socket,
         "POST",
@@ -98,7 +98,7 @@ pub async fn chat_raw(session: &Session, body: &Value) -> (u16, Value) {
 
 /// A conversation opening with the customer's `text`.
 /// Asserts a model call failed upstream (502 `upstream_error`) with `why` in its message.
-pub fn assert_upstream_error(status: u16, body: &Value, why: &str) {
+pub(crate) fn assert_upstream_error(status: u16, body: &Value, why: &str) {
     assert_eq!(
         (status, body["error"].as_str()),
         (502, Some("upstream_error")),
@@ -108,7 +108,7 @@ pub fn assert_upstream_error(status: u16, body: &Value, why: &str) {
     assert!(message.contains(why), "{why}: {body}");
 }
 
-pub fn customer_says(text: &str) -> Value {
+pub(crate) fn customer_says(text: &str) -> Value {
     json!([
         {"role": "system", "content": "You are the support agent."},
         {"role": "user", "content": text},
@@ -116,7 +116,7 @@ pub fn customer_says(text: &str) -> Value {
 }
 
 /// The first tool call of an answer: (name, arguments text).
-pub fn first_call(answer: &Value) -> (String, String) {
+pub(crate) fn first_call(answer: &Value) -> (String, String) {
     let call = &answer["choices"][0]["message"]["tool_calls"][0]["function"];
     (
         call["name"].as_str().unwrap_or_default().to_owned(),

@@ -7,7 +7,7 @@
 //! `.oidc-provider` (`scripts/test.sh` installs it). Screenshots land in `target/tmp/review-screenshots/`.
 
 #[path = "review_web/web.rs"]
-pub mod web;
+pub(crate) mod web;
 
 #[path = "review_web/browser.rs"]
 mod browser;

@@ -28,7 +28,7 @@ const ANSWER_TOKENS: u64 = 4096;
 
 /// How a round of work on the thread ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RoundEnd {
+pub(crate) enum RoundEnd {
     /// Replied or escalated.
     Done,
     /// The model answered without calling a tool.
@@ -47,7 +47,7 @@ pub enum RoundEnd {
 
 /// Where the runner works.
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub(crate) struct Settings {
     pub socket: PathBuf,
     pub workspace: PathBuf,
     /// Seconds of one events long poll.
@@ -57,7 +57,7 @@ pub struct Settings {
 }
 
 /// One session's runner.
-pub struct Runner {
+pub(crate) struct Runner {
     api: Api,
     settings: Settings,
     agent: AgentView,
@@ -83,7 +83,7 @@ enum HoldMarker {
 
 impl Runner {
     /// Loads the agent, its tools and the transcript from the socket.
-    pub async fn load(settings: Settings) -> anyhow::Result<Runner> {
+    pub(crate) async fn load(settings: Settings) -> anyhow::Result<Runner> {
         let api = Api::new(&settings.socket);
         let agent = api.get("/v1/agent").await.context("GET /v1/agent")?;
         if !agent.ok() {
@@ -130,12 +130,12 @@ impl Runner {
     }
 
     /// The agent's name.
-    pub fn agent_name(&self) -> &str {
+    pub(crate) fn agent_name(&self) -> &str {
         &self.agent.name
     }
 
     /// The conversation so far.
-    pub fn messages(&self) -> &[ChatMessage] {
+    pub(crate) fn messages(&self) -> &[ChatMessage] {
         &self.messages
     }
 
@@ -153,13 +153,26 @@ impl Runner {
         else {
             return;
         };
-        let calls = self.messages[at].tool_calls.clone();
+        let calls = self
+            .messages
+            .get(at)
+            .map(|m| m.tool_calls.clone())
+            .unwrap_or_default();
         for call in &calls {
-            let answered = (at + 1..self.messages.len())
-                .find(|&i| self.messages[i].tool_call_id.as_deref() == Some(&call.id));
+            let answered = self
+                .messages
+                .iter()
+                .enumerate()
+                .skip(at + 1)
+                .find(|(_, m)| m.tool_call_id.as_deref() == Some(&call.id))
+                .map(|(i, _)| i);
             match answered {
                 Some(i) => {
-                    let content = self.messages[i].content.as_deref().unwrap_or("");
+                    let content = self
+                        .messages
+                        .get(i)
+                        .and_then(|m| m.content.as_deref())
+                        .unwrap_or("");
                     if let Ok(HoldMarker::PendingApproval { held, tool }) =
                         serde_json::from_str(content)
                     {
@@ -175,12 +188,14 @@ impl Runner {
     }
 
     /// Waits again on the held call a stopped session was waiting on, if any.
-    pub async fn resume_pending_hold(&mut self) {
+    pub(crate) async fn resume_pending_hold(&mut self) {
         let Some((i, tool, held)) = self.resume_hold.take() else {
             return;
         };
         let (content, flow) = calls::wait_held(&self.api, &tool, &held).await;
-        self.messages[i].content = Some(prompt::cap_text(&content.to_string(), TOOL_RESULT_CAP));
+        if let Some(m) = self.messages.get_mut(i) {
+            m.content = Some(prompt::cap_text(&content.to_string(), TOOL_RESULT_CAP));
+        }
         if flow == Flow::Expired {
             self.leave_to_person().await;
             self.messages.push(ChatMessage::text(
@@ -200,7 +215,7 @@ impl Runner {
     }
 
     /// Runs until the proxy stops the session: reads events, works the thread when woken.
-    pub async fn run(&mut self) -> anyhow::Result<()> {
+    pub(crate) async fn run(&mut self) -> anyhow::Result<()> {
         self.resume_pending_hold().await;
         loop {
             if !self.awaiting_model() {
@@ -230,7 +245,7 @@ impl Runner {
     }
 
     /// One long poll of the feed; a customer event becomes a user message.
-    pub async fn read_events(&mut self) {
+    pub(crate) async fn read_events(&mut self) {
         let path = format!(
             "/v1/events?after={}&wait={}",
             self.cursor, self.settings.poll_wait
@@ -277,7 +292,7 @@ impl Runner {
     }
 
     /// Asks the model and runs its tools until the turn ends.
-    pub async fn round(&mut self) -> RoundEnd {
+    pub(crate) async fn round(&mut self) -> RoundEnd {
         let cap = self
             .agent
             .limits
@@ -480,7 +495,7 @@ impl Runner {
     /// `PUT /v1/transcript`; a failure is logged, the conversation goes on in memory.
     /// Above the server's size cap (413), the oldest tool results are elided (here and
     /// in the conversation the model sees next) until it fits.
-    pub async fn save(&mut self) {
+    pub(crate) async fn save(&mut self) {
         loop {
             let body = Transcript {
                 events_consumed: self.events_consumed,
@@ -495,17 +510,20 @@ impl Runner {
 
     /// Replaces the oldest half of the not-yet-elided tool results; false when none is left.
     fn elide_oldest_results(&mut self) -> bool {
-        let open: Vec<usize> = (0..self.messages.len())
-            .filter(|&i| {
-                let m = &self.messages[i];
-                m.role == Role::Tool && m.content.as_deref() != Some(ELIDED)
-            })
+        let open: Vec<usize> = self
+            .messages
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.role == Role::Tool && m.content.as_deref() != Some(ELIDED))
+            .map(|(i, _)| i)
             .collect();
         if open.is_empty() {
             return false;
         }
-        for &i in &open[..open.len().div_ceil(2)] {
-            self.messages[i].content = Some(ELIDED.to_owned());
+        for &i in open.iter().take(open.len().div_ceil(2)) {
+            if let Some(m) = self.messages.get_mut(i) {
+                m.content = Some(ELIDED.to_owned());
+            }
         }
         eprintln!("threadgate-agent-runner: transcript over the cap; older tool results elided");
         true

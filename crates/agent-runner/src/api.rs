@@ -27,19 +27,19 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// One answer from the socket: its status and its JSON body.
 #[derive(Debug, Clone)]
-pub struct Reply {
+pub(crate) struct Reply {
     pub status: u16,
     pub body: Value,
 }
 
 impl Reply {
     /// Whether the status is 2xx.
-    pub fn ok(&self) -> bool {
+    pub(crate) fn ok(&self) -> bool {
         (200..300).contains(&self.status)
     }
 
     /// The body as the API's type `T`.
-    pub fn read<T: DeserializeOwned>(&self) -> anyhow::Result<T> {
+    pub(crate) fn read<T: DeserializeOwned>(&self) -> anyhow::Result<T> {
         T::deserialize(&self.body).with_context(|| {
             format!(
                 "HTTP {}: the answer is not a {}",
@@ -50,7 +50,7 @@ impl Reply {
     }
 
     /// The error code of an error answer (`{"status": "error", "error": CODE}`), or `""`.
-    pub fn code(&self) -> String {
+    pub(crate) fn code(&self) -> String {
         self.read::<ErrorAnswer>()
             .map(|e| e.body().error.clone())
             .unwrap_or_default()
@@ -59,31 +59,31 @@ impl Reply {
 
 /// A client of the session socket.
 #[derive(Debug, Clone)]
-pub struct Api {
+pub(crate) struct Api {
     socket: PathBuf,
 }
 
 impl Api {
     /// A client for the socket at `socket`.
-    pub fn new(socket: impl Into<PathBuf>) -> Api {
+    pub(crate) fn new(socket: impl Into<PathBuf>) -> Api {
         Api {
             socket: socket.into(),
         }
     }
 
     /// `GET path`.
-    pub async fn get(&self, path: &str) -> anyhow::Result<Reply> {
+    pub(crate) async fn get(&self, path: &str) -> anyhow::Result<Reply> {
         self.send(Method::GET, path, None).await
     }
 
     /// `POST path` with `body` as JSON.
-    pub async fn post(&self, path: &str, body: &impl Serialize) -> anyhow::Result<Reply> {
+    pub(crate) async fn post(&self, path: &str, body: &impl Serialize) -> anyhow::Result<Reply> {
         let body = serde_json::to_vec(body)?;
         self.send(Method::POST, path, Some(body)).await
     }
 
     /// `PUT path` with `body` as JSON.
-    pub async fn put(&self, path: &str, body: &impl Serialize) -> anyhow::Result<Reply> {
+    pub(crate) async fn put(&self, path: &str, body: &impl Serialize) -> anyhow::Result<Reply> {
         let body = serde_json::to_vec(body)?;
         self.send(Method::PUT, path, Some(body)).await
     }
@@ -135,7 +135,7 @@ impl Api {
             .to_bytes();
         driver.abort();
         let body = serde_json::from_slice(&collected).unwrap_or_else(
-            |_| json!({"raw": String::from_utf8_lossy(&collected[..collected.len().min(2000)])}),
+            |_| json!({"raw": String::from_utf8_lossy(collected.get(..2000).unwrap_or(&collected))}),
         );
         Ok(Reply { status, body })
     }

@@ -11,15 +11,15 @@ use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::sync::Semaphore;
 
 /// Connections the bridge carries at once; further ones are closed at once.
-pub const MAX_CONNECTIONS: usize = 16;
+pub(crate) const MAX_CONNECTIONS: usize = 16;
 
 /// Binds `127.0.0.1:port` (the container's own loopback, never another address).
-pub async fn bind(port: u16) -> std::io::Result<TcpListener> {
+pub(crate) async fn bind(port: u16) -> std::io::Result<TcpListener> {
     TcpListener::bind(("127.0.0.1", port)).await
 }
 
 /// Serves `listener` until the process ends, piping each connection to `socket`.
-pub async fn serve(listener: TcpListener, socket: PathBuf) {
+pub(crate) async fn serve(listener: TcpListener, socket: PathBuf) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let (conn, peer) = match listener.accept().await {

@@ -17,7 +17,7 @@ const UNKNOWN_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// What a gateway call means for the conversation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Flow {
+pub(crate) enum Flow {
     /// Feed the result to the model and go on.
     Continue,
     /// The customer got a reply, or the thread went to an engineer: the turn is over.
@@ -28,7 +28,7 @@ pub enum Flow {
 
 /// The gateway's first answer to a call.
 #[derive(Debug)]
-pub enum Submitted {
+pub(crate) enum Submitted {
     /// The tool message's content and what comes next.
     Final(Value, Flow),
     /// Held for a person: the 202 answer, to wait on with [`wait_held`].
@@ -36,7 +36,7 @@ pub enum Submitted {
 }
 
 /// Calls catalog tool `tool` and, when it is held, waits for the decision.
-pub async fn call(
+pub(crate) async fn call(
     api: &Api,
     tool: &str,
     args: Value,
@@ -51,7 +51,7 @@ pub async fn call(
 
 /// `POST /v1/calls`. A held call's diagnosis is also written to `findings` (in the
 /// workspace, so it lands on the thread's branch for the engineers).
-pub async fn submit(
+pub(crate) async fn submit(
     api: &Api,
     tool: &str,
     args: Value,
@@ -155,7 +155,7 @@ fn for_model(reply: &Reply, answer: Option<&CallAnswer>) -> Value {
 }
 
 /// Waits for the decision on a held call, until its expiry (plus a grace period).
-pub async fn wait_held(api: &Api, tool: &str, held: &Held) -> (Value, Flow) {
+pub(crate) async fn wait_held(api: &Api, tool: &str, held: &Held) -> (Value, Flow) {
     let id = held.execution_id.as_str();
     let ttl = held
         .expires_at

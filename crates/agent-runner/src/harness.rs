@@ -12,7 +12,7 @@ use crate::bridge;
 
 /// What the agent file's `harness:` asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Harness {
+pub(crate) struct Harness {
     pub command: Vec<String>,
     pub port: u16,
 }
@@ -20,7 +20,7 @@ pub struct Harness {
 impl Harness {
     /// The harness of the agent definition `agent` (`GET /v1/agent`), if it names one
     /// with a command.
-    pub fn of(agent: &AgentView) -> Option<Harness> {
+    pub(crate) fn of(agent: &AgentView) -> Option<Harness> {
         let h = agent.harness.as_ref()?;
         if h.command.is_empty() {
             return None;
@@ -32,17 +32,17 @@ impl Harness {
     }
 
     /// `http://127.0.0.1:PORT/mcp`.
-    pub fn mcp_url(&self) -> String {
+    pub(crate) fn mcp_url(&self) -> String {
         format!("http://127.0.0.1:{}/mcp", self.port)
     }
 
     /// The model proxy as an OpenAI-compatible base URL (`.../chat/completions` under it).
-    pub fn model_base_url(&self) -> String {
+    pub(crate) fn model_base_url(&self) -> String {
         format!("http://127.0.0.1:{}/v1/model", self.port)
     }
 
     /// The command with `{mcp_url}` and `{model_base_url}` replaced.
-    pub fn argv(&self) -> Vec<String> {
+    pub(crate) fn argv(&self) -> Vec<String> {
         self.command
             .iter()
             .map(|a| {
@@ -54,7 +54,7 @@ impl Harness {
 
     /// Opens the bridge, runs the command to its end, and answers how it ended. The
     /// bridge keeps serving until the runner exits.
-    pub async fn run(
+    pub(crate) async fn run(
         &self,
         socket: PathBuf,
         workspace: PathBuf,
@@ -65,8 +65,11 @@ impl Harness {
             .with_context(|| format!("bridge: bind 127.0.0.1:{}", self.port))?;
         tokio::spawn(bridge::serve(listener, socket));
         let argv = self.argv();
-        let mut child = tokio::process::Command::new(&argv[0])
-            .args(&argv[1..])
+        let Some((program, args)) = argv.split_first() else {
+            anyhow::bail!("the harness command is empty");
+        };
+        let mut child = tokio::process::Command::new(program)
+            .args(args)
             .current_dir(workspace)
             .env("THREADGATE_MCP_URL", self.mcp_url())
             .env("THREADGATE_MODEL_BASE_URL", self.model_base_url())
@@ -77,7 +80,7 @@ impl Harness {
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .spawn()
-            .with_context(|| format!("start the harness {:?}", argv[0]))?;
+            .with_context(|| format!("start the harness {program:?}"))?;
         let status = child.wait().await.context("wait for the harness")?;
         Ok(status.to_string())
     }

@@ -26,7 +26,7 @@ const DEFAULT_TIMEOUT: u64 = 30;
 const MAX_TIMEOUT: u64 = 120;
 
 /// The local tools' names and JSON schemas, as OpenAI function tools.
-pub fn definitions() -> Vec<Value> {
+pub(crate) fn definitions() -> Vec<Value> {
     let str_ = |d: &str| json!({"type": "string", "description": d});
     let int_ = |d: &str| json!({"type": "integer", "description": d});
     vec![
@@ -72,7 +72,7 @@ fn function(name: &str, description: &str, properties: Value, required: &[&str])
 }
 
 /// Runs local tool `name` with `args`; `None` when `name` is not a local tool.
-pub async fn run(root: &Path, name: &str, args: &Value) -> Option<anyhow::Result<Value>> {
+pub(crate) async fn run(root: &Path, name: &str, args: &Value) -> Option<anyhow::Result<Value>> {
     let result = match name {
         "workspace__list_files" => list_files(root, args),
         "workspace__read_file" => read_file(root, args),
@@ -104,7 +104,7 @@ fn arg_u64(args: &Value, key: &str) -> anyhow::Result<Option<u64>> {
 
 /// Resolves `rel` inside `root`, refusing anything that leads out of it: `..`, an
 /// absolute path elsewhere, or a symlink (at any existing level) pointing outside.
-pub fn confine(root: &Path, rel: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn confine(root: &Path, rel: &str) -> anyhow::Result<PathBuf> {
     let root = root
         .canonicalize()
         .with_context(|| format!("workspace {} is missing", root.display()))?;
@@ -182,7 +182,7 @@ fn read_file(root: &Path, args: &Value) -> anyhow::Result<Value> {
         "path": shown(root, &path),
         "size": bytes.len(),
         "offset": start,
-        "content": String::from_utf8_lossy(&bytes[start..end]),
+        "content": String::from_utf8_lossy(bytes.get(start..end).unwrap_or_default()),
         "next_offset": (end < bytes.len()).then_some(end),
     }))
 }
@@ -337,7 +337,7 @@ async fn drain(mut stream: impl tokio::io::AsyncRead + Unpin) -> (String, bool) 
             Ok(0) | Err(_) => break,
             Ok(n) => {
                 let room = OUTPUT_CAP.saturating_sub(kept.len());
-                kept.extend_from_slice(&buf[..n.min(room)]);
+                kept.extend_from_slice(buf.get(..n.min(room)).unwrap_or_default());
                 truncated |= n > room;
             }
         }
@@ -346,7 +346,7 @@ async fn drain(mut stream: impl tokio::io::AsyncRead + Unpin) -> (String, bool) 
 }
 
 /// The local tools' names.
-pub fn definitions_names() -> impl Iterator<Item = &'static str> {
+pub(crate) fn definitions_names() -> impl Iterator<Item = &'static str> {
     [
         "workspace__list_files",
         "workspace__read_file",

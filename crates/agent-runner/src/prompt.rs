@@ -11,7 +11,7 @@ const EVENT_TEXT_CAP: usize = 6000;
 const EVENTS_MESSAGE_CAP: usize = 32 * 1024;
 
 /// `text` cut to at most `max` bytes (at a character boundary), saying how much was cut.
-pub fn cap_text(text: &str, max: usize) -> String {
+pub(crate) fn cap_text(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_owned();
     }
@@ -23,7 +23,7 @@ pub fn cap_text(text: &str, max: usize) -> String {
 }
 
 /// The user message for newly read events: the most recent that fit the cap.
-pub fn events_message(lines: &[String]) -> String {
+pub(crate) fn events_message(lines: &[String]) -> String {
     let mut kept = Vec::new();
     let mut size = 0;
     for line in lines.iter().rev() {
@@ -45,7 +45,7 @@ pub fn events_message(lines: &[String]) -> String {
 
 /// The system message that opens a conversation: the agent's instructions, what this
 /// session is, and its skills.
-pub fn system_message(agent: &AgentView) -> ChatMessage {
+pub(crate) fn system_message(agent: &AgentView) -> ChatMessage {
     let mut text = String::new();
     text.push_str(agent.instructions.trim());
     text.push_str(&format!(
@@ -71,13 +71,13 @@ pub fn system_message(agent: &AgentView) -> ChatMessage {
 }
 
 /// Whether an event of this type is something the customer did, which wakes the agent.
-pub fn wakes(event_type: &str) -> bool {
+pub(crate) fn wakes(event_type: &str) -> bool {
     event_type == "thread.thread_created" || event_type.ends_with("_received")
 }
 
 /// One feed event as a line for the model: its type and the text the customer (or a
 /// person) wrote, else the thread's title and preview, else the whole payload.
-pub fn describe_event(e: &FeedEvent) -> String {
+pub(crate) fn describe_event(e: &FeedEvent) -> String {
     let payload = Envelope::deserialize(&e.event)
         .map(|envelope| envelope.payload)
         .unwrap_or_default();

@@ -11,25 +11,25 @@ use serde_json::{Map, Value, json};
 use threadgate_api::ToolListing;
 
 /// The argument the runner adds to every gateway tool.
-pub const DIAGNOSIS: &str = "diagnosis";
+pub(crate) const DIAGNOSIS: &str = "diagnosis";
 
 /// The gateway tools the session may call, by their function name.
 #[derive(Debug, Default, Clone)]
-pub struct GatewayTools {
+pub(crate) struct GatewayTools {
     /// function name → catalog name
     names: BTreeMap<String, String>,
     definitions: Vec<Value>,
 }
 
 /// A catalog name as a function name.
-pub fn function_name(tool: &str) -> String {
+pub(crate) fn function_name(tool: &str) -> String {
     tool.replace('.', "__")
 }
 
 impl GatewayTools {
     /// The function tools of `GET /v1/tools`'s listing (descriptions and enums as it
     /// gives them).
-    pub fn from_listing(listing: &ToolListing) -> GatewayTools {
+    pub(crate) fn from_listing(listing: &ToolListing) -> GatewayTools {
         let mut tools = GatewayTools::default();
         for tool in &listing.tools {
             let mut properties = Map::new();
@@ -71,13 +71,13 @@ impl GatewayTools {
     }
 
     /// The OpenAI function tools.
-    pub fn definitions(&self) -> &[Value] {
+    pub(crate) fn definitions(&self) -> &[Value] {
         &self.definitions
     }
 
     /// The catalog name for a function name the model used (the dotted name is
     /// accepted too).
-    pub fn resolve(&self, function: &str) -> Option<&str> {
+    pub(crate) fn resolve(&self, function: &str) -> Option<&str> {
         self.names
             .get(function)
             .or_else(|| self.names.get(&function_name(function)))
@@ -85,12 +85,12 @@ impl GatewayTools {
     }
 
     /// Whether the session may call catalog tool `tool`.
-    pub fn has(&self, tool: &str) -> bool {
+    pub(crate) fn has(&self, tool: &str) -> bool {
         self.names.contains_key(&function_name(tool))
     }
 
     /// The function names, for an error message.
-    pub fn names(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
         self.names.keys().map(String::as_str)
     }
 }
@@ -113,7 +113,7 @@ fn schema_of(ty: &str) -> Map<String, Value> {
 }
 
 /// Splits a call's arguments into the gateway's arguments and the diagnosis.
-pub fn split_diagnosis(mut args: Value) -> (Value, Option<String>) {
+pub(crate) fn split_diagnosis(mut args: Value) -> (Value, Option<String>) {
     let diagnosis = args
         .as_object_mut()
         .and_then(|m| m.remove(DIAGNOSIS))

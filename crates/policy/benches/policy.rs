@@ -6,6 +6,11 @@
 //!   expression, the rest exact names) with a call that matches the last rule and one
 //!   that matches none.
 
+#![expect(
+    clippy::indexing_slicing,
+    reason = "test code: an index out of range is a failed test"
+)]
+
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};

@@ -47,12 +47,6 @@
 //! JavaScript counts a character outside the BMP as two for `.` and classes; with `m`,
 //! `^`/`$` also meet U+2028/U+2029 in JavaScript.
 
-#![deny(
-    clippy::indexing_slicing,
-    unreachable_pub,
-    reason = "the policy engine decides every call: where it relies on an index, an `expect` names the invariant"
-)]
-
 mod arg_path;
 pub mod calls;
 mod catalog;

@@ -10,6 +10,11 @@
 //! applies that difference to the model's input and asks for the same verdict on every
 //! call, and checks that the verdicts differ only where Kortix runs the call.
 
+#![expect(
+    clippy::indexing_slicing,
+    reason = "test code: an index out of range is a failed test"
+)]
+
 #[path = "policy_kortix/kortix_model.rs"]
 mod kortix_model;
 

@@ -7,6 +7,10 @@
 //! with the engine but the catalog's data and the regex crate.
 
 #![expect(
+    clippy::indexing_slicing,
+    reason = "test code: an index out of range is a failed test"
+)]
+#![expect(
     clippy::cast_possible_truncation,
     reason = "the reference model converts numbers the simple way, on purpose: it is what the engine is checked against"
 )]

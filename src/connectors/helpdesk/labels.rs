@@ -6,7 +6,7 @@
 //! reads the thread's labels first; both steps are safe to repeat.
 
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::{HelpdeskConnector, checked_thread_id, documents, response};
 use crate::connectors::ConnectorError;
@@ -59,7 +59,7 @@ impl HelpdeskConnector {
         let data = self
             .execute(documents::LABEL_TYPE, json!({"labelTypeId": label_type_id}))
             .await?;
-        let label_type = &data["labelType"];
+        let label_type = data.get("labelType").unwrap_or(&Value::Null);
         Ok(if label_type.is_null() {
             LabelTypeState::Unknown
         } else if label_type["isArchived"].as_bool() == Some(true) {
@@ -90,7 +90,7 @@ impl HelpdeskConnector {
             .filter_map(|label| {
                 Some((
                     label["id"].as_str()?.to_owned(),
-                    label["labelType"]["id"].as_str()?.to_owned(),
+                    label.pointer("/labelType/id")?.as_str()?.to_owned(),
                 ))
             })
             .collect();

@@ -131,9 +131,10 @@ impl HelpdeskConnector {
             .execute(documents::THREAD_CUSTOMER, json!({"threadId": thread_id}))
             .await?;
         let customer = &response::thread(&data, thread_id)?["customer"];
-        let (Some(customer_id), Some(email)) =
-            (customer["id"].as_str(), customer["email"]["email"].as_str())
-        else {
+        let (Some(customer_id), Some(email)) = (
+            customer["id"].as_str(),
+            customer.pointer("/email/email").and_then(Value::as_str),
+        ) else {
             return Err(ConnectorError::unknown(format!(
                 "plain answered thread `{thread_id}` without its customer"
             )));
@@ -165,7 +166,7 @@ impl HelpdeskConnector {
                 .as_array()
                 .into_iter()
                 .flatten()
-                .map(|edge| &edge["node"]["entry"])
+                .map(|edge| edge.pointer("/node/entry").unwrap_or(&Value::Null))
                 .find(|entry| {
                     let contains =
                         |key: &str| entry[key].as_str().is_some_and(|t| t.contains(marker));
@@ -211,15 +212,18 @@ impl HelpdeskConnector {
             "threadId": thread_id,
             "text": text,
         });
-        if let Some(markdown) = markdown {
-            input["markdown"] = json!(markdown);
+        if let Some(markdown) = markdown
+            && let Some(fields) = input.as_object_mut()
+        {
+            fields.insert("markdown".into(), json!(markdown));
         }
         let data = self
             .execute(documents::CREATE_NOTE, json!({"input": input}))
             .await?;
         let output = response::mutation_output(&data, "createNote", &self.key)?;
-        output["note"]["id"]
-            .as_str()
+        output
+            .pointer("/note/id")
+            .and_then(Value::as_str)
             .map(str::to_owned)
             .ok_or_else(|| ConnectorError::unknown("plain created a note but sent no note id"))
     }
@@ -240,8 +244,10 @@ impl HelpdeskConnector {
         )?;
         let thread_id = args.id("thread_id")?;
         let mut input = json!({"threadId": thread_id, "textContent": args.str("text")?});
-        if let Some(markdown) = args.opt_str("markdown")? {
-            input["markdownContent"] = json!(markdown);
+        if let Some(markdown) = args.opt_str("markdown")?
+            && let Some(fields) = input.as_object_mut()
+        {
+            fields.insert("markdownContent".into(), json!(markdown));
         }
         let data = self
             .execute(documents::REPLY_TO_THREAD, json!({"input": input}))
@@ -318,7 +324,7 @@ impl HelpdeskConnector {
             .execute(documents::MARK_THREAD_AS_DONE, json!({"input": input}))
             .await?;
         let output = response::mutation_output(&data, "markThreadAsDone", &self.key)?;
-        Ok(json!({"thread_id": thread_id, "status": output["thread"]["status"]}))
+        Ok(json!({"thread_id": thread_id, "status": output.pointer("/thread/status")}))
     }
 
     /// Sends one GraphQL operation, retrying rate limits up to the bound, and returns

@@ -43,8 +43,9 @@ pub(crate) fn interpret(response: HttpResponse, key: &Credential) -> Result<Valu
             }
         });
     };
-    if let Some(errors) = body["errors"]
-        .as_array()
+    if let Some(errors) = body
+        .get("errors")
+        .and_then(Value::as_array)
         .filter(|errors| !errors.is_empty())
     {
         return Err(graphql_errors(code, errors, key));
@@ -74,7 +75,7 @@ fn graphql_errors(status: u16, errors: &[Value], key: &Credential) -> ConnectorE
     let message = key.redact(&message);
     let code = errors
         .iter()
-        .find_map(|error| error["extensions"]["code"].as_str())
+        .find_map(|error| error.pointer("/extensions/code").and_then(Value::as_str))
         .map(str::to_owned);
     if code
         .as_deref()
@@ -158,7 +159,7 @@ pub(crate) fn thread_view(thread: &Value) -> Value {
         .as_array()
         .into_iter()
         .flatten()
-        .map(|label| json!({"id": label["id"], "name": label["labelType"]["name"]}))
+        .map(|label| json!({"id": label["id"], "name": label.pointer("/labelType/name")}))
         .collect();
     let assignee = &thread["assignedTo"];
     let assigned_to = if assignee.is_object() {
@@ -170,8 +171,9 @@ pub(crate) fn thread_view(thread: &Value) -> Value {
     } else {
         Value::Null
     };
-    let timeline: Vec<Value> = thread["timelineEntries"]["edges"]
-        .as_array()
+    let timeline: Vec<Value> = thread
+        .pointer("/timelineEntries/edges")
+        .and_then(Value::as_array)
         .into_iter()
         .flatten()
         .map(|edge| timeline_entry(&edge["node"]))
@@ -184,17 +186,17 @@ pub(crate) fn thread_view(thread: &Value) -> Value {
         "description": thread["description"],
         "status": thread["status"],
         "priority": thread["priority"],
-        "created_at": thread["createdAt"]["iso8601"],
+        "created_at": thread.pointer("/createdAt/iso8601"),
         "customer": {
             "id": customer["id"],
             "name": customer["fullName"],
-            "email": customer["email"]["email"],
-            "email_verified": customer["email"]["isVerified"],
+            "email": customer.pointer("/email/email"),
+            "email_verified": customer.pointer("/email/isVerified"),
         },
         "labels": labels,
         "assigned_to": assigned_to,
         "timeline": timeline,
-        "earlier_entries": thread["timelineEntries"]["pageInfo"]["hasPreviousPage"],
+        "earlier_entries": thread.pointer("/timelineEntries/pageInfo/hasPreviousPage"),
     })
 }
 
@@ -202,8 +204,8 @@ fn timeline_entry(node: &Value) -> Value {
     let entry = &node["entry"];
     let mut view = json!({
         "id": node["id"],
-        "at": node["timestamp"]["iso8601"],
-        "actor": node["actor"]["__typename"],
+        "at": node.pointer("/timestamp/iso8601"),
+        "actor": node.pointer("/actor/__typename"),
     });
     let details = match entry["__typename"].as_str() {
         Some("NoteEntry") => json!({
@@ -213,7 +215,7 @@ fn timeline_entry(node: &Value) -> Value {
         Some("ChatEntry") => json!({"kind": "chat", "text": entry["chatText"]}),
         Some("EmailEntry") => json!({
             "kind": "email", "subject": entry["subject"], "text": entry["textContent"],
-            "from": entry["from"]["email"],
+            "from": entry.pointer("/from/email"),
         }),
         other => json!({"kind": other.unwrap_or("unknown")}),
     };

@@ -61,12 +61,16 @@ impl HelpdeskConnector {
         let data = self
             .execute(documents::CREATE_THREAD_EVENT, json!({"input": input}))
             .await?;
-        if is_duplicate_external_id(&data["createThreadEvent"]["error"]) {
+        if is_duplicate_external_id(
+            data.pointer("/createThreadEvent/error")
+                .unwrap_or(&Value::Null),
+        ) {
             return Ok(EventPosted::AlreadyThere);
         }
         let output = response::mutation_output(&data, "createThreadEvent", &self.key)?;
-        output["threadEvent"]["id"]
-            .as_str()
+        output
+            .pointer("/threadEvent/id")
+            .and_then(Value::as_str)
             .map(|id| EventPosted::Created(id.to_owned()))
             .ok_or_else(|| ConnectorError::unknown("plain created a thread event but sent no id"))
     }

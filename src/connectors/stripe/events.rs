@@ -291,10 +291,13 @@ async fn receive(
             );
         }
     };
-    let kind = event["type"].as_str().unwrap_or_default();
-    let id = event["id"].as_str().unwrap_or_default();
+    let kind = event
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let id = event.get("id").and_then(Value::as_str).unwrap_or_default();
     if matches!(kind, "customer.updated" | "customer.deleted") {
-        let Some(customer) = event["data"]["object"]["id"].as_str() else {
+        let Some(customer) = event.pointer("/data/object/id").and_then(Value::as_str) else {
             return refuse(
                 StatusCode::BAD_REQUEST,
                 "invalid_event",

@@ -182,15 +182,19 @@ impl StripeConnector {
             )
             .await?;
         let amount = |key: &str| {
-            charge[key].as_u64().ok_or_else(|| {
+            charge.get(key).and_then(Value::as_u64).ok_or_else(|| {
                 ConnectorError::unknown(format!("stripe charge {charge_id} has no `{key}`"))
             })
         };
         Ok(ChargeFacts {
-            customer: object_id(&charge["customer"]),
+            customer: object_id(charge.get("customer").unwrap_or(&Value::Null)),
             amount: amount("amount")?,
             amount_refunded: amount("amount_refunded")?,
-            currency: charge["currency"].as_str().unwrap_or_default().to_owned(),
+            currency: charge
+                .get("currency")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
         })
     }
 
@@ -207,11 +211,12 @@ impl StripeConnector {
                 None,
             )
             .await?;
-        if customer["deleted"].as_bool() == Some(true) {
+        if customer.get("deleted").and_then(Value::as_bool) == Some(true) {
             return Ok(None);
         }
-        Ok(customer["email"]
-            .as_str()
+        Ok(customer
+            .get("email")
+            .and_then(Value::as_str)
             .filter(|email| !email.is_empty())
             .map(str::to_owned))
     }
@@ -248,7 +253,9 @@ impl StripeConnector {
                 None,
             )
             .await?;
-        Ok(object_id(&subscription["customer"]))
+        Ok(object_id(
+            subscription.get("customer").unwrap_or(&Value::Null),
+        ))
     }
 
     /// Runs a list tool (`stripe.list_invoices` or `stripe.list_charges`) page after
@@ -267,13 +274,17 @@ impl StripeConnector {
         let mut items = Vec::new();
         for _ in 0..MAX_PAGES {
             let page = self.list(action, &Value::Object(page_args.clone())).await?;
-            let data = page["data"].as_array().cloned().unwrap_or_default();
+            let data = page
+                .get("data")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
             let next = data
                 .last()
                 .and_then(|last| last["id"].as_str())
                 .map(str::to_owned);
             items.extend(data);
-            match (page["has_more"].as_bool(), next) {
+            match (page.get("has_more").and_then(Value::as_bool), next) {
                 (Some(true), Some(next)) => {
                     page_args.insert("starting_after".into(), Value::String(next));
                 }
@@ -303,11 +314,12 @@ impl StripeConnector {
         let mut page = self
             .request(&["v1", resource], Request::Get(query), None)
             .await?;
-        let next = page["data"]
-            .as_array()
+        let next = page
+            .get("data")
+            .and_then(Value::as_array)
             .and_then(|data| data.last())
             .and_then(|last| last["id"].as_str())
-            .filter(|_| page["has_more"].as_bool() == Some(true))
+            .filter(|_| page.get("has_more").and_then(Value::as_bool) == Some(true))
             .map(|id| Value::String(id.to_owned()))
             .unwrap_or(Value::Null);
         if let Value::Object(map) = &mut page {
@@ -435,8 +447,9 @@ impl StripeConnector {
                 None,
             )
             .await?;
-        let items = current["items"]["data"]
-            .as_array()
+        let items = current
+            .pointer("/items/data")
+            .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
         let [item] = items.as_slice() else {
@@ -561,7 +574,7 @@ fn interpret(response: HttpResponse, key: &Credential) -> Result<Value, Connecto
         });
     }
     let body: Value = serde_json::from_slice(&response.body).unwrap_or(Value::Null);
-    let error = &body["error"];
+    let error = body.get("error").unwrap_or(&Value::Null);
     let field = |name: &str| error[name].as_str().map(str::to_owned);
     let mut message = field("message").unwrap_or_else(|| {
         format!(

@@ -21,7 +21,7 @@ const FALLBACK_FILE: &str = "billing/invoice_total.sh";
 const QUOTED_OUTPUT_CHARS: usize = 2000;
 
 /// The step of the bug-report script at assistant turn `turn`.
-pub fn step(request: &ChatRequest, turn: usize) -> Step {
+pub(super) fn step(request: &ChatRequest, turn: usize) -> Step {
     let thread = thread_id(request);
     match turn {
         0 => local(

@@ -83,11 +83,18 @@ fn tool_objects(request: &ChatRequest) -> Vec<Value> {
 fn charges(request: &ChatRequest) -> Vec<(String, i64, i64)> {
     let mut seen: Vec<(String, i64, i64)> = Vec::new();
     for o in tool_objects(request) {
-        let (Some(id), Some(amount)) = (o["id"].as_str(), o["amount"].as_i64()) else {
+        let (Some(id), Some(amount)) = (
+            o.get("id").and_then(Value::as_str),
+            o.get("amount").and_then(Value::as_i64),
+        ) else {
             continue;
         };
         if id.starts_with("ch_") && !seen.iter().any(|(s, _, _)| s == id) {
-            seen.push((id.to_owned(), amount, o["created"].as_i64().unwrap_or(0)));
+            seen.push((
+                id.to_owned(),
+                amount,
+                o.get("created").and_then(Value::as_i64).unwrap_or(0),
+            ));
         }
     }
     seen
@@ -96,8 +103,9 @@ fn charges(request: &ChatRequest) -> Vec<(String, i64, i64)> {
 /// The later of two charges with the same amount, if any.
 fn duplicate(charges: &[(String, i64, i64)]) -> Option<&(String, i64, i64)> {
     charges.iter().enumerate().find_map(|(i, a)| {
-        charges[..i]
+        charges
             .iter()
+            .take(i)
             .find(|b| b.1 == a.1)
             .map(|b| if (a.2, i) >= (b.2, 0) { a } else { b })
     })
@@ -114,7 +122,7 @@ fn customer(request: &ChatRequest) -> Option<String> {
 
 /// A gateway tool's name as the request offers it (the proxy may have renamed it for
 /// the wire); an unoffered tool keeps its wire form.
-pub fn offered(request: &ChatRequest, tool: &str) -> String {
+pub(super) fn offered(request: &ChatRequest, tool: &str) -> String {
     let wire = wire_name(tool);
     request
         .tools
@@ -274,7 +282,7 @@ fn injection_step(request: &ChatRequest, turn: usize) -> Step {
 }
 
 /// A test directive in the user messages: `[scripted:NAME:N]` answers N.
-pub fn directive(request: &ChatRequest, name: &str) -> Option<u64> {
+pub(super) fn directive(request: &ChatRequest, name: &str) -> Option<u64> {
     let text = user_text(request);
     let start = text.find(&format!("[scripted:{name}:"))? + name.len() + 11;
     let end = text[start..].find(']')? + start;
@@ -282,6 +290,6 @@ pub fn directive(request: &ChatRequest, name: &str) -> Option<u64> {
 }
 
 /// Whether the user messages hold the flag `[scripted:NAME]`.
-pub fn flag(request: &ChatRequest, name: &str) -> bool {
+pub(super) fn flag(request: &ChatRequest, name: &str) -> bool {
     user_text(request).contains(&format!("[scripted:{name}]"))
 }

@@ -9,7 +9,7 @@ use super::step::{LABEL, Step};
 use crate::model::types::{ChatRequest, Message, Role, ToolCall, ToolDef};
 
 /// A rough count: four bytes of request per token.
-pub fn estimate_tokens(body: &Value) -> u64 {
+pub(super) fn estimate_tokens(body: &Value) -> u64 {
     (body.to_string().len() as u64 / 4).max(1)
 }
 
@@ -26,7 +26,7 @@ fn text_of(v: &Value) -> String {
 }
 
 /// Reads an Anthropic Messages request into the internal type.
-pub fn parse_anthropic_request(v: &Value) -> Result<ChatRequest, String> {
+pub(super) fn parse_anthropic_request(v: &Value) -> Result<ChatRequest, String> {
     let mut messages = Vec::new();
     if let Some(system) = v.get("system") {
         messages.push(Message {
@@ -57,18 +57,21 @@ pub fn parse_anthropic_request(v: &Value) -> Result<ChatRequest, String> {
             tool_call_id: None,
         };
         for b in blocks {
-            match b["type"].as_str() {
-                Some("text") => msg.content.push_str(b["text"].as_str().unwrap_or_default()),
+            let field = |key: &str| b.get(key).unwrap_or(&Value::Null);
+            match field("type").as_str() {
+                Some("text") => msg
+                    .content
+                    .push_str(field("text").as_str().unwrap_or_default()),
                 Some("tool_use") => msg.tool_calls.push(ToolCall {
-                    id: b["id"].as_str().unwrap_or_default().to_owned(),
-                    name: b["name"].as_str().unwrap_or_default().to_owned(),
-                    arguments: b["input"].to_string(),
+                    id: field("id").as_str().unwrap_or_default().to_owned(),
+                    name: field("name").as_str().unwrap_or_default().to_owned(),
+                    arguments: field("input").to_string(),
                 }),
                 Some("tool_result") => messages.push(Message {
                     role: Role::Tool,
-                    content: text_of(&b["content"]),
+                    content: text_of(field("content")),
                     tool_calls: vec![],
-                    tool_call_id: b["tool_use_id"].as_str().map(str::to_owned),
+                    tool_call_id: field("tool_use_id").as_str().map(str::to_owned),
                 }),
                 _ => return Err("unknown content block".into()),
             }
@@ -108,7 +111,7 @@ fn call_id(request: &ChatRequest) -> String {
 }
 
 /// An OpenAI `chat.completion` for `step`.
-pub fn openai_answer(request: &ChatRequest, step: &Step, prompt_tokens: u64) -> Value {
+pub(super) fn openai_answer(request: &ChatRequest, step: &Step, prompt_tokens: u64) -> Value {
     let (message, finish, completion) = match step {
         Step::Call {
             text,
@@ -141,7 +144,7 @@ pub fn openai_answer(request: &ChatRequest, step: &Step, prompt_tokens: u64) -> 
 }
 
 /// An Anthropic `message` for `step`.
-pub fn anthropic_answer(request: &ChatRequest, step: &Step, prompt_tokens: u64) -> Value {
+pub(super) fn anthropic_answer(request: &ChatRequest, step: &Step, prompt_tokens: u64) -> Value {
     let (content, stop, completion) = match step {
         Step::Call {
             text,

@@ -17,7 +17,7 @@ use crate::reviewers::throttle::request_client_key;
 use crate::reviewers::{self, ReviewerError};
 
 /// The cookie that binds a sign-in at the provider to the browser that started it.
-pub const OIDC_COOKIE: &str = "tg_oidc";
+pub(super) const OIDC_COOKIE: &str = "tg_oidc";
 /// Where that cookie is sent: only to the two sign-in routes.
 const OIDC_COOKIE_PATH: &str = "/login/oidc";
 

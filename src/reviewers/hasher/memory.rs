@@ -20,7 +20,7 @@ pub const MAX_M_COST_KIB: u32 = 64 * 1024;
 
 /// Why a hash could not be computed or a stored one read.
 #[derive(Debug, thiserror::Error)]
-pub enum MemoryHashError {
+pub(super) enum MemoryHashError {
     /// The stored string is not an argon2 PHC hash this pool can check.
     #[error("the stored hash is not a usable argon2 PHC string: {0}")]
     Stored(String),
@@ -31,18 +31,18 @@ pub enum MemoryHashError {
 
 /// Buffers of blocks, at most one per turn of the pool that owns it.
 #[derive(Debug, Default)]
-pub struct BlockPool {
+pub(super) struct BlockPool {
     free: Mutex<Vec<Vec<Block>>>,
 }
 
 impl BlockPool {
     /// An empty pool (buffers are allocated on first use, then kept).
-    pub fn new() -> Arc<BlockPool> {
+    pub(super) fn new() -> Arc<BlockPool> {
         Arc::new(BlockPool::default())
     }
 
     /// How many buffers are kept (for tests: never more than the turns).
-    pub fn kept(&self) -> usize {
+    pub(super) fn kept(&self) -> usize {
         self.free.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
@@ -63,7 +63,7 @@ impl BlockPool {
 
     /// A standard argon2id PHC hash of `password` (argon2's default parameters, a fresh
     /// random salt).
-    pub fn hash(self: &Arc<Self>, password: &[u8]) -> Result<String, MemoryHashError> {
+    pub(super) fn hash(self: &Arc<Self>, password: &[u8]) -> Result<String, MemoryHashError> {
         let argon2 = Argon2::default();
         let mut salt = [0u8; RECOMMENDED_SALT_LEN];
         rand::rng().fill_bytes(&mut salt);
@@ -81,7 +81,11 @@ impl BlockPool {
 
     /// Whether `password` matches the PHC string `phc`, computed with the parameters,
     /// salt and output length it names and compared in constant time.
-    pub fn verify(self: &Arc<Self>, password: &[u8], phc: &str) -> Result<bool, MemoryHashError> {
+    pub(super) fn verify(
+        self: &Arc<Self>,
+        password: &[u8],
+        phc: &str,
+    ) -> Result<bool, MemoryHashError> {
         let stored = PasswordHash::new(phc).map_err(stored_error)?;
         let algorithm = Algorithm::try_from(stored.algorithm.as_str()).map_err(stored_error)?;
         let version = stored
@@ -128,6 +132,10 @@ impl Lease {
         if self.blocks.len() < needed {
             self.blocks.resize(needed, Block::new());
         }
+        #[expect(
+            clippy::indexing_slicing,
+            reason = "INVARIANT: the blocks were just grown to at least `needed`"
+        )]
         let memory = &mut self.blocks[..needed];
         let computed = argon2
             .hash_password_into_with_memory(password, salt, out, &mut *memory)

@@ -12,7 +12,7 @@ use crate::support::wait::eventually;
 use crate::support::world::{PUBLIC_URL, World, refunds};
 
 /// The calls of a calls file, with the file's placeholder ids replaced by real ones.
-pub fn load_calls(file: &str, ids: &HashMap<&str, String>) -> Vec<(String, Value)> {
+pub(super) fn load_calls(file: &str, ids: &HashMap<&str, String>) -> Vec<(String, Value)> {
     let text =
         std::fs::read_to_string(crate::support::plain::repo_root().join(file)).expect("calls");
     let doc: Value = serde_norway::from_str(&text).expect("calls yaml");
@@ -35,7 +35,7 @@ pub fn load_calls(file: &str, ids: &HashMap<&str, String>) -> Vec<(String, Value
 }
 
 /// The decision column of an expected file (indented lines detail the row above).
-pub fn load_expected(file: &str) -> Vec<String> {
+pub(super) fn load_expected(file: &str) -> Vec<String> {
     let text =
         std::fs::read_to_string(crate::support::plain::repo_root().join(file)).expect("expected");
     text.lines()

@@ -17,11 +17,11 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// A connected MCP client.
-pub type Client = RunningService<RoleClient, ClientConfig>;
+pub(crate) type Client = RunningService<RoleClient, ClientConfig>;
 
 /// A client of revision 2026-07-28 (`server/discover`, no handshake) over the session
 /// socket at `socket`; `url_elicitation` declares URL-mode elicitation.
-pub async fn connect(socket: &Path, url_elicitation: bool) -> Client {
+pub(crate) async fn connect(socket: &Path, url_elicitation: bool) -> Client {
     let lifecycle = ClientLifecycleMode::Discover {
         preferred_versions: vec![ProtocolVersion::V_2026_07_28],
     };
@@ -33,7 +33,7 @@ pub async fn connect(socket: &Path, url_elicitation: bool) -> Client {
 
 /// A client of revision 2026-07-28 whose progress notifications arrive on the
 /// answered channel.
-pub async fn connect_with_progress(
+pub(crate) async fn connect_with_progress(
     socket: &Path,
 ) -> (
     RunningService<RoleClient, ProgressRecorder>,
@@ -55,7 +55,7 @@ pub async fn connect_with_progress(
 }
 
 /// A client handler that passes on every progress notification.
-pub struct ProgressRecorder {
+pub(crate) struct ProgressRecorder {
     config: ClientConfig,
     seen: tokio::sync::mpsc::UnboundedSender<ProgressNotificationParam>,
 }
@@ -75,7 +75,7 @@ impl ClientHandler for ProgressRecorder {
 }
 
 /// A client of an earlier revision (the `initialize` handshake).
-pub async fn connect_legacy(socket: &Path, url_elicitation: bool) -> Client {
+pub(crate) async fn connect_legacy(socket: &Path, url_elicitation: bool) -> Client {
     config(url_elicitation)
         .with_protocol_version(ProtocolVersion::V_2025_11_25)
         .serve(transport(socket))
@@ -102,7 +102,7 @@ fn config(url_elicitation: bool) -> ClientConfig {
 }
 
 /// One `tools/call` without MRTR rounds.
-pub async fn call_once(client: &Client, tool: &str, args: Value) -> CallToolResponse {
+pub(crate) async fn call_once(client: &Client, tool: &str, args: Value) -> CallToolResponse {
     let Value::Object(args) = args else {
         panic!("arguments must be an object");
     };
@@ -113,7 +113,7 @@ pub async fn call_once(client: &Client, tool: &str, args: Value) -> CallToolResp
 }
 
 /// One `tools/call` that must complete; answers its result.
-pub async fn call(client: &Client, tool: &str, args: Value) -> CallToolResult {
+pub(crate) async fn call(client: &Client, tool: &str, args: Value) -> CallToolResult {
     match call_once(client, tool, args).await {
         CallToolResponse::Complete(r) => r,
         other => panic!("{tool}: expected a complete result, got {other:?}"),
@@ -121,12 +121,12 @@ pub async fn call(client: &Client, tool: &str, args: Value) -> CallToolResult {
 }
 
 /// The structured content of a result.
-pub fn body(result: &CallToolResult) -> Value {
+pub(crate) fn body(result: &CallToolResult) -> Value {
     result.structured_content.clone().unwrap_or(Value::Null)
 }
 
 /// The text of a result's first content block.
-pub fn text(result: &CallToolResult) -> String {
+pub(crate) fn text(result: &CallToolResult) -> String {
     result
         .content
         .first()
@@ -136,7 +136,7 @@ pub fn text(result: &CallToolResult) -> String {
 }
 
 /// A raw `POST /mcp` with `extra_headers`; answers the status code and the text.
-pub async fn raw_post(socket: &Path, extra_headers: &str, body: &str) -> (u16, String) {
+pub(crate) async fn raw_post(socket: &Path, extra_headers: &str, body: &str) -> (u16, String) {
     let headers = format!(
         "Host: threadgate\r\nContent-Type: application/json\r\n\
          Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\n\
@@ -147,7 +147,12 @@ pub async fn raw_post(socket: &Path, extra_headers: &str, body: &str) -> (u16, S
 
 /// A raw HTTP/1.1 request (`line` is its method and path) with `headers` (each ending
 /// in CRLF, `Host` included when wanted); answers the status code and the text.
-pub async fn raw_request(socket: &Path, line: &str, headers: &str, body: &str) -> (u16, String) {
+pub(crate) async fn raw_request(
+    socket: &Path,
+    line: &str,
+    headers: &str,
+    body: &str,
+) -> (u16, String) {
     let mut stream = tokio::net::UnixStream::connect(socket)
         .await
         .expect("connect");

@@ -14,7 +14,7 @@ use crate::support::wait::eventually;
 
 /// A chat request with `text` as the customer's message, padded past `pad` bytes with
 /// a tool schema of zeros (a large parsed tree for few bytes).
-pub fn padded(text: &str, pad: usize) -> Vec<u8> {
+pub(super) fn padded(text: &str, pad: usize) -> Vec<u8> {
     let zeros = vec![0u8; pad / 2];
     let body = json!({
         "messages": customer_says(text),
@@ -26,7 +26,7 @@ pub fn padded(text: &str, pad: usize) -> Vec<u8> {
 
 /// `POST /v1/model/chat/completions` with `body`, read even when the server answers
 /// before reading it all (a write error then is expected; the answer is what counts).
-pub async fn post_tolerant(socket: &Path, body: &[u8]) -> (u16, Value) {
+pub(super) async fn post_tolerant(socket: &Path, body: &[u8]) -> (u16, Value) {
     let mut stream = tokio::net::UnixStream::connect(socket)
         .await
         .expect("connect");

@@ -17,10 +17,10 @@ use crate::support::app::TestApp;
 use crate::support::world::{PUBLIC_URL, World};
 
 /// Every test reviewer's password.
-pub const PASSWORD: &str = "correct horse battery staple";
+pub(crate) const PASSWORD: &str = "correct horse battery staple";
 
 /// Adds reviewer `name` with [`PASSWORD`].
-pub async fn add_reviewer(app: &TestApp, name: &str) {
+pub(crate) async fn add_reviewer(app: &TestApp, name: &str) {
     reviewers::add(&app.db, name).await.expect("add reviewer");
     // A pool of its own, so the app's counters count only the app's hashes.
     reviewers::set_password(
@@ -35,7 +35,7 @@ pub async fn add_reviewer(app: &TestApp, name: &str) {
 
 /// The approval link of the held-call note for `execution_id` on `thread_id`, pointed
 /// at the app's address.
-pub async fn note_link(
+pub(crate) async fn note_link(
     world: &World,
     app: &TestApp,
     thread_id: &str,
@@ -49,13 +49,13 @@ pub async fn note_link(
 }
 
 /// The value of `name="csrf"` in a page.
-pub fn csrf_of(html: &str) -> String {
+pub(crate) fn csrf_of(html: &str) -> String {
     let at = html.find("name=\"csrf\" value=\"").expect("a csrf field") + 19;
     html[at..].split('"').next().unwrap_or_default().to_owned()
 }
 
 /// The `name=value` of a Set-Cookie named `name`, and the whole header.
-pub fn set_cookie(resp: &reqwest::Response, name: &str) -> Option<(String, String)> {
+pub(crate) fn set_cookie(resp: &reqwest::Response, name: &str) -> Option<(String, String)> {
     resp.headers()
         .get_all(reqwest::header::SET_COOKIE)
         .iter()
@@ -70,7 +70,7 @@ pub fn set_cookie(resp: &reqwest::Response, name: &str) -> Option<(String, Strin
 }
 
 /// A reviewer signed in over plain HTTP.
-pub struct Web {
+pub(crate) struct Web {
     pub base: String,
     pub http: reqwest::Client,
     pub cookie: String,
@@ -78,7 +78,7 @@ pub struct Web {
 }
 
 /// A client that does not follow redirects (the tests look at each answer).
-pub fn client() -> reqwest::Client {
+pub(crate) fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
@@ -86,7 +86,7 @@ pub fn client() -> reqwest::Client {
 }
 
 /// Posts the sign-in form as a browser would; returns the response.
-pub async fn post_login(app: &TestApp, name: &str, password: &str) -> reqwest::Response {
+pub(crate) async fn post_login(app: &TestApp, name: &str, password: &str) -> reqwest::Response {
     let (base, http) = (format!("http://{}", app.addr), client());
     let form = http
         .get(format!("{base}/login"))
@@ -110,7 +110,7 @@ pub async fn post_login(app: &TestApp, name: &str, password: &str) -> reqwest::R
 
 impl Web {
     /// Signs `name` in with [`PASSWORD`].
-    pub async fn sign_in(app: &TestApp, name: &str) -> Web {
+    pub(crate) async fn sign_in(app: &TestApp, name: &str) -> Web {
         let resp = post_login(app, name, PASSWORD).await;
         assert_eq!(resp.status().as_u16(), 303, "sign-in redirects");
         let (cookie, _) = set_cookie(&resp, "tg_review").expect("session cookie");
@@ -132,7 +132,7 @@ impl Web {
     }
 
     /// `GET path` with the session; (status, body).
-    pub async fn get(&self, path: &str) -> (u16, String) {
+    pub(crate) async fn get(&self, path: &str) -> (u16, String) {
         let r = self
             .http
             .get(format!("{}{path}", self.base))
@@ -144,7 +144,7 @@ impl Web {
     }
 
     /// A form post with the session; (status, body).
-    pub async fn post(&self, path: &str, fields: &[(&str, &str)]) -> (u16, String) {
+    pub(crate) async fn post(&self, path: &str, fields: &[(&str, &str)]) -> (u16, String) {
         let r = self
             .http
             .post(format!("{}{path}", self.base))
@@ -158,7 +158,7 @@ impl Web {
 
     /// Approves `id` with its numeric argument `field` lowered to `value` (the page's
     /// narrowing form); (status, body).
-    pub async fn approve_lower(&self, id: &str, field: &str, value: &str) -> (u16, String) {
+    pub(crate) async fn approve_lower(&self, id: &str, field: &str, value: &str) -> (u16, String) {
         let lowered = format!("lower.{field}");
         self.post(
             &format!("/approvals/{id}/decide"),
@@ -177,7 +177,7 @@ impl Web {
 
 /// A chromedriver process and one browser session on it; both end on [`Browser::close`]
 /// (or, without waiting, on drop).
-pub struct Browser {
+pub(crate) struct Browser {
     pub client: Client,
     driver: Child,
     _profile: tempfile::TempDir,
@@ -192,7 +192,7 @@ fn free_port() -> u16 {
 
 impl Browser {
     /// Starts chromedriver and a fresh headless Chromium profile at desktop width.
-    pub async fn start() -> Browser {
+    pub(crate) async fn start() -> Browser {
         let port = free_port();
         let driver = Command::new("chromedriver")
             .arg(format!("--port={port}"))
@@ -239,12 +239,12 @@ impl Browser {
     }
 
     /// Navigates to `url` and waits until the page has a `main` element.
-    pub async fn open(&self, url: &str) {
+    pub(crate) async fn open(&self, url: &str) {
         self.client.goto(url).await.expect("goto");
     }
 
     /// Waits for the element at `css`.
-    pub async fn wait_for(&self, css: &str) -> fantoccini::elements::Element {
+    pub(crate) async fn wait_for(&self, css: &str) -> fantoccini::elements::Element {
         self.client
             .wait()
             .at_most(Duration::from_secs(20))
@@ -254,12 +254,12 @@ impl Browser {
     }
 
     /// The text of the element at `css`.
-    pub async fn text(&self, css: &str) -> String {
+    pub(crate) async fn text(&self, css: &str) -> String {
         self.wait_for(css).await.text().await.expect("text")
     }
 
     /// Signs in on the sign-in form the browser is on (or is being sent to).
-    pub async fn sign_in(&self, name: &str, password: &str) {
+    pub(crate) async fn sign_in(&self, name: &str, password: &str) {
         self.wait_for("input[name=name]")
             .await
             .send_keys(name)
@@ -275,7 +275,7 @@ impl Browser {
 
     /// Clicks the button at `css` and waits until the browser has left the page (the
     /// old document's root element is gone), so nothing of the old page is read after.
-    pub async fn submit(&self, css: &str) {
+    pub(crate) async fn submit(&self, css: &str) {
         let old = self.wait_for("html").await;
         self.wait_for(css).await.click().await.expect("click");
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -289,12 +289,12 @@ impl Browser {
     }
 
     /// Runs a script in the page (WebDriver scripts are not subject to the page's CSP).
-    pub async fn script(&self, js: &str) -> Value {
+    pub(crate) async fn script(&self, js: &str) -> Value {
         self.client.execute(js, vec![]).await.expect("script")
     }
 
     /// Saves a PNG screenshot at `width` x `height` as `name` under the test output.
-    pub async fn screenshot(&self, name: &str, width: u32, height: u32) -> PathBuf {
+    pub(crate) async fn screenshot(&self, name: &str, width: u32, height: u32) -> PathBuf {
         self.client
             .set_window_size(width, height)
             .await
@@ -308,7 +308,7 @@ impl Browser {
     }
 
     /// Ends the browser session and chromedriver.
-    pub async fn close(mut self) {
+    pub(crate) async fn close(mut self) {
         let _ = self.client.clone().close().await;
         let _ = self.driver.kill();
         let _ = self.driver.wait();

@@ -12,7 +12,7 @@ use threadgate::workspace::{RepoConfig, Workspaces};
 
 /// A temporary world: threadgate's repository, a worktrees directory, and a directory
 /// "outside" that nothing may touch.
-pub struct Fixture {
+pub(super) struct Fixture {
     pub _tmp: TempDir,
     pub repo_path: PathBuf,
     pub worktrees: PathBuf,
@@ -22,12 +22,12 @@ pub struct Fixture {
 }
 
 impl Fixture {
-    pub fn new() -> Fixture {
+    pub(super) fn new() -> Fixture {
         Fixture::with(|_| {})
     }
 
     /// Builds the fixture, letting `adjust` change the config before opening.
-    pub fn with(adjust: impl FnOnce(&mut RepoConfig)) -> Fixture {
+    pub(super) fn with(adjust: impl FnOnce(&mut RepoConfig)) -> Fixture {
         let tmp = TempDir::new().unwrap();
         let root = tmp.path().canonicalize().unwrap();
         let repo_path = root.join("repo");
@@ -55,22 +55,22 @@ impl Fixture {
         }
     }
 
-    pub fn repo(&self) -> Repository {
+    pub(super) fn repo(&self) -> Repository {
         Repository::open(&self.repo_path).unwrap()
     }
 
-    pub fn refs(&self) -> BTreeMap<String, String> {
+    pub(super) fn refs(&self) -> BTreeMap<String, String> {
         all_refs(&self.repo())
     }
 
-    pub fn tip(&self, thread: &str) -> Oid {
+    pub(super) fn tip(&self, thread: &str) -> Oid {
         self.repo()
             .refname_to_id(&format!("refs/heads/threadgate/{thread}"))
             .unwrap()
     }
 
     /// Path -> (mode, content) of the tree of `commit`.
-    pub fn tree_of(&self, commit: Oid) -> BTreeMap<String, (i32, Vec<u8>)> {
+    pub(super) fn tree_of(&self, commit: Oid) -> BTreeMap<String, (i32, Vec<u8>)> {
         let repo = self.repo();
         let tree = repo.find_commit(commit).unwrap().tree().unwrap();
         tree_files(&repo, &tree)
@@ -79,7 +79,7 @@ impl Fixture {
 
 /// Creates a working repository at `path` whose `main` holds a few files, an executable,
 /// a nested directory and a symlink, plus a `release` branch. Returns main's tip.
-pub fn init_repo(path: &Path) -> Oid {
+pub(super) fn init_repo(path: &Path) -> Oid {
     let mut opts = git2::RepositoryInitOptions::new();
     opts.initial_head("main");
     let repo = Repository::init_opts(path, &opts).unwrap();
@@ -110,7 +110,7 @@ pub fn init_repo(path: &Path) -> Oid {
 }
 
 /// Writes a commit whose tree holds exactly `files` (path, mode, content).
-pub fn commit_files(
+pub(super) fn commit_files(
     repo: &Repository,
     update_ref: Option<&str>,
     files: &[(&str, i32, &[u8])],
@@ -143,7 +143,7 @@ pub fn commit_files(
 }
 
 /// Every reference (symbolic ones by their target name) of a repository.
-pub fn all_refs(repo: &Repository) -> BTreeMap<String, String> {
+pub(super) fn all_refs(repo: &Repository) -> BTreeMap<String, String> {
     let mut refs = BTreeMap::new();
     for reference in repo.references().unwrap() {
         let reference = reference.unwrap();
@@ -161,7 +161,10 @@ pub fn all_refs(repo: &Repository) -> BTreeMap<String, String> {
     refs
 }
 
-pub fn tree_files(repo: &Repository, tree: &git2::Tree<'_>) -> BTreeMap<String, (i32, Vec<u8>)> {
+pub(super) fn tree_files(
+    repo: &Repository,
+    tree: &git2::Tree<'_>,
+) -> BTreeMap<String, (i32, Vec<u8>)> {
     let mut files = BTreeMap::new();
     tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
         let path = format!("{dir}{}", entry.name().unwrap());
@@ -179,7 +182,7 @@ pub fn tree_files(repo: &Repository, tree: &git2::Tree<'_>) -> BTreeMap<String, 
 }
 
 /// Path -> description of every entry below `dir`, symlinks not followed.
-pub fn dir_listing(dir: &Path) -> BTreeMap<PathBuf, String> {
+pub(super) fn dir_listing(dir: &Path) -> BTreeMap<PathBuf, String> {
     let mut listing = BTreeMap::new();
     let mut stack = vec![dir.to_owned()];
     while let Some(current) = stack.pop() {
@@ -203,12 +206,12 @@ pub fn dir_listing(dir: &Path) -> BTreeMap<PathBuf, String> {
     listing
 }
 
-pub fn write_exec(path: &Path, content: &str) {
+pub(super) fn write_exec(path: &Path, content: &str) {
     fs::write(path, content).unwrap();
     fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
 }
 
 /// `text` as a thread id (the tests' ids are all valid).
-pub fn tid(text: &str) -> threadgate::ids::ThreadId {
+pub(super) fn tid(text: &str) -> threadgate::ids::ThreadId {
     threadgate::ids::ThreadId::parse(text).expect("thread id")
 }
