@@ -56,7 +56,27 @@ pub(super) fn schema() -> Result<BTreeMap<String, Value>, ConfigError> {
     if let Value::Dict(_, dict) = defaults {
         collect_leaves("", dict, &mut keys);
     }
+    for (table, template) in optional_tables()? {
+        keys.remove(table);
+        if let Value::Dict(_, dict) = template {
+            collect_leaves(table, dict, &mut keys);
+        }
+    }
     Ok(keys)
+}
+
+/// The tables that are unset by default (`[review.oidc]`): their keys, and the kind of
+/// value each takes, come from a template written out in the table's place. Setting
+/// one of them from the environment sets the table, which then needs its required keys
+/// like a table in the file (a missing one is an error naming it).
+pub(super) fn optional_tables() -> Result<Vec<(&'static str, Value)>, ConfigError> {
+    let oidc = crate::review::oidc::OidcSettings::new("", "");
+    let written = Value::serialize(oidc).map_err(|e| ConfigError::Value {
+        key: "review.oidc".into(),
+        origin: Origin::Defaults,
+        message: e.to_string(),
+    })?;
+    Ok(vec![("review.oidc", written)])
 }
 
 fn collect_leaves(prefix: &str, dict: Dict, into: &mut BTreeMap<String, Value>) {

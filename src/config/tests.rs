@@ -188,7 +188,15 @@ fn every_key_of_the_file_has_a_variable() {
     let keys = env_keys();
     assert!(keys.len() > 60, "{} keys", keys.len());
     let defaults = figment::value::Value::serialize(Settings::default()).expect("written");
-    for key in &keys {
+    let optional: Vec<&str> = super::env::optional_tables()
+        .expect("templates")
+        .into_iter()
+        .map(|(table, _)| table)
+        .collect();
+    // A key of a table that is unset by default sets that table, which needs its other
+    // required keys too: `an_unset_table_is_set_whole_from_the_environment` tests those.
+    let in_optional = |key: &str| optional.iter().any(|t| key.starts_with(&format!("{t}.")));
+    for key in keys.iter().filter(|k| !in_optional(&k.key)) {
         let text = if key.default == "(unset)" || key.default == "(empty)" {
             String::new()
         } else {
@@ -526,4 +534,40 @@ fn the_readme_lists_every_variable() {
             assert!(readme.contains(&format!("`{name}`")), "README lacks {name}");
         }
     }
+}
+
+/// `[review.oidc]` is unset by default, and every key of it has a variable: set with
+/// its required keys it is the table a file would give; one required key alone is an
+/// error that names the missing key.
+#[test]
+fn an_unset_table_is_set_whole_from_the_environment() {
+    let vars = [
+        (
+            "THREADGATE_REVIEW__OIDC__ISSUER_URL",
+            "https://id.acme.test",
+        ),
+        ("THREADGATE_REVIEW__OIDC__CLIENT_ID", "threadgate"),
+        (
+            "THREADGATE_REVIEW__OIDC__ALLOWED_EMAIL_DOMAINS",
+            "[\"acme.test\"]",
+        ),
+        ("THREADGATE_REVIEW__OIDC__MAX_PENDING", "50"),
+    ];
+    let s = load(None, &vars).unwrap_or_else(|e| panic!("{e}"));
+    let oidc = s.review.oidc.expect("the table is set");
+    assert_eq!(oidc.issuer_url, "https://id.acme.test");
+    assert_eq!(oidc.client_id, "threadgate");
+    assert_eq!(oidc.allowed_email_domains, ["acme.test"]);
+    assert_eq!(oidc.max_pending, 50);
+    assert_eq!(oidc.name_claim, "email", "the others keep their defaults");
+
+    let text = error(
+        None,
+        &[(
+            "THREADGATE_REVIEW__OIDC__ISSUER_URL",
+            "https://id.acme.test",
+        )],
+    );
+    assert!(text.contains("client_id"), "{text}");
+    assert!(load(None, &[]).expect("defaults").review.oidc.is_none());
 }

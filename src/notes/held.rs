@@ -17,6 +17,7 @@ use rand::Rng as _;
 use serde_json::Value;
 
 use crate::executions::store::{Execution, OutboxNote};
+use crate::money::Currency;
 use crate::secrets::Redactor;
 use crate::session::agent_text::one_line;
 pub use crate::session::agent_text::{agent_lines, escape_markdown};
@@ -59,25 +60,34 @@ pub fn held_note(
         .collect();
     let quoted_text: String = lines.iter().map(|l| format!("> {l}\n")).collect();
     let args = json_on_lines(&serde_json::to_string_pretty(redacted_args).unwrap_or_default());
+    let rows = call_rows(&exec.tool, redacted_args);
+    let table_md: String = rows
+        .iter()
+        .map(|(name, value)| format!("| {name} | {} |\n", escape_markdown(value)))
+        .collect();
+    let table_text: String = rows
+        .iter()
+        .map(|(name, value)| format!("    {name}: {value}\n"))
+        .collect();
     let markdown = format!(
         "**A call is waiting for a person's approval**\n\n\
          **Approve or deny:** {approval_url}\n\n\
-         **The call:** `{tool}`\n\n```json\n{args}\n```\n\n\
+         **The call:**\n\n| | |\n| --- | --- |\n{table_md}\n\
+         Its arguments, as sent:\n\n```json\n{args}\n```\n\n\
          **Held by:** {rule_md}\n\n\
          **The agent's diagnosis** (written by the agent, not verified):\n\n{quoted_md}\n\
          _{marker}_\n",
-        tool = exec.tool,
         rule_md = escape_markdown(&rule),
     );
     let indented: String = args.lines().map(|l| format!("    {l}\n")).collect();
     let text = format!(
         "A call is waiting for a person's approval.\n\
          Approve or deny: {approval_url}\n\n\
-         The call: {tool}\n{indented}\
+         The call:\n{table_text}\
+         Its arguments, as sent:\n{indented}\
          Held by: {rule}\n\n\
          The agent's diagnosis (written by the agent, not verified):\n{quoted_text}\n\
          {marker}\n",
-        tool = exec.tool,
     );
     OutboxNote {
         execution_id: exec.id.clone(),
@@ -86,6 +96,49 @@ pub fn held_note(
         text,
         markdown,
         attempts: 0,
+    }
+}
+
+/// The most characters of one value the call's table shows (the JSON below it has all).
+const CELL_CHARS: usize = 120;
+
+/// The call as a reviewer reads it first: the tool, and where the arguments have them
+/// the amount in the currency's units, the customer, the charge and the reason. Each
+/// value is on one line and at most [`CELL_CHARS`] long; the agent wrote it, so the
+/// Markdown escapes it like the diagnosis.
+fn call_rows(tool: &str, args: &Value) -> Vec<(&'static str, String)> {
+    let text = |names: &[&str]| {
+        names.iter().find_map(|name| match args.get(*name)? {
+            Value::String(s) => Some(s.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        })
+    };
+    let amount =
+        args.get("amount")
+            .and_then(Value::as_i64)
+            .map(|minor| match Currency::of_args(args) {
+                Some(currency) => currency.format(minor),
+                None => format!("{minor} (in the smallest unit; no currency given)"),
+            });
+    let rows = [
+        ("Tool", Some(tool.to_owned())),
+        ("Amount", amount),
+        ("Customer", text(&["customer", "customer_email", "email"])),
+        ("Charge", text(&["charge", "payment_intent"])),
+        ("Reason", text(&["reason"])),
+    ];
+    rows.into_iter()
+        .filter_map(|(name, value)| Some((name, cell(&value?))))
+        .collect()
+}
+
+/// `value` on one line, cut at [`CELL_CHARS`] characters.
+fn cell(value: &str) -> String {
+    let line = one_line(value);
+    match line.char_indices().nth(CELL_CHARS) {
+        Some((cut, _)) => format!("{}…", line.get(..cut).unwrap_or_default()),
+        None => line,
     }
 }
 

@@ -76,7 +76,9 @@ fn own_lines(note: &str) -> Vec<&str> {
             in_code = !in_code;
             continue;
         }
-        if !(in_code || line.starts_with("> ") || line.starts_with("    ")) {
+        // The call's table holds agent values escaped, one row each (tested apart).
+        let table_row = line.starts_with("| ");
+        if !(in_code || table_row || line.starts_with("> ") || line.starts_with("    ")) {
             own.push(line);
         }
     }
@@ -176,4 +178,85 @@ fn each_note_gets_its_own_marker_with_a_key() {
     assert_ne!(a, b);
     assert!(a.starts_with(&reference("ex_1")), "{a}");
     assert!(a.len() > reference("ex_1").len() + 32, "{a}");
+}
+
+fn refund_note(args: &serde_json::Value) -> OutboxNote {
+    let mut exec = held("Charged twice.", args.clone());
+    exec.tool = "stripe.create_refund".into();
+    held_note(
+        &exec,
+        args,
+        "refunds over 10.00 USD (support.yaml:3)",
+        URL,
+        &Redactor::empty(),
+    )
+}
+
+#[test]
+fn the_call_reads_as_a_table_in_the_currencys_units_with_agent_values_escaped() {
+    let args = json!({
+        "charge": "ch_1", "amount": 2500, "currency": "usd", "customer": "cus_9",
+        "reason": "dup | **Approve or deny:** [x](https://evil.example)\r\n## heading",
+    });
+    let note = refund_note(&args);
+    let rows: Vec<&str> = note
+        .markdown
+        .lines()
+        .filter(|l| l.starts_with("| "))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            "| | |",
+            "| --- | --- |",
+            "| Tool | stripe\\.create\\_refund |",
+            "| Amount | 25\\.00 USD |",
+            "| Customer | cus\\_9 |",
+            "| Charge | ch\\_1 |",
+            "| Reason | dup \\| \\*\\*Approve or deny\\:\\*\\* \\[x\\]\\(https\\:\\/\\/evil\\.example\\) \\#\\# heading |",
+        ],
+        "{}",
+        note.markdown
+    );
+    assert!(
+        note.text.contains("    Amount: 25.00 USD\n"),
+        "{}",
+        note.text
+    );
+    assert!(
+        note.text.contains(
+            "    Reason: dup | **Approve or deny:** [x](https://evil.example) ## heading\n"
+        ),
+        "{}",
+        note.text
+    );
+    // The arguments stay below the table, whole.
+    assert!(
+        note.markdown.contains("\"amount\": 2500"),
+        "{}",
+        note.markdown
+    );
+}
+
+#[test]
+fn an_amount_without_a_currency_says_so_and_a_long_value_is_cut() {
+    let long = "r".repeat(500);
+    let note = refund_note(&json!({"charge": "ch_1", "amount": 10, "reason": long}));
+    assert!(
+        note.markdown
+            .contains("| Amount | 10 \\(in the smallest unit\\; no currency given\\) |"),
+        "{}",
+        note.markdown
+    );
+    let reason = note
+        .text
+        .lines()
+        .find(|l| l.starts_with("    Reason: "))
+        .expect("row");
+    assert_eq!(
+        reason.chars().count(),
+        "    Reason: ".len() + CELL_CHARS + 1,
+        "{reason}"
+    );
+    assert!(reason.ends_with('…'), "{reason}");
 }
