@@ -198,9 +198,14 @@ async fn current(state: &ReviewState, headers: &HeaderMap) -> Option<Signed> {
     })
 }
 
+/// The longest page a sign-in returns to: longer is no page of ours, and it is kept
+/// with every pending sign-in.
+const MAX_NEXT_BYTES: usize = 256;
+
 /// Where to go after sign-in: only this site's approval and thread pages.
 pub fn safe_next(next: &str) -> String {
-    let ok = (next.starts_with("/approvals") || next.starts_with("/threads/"))
+    let ok = next.len() <= MAX_NEXT_BYTES
+        && (next.starts_with("/approvals") || next.starts_with("/threads/"))
         && !next.starts_with("//")
         && next
             .bytes()
@@ -549,6 +554,11 @@ mod tests {
         ] {
             assert_eq!(safe_next(bad), "/approvals", "{bad}");
         }
+        // A page past the cap would be kept whole with every pending sign-in.
+        let long = format!("/approvals/{}", "a".repeat(MAX_NEXT_BYTES));
+        assert_eq!(safe_next(&long), "/approvals");
+        let longest = format!("/approvals/{}", "a".repeat(MAX_NEXT_BYTES - 11));
+        assert_eq!(safe_next(&longest), longest);
     }
 
     #[test]

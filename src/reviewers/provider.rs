@@ -42,6 +42,19 @@ fn find_or_make(
             reviewer_row,
         )
         .optional()?;
+    // INVARIANT: a name is one reviewer's whatever its case, so `Alice` cannot stand
+    // beside the password reviewer `alice` in decisions and the audit.
+    let taken_by_another: Option<i64> = c
+        .query_row(
+            "SELECT id FROM reviewers WHERE name = ?1 COLLATE NOCASE \
+             AND (oidc_subject IS NULL OR oidc_subject != ?2)",
+            params![name, subject],
+            |row| row.get(0),
+        )
+        .optional()?;
+    if taken_by_another.is_some() {
+        return Ok(None);
+    }
     match known {
         Some(r) if r.name == name => Ok(Some(r)),
         Some(r) => {
@@ -120,6 +133,11 @@ mod tests {
         assert!(matches!(err, Err(ReviewerError::DuplicateName(_))));
         // Nor by renaming: a known subject whose claim now reads another's name.
         let err = sign_in(&db, "https://id.test bob-1", "alice").await;
+        assert!(matches!(err, Err(ReviewerError::DuplicateName(_))));
+        // Nor in another case.
+        let err = sign_in(&db, "https://id.test mallory", "Alice").await;
+        assert!(matches!(err, Err(ReviewerError::DuplicateName(n)) if n == "Alice"));
+        let err = sign_in(&db, "https://id.test bob-1", "ALICE").await;
         assert!(matches!(err, Err(ReviewerError::DuplicateName(_))));
         let err = sign_in(&db, "https://id.test carol", "Carol Smith").await;
         assert!(matches!(err, Err(ReviewerError::InvalidName(_))));

@@ -26,6 +26,13 @@ pub enum Refusal {
     /// Not on the team's allow-list.
     #[error("{0} signed in at the identity provider, but this team has not allowed them to review")]
     NotAllowed(String),
+    /// Reviewers are named by email here, and the provider has not verified this one:
+    /// a person could otherwise pick a colleague's address and decide under their name.
+    #[error(
+        "the identity provider has not verified the email {0}, which names reviewers here; \
+         verify it there, then sign in again"
+    )]
+    UnverifiedEmail(String),
 }
 
 /// The identity of `claims` (an ID token's, verified) at `issuer`, if the allow-list of
@@ -39,6 +46,12 @@ pub fn judge(
     let sub = text(claims.get("sub")).ok_or(Refusal::NoSubject)?;
     let name = text(claims.get(&settings.name_claim))
         .ok_or_else(|| Refusal::NoName(settings.name_claim.clone()))?;
+    // INVARIANT: a name read from `email` is one the provider verified, whichever route
+    // of the allow-list lets the person in (a group or subject does not vouch for it).
+    let verified = claims.get("email_verified") == Some(&Value::Bool(true));
+    if settings.name_claim == "email" && !verified {
+        return Err(Refusal::UnverifiedEmail(name));
+    }
     let allowed = settings.allowed_subjects.contains(&sub)
         || allowed_email(settings, claims)
         || allowed_group(settings, claims);
@@ -118,11 +131,12 @@ mod tests {
             Ok("alice@ACME.test"),
         );
         check(
-            json!({"sub": "contractor-7", "email": "c@elsewhere.test"}),
+            json!({"sub": "contractor-7", "email": "c@elsewhere.test", "email_verified": true}),
             Ok("c@elsewhere.test"),
         );
         check(
-            json!({"sub": "l1", "email": "lee@elsewhere.test", "groups": ["x", "support-leads"]}),
+            json!({"sub": "l1", "email": "lee@elsewhere.test", "email_verified": true,
+                "groups": ["x", "support-leads"]}),
             Ok("lee@elsewhere.test"),
         );
     }
@@ -130,14 +144,25 @@ mod tests {
     #[test]
     fn anyone_else_is_refused_by_name() {
         let not = |who: &str| Err(Refusal::NotAllowed(who.into()));
-        // Unverified email at an allowed domain.
+        // An unverified email never names a reviewer: not at an allowed domain, and
+        // not for someone a group or their subject lets in, who could otherwise set a
+        // colleague's address at the provider and decide under it.
+        let unverified = |who: &str| Err(Refusal::UnverifiedEmail(who.into()));
         check(
             json!({"sub": "m1", "email": "mallory@acme.test", "email_verified": false}),
-            not("mallory@acme.test"),
+            unverified("mallory@acme.test"),
         );
         check(
             json!({"sub": "m2", "email": "mallory@acme.test"}),
-            not("mallory@acme.test"),
+            unverified("mallory@acme.test"),
+        );
+        check(
+            json!({"sub": "l2", "email": "boss@acme.test", "groups": ["support-leads"]}),
+            unverified("boss@acme.test"),
+        );
+        check(
+            json!({"sub": "contractor-7", "email": "boss@acme.test", "email_verified": "true"}),
+            unverified("boss@acme.test"),
         );
         // A domain that only ends like an allowed one.
         check(
