@@ -353,7 +353,7 @@ fn an_unknown_key_is_refused_with_its_name() {
 
 #[test]
 fn a_secret_in_a_wrong_key_is_never_shown() {
-    const SECRET: &str = "9sk_live_SeCrEt42";
+    const SECRET: &str = "9fake_key_SeCrEt42";
     let file_cases = [
         format!("[server]\nmax_connections = \"{SECRET}\"\n"),
         format!("[sessions]\nidle_timeout = \"{SECRET}\"\n"),
@@ -365,7 +365,7 @@ fn a_secret_in_a_wrong_key_is_never_shown() {
     for file in &file_cases {
         let text = error(Some(file), &[]);
         assert!(text.contains("t.toml:"), "{text}");
-        assert!(!text.contains("sk_live"), "{file}: {text}");
+        assert!(!text.contains("fake_key"), "{file}: {text}");
     }
     for name in [
         "THREADGATE_SERVER__MAX_CONNECTIONS",
@@ -376,7 +376,7 @@ fn a_secret_in_a_wrong_key_is_never_shown() {
     ] {
         let text = error(None, &[(name, SECRET)]);
         assert!(text.contains(name), "{text}");
-        assert!(!text.contains("sk_live"), "{name}: {text}");
+        assert!(!text.contains("fake_key"), "{name}: {text}");
     }
 }
 

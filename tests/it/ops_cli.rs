@@ -135,7 +135,7 @@ fn the_environment_overrides_the_file_and_a_wrong_value_names_its_source() {
 
     let out = setup
         .command(&["secrets", "list"])
-        .env("THREADGATE_SESSIONS__MAX_LIVE", "sk_live_wrong_key")
+        .env("THREADGATE_SESSIONS__MAX_LIVE", "fake_key_wrong_value")
         .output()
         .expect("run");
     assert!(!out.status.success());
@@ -144,9 +144,9 @@ fn the_environment_overrides_the_file_and_a_wrong_value_names_its_source() {
         stderr.contains("environment variable THREADGATE_SESSIONS__MAX_LIVE: sessions.max_live"),
         "{stderr}"
     );
-    assert!(!stderr.contains("sk_live"), "{stderr}");
+    assert!(!stderr.contains("fake_key"), "{stderr}");
 
-    let setup = Setup::new("[server]\nmax_connections = \"sk_live_in_file\"\n");
+    let setup = Setup::new("[server]\nmax_connections = \"fake_key_in_file\"\n");
     let out = setup.run(&["secrets", "list"], "");
     assert!(!out.status.success());
     let stderr = text(&out.stderr);
@@ -154,7 +154,7 @@ fn the_environment_overrides_the_file_and_a_wrong_value_names_its_source() {
         stderr.contains("threadgate.toml:3: server.max_connections: expected usize"),
         "{stderr}"
     );
-    assert!(!stderr.contains("sk_live"), "{stderr}");
+    assert!(!stderr.contains("fake_key"), "{stderr}");
 }
 
 /// Runs one store call from these synchronous tests (the CLI they drive runs its own).
