@@ -8,6 +8,18 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
+
+/// `d` in whole milliseconds, as the clock counts them; a span too long for an `i64`
+/// (hundreds of millions of years) reads as `i64::MAX`.
+pub fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// `d` in whole milliseconds for a log field or a wire value; saturates at `u64::MAX`.
+pub fn ms_u64(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
 
 /// The current time in unix milliseconds. Cheap to clone; every clone reads the same
 /// source.
@@ -53,6 +65,14 @@ impl fmt::Debug for Clock {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicI64, Ordering};
+
+    #[test]
+    fn a_span_is_whole_milliseconds_and_saturates() {
+        assert_eq!(ms(Duration::from_micros(2_999)), 2);
+        assert_eq!(ms_u64(Duration::from_secs(3)), 3_000);
+        assert_eq!(ms(Duration::MAX), i64::MAX);
+        assert_eq!(ms_u64(Duration::MAX), u64::MAX);
+    }
 
     #[test]
     fn every_clone_reads_the_same_source() {

@@ -171,7 +171,7 @@ fn decide_calls(args: &CheckArgs) -> Result<(Vec<Call>, Vec<Decision>), String> 
     let mut history = MemoryHistory::new();
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        .map_or(0, crate::clock::ms);
     let mut decisions = Vec::with_capacity(calls.len());
     for call in &calls {
         warn_about_arguments(&catalog, &calls_file, call);

@@ -51,7 +51,7 @@ impl Connector for Metered {
         let kind = outcome.as_ref().err().map(error_kind);
         span.in_scope(|| {
             tracing::debug!(
-                took_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX),
+                took_ms = crate::clock::ms_u64(began.elapsed()),
                 error = kind,
                 "provider answered"
             )

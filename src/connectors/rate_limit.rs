@@ -63,7 +63,7 @@ where
         })
         .notify(|_, wait| {
             tracing::debug!(
-                wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                wait_ms = crate::clock::ms_u64(wait),
                 retries,
                 "rate limited, waiting before retrying"
             );

@@ -243,7 +243,7 @@ pub(super) fn frozen(
     v: &Verdicted,
     summary: String,
 ) -> Execution {
-    let ttl_ms = i64::try_from(cx.loaded.policy.approval_ttl().as_millis()).unwrap_or(i64::MAX);
+    let ttl_ms = crate::clock::ms(cx.loaded.policy.approval_ttl());
     let (status, expires) = match v.verdict {
         Verdict::Run => (Status::Running, None),
         Verdict::Hold => (Status::Held, Some(cx.now.saturating_add(ttl_ms))),

@@ -106,7 +106,7 @@ impl Gate {
         let ran = self.run_decided(&exec).await;
         let redactor = self.current_redactor();
         let now = self.now();
-        let duration = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
+        let duration = crate::clock::ms(started.elapsed());
         let id = exec.id.clone();
         let record = ran.record;
         let written = self

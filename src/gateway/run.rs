@@ -152,7 +152,7 @@ impl Gate {
         let redactor = self.current_redactor();
         let now = self.now();
         let exec = exec.clone();
-        let duration = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
+        let duration = crate::clock::ms(started.elapsed());
         let written = self
             .db
             .write(move |conn| write_outcome(conn, &redactor, &exec, &outcome, duration, now))
@@ -196,9 +196,7 @@ fn failed(
 ) -> (Outcome, CallReply) {
     let definite = e.is_definite();
     let retry_after_ms = match &e {
-        ConnectorError::RateLimited { retry_after } => {
-            Some(u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX))
-        }
+        ConnectorError::RateLimited { retry_after } => Some(crate::clock::ms_u64(*retry_after)),
         _ => None,
     };
     let error = redactor.redact(&e.to_string()).into_owned();

@@ -153,7 +153,7 @@ impl ModelProxy {
         self.gate.supervisor().touch(&scope.thread_id);
         let started = Instant::now();
         let sent = self.upstream.send(wire, &redactor).await;
-        let latency = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
+        let latency = crate::clock::ms(started.elapsed());
         self.finish(scope, &agent, sent, latency, names).await
     }
 

@@ -15,8 +15,7 @@ pub const SWEEP_EVERY: Duration = Duration::from_secs(3600);
 /// Deletes the transcripts not written for the retention period, as of the gate's
 /// clock; how many.
 pub async fn forget_old_transcripts(proxy: &ModelProxy) -> anyhow::Result<usize> {
-    let retention =
-        i64::try_from(proxy.settings.transcript_retention.as_millis()).unwrap_or(i64::MAX);
+    let retention = crate::clock::ms(proxy.settings.transcript_retention);
     let before = proxy.gate.now().saturating_sub(retention);
     let forgotten = proxy
         .gate

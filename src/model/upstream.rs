@@ -144,7 +144,7 @@ impl Upstream {
         .notify(|_, wait| {
             tracing::warn!(
                 attempt = attempts.load(Ordering::Relaxed),
-                wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                wait_ms = crate::clock::ms_u64(wait),
                 "model upstream failed; retrying"
             );
         })

@@ -81,7 +81,7 @@ impl ReviewState {
     /// The same state with the per-name sign-in back-off at most `max`
     /// (`[server] sign_in_backoff_max`).
     pub fn with_sign_in_backoff_max(mut self, max: std::time::Duration) -> Self {
-        let max_ms = i64::try_from(max.as_millis()).unwrap_or(i64::MAX);
+        let max_ms = crate::clock::ms(max);
         self.throttle = Arc::new(Throttle::default().with_backoff_max(max_ms));
         self
     }

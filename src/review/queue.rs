@@ -168,7 +168,7 @@ fn read_query(q: QueueQuery) -> Result<Asked, String> {
     } else {
         let d = humantime::parse_duration(age)
             .map_err(|e| format!("age must be a duration such as 15m or 2h (got {age:?}: {e})."))?;
-        i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+        crate::clock::ms(d)
     };
     let newest = match q.order.trim() {
         "" | "oldest" => false,

@@ -51,6 +51,6 @@ impl Default for SessionSettings {
 impl SessionSettings {
     /// [`SessionSettings::reconcile_every`] in milliseconds, saturating.
     pub fn reconcile_every_ms(&self) -> i64 {
-        i64::try_from(self.reconcile_every.as_millis()).unwrap_or(i64::MAX)
+        crate::clock::ms(self.reconcile_every)
     }
 }

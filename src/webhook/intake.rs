@@ -217,7 +217,7 @@ async fn accept(
 ) -> Result<Response, (Refusal, String)> {
     let now = state.clock.now_ms();
     let skew_ms = now.saturating_sub(envelope.attempt_at_ms).saturating_abs();
-    let max_ms = i64::try_from(state.config.max_skew.as_millis()).unwrap_or(i64::MAX);
+    let max_ms = crate::clock::ms(state.config.max_skew);
     if skew_ms > max_ms {
         let refusal = Refusal::Stale {
             skew_s: skew_ms / 1000,

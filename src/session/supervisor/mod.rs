@@ -316,7 +316,7 @@ impl Supervisor {
             };
             let ok = matches!(outcome, Outcome::Started { .. });
             crate::metrics::session_start(ok, began.elapsed());
-            let took_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let took_ms = crate::clock::ms_u64(began.elapsed());
             tracing::info!(ok, took_ms, "session start finished");
             let _ = tx.send(Msg::Done {
                 thread: row.thread_id,
@@ -363,7 +363,7 @@ impl Supervisor {
                 Err(e) => Outcome::StopFailed(format!("{e:#}")),
             };
             let ok = matches!(outcome, Outcome::Stopped { .. });
-            let took_ms = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let took_ms = crate::clock::ms_u64(began.elapsed());
             tracing::info!(ok, took_ms, "session stop finished");
             let _ = tx.send(Msg::Done {
                 thread: row.thread_id,
@@ -483,8 +483,7 @@ impl Supervisor {
             }
         }
         // Quiet sessions give up their container.
-        let idle_ms =
-            i64::try_from(self.parts.settings.idle_timeout.as_millis()).unwrap_or(i64::MAX);
+        let idle_ms = crate::clock::ms(self.parts.settings.idle_timeout);
         let quiet: Vec<ThreadId> = {
             let activity = lock(&self.activity);
             self.slots
