@@ -11,6 +11,7 @@
 //! and tried again at the next wake-up; it is never taken for "nothing is due".
 
 use super::Outbox;
+use super::pump::{Round, in_rounds};
 use crate::connectors::HelpdeskConnector;
 use crate::executions::store::{self, OutboxNote};
 use crate::store::StoreError;
@@ -27,31 +28,13 @@ pub async fn drain(outbox: &Outbox) -> Result<usize, StoreError> {
     let Some(helpdesk) = outbox.helpdesk.clone() else {
         return Ok(0);
     };
-    let mut sent = 0;
-    loop {
+    let due = || {
         let now = outbox.now();
-        let due = outbox
+        outbox
             .db
             .read(move |c| store::due_notes(c, now, NOTES_PER_THREAD, NOTES_PER_ROUND))
-            .await?;
-        if due.is_empty() {
-            return Ok(sent);
-        }
-        let round = send_round(outbox, &helpdesk, due).await;
-        sent += round.sent;
-        if round.settled == 0 {
-            // Not one note was recorded as sent or put off: the database refuses
-            // writes. The next wake-up tries again rather than spinning here.
-            return Ok(sent);
-        }
-    }
-}
-
-/// What one round did: notes that reached Plain, and notes whose attempt was recorded
-/// (sent, or put off until their next attempt).
-struct Round {
-    sent: usize,
-    settled: usize,
+    };
+    in_rounds(due, |round| send_round(outbox, &helpdesk, round)).await
 }
 
 async fn send_round(outbox: &Outbox, helpdesk: &HelpdeskConnector, due: Vec<OutboxNote>) -> Round {

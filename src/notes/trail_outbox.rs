@@ -10,6 +10,7 @@
 //! cannot be read is an error for the caller to log; it is never "nothing is due".
 
 use super::Outbox;
+use super::pump::{Round, in_rounds};
 use crate::connectors::HelpdeskConnector;
 use crate::connectors::helpdesk::{EventPosted, ThreadEvent};
 use crate::executions::trail::{self, TrailEvent};
@@ -26,33 +27,21 @@ pub async fn drain(outbox: &Outbox) -> Result<usize, StoreError> {
     let Some(helpdesk) = outbox.helpdesk.clone() else {
         return Ok(0);
     };
-    let mut sent = 0;
-    loop {
+    let due = || {
         let now = outbox.now();
-        let due = outbox
+        outbox
             .db
             .read(move |c| trail::due(c, now, EVENTS_PER_THREAD, EVENTS_PER_ROUND))
-            .await?;
-        if due.is_empty() {
-            return Ok(sent);
-        }
-        let (reached, settled) = send_round(outbox, &helpdesk, due).await;
-        sent += reached;
-        if settled == 0 {
-            // Not one event was recorded as sent or put off: the database refuses
-            // writes. The next wake-up tries again rather than spinning here.
-            return Ok(sent);
-        }
-    }
+    };
+    in_rounds(due, |round| send_round(outbox, &helpdesk, round)).await
 }
 
-/// Sends one round; `(reached Plain, recorded)`.
-async fn send_round(
-    outbox: &Outbox,
-    helpdesk: &HelpdeskConnector,
-    due: Vec<TrailEvent>,
-) -> (usize, usize) {
-    let (mut reached, mut settled) = (0, 0);
+/// Sends one round.
+async fn send_round(outbox: &Outbox, helpdesk: &HelpdeskConnector, due: Vec<TrailEvent>) -> Round {
+    let mut round = Round {
+        sent: 0,
+        settled: 0,
+    };
     for event in due {
         let id = event.external_id.clone();
         let written = match send(helpdesk, &event).await {
@@ -60,7 +49,7 @@ async fn send_round(
                 if posted == EventPosted::AlreadyThere {
                     tracing::info!(event = %id, "plain already had this thread event");
                 }
-                reached += 1;
+                round.sent += 1;
                 let now = outbox.now();
                 outbox.db.write(move |c| trail::sent(c, &id, now)).await
             }
@@ -75,13 +64,13 @@ async fn send_round(
             }
         };
         match written {
-            Ok(()) => settled += 1,
+            Ok(()) => round.settled += 1,
             Err(e) => {
                 tracing::error!(event = %event.external_id, error = %e, "cannot record a thread event attempt; it is sent again, and plain takes it once");
             }
         }
     }
-    (reached, settled)
+    round
 }
 
 async fn send(helpdesk: &HelpdeskConnector, event: &TrailEvent) -> Result<EventPosted, String> {
