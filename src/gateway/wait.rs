@@ -14,6 +14,11 @@ use super::gate::Gate;
 use crate::executions::store::{self as exec_store, Execution};
 use crate::ids::ExecutionId;
 
+/// How often a wait reads its execution again even when no change was announced: a
+/// change made by another instance (an approval decided there, a run finished there) is
+/// announced only on that instance, so this is the longest it goes unseen here.
+pub const RELOAD_EVERY: Duration = Duration::from_secs(1);
+
 /// Why an execution cannot be shown or waited on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum WaitError {
@@ -132,7 +137,9 @@ impl<'g> ExecutionWatch<'g> {
             if !open || expired || now >= deadline {
                 return Ok(Settled { execution, expired });
             }
-            let mut wake = deadline;
+            // Another instance's change is never announced here: read again at least
+            // this often.
+            let mut wake = deadline.min(now + RELOAD_EVERY);
             if let Some(at) = execution.expires_at_ms {
                 let left = u64::try_from(at - self.gate.now()).unwrap_or(0);
                 wake = wake.min(now + Duration::from_millis(left));

@@ -170,3 +170,41 @@ fn assert_never_approved_or_ran(events: &[String], last: &str) {
         "{events:?}"
     );
 }
+
+/// A decision recorded by another instance (here: written to the shared database without
+/// this instance's announcement) reaches the agent waiting on this one: the wait reads
+/// its execution again every `RELOAD_EVERY`, whether or not a change was announced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_made_elsewhere_reaches_the_waiting_agent() {
+    let world = World::new().await;
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[5000])
+        .await;
+    let id = ada.session.hold_refund(&ada.charges[0], 1000).await;
+    let session = ada.session.clone();
+    let waiting_id = id.clone();
+    let waiting = tokio::spawn(async move { session.wait(&waiting_id, 20).await });
+    // The wait is under way (it reads the execution as held) before the change.
+    tokio::time::sleep(threadgate::gateway::wait::RELOAD_EVERY).await;
+    let row_id = id.clone();
+    let changed = app
+        .db
+        .write(move |c| {
+            c.execute(
+                "UPDATE executions SET status = 'denied', reviewer = 'bob', \
+                 decision_message = 'decided on another instance' \
+                 WHERE id = ?1 AND status = 'held'",
+                [row_id],
+            )
+        })
+        .await
+        .expect("write");
+    assert_eq!(changed, 1);
+    let seen = waiting.await.expect("wait task");
+    // Without the reload the wait would have run its 20 s and answered `held`.
+    assert_eq!(seen["status"], "denied", "{seen}");
+    assert_eq!(seen["message"], "decided on another instance");
+    assert!(refunds(&world.stripe).await.is_empty());
+    app.stop().await;
+}
