@@ -84,10 +84,7 @@ impl SealingKey {
         rand::rng().fill_bytes(&mut nonce);
         let sealed = self
             .cipher()
-            .encrypt(
-                &XNonce::from(nonce),
-                Payload { msg: plain, aad },
-            )
+            .encrypt(&XNonce::from(nonce), Payload { msg: plain, aad })
             // Encryption fails only beyond 256 GiB; callers seal a few hundred bytes.
             .unwrap_or_default();
         let mut out = nonce.to_vec();
@@ -155,7 +152,11 @@ mod tests {
         assert_eq!(other.open(b"aad", &sealed, 4096), None);
         let same = SealingKey::derive(&a, SealPurpose::OidcSignIn);
         assert_eq!(same.open(b"other", &sealed, 4096), None);
-        assert_eq!(same.open(b"aad", &sealed, sealed.len() - 1), None, "too long");
+        assert_eq!(
+            same.open(b"aad", &sealed, sealed.len() - 1),
+            None,
+            "too long"
+        );
         assert_ne!(
             SealingKey::derive(&a, SealPurpose::OidcSignIn).key.as_ref(),
             SealingKey::derive(&a, SealPurpose::McpRequestState)
