@@ -28,7 +28,9 @@ use crate::model::{ModelProxy, Upstream};
 use crate::policy::{Catalog, Policy};
 use crate::reviewers::hasher::{GLOBAL_MAX_WAITING, GLOBAL_PERMITS, Hasher};
 use crate::sandbox::{DockerRuntime, Limits, SandboxRuntime};
-use crate::secrets::{KeySource, MasterKey, Redactor, RedactorSource, SecretStore, SecretString};
+use crate::secrets::{
+    KeySource, MasterKey, Redactor, RedactorSource, SealPurpose, SecretStore, SecretString,
+};
 use crate::server::ConnLimits;
 use crate::session::{AgentBook, SessionApi, Supervisor, SupervisorHandle, SupervisorParts};
 use crate::store::Db;
@@ -332,6 +334,7 @@ fn session_sockets(
         calls: Arc::new(crate::mcp::CallsWithMcp::new(
             gate.clone(),
             settings.mcp.clone(),
+            base.secrets.sealing_key(SealPurpose::McpRequestState),
         )) as Arc<dyn SandboxRouter>,
         model: Arc::new(model) as Arc<dyn SandboxRouter>,
     });
@@ -448,7 +451,9 @@ async fn review_oidc(
              (set it with `threadgate secrets set {name}`)"
         )
     })?;
-    let found = crate::review::oidc::Oidc::discover(oidc, &settings.public_url, secret).await?;
+    let cookie_key = secrets.sealing_key(SealPurpose::OidcSignIn);
+    let found =
+        crate::review::oidc::Oidc::discover(oidc, &settings.public_url, secret, cookie_key).await?;
     tracing::info!(issuer = %oidc.issuer_url, "reviewers may sign in at the identity provider");
     Ok(Some(Arc::new(found)))
 }

@@ -551,14 +551,14 @@ fn an_unset_table_is_set_whole_from_the_environment() {
             "THREADGATE_REVIEW__OIDC__ALLOWED_EMAIL_DOMAINS",
             "[\"acme.test\"]",
         ),
-        ("THREADGATE_REVIEW__OIDC__MAX_PENDING", "50"),
+        ("THREADGATE_REVIEW__OIDC__LABEL", "Acme ID"),
     ];
     let s = load(None, &vars).unwrap_or_else(|e| panic!("{e}"));
     let oidc = s.review.oidc.expect("the table is set");
     assert_eq!(oidc.issuer_url, "https://id.acme.test");
     assert_eq!(oidc.client_id, "threadgate");
     assert_eq!(oidc.allowed_email_domains, ["acme.test"]);
-    assert_eq!(oidc.max_pending, 50);
+    assert_eq!(oidc.label, "Acme ID");
     assert_eq!(oidc.name_claim, "email", "the others keep their defaults");
 
     let text = error(

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use threadgate_api::CallAnswer;
 
 use super::McpServer;
-use super::state::{HeldState, fresh_nonce, request_digest};
+use super::state::{HeldState, StateError, fresh_nonce, request_digest};
 use super::tools::{DIAGNOSIS, WAIT_TOOL, gateway_tool, wait_tool};
 use crate::executions::store::{Execution, Status};
 use crate::gateway::answers::{call_answer, held, rfc3339};
@@ -202,13 +202,16 @@ impl SessionTools {
         mut progress: Option<Progress>,
     ) -> CallToolResponse {
         let gate = &self.server.gate;
-        let state = match self.server.sealer.redeem(
-            &self.scope.session_id,
-            sealed,
-            digest,
-            gate.now(),
-        ) {
+        let state = match self
+            .server
+            .sealer
+            .redeem(&self.scope.session_id, sealed, digest, gate.now())
+            .await
+        {
             Ok(state) => state,
+            Err(StateError::Store) => {
+                return refused("internal", &StateError::Store.to_string()).into();
+            }
             Err(e) => {
                 tracing::warn!(session = %self.scope.session_id, error = %e, "request state refused");
                 return refused("invalid_request_state", &e.to_string()).into();

@@ -35,6 +35,7 @@ use rmcp::transport::streamable_http_server::session::never::NeverSessionManager
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 
 use crate::gateway::{Gate, SandboxRouter};
+use crate::secrets::SealingKey;
 use crate::session::SessionScope;
 
 pub use handler::SessionTools;
@@ -56,11 +57,14 @@ pub struct McpServer {
 }
 
 impl McpServer {
-    /// An MCP server over `gate`, with a fresh request-state key.
-    pub fn new(gate: Arc<Gate>, settings: McpSettings) -> McpServer {
+    /// An MCP server over `gate`, sealing request states under `key` (derived from the
+    /// master key with [`crate::secrets::SealPurpose::McpRequestState`], so every
+    /// instance opens every other's) and remembering redeemed ones in the gate's
+    /// database.
+    pub fn new(gate: Arc<Gate>, settings: McpSettings, key: SealingKey) -> McpServer {
         McpServer {
+            sealer: StateSealer::new(key, gate.db().clone(), settings.max_redeemed_per_session),
             gate,
-            sealer: StateSealer::new(settings.max_redeemed_per_session),
             settings,
         }
     }
@@ -95,10 +99,10 @@ pub struct CallsWithMcp {
 }
 
 impl CallsWithMcp {
-    /// REST tool calls and MCP over the same gate.
-    pub fn new(gate: Arc<Gate>, settings: McpSettings) -> CallsWithMcp {
+    /// REST tool calls and MCP over the same gate; `key` seals MCP's request states.
+    pub fn new(gate: Arc<Gate>, settings: McpSettings, key: SealingKey) -> CallsWithMcp {
         CallsWithMcp {
-            mcp: Arc::new(McpServer::new(gate.clone(), settings)),
+            mcp: Arc::new(McpServer::new(gate.clone(), settings, key)),
             gate,
         }
     }

@@ -1,35 +1,34 @@
 //! The `requestState` of a held call answered as an input request (URL-mode
-//! elicitation): sealed with XChaCha20-Poly1305 under a key drawn at process start,
-//! bound to the session (associated data), the execution and its binding hash, a
-//! digest of the call as the client sent it, and the approval's expiry; and good once.
+//! elicitation): sealed with XChaCha20-Poly1305 under a key derived from the master key
+//! ([`crate::secrets::SealPurpose::McpRequestState`]), bound to the session (associated data), the
+//! execution and its binding hash, a digest of the call as the client sent it, and the
+//! approval's expiry; and good once.
 //!
-//! Redeemed states are remembered per session until they expire, each session with its
-//! own slots (`[mcp] max_redeemed_per_session`): a session that fills its own is
-//! refused, never another session.
-//!
-//! The key lives only in memory, so a restart turns every outstanding state into a
-//! forgery: single use then holds across restarts without a table, and a client that
-//! is refused still has `threadgate_wait`.
+//! Every instance with the same master key derives the same key, so a state sealed on
+//! one instance opens on any other. Redeemed states are remembered in the database
+//! (`mcp_redeemed_states`, keyed by a digest of the session and the state's random
+//! nonce) until they expire, so a state redeemed on one instance is refused on every
+//! other: the insert is `ON CONFLICT DO NOTHING`, and a conflict means already redeemed.
+//! Each session has its own slots (`[mcp] max_redeemed_per_session`, a count of its
+//! unexpired rows): a session that fills its own is refused, never another session.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
 
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use chacha20poly1305::aead::{Aead as _, Payload};
-use chacha20poly1305::{Key, KeyInit as _, XChaCha20Poly1305, XNonce};
 use rand::Rng as _;
+use rusqlite::{Connection, OptionalExtension as _, params};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
-use zeroize::Zeroizing;
+
+use crate::secrets::SealingKey;
+use crate::store::Db;
 
 /// Domain separation of the associated data.
 const AAD_PREFIX: &[u8] = b"threadgate mcp request state v1\0";
-const NONCE_LEN: usize = 24;
 /// The longest sealed state accepted (a real one is about 300 characters).
 const MAX_SEALED_LEN: usize = 2048;
-/// How often every session's expired redemptions are forgotten (a session that no
-/// longer redeems keeps none past this after they expire).
+/// How often one instance forgets every session's expired redemptions (a session that
+/// no longer redeems keeps none past this after they expire; a redeeming session's own
+/// expired rows go at each redemption).
 const SWEEP_EVERY_MS: i64 = 60_000;
 
 /// What a sealed state carries.
@@ -63,79 +62,46 @@ pub enum StateError {
          [mcp] max_redeemed_per_session ({0}) allows; use threadgate_wait"
     )]
     Full(usize),
+    /// The database could not record the redemption (logged with its cause; the state
+    /// is not marked, so the client may try again).
+    #[error("internal error")]
+    Store,
 }
 
-/// Seals and opens request states; remembers the redeemed ones, per session.
+/// Seals and opens request states; remembers the redeemed ones in the database.
 pub struct StateSealer {
-    key: Zeroizing<[u8; 32]>,
+    key: SealingKey,
+    db: Db,
     /// How many redeemed states one session keeps until they expire.
     max_per_session: usize,
-    redeemed: Mutex<Redeemed>,
-}
-
-/// The redeemed states not yet expired.
-#[derive(Default)]
-struct Redeemed {
-    /// session id → nonce → expiry (unix ms).
-    by_session: HashMap<String, HashMap<String, i64>>,
-    /// When every session's expired entries were last forgotten (unix ms).
-    swept_at_ms: i64,
-}
-
-impl Redeemed {
-    /// Forgets what expired in every session, at most once per [`SWEEP_EVERY_MS`].
-    fn sweep(&mut self, now_ms: i64) {
-        if now_ms - self.swept_at_ms < SWEEP_EVERY_MS {
-            return;
-        }
-        self.swept_at_ms = now_ms;
-        self.by_session.retain(|_, states| {
-            states.retain(|_, expiry| *expiry > now_ms);
-            !states.is_empty()
-        });
-    }
+    /// When this instance last forgot every session's expired redemptions (unix ms).
+    swept_at_ms: AtomicI64,
 }
 
 impl StateSealer {
-    /// A sealer with a fresh random key, keeping at most `max_per_session` redeemed
-    /// states per session.
-    pub fn new(max_per_session: usize) -> StateSealer {
-        let mut key = Zeroizing::new([0u8; 32]);
-        rand::rng().fill_bytes(key.as_mut());
+    /// A sealer under `key` (derive it with
+    /// [`crate::secrets::SealPurpose::McpRequestState`]),
+    /// remembering redeemed states in `db`, at most `max_per_session` per session.
+    pub fn new(key: SealingKey, db: Db, max_per_session: usize) -> StateSealer {
         StateSealer {
             key,
+            db,
             max_per_session,
-            redeemed: Mutex::new(Redeemed::default()),
+            swept_at_ms: AtomicI64::new(0),
         }
     }
 
     /// The sealed form of `state` for `session_id`.
     pub fn seal(&self, session_id: &str, state: &HeldState) -> String {
-        let mut nonce = [0u8; NONCE_LEN];
-        rand::rng().fill_bytes(&mut nonce);
         // Serialising a struct of strings and integers cannot fail.
         let plain = serde_json::to_vec(state).unwrap_or_default();
-        let aad = associated_data(session_id);
-        let sealed = self
-            .cipher()
-            .encrypt(
-                &XNonce::from(nonce),
-                Payload {
-                    msg: &plain,
-                    aad: &aad,
-                },
-            )
-            // Encryption fails only beyond 256 GiB.
-            .unwrap_or_default();
-        let mut out = nonce.to_vec();
-        out.extend_from_slice(&sealed);
-        URL_SAFE_NO_PAD.encode(out)
+        self.key.seal(&associated_data(session_id), &plain)
     }
 
     /// Opens `sealed` for `session_id`, checks it against the call (`request_digest`)
-    /// and the clock, and marks it redeemed. The answer is the state; any failure
-    /// leaves nothing marked.
-    pub fn redeem(
+    /// and the clock, and marks it redeemed (for every instance sharing the database).
+    /// The answer is the state; any failure leaves nothing marked.
+    pub async fn redeem(
         &self,
         session_id: &str,
         sealed: &str,
@@ -149,55 +115,116 @@ impl StateSealer {
         if state.request_digest != request_digest {
             return Err(StateError::Mismatch);
         }
-        let mut redeemed = self.redeemed.lock().unwrap_or_else(|p| p.into_inner());
-        redeemed.sweep(now_ms);
-        // INVARIANT: states are bound to their session (associated data), so a nonce is
-        // only ever looked up among its own session's.
-        let session = redeemed
-            .by_session
-            .entry(session_id.to_owned())
-            .or_default();
-        session.retain(|_, expiry| *expiry > now_ms);
-        if session.contains_key(&state.nonce) {
-            return Err(StateError::Replayed);
+        let redemption = Redemption {
+            // INVARIANT: states are bound to their session (associated data), and the
+            // digest covers the session too, so a row is only ever one session's.
+            state_digest: state_digest(session_id, &state.nonce),
+            session_id: session_id.to_owned(),
+            expires_at_ms: state.expires_at_ms,
+        };
+        let cap = self.max_per_session;
+        let sweep_all = self.sweep_due(now_ms);
+        let recorded = self
+            .db
+            .write(move |c| redemption.record(c, now_ms, cap, sweep_all))
+            .await;
+        match recorded {
+            Ok(Ok(())) => Ok(state),
+            Ok(Err(refused)) => Err(refused),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot record a redeemed request state");
+                Err(StateError::Store)
+            }
         }
-        if session.len() >= self.max_per_session {
-            return Err(StateError::Full(self.max_per_session));
-        }
-        session.insert(state.nonce.clone(), state.expires_at_ms);
-        Ok(state)
+    }
+
+    /// Whether this redemption also forgets every session's expired rows (at most once
+    /// per [`SWEEP_EVERY_MS`] on this instance).
+    fn sweep_due(&self, now_ms: i64) -> bool {
+        let last = self.swept_at_ms.load(Ordering::Relaxed);
+        now_ms - last >= SWEEP_EVERY_MS
+            && self
+                .swept_at_ms
+                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     fn open(&self, session_id: &str, sealed: &str) -> Result<HeldState, StateError> {
-        if sealed.len() > MAX_SEALED_LEN {
-            return Err(StateError::Forged);
-        }
-        let bytes = URL_SAFE_NO_PAD
-            .decode(sealed)
-            .map_err(|_| StateError::Forged)?;
-        if bytes.len() <= NONCE_LEN {
-            return Err(StateError::Forged);
-        }
-        let (nonce, ciphertext) = bytes.split_at(NONCE_LEN);
-        let nonce = <&XNonce>::try_from(nonce).map_err(|_| StateError::Forged)?;
-        let aad = associated_data(session_id);
         let plain = self
-            .cipher()
-            .decrypt(
-                nonce,
-                Payload {
-                    msg: ciphertext,
-                    aad: &aad,
-                },
-            )
-            .map_err(|_| StateError::Forged)?;
+            .key
+            .open(&associated_data(session_id), sealed, MAX_SEALED_LEN)
+            .ok_or(StateError::Forged)?;
         serde_json::from_slice(&plain).map_err(|_| StateError::Forged)
     }
+}
 
-    fn cipher(&self) -> XChaCha20Poly1305 {
-        let key: &Key = (&*self.key).into();
-        XChaCha20Poly1305::new(key)
+/// One redemption to record.
+struct Redemption {
+    state_digest: String,
+    session_id: String,
+    expires_at_ms: i64,
+}
+
+impl Redemption {
+    /// Records the redemption unless the state was redeemed before or its session's
+    /// slots are full; the session's expired rows (every session's, with `sweep_all`)
+    /// are forgotten first. Portable SQL: `?N` parameters, `ON CONFLICT DO NOTHING`.
+    fn record(
+        &self,
+        c: &Connection,
+        now_ms: i64,
+        cap: usize,
+        sweep_all: bool,
+    ) -> rusqlite::Result<Result<(), StateError>> {
+        if sweep_all {
+            c.execute(
+                "DELETE FROM mcp_redeemed_states WHERE expires_at_ms <= ?1",
+                [now_ms],
+            )?;
+        } else {
+            c.execute(
+                "DELETE FROM mcp_redeemed_states WHERE session_id = ?1 AND expires_at_ms <= ?2",
+                params![self.session_id, now_ms],
+            )?;
+        }
+        let seen = c
+            .query_row(
+                "SELECT 1 FROM mcp_redeemed_states WHERE state_digest = ?1",
+                [&self.state_digest],
+                |r| r.get::<_, i64>(0),
+            )
+            .optional()?;
+        if seen.is_some() {
+            return Ok(Err(StateError::Replayed));
+        }
+        let held: i64 = c.query_row(
+            "SELECT count(*) FROM mcp_redeemed_states WHERE session_id = ?1 AND expires_at_ms > ?2",
+            params![self.session_id, now_ms],
+            |r| r.get(0),
+        )?;
+        if usize::try_from(held).unwrap_or(usize::MAX) >= cap {
+            return Ok(Err(StateError::Full(cap)));
+        }
+        let inserted = c.execute(
+            "INSERT INTO mcp_redeemed_states (state_digest, session_id, expires_at_ms) \
+             VALUES (?1, ?2, ?3) ON CONFLICT (state_digest) DO NOTHING",
+            params![self.state_digest, self.session_id, self.expires_at_ms],
+        )?;
+        // Another writer (an instance on a shared server database) got there first.
+        if inserted == 0 {
+            return Ok(Err(StateError::Replayed));
+        }
+        Ok(Ok(()))
     }
+}
+
+/// The key a redeemed state is remembered by: SHA-256 (hex) of its session and nonce.
+fn state_digest(session_id: &str, nonce: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(session_id.as_bytes());
+    h.update([0]);
+    h.update(nonce.as_bytes());
+    hex::encode(h.finalize())
 }
 
 /// A fresh random nonce for a state, as text.
@@ -226,6 +253,9 @@ fn associated_data(session_id: &str) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::secrets::{KeySource, MasterKey, SealPurpose};
+    use base64::Engine as _;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
     /// The per-session cap of the tests' sealers.
     const CAP: usize = 50;
@@ -243,37 +273,99 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_sealed_state_opens_once_for_its_session_and_call() {
-        let s = StateSealer::new(CAP);
+    fn master() -> MasterKey {
+        let text = base64::engine::general_purpose::STANDARD.encode([42u8; 32]);
+        MasterKey::from_base64(&text, KeySource::Env("TEST".into())).expect("key")
+    }
+
+    /// A database in a temporary directory, and a sealer over it under the test master
+    /// key.
+    fn sealer() -> (tempfile::TempDir, StateSealer) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Db::open(&dir.path().join("state.db")).expect("open");
+        let key = SealingKey::derive(&master(), SealPurpose::McpRequestState);
+        (dir, StateSealer::new(key, db, CAP))
+    }
+
+    async fn rows(s: &StateSealer) -> Vec<String> {
+        s.db.read(|c| {
+            let mut q = c.prepare("SELECT session_id FROM mcp_redeemed_states ORDER BY 1")?;
+            q.query_map([], |r| r.get(0))?.collect()
+        })
+        .await
+        .expect("rows")
+    }
+
+    #[tokio::test]
+    async fn a_sealed_state_opens_once_for_its_session_and_call() {
+        let (_dir, s) = sealer();
         let st = state(2_000);
         let sealed = s.seal("se_a", &st);
         assert_eq!(
-            s.redeem("se_b", &sealed, &st.request_digest, 1_000),
+            s.redeem("se_b", &sealed, &st.request_digest, 1_000).await,
             Err(StateError::Forged),
             "another session"
         );
         assert_eq!(
-            s.redeem("se_a", &sealed, "other digest", 1_000),
+            s.redeem("se_a", &sealed, "other digest", 1_000).await,
             Err(StateError::Mismatch)
         );
         assert_eq!(
-            s.redeem("se_a", &sealed, &st.request_digest, 1_000),
+            s.redeem("se_a", &sealed, &st.request_digest, 1_000).await,
             Ok(st.clone())
         );
         assert_eq!(
-            s.redeem("se_a", &sealed, &st.request_digest, 1_001),
+            s.redeem("se_a", &sealed, &st.request_digest, 1_001).await,
             Err(StateError::Replayed)
         );
     }
 
-    #[test]
-    fn expired_tampered_and_foreign_states_are_refused() {
-        let s = StateSealer::new(CAP);
+    /// Issue 19: a state sealed on one instance opens on another with the same master
+    /// key, and once redeemed there it is refused everywhere (two sealers, two handles
+    /// on one database file, as two processes would have).
+    #[tokio::test]
+    async fn a_state_sealed_on_one_instance_redeems_once_on_any() {
+        let (dir, a) = sealer();
+        let db_b = Db::open(&dir.path().join("state.db")).expect("a second handle");
+        let b = StateSealer::new(
+            SealingKey::derive(&master(), SealPurpose::McpRequestState),
+            db_b,
+            CAP,
+        );
+        let st = state(2_000);
+        let sealed = a.seal("se_a", &st);
+        assert_eq!(
+            b.redeem("se_a", &sealed, &st.request_digest, 1_000).await,
+            Ok(st.clone()),
+            "sealed on a, redeemed on b"
+        );
+        assert_eq!(
+            a.redeem("se_a", &sealed, &st.request_digest, 1_000).await,
+            Err(StateError::Replayed),
+            "redeemed on b, refused on a"
+        );
+        // The OpenID cookie's key, from the same master key, does not open it.
+        let oidc = StateSealer::new(
+            SealingKey::derive(&master(), SealPurpose::OidcSignIn),
+            a.db.clone(),
+            CAP,
+        );
+        let other = state(2_000);
+        let sealed = a.seal("se_a", &other);
+        assert_eq!(
+            oidc.redeem("se_a", &sealed, &other.request_digest, 1_000)
+                .await,
+            Err(StateError::Forged)
+        );
+    }
+
+    #[tokio::test]
+    async fn expired_tampered_and_foreign_states_are_refused() {
+        let (_dir, s) = sealer();
         let st = state(2_000);
         let sealed = s.seal("se_a", &st);
         assert_eq!(
-            s.redeem("se_a", &sealed, &st.request_digest, 2_000),
+            s.redeem("se_a", &sealed, &st.request_digest, 2_000).await,
             Err(StateError::Expired)
         );
         let mut bytes = URL_SAFE_NO_PAD.decode(&sealed).expect("b64");
@@ -281,35 +373,38 @@ mod tests {
         bytes[last] ^= 1;
         let tampered = URL_SAFE_NO_PAD.encode(bytes);
         assert_eq!(
-            s.redeem("se_a", &tampered, &st.request_digest, 1_000),
+            s.redeem("se_a", &tampered, &st.request_digest, 1_000).await,
             Err(StateError::Forged)
         );
-        let other = StateSealer::new(CAP).seal("se_a", &st);
+        let foreign = StateSealer::new(SealingKey::random(), s.db.clone(), CAP);
+        let other = foreign.seal("se_a", &st);
         assert_eq!(
-            s.redeem("se_a", &other, &st.request_digest, 1_000),
+            s.redeem("se_a", &other, &st.request_digest, 1_000).await,
             Err(StateError::Forged),
-            "sealed under another key (a restart)"
+            "sealed under another master key"
         );
         for junk in ["", "x", "!!!!", &"A".repeat(MAX_SEALED_LEN + 1)] {
             assert_eq!(
-                s.redeem("se_a", junk, &st.request_digest, 1_000),
+                s.redeem("se_a", junk, &st.request_digest, 1_000).await,
                 Err(StateError::Forged)
             );
         }
+        assert!(rows(&s).await.is_empty(), "nothing refused was marked");
     }
 
-    #[test]
-    fn redemptions_are_capped_until_states_expire() {
-        let s = StateSealer::new(CAP);
+    #[tokio::test]
+    async fn redemptions_are_capped_until_states_expire() {
+        let (_dir, s) = sealer();
         for _ in 0..CAP {
             let st = state(5_000);
             let sealed = s.seal("se_a", &st);
             s.redeem("se_a", &sealed, &st.request_digest, 1_000)
+                .await
                 .expect("under the cap");
         }
         let st = state(9_000);
         let sealed = s.seal("se_a", &st);
-        let full = s.redeem("se_a", &sealed, &st.request_digest, 1_000);
+        let full = s.redeem("se_a", &sealed, &st.request_digest, 1_000).await;
         assert_eq!(full, Err(StateError::Full(CAP)));
         let said = full.expect_err("full").to_string();
         assert!(
@@ -317,19 +412,24 @@ mod tests {
             "the refusal names the limit: {said}"
         );
         // Once the earlier ones expire, the same state is good (it was not marked).
-        assert_eq!(s.redeem("se_a", &sealed, &st.request_digest, 5_000), Ok(st));
+        assert_eq!(
+            s.redeem("se_a", &sealed, &st.request_digest, 5_000).await,
+            Ok(st)
+        );
+        assert_eq!(rows(&s).await.len(), 1, "the expired rows are gone");
     }
 
     /// Issue 17, item 8: one session filling its own slots does not refuse another
     /// session's genuine state (the slots were shared by all sessions).
-    #[test]
-    fn a_session_that_fills_its_slots_refuses_only_itself() {
-        let s = StateSealer::new(CAP);
+    #[tokio::test]
+    async fn a_session_that_fills_its_slots_refuses_only_itself() {
+        let (_dir, s) = sealer();
         let mut refused = 0;
         for _ in 0..CAP * 3 {
             let st = state(5_000);
             let sealed = s.seal("se_greedy", &st);
             if s.redeem("se_greedy", &sealed, &st.request_digest, 1_000)
+                .await
                 == Err(StateError::Full(CAP))
             {
                 refused += 1;
@@ -344,28 +444,32 @@ mod tests {
             let st = state(5_000);
             let sealed = s.seal(other, &st);
             assert_eq!(
-                s.redeem(other, &sealed, &st.request_digest, 1_000),
+                s.redeem(other, &sealed, &st.request_digest, 1_000).await,
                 Ok(st),
                 "{other}'s genuine state"
             );
         }
     }
 
-    #[test]
-    fn expired_redemptions_of_every_session_are_forgotten() {
-        let s = StateSealer::new(CAP);
+    #[tokio::test]
+    async fn expired_redemptions_of_every_session_are_forgotten() {
+        let (_dir, s) = sealer();
         for session in ["se_a", "se_b"] {
-            let st = state(5_000);
+            let st = state(SWEEP_EVERY_MS + 5_000);
             let sealed = s.seal(session, &st);
-            s.redeem(session, &sealed, &st.request_digest, 1_000)
+            s.redeem(session, &sealed, &st.request_digest, SWEEP_EVERY_MS)
+                .await
                 .expect("redeemed");
         }
-        let st = state(SWEEP_EVERY_MS * 3);
+        let st = state(SWEEP_EVERY_MS * 4);
         let sealed = s.seal("se_c", &st);
-        s.redeem("se_c", &sealed, &st.request_digest, SWEEP_EVERY_MS * 2)
+        s.redeem("se_c", &sealed, &st.request_digest, SWEEP_EVERY_MS * 3)
+            .await
             .expect("redeemed");
-        let redeemed = s.redeemed.lock().expect("lock");
-        let sessions: Vec<&String> = redeemed.by_session.keys().collect();
-        assert_eq!(sessions, vec!["se_c"], "the expired sessions are gone");
+        assert_eq!(
+            rows(&s).await,
+            vec!["se_c"],
+            "the expired sessions are gone"
+        );
     }
 }

@@ -6,6 +6,9 @@
 //! - [`MasterKey`]: 32 bytes from a file or an environment variable (base64).
 //! - [`SecretStore`]: secrets encrypted at rest (XChaCha20-Poly1305, the name bound as
 //!   associated data), granted by name to agents.
+//! - [`SealingKey`]: a key derived from the master key (HKDF-SHA256) for one
+//!   [`SealPurpose`], sealing short-lived values handed to clients, the same on every
+//!   instance with that master key.
 //! - [`Redactor`]: one automaton over every stored value in its raw, base64, JSON-escaped
 //!   and URL-encoded forms; finds or replaces them with `[secret:NAME]`.
 //!
@@ -16,12 +19,14 @@ mod cipher;
 mod key;
 mod live;
 mod redact;
+mod sealing;
 mod store;
 mod value;
 
 pub use key::{KeyError, KeySource, MASTER_KEY_LEN, MasterKey};
 pub use live::RedactorSource;
 pub use redact::{MIN_SECRET_LEN, Redactor};
+pub use sealing::{SealPurpose, SealingKey};
 pub use store::{MAX_SECRET_LEN, SecretMeta, SecretStore, Written};
 pub use value::{ExposeSecret, SecretBytes, SecretString, secret_bytes, secret_from_utf8};
 

@@ -62,6 +62,12 @@ impl SecretStore {
         SecretStore { db, key }
     }
 
+    /// The key derived from the master key for `purpose` (the same on every instance
+    /// with this master key).
+    pub fn sealing_key(&self, purpose: super::SealPurpose) -> super::SealingKey {
+        super::SealingKey::derive(&self.key, purpose)
+    }
+
     /// Stores `value` under `name`, replacing any earlier value with a fresh nonce.
     pub async fn set(&self, name: &str, value: SecretString) -> Result<Written, SecretsError> {
         let job = self.set_job(name, &value)?;

@@ -59,6 +59,14 @@ const MIGRATIONS: &[Migration] = &[
         name: "0011_oidc",
         sql: include_str!("migrations/0011_oidc.sql"),
     },
+    Migration {
+        name: "0012_oidc_sealed",
+        sql: include_str!("migrations/0012_oidc_sealed.sql"),
+    },
+    Migration {
+        name: "0013_mcp_redeemed",
+        sql: include_str!("migrations/0013_mcp_redeemed.sql"),
+    },
 ];
 
 /// Applies every migration newer than the database's `user_version`, each in its own

@@ -7,7 +7,8 @@
 //! runner's bridge. Issue 17 (`listing`, `logs`, `progress`): `tools/list` describes
 //! tools as `GET /v1/tools` does, an unknown tool is -32602, `/mcp` and REST answer to
 //! the same hosts, nothing secret reaches the logs at trace, and a wait reports
-//! progress.
+//! progress. Issue 19 (`elicitation`): a request state sealed on one instance redeems
+//! on the next sharing its database and master key, and one redeemed there is refused.
 //!
 //! Needs `.venv-peers` (`scripts/localstripe.sh setup`); `in_container` also needs
 //! Docker and the sandbox image (see `tests/agent_e2e.rs`).

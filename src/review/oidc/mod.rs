@@ -4,9 +4,11 @@
 //! At start the provider's discovery document and keys are fetched ([`Oidc::discover`];
 //! a setting that is wrong, a provider that cannot be reached or a client secret that
 //! is not stored stops the start with an error naming the key). `GET /login/oidc`
-//! stores a fresh state, nonce and PKCE verifier ([`pending`]: one use, ten minutes,
-//! bound to the browser by an HttpOnly cookie, capped) and sends the browser to the
-//! provider; `GET /login/oidc/callback` takes them back, exchanges the code with the
+//! seals a fresh state, nonce and PKCE verifier into the browser's HttpOnly cookie
+//! ([`sealed`]: ten minutes, under a key derived from the master key, nothing kept on
+//! the server, so any instance finishes what another started) and sends the browser to
+//! the provider; `GET /login/oidc/callback` opens them (its `state` must be the sealed
+//! one), exchanges the code with the
 //! verifier, verifies the ID token (signature by the provider's keys, issuer, audience,
 //! expiry, nonce, and the access token's hash when present; a token signed by a key not
 //! yet known makes the server fetch the keys again, at most once per
@@ -17,8 +19,8 @@
 
 pub mod http;
 pub mod identity;
-pub mod pending;
 mod routes;
+pub mod sealed;
 pub mod settings;
 
 use openidconnect::core::{
@@ -42,8 +44,9 @@ use serde_json::{Map, Value};
 pub use routes::{begin, finish};
 pub use settings::{OidcSettings, ReviewSettings};
 
-use crate::secrets::{ExposeSecret as _, SecretString};
+use crate::secrets::{ExposeSecret as _, SealingKey, SecretString};
 use http::ProviderHttp;
+use sealed::CookieSealer;
 
 /// The path the provider sends the browser back to, under the public URL.
 pub const CALLBACK_PATH: &str = "/login/oidc/callback";
@@ -135,15 +138,20 @@ pub struct Oidc {
     client: RwLock<Arc<Client>>,
     last_refresh: Mutex<Option<Instant>>,
     http: ProviderHttp,
+    /// Seals started sign-ins into the browser's cookie.
+    cookies: CookieSealer,
 }
 
 impl Oidc {
     /// Checks `settings`, fetches the provider's discovery document and keys, and makes
-    /// the client whose redirect URL is `<public_url>/login/oidc/callback`.
+    /// the client whose redirect URL is `<public_url>/login/oidc/callback`. Started
+    /// sign-ins are sealed under `cookie_key` (derived from the master key with
+    /// [`crate::secrets::SealPurpose::OidcSignIn`]).
     pub async fn discover(
         settings: &OidcSettings,
         public_url: &str,
         client_secret: SecretString,
+        cookie_key: SealingKey,
     ) -> Result<Oidc, OidcSetupError> {
         if let Some(problem) = settings.problem() {
             return Err(setup_error("review.oidc", problem));
@@ -176,6 +184,7 @@ impl Oidc {
             client: RwLock::new(Arc::new(client)),
             last_refresh: Mutex::new(None),
             http,
+            cookies: CookieSealer::new(cookie_key),
         })
     }
 

@@ -2,7 +2,7 @@
 //! it). Every refusal is a page saying why, and clears the browser's sign-in cookie.
 
 use axum::extract::{Query, State};
-use axum::http::{Extensions, HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use openidconnect::core::CoreAuthenticationFlow;
 use openidconnect::{CsrfToken, Nonce, PkceCodeChallenge, Scope};
@@ -10,24 +10,20 @@ use serde::Deserialize;
 
 use super::Oidc;
 use super::identity::{self, Refusal};
-use super::pending::{self, Caps, Full, Started};
+use super::sealed::{self, SignIn};
 use crate::review::auth::{self, NextQuery, cookie, cookie_header_with, safe_next};
 use crate::review::{ReviewState, message};
-use crate::reviewers::throttle::request_client_key;
 use crate::reviewers::{self, ReviewerError};
 
 /// The cookie that binds a sign-in at the provider to the browser that started it.
 pub(super) const OIDC_COOKIE: &str = "tg_oidc";
-/// Where that cookie is sent: only to the two sign-in routes.
-const OIDC_COOKIE_PATH: &str = "/login/oidc";
+/// Where that cookie is sent: only to the callback (the provider's redirect back).
+const OIDC_COOKIE_PATH: &str = super::CALLBACK_PATH;
 
-/// `GET /login/oidc?next=`: stores a fresh sign-in and sends the browser to the
-/// provider.
-pub async fn begin(
-    State(state): State<ReviewState>,
-    ext: Extensions,
-    Query(q): Query<NextQuery>,
-) -> Response {
+/// `GET /login/oidc?next=`: seals a fresh sign-in into the browser's cookie and sends
+/// the browser to the provider. Nothing is stored: a flood of these costs the server
+/// nothing and crowds out no one.
+pub async fn begin(State(state): State<ReviewState>, Query(q): Query<NextQuery>) -> Response {
     let Some(oidc) = state.oidc.clone() else {
         return not_configured();
     };
@@ -43,30 +39,17 @@ pub async fn begin(
         .add_scopes(scopes)
         .set_pkce_challenge(challenge)
         .url();
-    let browser = auth::random_token();
-    let started = Started {
+    let now = state.approvals.gate.now();
+    let cookie = oidc.cookies.seal(&SignIn {
         state: csrf.secret().clone(),
-        browser: browser.clone(),
-        client: request_client_key(&ext),
         nonce: nonce.secret().clone(),
         pkce_verifier: verifier.secret().clone(),
         next: safe_next(&q.next),
-    };
-    let caps = Caps {
-        max_pending: oidc.settings.max_pending,
-        max_pending_per_address: oidc.settings.max_pending_per_address,
-    };
-    let now = state.approvals.gate.now();
-    match pending::start(state.approvals.gate.db(), started, caps, now).await {
-        Ok(Ok(())) => {
-            let max_age = pending::TTL_MS / 1000;
-            let mut response = Redirect::to(url.as_str()).into_response();
-            with_cookie(&mut response, &state, &browser, max_age);
-            response
-        }
-        Ok(Err(full)) => too_many(full),
-        Err(e) => *internal(e),
-    }
+        expires_at_ms: now.saturating_add(sealed::TTL_MS),
+    });
+    let mut response = Redirect::to(url.as_str()).into_response();
+    with_cookie(&mut response, &state, &cookie, sealed::TTL_MS / 1000);
+    response
 }
 
 /// What the provider sends back.
@@ -80,8 +63,8 @@ pub struct CallbackQuery {
     error: Option<String>,
 }
 
-/// `GET /login/oidc/callback`: takes the sign-in back (once), verifies the provider's
-/// answer, checks the allow-list and opens the reviewer's session.
+/// `GET /login/oidc/callback`: opens the sign-in sealed in the browser's cookie,
+/// verifies the provider's answer, checks the allow-list and opens the reviewer's session.
 pub async fn finish(
     State(state): State<ReviewState>,
     headers: HeaderMap,
@@ -105,16 +88,16 @@ async fn signed_in(
     q: CallbackQuery,
 ) -> Result<Response, Box<Response>> {
     let refuse = |status, text: &str| Box::new(message(status, None, "Not signed in", text));
-    let browser = cookie(headers, OIDC_COOKIE).unwrap_or_default();
     let now = state.approvals.gate.now();
     let db = state.approvals.gate.db();
-    let returned = match pending::take(db, &q.state, browser, now).await {
-        Ok(Ok(returned)) => returned,
-        Ok(Err(stale)) => {
-            let text = format!("{}. Sign in again.", upper_first(&stale.to_string()));
+    let sealed = cookie(headers, OIDC_COOKIE);
+    let returned = match oidc.cookies.open(sealed, &q.state, now) {
+        Ok(returned) => returned,
+        Err(refused) => {
+            tracing::info!(refusal = %refused, "a returning sign-in was refused");
+            let text = format!("{}. Sign in again.", upper_first(&refused.to_string()));
             return Err(refuse(StatusCode::BAD_REQUEST, &text));
         }
-        Err(e) => return Err(internal(e)),
     };
     if let Some(error) = q.error {
         let text = format!(
@@ -216,20 +199,6 @@ fn not_configured() -> Response {
         "Not found",
         "Sign-in through an identity provider is not configured here.",
     )
-}
-
-fn too_many(full: Full) -> Response {
-    let (status, text) = match full {
-        Full::FromAddress => (
-            StatusCode::TOO_MANY_REQUESTS,
-            "Too many sign-ins were started from this address and not finished. Try again in ten minutes.",
-        ),
-        Full::Everywhere => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "Too many sign-ins are in progress. Try again in a few minutes.",
-        ),
-    };
-    message(status, None, "Not signed in", text)
 }
 
 /// At most 100 characters of a provider's error code, of the characters such codes use.

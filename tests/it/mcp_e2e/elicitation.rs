@@ -141,3 +141,61 @@ async fn a_denied_call_returns_the_persons_message_through_the_state() {
     client.cancel().await.expect("close");
     app.stop().await;
 }
+
+/// Issue 19: request states are sealed under a key derived from the master key and
+/// their redemptions kept in the database, so another instance sharing both (here the
+/// next one on the same data directory: same key file, same database, nothing of the
+/// first one's memory) opens a state the first sealed, and refuses one the first
+/// redeemed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_redeemed_on_one_instance_is_refused_on_another() {
+    let world = World::new().await;
+    let a = world.start().await;
+    let ada = world
+        .customer_session(&a, "ada@example.com", &[5000, 2000])
+        .await;
+    let client = connect(&ada.session.socket, true).await;
+    let first =
+        json!({"charge": ada.charges[0], "amount": 1000, "reason": "requested_by_customer"});
+    let second =
+        json!({"charge": ada.charges[1], "amount": 500, "reason": "requested_by_customer"});
+    let mut asked = Vec::new();
+    for args in [&first, &second] {
+        let held = input_required(call_once(&client, "stripe.create_refund", args.clone()).await);
+        let id = held.meta.as_ref().expect("_meta").0["threadgate/execution_id"]
+            .as_str()
+            .expect("id")
+            .to_owned();
+        asked.push((id, held.request_state.expect("requestState")));
+    }
+    let alice = a.add_reviewer("alice").await;
+    for (id, _) in &asked {
+        let (status, decided) = a.decide(id, &alice, "approve", "fine").await;
+        assert_eq!(status, 200, "{decided}");
+    }
+    let done = retry(&client, "stripe.create_refund", &first, &asked[0].1).await;
+    assert_eq!(done["status"], "ok", "redeemed on a: {done}");
+    let _ = client.cancel().await;
+    a.stop().await;
+
+    let b = world.start().await;
+    let session = world.session_of(&b, &ada.session.thread_id).await;
+    let client = connect(&session.socket, true).await;
+    let again = retry(&client, "stripe.create_refund", &first, &asked[0].1).await;
+    assert_eq!(again["error"], "invalid_request_state", "{again}");
+    assert!(
+        again["message"]
+            .as_str()
+            .expect("message")
+            .contains("already used"),
+        "{again}"
+    );
+    let done = retry(&client, "stripe.create_refund", &second, &asked[1].1).await;
+    assert_eq!(done["status"], "ok", "sealed on a, redeemed on b: {done}");
+    assert_eq!(done["execution_id"], json!(asked[1].0));
+    let replayed = retry(&client, "stripe.create_refund", &second, &asked[1].1).await;
+    assert_eq!(replayed["error"], "invalid_request_state", "{replayed}");
+    assert_eq!(refunds(&world.stripe).await.len(), 2, "one refund each");
+    client.cancel().await.expect("close");
+    b.stop().await;
+}
