@@ -27,7 +27,9 @@ impl Remote {
         let root = tmp.path().canonicalize().unwrap();
         init_repo(&root.join("src"));
         let path = root.join("remote.git");
-        Repository::init_bare(&path).unwrap();
+        let mut opts = git2::RepositoryInitOptions::new();
+        opts.bare(true).initial_head("main");
+        Repository::init_opts(&path, &opts).unwrap();
         let src = Repository::open(root.join("src")).unwrap();
         let mut anon = src.remote_anonymous(path.to_str().unwrap()).unwrap();
         anon.push(&["refs/heads/main:refs/heads/main"], None)
@@ -127,6 +129,8 @@ fn another_instance_continues_from_the_pushed_branch() {
     b.ws.commit(&thread, &[]).unwrap();
     b.ws.push(&thread).unwrap();
     fs::write(wt_a.path.join("stale.txt"), "only in a's old worktree\n").unwrap();
+    let fetch_head = a.repo_path.join(".git/FETCH_HEAD");
+    let fetched_before = fs::read(&fetch_head).ok();
     let back = a.ws.prepare(&thread).unwrap();
     assert_eq!(back.remote, RemoteSync::FastForwarded);
     assert!(!back.resumed, "the old worktree is not kept");
@@ -139,7 +143,11 @@ fn another_instance_continues_from_the_pushed_branch() {
     let refs = a.refs();
     let threads: Vec<_> = refs.keys().filter(|r| r.contains("threadgate")).collect();
     assert_eq!(threads, ["refs/heads/threadgate/th_takeover"], "{refs:?}");
-    assert!(!a.repo_path.join(".git/FETCH_HEAD").exists());
+    assert_eq!(
+        fs::read(&fetch_head).ok(),
+        fetched_before,
+        "FETCH_HEAD untouched"
+    );
 }
 
 #[test]
