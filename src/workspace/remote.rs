@@ -111,6 +111,8 @@ pub(crate) fn sync(
     };
     let remote = names::redact_remote(remote_spec);
     let Some(ours) = branch_tip(repo, thread_id, thread_ref)? else {
+        // A worktree without its branch shows no tip this instance knows of.
+        drop_stale_worktree(settings, thread_id)?;
         return match repo.reference(
             thread_ref,
             theirs,
