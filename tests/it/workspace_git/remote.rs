@@ -263,3 +263,39 @@ fn an_unreachable_remote_fails_without_showing_its_credentials() {
     assert!(err.to_string().contains(&gone), "{err}");
     assert_eq!(missing.refs(), before, "a failed fetch moves no ref");
 }
+
+#[test]
+fn a_stale_worktree_on_its_own_filesystem_is_unmounted_and_written_again() {
+    use threadgate::workspace::volume;
+    if !volume::can_limit() {
+        eprintln!("skipped: mounting a workspace filesystem needs root");
+        return;
+    }
+    let remote = Remote::new();
+    let a = Instance::cloning(&remote);
+    let thread = tid("th_mounted");
+    let wt_a = a.ws.prepare(&thread).unwrap();
+    assert!(volume::limit(&wt_a.path, 16 << 20).unwrap(), "mounted");
+    fs::write(wt_a.path.join("NOTES.md"), "on a's filesystem\n").unwrap();
+    a.ws.commit(&thread, &[]).unwrap();
+    a.ws.push(&thread).unwrap();
+
+    let b = Instance::cloning(&remote);
+    let wt_b = b.ws.prepare(&thread).unwrap();
+    fs::write(wt_b.path.join("NOTES.md"), "b went on\n").unwrap();
+    b.ws.commit(&thread, &[]).unwrap();
+    b.ws.push(&thread).unwrap();
+
+    let back = a.ws.prepare(&thread).unwrap();
+    assert_eq!(back.remote, RemoteSync::FastForwarded);
+    assert_eq!(read(&back.path.join("NOTES.md")), "b went on\n");
+    assert!(
+        !volume::image_of(&back.path).exists(),
+        "the old filesystem's image is gone (a later limit makes a fresh one)"
+    );
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(
+        !mounts.contains(&back.path.display().to_string()),
+        "nothing is mounted at the worktree any more"
+    );
+}
