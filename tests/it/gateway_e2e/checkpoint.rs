@@ -56,6 +56,25 @@ async fn checkpoint(session: &Session) -> (u16, Value) {
     unix_request(&session.socket, "POST", "/v1/checkpoint", None).await
 }
 
+/// `POST /v1/checkpoint` naming `host` as its `Host`; the status.
+async fn checkpoint_from_host(session: &Session, host: &str) -> u16 {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::UnixStream::connect(&session.socket)
+        .await
+        .expect("connect");
+    let request = format!(
+        "POST /v1/checkpoint HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.expect("read");
+    String::from_utf8_lossy(&answer)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
 async fn state(app: &TestApp, thread: &str) -> SessionState {
     let t = threadgate::ids::ThreadId::parse(thread).expect("thread id");
     app.db
@@ -78,6 +97,17 @@ async fn a_checkpoint_asked_by_the_agent_commits_and_pushes_without_the_secret()
     std::fs::write(worktree.join("FINDINGS.md"), "rounding twice\n").expect("write");
     let (_, stripe_key) = stored_secrets()[0];
     std::fs::write(worktree.join("debug.log"), format!("token={stripe_key}\n")).expect("write");
+
+    // Behind the socket's one Host check, like every route of it.
+    assert_eq!(
+        checkpoint_from_host(&ada.session, "evil.example").await,
+        403
+    );
+    assert_eq!(
+        branch_tip(&remote, &thread),
+        None,
+        "a refused request pushes nothing"
+    );
 
     let (status, answer) = checkpoint(&ada.session).await;
     assert_eq!(status, 200, "{answer}");
