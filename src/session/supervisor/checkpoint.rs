@@ -92,8 +92,8 @@ pub enum CheckpointError {
 /// Who asked for a checkpoint, and where its answer goes.
 pub(super) type Reply = oneshot::Sender<Result<Checkpoint, CheckpointError>>;
 
-/// The actor's memory of checkpoints (per instance: a new owner starts afresh, and the
-/// session's stop pushes whatever is left).
+/// The actor's memory of checkpoints, of the threads holding a slot only (per instance:
+/// a new owner starts afresh, and the session's stop pushes whatever is left).
 #[derive(Default)]
 pub(super) struct Checkpoints {
     /// When each running thread's last checkpoint was taken, or it was first seen
@@ -149,10 +149,11 @@ impl Supervisor {
     /// `checkpoint_every` old. A zero period turns them off.
     pub(super) async fn checkpoints_due(&mut self) {
         // Only threads holding a slot are remembered: an ended or idle one starts
-        // afresh when it runs again.
+        // afresh when it runs again (its stop pushed, or logged why not).
         let slots = &self.slots;
         self.checkpoints.taken_ms.retain(|t, _| slots.contains(t));
         self.checkpoints.last_ms.retain(|t, _| slots.contains(t));
+        self.checkpoints.unpushed.retain(|t| slots.contains(t));
         let every = crate::clock::ms(self.parts.checkpoint_every);
         if every <= 0 {
             return;
