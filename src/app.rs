@@ -380,6 +380,7 @@ fn supervisor_parts(
         default_agent: settings.default_agent.clone(),
         clock: base.clock.clone(),
         publisher: publisher(settings, gate, base, base_branch),
+        checkpoint_every: settings.repo.checkpoint_every,
         notes: Some(Arc::new(crate::notes::stop::OutboxStopNotes::new(
             gate.outbox().clone(),
         ))),

@@ -123,6 +123,11 @@ pub struct RepoSettings {
     pub max_commit_files: usize,
     /// New bytes of content one commit may add; past it the rest are left out.
     pub max_commit_bytes: u64,
+    /// How often a running session's worktree is committed and its branch pushed to
+    /// `remote` (a checkpoint another instance can resume from); `0s`: only when the
+    /// agent asks and when the session stops.
+    #[serde(with = "humantime_serde")]
+    pub checkpoint_every: Duration,
 }
 
 impl RepoSettings {
@@ -144,6 +149,7 @@ impl Default for RepoSettings {
             remote: None,
             max_commit_files: limits.max_files,
             max_commit_bytes: limits.max_bytes,
+            checkpoint_every: Duration::from_secs(5 * 60),
         }
     }
 }

@@ -1,4 +1,6 @@
-//! The sandbox API: what a session's agent can ask of threadgate over its socket.
+//! The sandbox API: what a session's agent can ask of threadgate over its socket (its
+//! events, its agent definition, a checkpoint of its workspace; the tool calls and the
+//! model proxy are merged in).
 //!
 //! Every handler takes the session's [`SessionScope`] from the socket the request came
 //! in on; nothing in a request can name another session. Every route of the socket,
@@ -11,15 +13,15 @@ use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use threadgate_api::{AgentLimits, AgentView, FeedEvent, HarnessView, SkillView};
+use threadgate_api::{AgentLimits, AgentView, CheckpointAnswer, FeedEvent, HarnessView, SkillView};
 
 use super::socket::SandboxRouter;
 use crate::api_error::ApiError;
-use crate::session::{AgentBook, SessionScope, SupervisorHandle};
+use crate::session::{AgentBook, CheckpointError, SessionScope, SupervisorHandle};
 use crate::store::Db;
 use crate::webhook::store as events;
 
@@ -58,6 +60,7 @@ impl SandboxRouter for Arc<SandboxApi> {
         let base = Router::new()
             .route("/v1/events", get(events))
             .route("/v1/agent", get(agent))
+            .route("/v1/checkpoint", post(checkpoint))
             .with_state(state);
         base.merge(self.model.router(scope.clone()))
             .merge(self.calls.router(scope))
@@ -208,4 +211,34 @@ async fn agent(State(s): State<SessionState>) -> Response {
         tools: def.tools.clone(),
     })
     .into_response()
+}
+
+/// `POST /v1/checkpoint`: commits the session's workspace onto its branch and pushes the
+/// branch to the configured remote now (the supervisor does it, as it does every
+/// `[repo] checkpoint_every`); a [`CheckpointAnswer`]. A failed push is an answer
+/// (`"push": "failed"`, tried again at the next checkpoint), never a detail of the
+/// remote. 409 `busy` while the session starts, stops or checkpoints, 409
+/// `not_running`, 429 `too_soon` within 10 s of the last checkpoint.
+async fn checkpoint(State(s): State<SessionState>) -> Response {
+    s.api.supervisor.touch(&s.scope.thread_id);
+    match s.api.supervisor.checkpoint(&s.scope.thread_id).await {
+        Ok(done) => Json(CheckpointAnswer {
+            branch: done.branch,
+            commit: done.commit,
+            left_out: u64::try_from(done.left_out).unwrap_or(u64::MAX),
+            push: done.push.as_str().to_owned(),
+        })
+        .into_response(),
+        Err(e) => {
+            let (status, code) = match &e {
+                CheckpointError::Busy => (StatusCode::CONFLICT, "busy"),
+                CheckpointError::NotRunning => (StatusCode::CONFLICT, "not_running"),
+                CheckpointError::TooSoon { .. } => (StatusCode::TOO_MANY_REQUESTS, "too_soon"),
+                CheckpointError::Failed | CheckpointError::Stopped => {
+                    return ApiError::internal().into_response();
+                }
+            };
+            ApiError::new(status, code, e.to_string()).into_response()
+        }
+    }
 }

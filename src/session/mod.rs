@@ -32,7 +32,10 @@ pub use notes::{StopNotes, StopReason};
 pub use publish::{BranchPublisher, GithubPublisher};
 pub use settings::SessionSettings;
 pub use store::{SessionRow, SessionState};
-pub use supervisor::{Supervisor, SupervisorHandle, SupervisorInbox, SupervisorParts};
+pub use supervisor::{
+    Checkpoint, CheckpointError, MIN_AGENT_GAP_MS, PushState, Supervisor, SupervisorHandle,
+    SupervisorInbox, SupervisorParts,
+};
 pub use workspace::{CommitReport, PreparedWorktree, WorkspaceOps};
 
 /// What a session's sandbox API knows about the session it serves. The socket a request

@@ -13,15 +13,28 @@ use crate::sandbox::{FakeRuntime, Limits, SandboxRuntime};
 use crate::secrets::SecretString;
 use crate::store::Db;
 
+mod checkpoint;
+
 #[derive(Default)]
 struct FakeWorkspaces {
     root: PathBuf,
     log: Mutex<Vec<String>>,
+    /// While true, a commit waits (after logging) until it is set back to false.
+    hold_commits: Arc<(Mutex<bool>, std::sync::Condvar)>,
+    /// Commits running now, and the most that ever ran at once.
+    in_commit: std::sync::atomic::AtomicUsize,
+    most_in_commit: std::sync::atomic::AtomicUsize,
 }
 
 impl FakeWorkspaces {
     fn log(&self) -> Vec<String> {
         self.log.lock().unwrap().clone()
+    }
+
+    fn hold_commits(&self, hold: bool) {
+        let (lock, cvar) = &*self.hold_commits;
+        *lock.lock().unwrap() = hold;
+        cvar.notify_all();
     }
 }
 
@@ -48,6 +61,12 @@ impl WorkspaceOps for FakeWorkspaces {
         _secrets: &[(String, SecretString)],
     ) -> anyhow::Result<CommitReport> {
         self.log.lock().unwrap().push(format!("commit {thread_id}"));
+        let running = self.in_commit.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_in_commit.fetch_max(running, Ordering::SeqCst);
+        let (lock, cvar) = &*self.hold_commits;
+        let held = lock.lock().unwrap();
+        drop(cvar.wait_while(held, |hold| *hold).unwrap());
+        self.in_commit.fetch_sub(1, Ordering::SeqCst);
         Ok(CommitReport::default())
     }
     fn remove_worktree(&self, thread_id: &ThreadId) -> anyhow::Result<()> {
@@ -132,6 +151,15 @@ fn harness_with(
     sandbox: Arc<FakeRuntime>,
     db_dir: Option<tempfile::TempDir>,
 ) -> Harness {
+    harness_checkpointing(max_live, sandbox, db_dir, Duration::from_secs(300))
+}
+
+fn harness_checkpointing(
+    max_live: usize,
+    sandbox: Arc<FakeRuntime>,
+    db_dir: Option<tempfile::TempDir>,
+    checkpoint_every: Duration,
+) -> Harness {
     let dir = db_dir.unwrap_or_else(|| tempfile::tempdir().expect("tempdir"));
     let db = Db::open(&dir.path().join("t.db")).expect("db");
     let workspaces = Arc::new(FakeWorkspaces {
@@ -168,6 +196,7 @@ fn harness_with(
         clock: crate::clock::Clock::from_fn(move || clock_now.load(Ordering::SeqCst)),
         publisher: None,
         notes: None,
+        checkpoint_every,
         tasks: crate::tasks::Tasks::new(),
     });
     Harness {

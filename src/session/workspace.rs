@@ -44,6 +44,11 @@ pub trait WorkspaceOps: Send + Sync {
     fn remove_worktree(&self, thread_id: &ThreadId) -> anyhow::Result<()>;
     /// Pushes the thread's branch (only it) when a remote is configured.
     fn push(&self, thread_id: &ThreadId) -> anyhow::Result<()>;
+    /// Whether a remote is configured: checkpoints push to it and `prepare` brings a
+    /// branch another instance pushed back from it.
+    fn has_remote(&self) -> bool {
+        false
+    }
     /// Whether the thread's branch holds commits the default branch does not; only then
     /// is it pushed and published when the session ends.
     fn has_changes(&self, _thread_id: &ThreadId) -> anyhow::Result<bool> {
@@ -100,6 +105,10 @@ impl WorkspaceOps for crate::workspace::Workspaces {
 
     fn push(&self, thread_id: &ThreadId) -> anyhow::Result<()> {
         Ok(crate::workspace::Workspaces::push(self, thread_id)?)
+    }
+
+    fn has_remote(&self) -> bool {
+        crate::workspace::Workspaces::has_remote(self)
     }
 
     fn has_changes(&self, thread_id: &ThreadId) -> anyhow::Result<bool> {

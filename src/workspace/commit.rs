@@ -1,13 +1,12 @@
-//! Committing a worktree onto its thread's branch, and pushing that branch.
+//! Committing a worktree onto its thread's branch (pushing it is `remote.rs`'s).
 
 use std::fmt::Write as _;
 use std::io::Write as _;
 
-use git2::{ErrorCode, PushOptions, Remote, RemoteCallbacks, Repository, Signature};
+use git2::{ErrorCode, Repository, Signature};
 use rustix::fs::{CWD, Mode, OFlags};
 
 use crate::ids::ThreadId;
-use crate::workspace::names;
 use crate::workspace::prepare::branch_tip;
 use crate::workspace::snapshot::{SecretScanner, Snapshot};
 use crate::workspace::{CommitOutcome, Settings, SkippedFile, WorkspaceError};
@@ -185,63 +184,4 @@ fn commit_message(thread_id: &ThreadId, skipped: &[SkippedFile]) -> String {
     }
     let _ = write!(message, "\nThreadgate-Thread: {thread_id}\n");
     message
-}
-
-pub(crate) fn push(settings: &Settings, thread_id: &ThreadId) -> Result<(), WorkspaceError> {
-    let thread_ref = settings.thread_ref(thread_id)?;
-    let Some(remote_spec) = settings.remote.as_deref() else {
-        return Ok(());
-    };
-    let repo = settings.open_repository()?;
-    if branch_tip(&repo, thread_id, &thread_ref)?.is_none() {
-        return Err(WorkspaceError::BranchMissing {
-            thread_id: thread_id.to_owned(),
-            branch: thread_ref,
-        });
-    }
-    let mut remote = find_remote(&repo, thread_id, remote_spec)?;
-
-    let mut rejection: Option<String> = None;
-    let mut callbacks = RemoteCallbacks::new();
-    callbacks.push_update_reference(|refname, status| {
-        if let Some(message) = status {
-            rejection = Some(format!("{refname}: {message}"));
-        }
-        Ok(())
-    });
-    let mut options = PushOptions::new();
-    options.remote_callbacks(callbacks);
-    // Not forced: the branch only ever grows, so the remote must fast-forward.
-    let refspec = format!("{thread_ref}:{thread_ref}");
-    let pushed = remote.push(&[refspec.as_str()], Some(&mut options));
-    drop(options);
-    let rejected = |message: String| WorkspaceError::PushRejected {
-        thread_id: thread_id.to_owned(),
-        branch: thread_ref.clone(),
-        remote: names::redact_remote(remote_spec),
-        message,
-    };
-    pushed.map_err(|e| rejected(e.message().to_owned()))?;
-    match rejection {
-        Some(message) => Err(rejected(message)),
-        None => Ok(()),
-    }
-}
-
-/// A remote configured by name in threadgate's repository, else an anonymous remote
-/// for the URL or path given.
-fn find_remote<'r>(
-    repo: &'r Repository,
-    thread_id: &ThreadId,
-    spec: &str,
-) -> Result<Remote<'r>, WorkspaceError> {
-    if Remote::is_valid_name(spec) {
-        match repo.find_remote(spec) {
-            Ok(remote) => return Ok(remote),
-            Err(e) if e.code() == ErrorCode::NotFound => {}
-            Err(e) => return Err(WorkspaceError::git(thread_id, "reading the remote")(e)),
-        }
-    }
-    repo.remote_anonymous(spec)
-        .map_err(WorkspaceError::git(thread_id, "reading the remote"))
 }

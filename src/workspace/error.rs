@@ -106,6 +106,18 @@ pub enum WorkspaceError {
         /// The matcher's build error (it never contains the values).
         reason: String,
     },
+    /// The remote could not be read while bringing the thread's branch back from it.
+    #[error("remote {remote} for thread {thread_id}, while {action}: {message}")]
+    Remote {
+        /// The thread.
+        thread_id: ThreadId,
+        /// What was being done, e.g. "connecting to the remote".
+        action: &'static str,
+        /// The configured remote name or URL, credentials replaced.
+        remote: String,
+        /// libgit2's message, credentials replaced.
+        message: String,
+    },
     /// The remote refused the branch update.
     #[error("remote {remote} rejected {branch} of thread {thread_id}: {message}")]
     PushRejected {
@@ -113,9 +125,9 @@ pub enum WorkspaceError {
         thread_id: ThreadId,
         /// The full ref pushed.
         branch: String,
-        /// The configured remote name or URL.
+        /// The configured remote name or URL, credentials replaced.
         remote: String,
-        /// The remote's message.
+        /// The remote's message, credentials replaced.
         message: String,
     },
 }

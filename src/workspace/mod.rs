@@ -28,6 +28,16 @@
 //! attributes or filters from the worktree. The default branch is never written: it
 //! cannot live under `threadgate/` (checked when opening).
 //!
+//! # The remote
+//!
+//! With a remote configured, [`Workspaces::push`] sends the thread's branch (only it,
+//! as a fast-forward) at every checkpoint, and [`Workspaces::prepare`] first brings the
+//! branch back from the remote (`remote.rs`): another instance that takes the thread
+//! over continues from the last pushed checkpoint. A local branch behind the remote's
+//! is fast-forwarded; one that diverged is moved to the remote's tip and its own tip is
+//! kept under `refs/threadgate-backup/<thread-id>/<commit>`; in both cases a worktree
+//! directory left from the old tip is written again.
+//!
 //! # Concurrency
 //!
 //! All methods block; call them from `spawn_blocking`. Each call opens its own handle on
@@ -41,6 +51,7 @@ mod commit;
 mod error;
 mod names;
 mod prepare;
+mod remote;
 mod remove;
 mod snapshot;
 pub mod volume;
@@ -58,6 +69,7 @@ use crate::ids::ThreadId;
 
 pub use changes::{ChangedFiles, FileChange};
 pub use error::WorkspaceError;
+pub use remote::RemoteSync;
 pub use snapshot::{LOOSE_BLOB_BYTES, MAX_DEPTH, MAX_FILE_BYTES};
 
 /// Where threadgate's repository and the thread worktrees live.
@@ -114,6 +126,8 @@ pub struct Worktree {
     pub head: String,
     /// True when the directory already existed and was kept as it was.
     pub resumed: bool,
+    /// What bringing the branch back from the remote did.
+    pub remote: RemoteSync,
 }
 
 /// What [`Workspaces::commit`] did.
@@ -250,10 +264,13 @@ impl Workspaces {
         &self.settings.default_ref
     }
 
-    /// Creates the thread's branch from the default branch's tip if it does not exist
-    /// (or reuses it), and materialises the branch's tree at the thread's worktree path
-    /// if that directory does not exist. An existing directory is kept untouched, so a
-    /// resumed session finds the agent's uncommitted files. Idempotent.
+    /// Brings the thread's branch back from the remote when one is configured and has
+    /// it ([`RemoteSync`]; an unreachable remote is an error, so that no session starts
+    /// from a branch another instance has moved on), creates it from the default
+    /// branch's tip if it does not exist (or reuses it), and materialises the branch's
+    /// tree at the thread's worktree path if that directory does not exist. An existing
+    /// directory is kept untouched, so a resumed session finds the agent's uncommitted
+    /// files, unless the remote moved the branch. Idempotent.
     pub fn prepare(&self, thread_id: &ThreadId) -> Result<Worktree, WorkspaceError> {
         prepare::prepare(&self.settings, thread_id)
     }
@@ -326,7 +343,12 @@ impl Workspaces {
     /// Pushes `refs/heads/threadgate/<thread-id>` (and nothing else) to the configured
     /// remote as a fast-forward. Does nothing when no remote is configured.
     pub fn push(&self, thread_id: &ThreadId) -> Result<(), WorkspaceError> {
-        commit::push(&self.settings, thread_id)
+        remote::push(&self.settings, thread_id)
+    }
+
+    /// Whether a remote is configured (branches are pushed and brought back).
+    pub fn has_remote(&self) -> bool {
+        self.settings.remote.is_some()
     }
 }
 

@@ -90,3 +90,11 @@ pub(crate) fn redact_remote(remote: &str) -> String {
         None => remote.to_owned(),
     }
 }
+
+/// The `user:password` (or token) part of a URL's authority, when it has one.
+pub(crate) fn userinfo(remote: &str) -> Option<&str> {
+    let (_, rest) = remote.split_once("://")?;
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let (userinfo, _) = authority.rsplit_once('@')?;
+    (!userinfo.is_empty()).then_some(userinfo)
+}

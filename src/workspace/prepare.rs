@@ -19,7 +19,7 @@ use git2::{ErrorCode, Oid, Repository, RepositoryInitOptions, Tree};
 
 use crate::ids::ThreadId;
 use crate::workspace::names::{self, NameProblem};
-use crate::workspace::{MAX_DEPTH, Settings, WorkspaceError, Worktree};
+use crate::workspace::{MAX_DEPTH, Settings, WorkspaceError, Worktree, remote};
 
 /// Distinguishes temporary directories made by this process.
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -30,6 +30,9 @@ pub(crate) fn prepare(
 ) -> Result<Worktree, WorkspaceError> {
     let thread_ref = settings.thread_ref(thread_id)?;
     let repo = settings.open_repository()?;
+    // What another instance pushed comes first: the branch (and, when it moves, the
+    // worktree) continue from the remote's tip.
+    let remote = remote::sync(settings, &repo, thread_id, &thread_ref)?;
     let tip = ensure_branch(&repo, settings, thread_id, &thread_ref)?;
     let path = settings.worktrees_dir.join(thread_id);
     let worktree = |resumed| Worktree {
@@ -37,6 +40,7 @@ pub(crate) fn prepare(
         branch: thread_ref.trim_start_matches("refs/heads/").to_owned(),
         head: tip.to_string(),
         resumed,
+        remote: remote.clone(),
     };
 
     match fs::symlink_metadata(&path) {

@@ -124,3 +124,24 @@ fn remote_credentials_are_redacted() {
     assert_eq!(redact_remote("/srv/remote.git"), "/srv/remote.git");
     assert_eq!(redact_remote("origin"), "origin");
 }
+
+#[test]
+fn remote_messages_lose_the_url_s_credentials() {
+    use super::remote::scrub;
+    let url = "https://bot:fake_key_pw@example.invalid/r.git";
+    assert_eq!(
+        scrub(&format!("failed to reach {url}: refused"), &[url]),
+        "failed to reach https://***@example.invalid/r.git: refused"
+    );
+    // Quoted apart from the URL, or percent-decoded by a transport: still replaced.
+    assert_eq!(
+        scrub("auth bot:fake_key_pw refused; fake_key_pw expired", &[url]),
+        "auth *** refused; *** expired"
+    );
+    // A token in the user's place is a credential too; a plain user name is not.
+    let token = "https://fake_key_token123@example.invalid/r.git";
+    assert_eq!(scrub("bad fake_key_token123", &[token]), "bad ***");
+    let ssh = "ssh://git@example.invalid/r.git";
+    assert_eq!(scrub("git said no", &[ssh]), "git said no");
+    assert_eq!(scrub("nothing here", &["", "/srv/r.git"]), "nothing here");
+}

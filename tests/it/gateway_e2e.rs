@@ -7,6 +7,8 @@
 
 #[path = "gateway_e2e/approvals.rs"]
 mod approvals;
+#[path = "gateway_e2e/checkpoint.rs"]
+mod checkpoint;
 #[path = "gateway_e2e/floods.rs"]
 mod floods;
 #[path = "gateway_e2e/holds.rs"]

@@ -1,11 +1,13 @@
 //! Integration tests of `threadgate::workspace` against real repositories built with
 //! git2 in temporary directories: branches, materialised worktrees, safe commits of an
-//! agent-controlled directory, removal and pushing.
+//! agent-controlled directory, removal, pushing, and resuming from the remote.
 
 #[path = "workspace_git/caps.rs"]
 mod caps;
 #[path = "workspace_git/hostile.rs"]
 mod hostile;
+#[path = "workspace_git/remote.rs"]
+mod remote;
 #[path = "workspace_git/support.rs"]
 mod support;
 

@@ -9,8 +9,8 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use threadgate_api::{
-    AgentView, ChatAnswer, ChatMessage, ChatRequest, EventsPage, Held, Role, ToolCall, ToolListing,
-    Transcript,
+    AgentView, ChatAnswer, ChatMessage, ChatRequest, CheckpointAnswer, ErrorAnswer, EventsPage,
+    Held, Role, ToolCall, ToolListing, Transcript,
 };
 
 use crate::api::Api;
@@ -420,6 +420,9 @@ impl Runner {
                 );
             }
         };
+        if name == local::CHECKPOINT {
+            return Submitted::Final(self.checkpoint().await, Flow::Continue);
+        }
         if let Some(result) = local::run(&self.settings.workspace, name, &args).await {
             eprintln!(
                 "threadgate-agent-runner: local tool {name}: {}",
@@ -452,6 +455,27 @@ impl Runner {
         });
         let findings = self.findings_file();
         calls::submit(&self.api, &tool, args, diagnosis, findings.as_deref()).await
+    }
+
+    /// `POST /v1/checkpoint`: threadgate's answer as the tool's result; a refusal (too
+    /// soon, busy) or a failure as an error result the model can read.
+    async fn checkpoint(&self) -> Value {
+        let reply = match self.api.post("/v1/checkpoint", &json!({})).await {
+            Ok(reply) => reply,
+            Err(e) => return error_result(format!("{e:#}")),
+        };
+        eprintln!("threadgate-agent-runner: checkpoint: HTTP {}", reply.status);
+        if !reply.ok() {
+            let message = reply
+                .read::<ErrorAnswer>()
+                .map(|e| e.body().message.clone())
+                .unwrap_or_default();
+            return error_result(format!("no checkpoint taken ({}): {message}", reply.code()));
+        }
+        match reply.read::<CheckpointAnswer>() {
+            Ok(answer) => json!({"status": "ok", "checkpoint": answer}),
+            Err(e) => error_result(format!("{e:#}")),
+        }
     }
 
     /// Where held calls' diagnoses are written: `.threadgate/findings.md` in the

@@ -25,6 +25,10 @@ const OUTPUT_CAP: usize = 16 * 1024;
 const DEFAULT_TIMEOUT: u64 = 30;
 const MAX_TIMEOUT: u64 = 120;
 
+/// The tool that asks threadgate for a checkpoint (`POST /v1/checkpoint`); the runner
+/// answers it itself, through the socket, not in the workspace.
+pub(crate) const CHECKPOINT: &str = "workspace__checkpoint";
+
 /// The local tools' names and JSON schemas, as OpenAI function tools.
 pub(crate) fn definitions() -> Vec<Value> {
     let str_ = |d: &str| json!({"type": "string", "description": d});
@@ -59,6 +63,12 @@ pub(crate) fn definitions() -> Vec<Value> {
             "Run a shell command in /workspace (no network) to reproduce a bug; output is capped at 16 KiB per stream.",
             json!({"command": str_("The bash command line"), "timeout_secs": int_("Time limit in seconds (default 30, at most 120)")}),
             &["command"],
+        ),
+        function(
+            CHECKPOINT,
+            "Save the workspace now: threadgate commits it onto the thread's branch and pushes the branch, so the work survives if the session moves to another server. Use it after a meaningful change (at most once per 10 s).",
+            json!({}),
+            &[],
         ),
     ]
 }
@@ -353,6 +363,7 @@ pub(crate) fn definitions_names() -> impl Iterator<Item = &'static str> {
         "workspace__write_file",
         "workspace__search_code",
         "workspace__run_command",
+        CHECKPOINT,
     ]
     .into_iter()
 }

@@ -27,6 +27,8 @@ struct Mock {
     transcript_puts: usize,
     /// `PUT /v1/transcript` above this many bytes is 413.
     transcript_cap: Option<usize>,
+    /// `POST /v1/checkpoint` requests; the first is answered, later ones are too soon.
+    checkpoints: usize,
 }
 
 type Shared = Arc<Mutex<Mock>>;
@@ -57,6 +59,14 @@ fn router(state: Shared) -> Router {
             "skills": [{"name": "refunds", "description": "Refund rules", "body": "Refund duplicates only."}],
         })) }))
         .route("/v1/tools", get(|| async { Json(listing_json()) }))
+        .route("/v1/checkpoint", post(|State(s): State<Shared>| async move {
+            let mut g = m(&s);
+            g.checkpoints += 1;
+            if g.checkpoints > 1 {
+                return (StatusCode::TOO_MANY_REQUESTS, Json(json!({"status": "error", "error": "too_soon", "message": "try again in 9000 ms"})));
+            }
+            (StatusCode::OK, Json(json!({"branch": "threadgate/th_1", "commit": "abc123", "left_out": 0, "push": "pushed"})))
+        }))
         .route("/v1/transcript", get(|State(s): State<Shared>| async move {
             Json(m(&s).transcript.clone().unwrap_or(json!({"messages": [], "events_consumed": 0})))
         }).put(|State(s): State<Shared>, Json(body): Json<Value>| async move {
@@ -633,5 +643,60 @@ async fn a_session_stopped_while_a_call_is_held_waits_on_it_again_when_resumed()
     assert!(
         seen.contains("interrupted"),
         "the call that never ran is reported"
+    );
+}
+
+#[tokio::test]
+async fn the_model_asks_for_a_checkpoint_and_reads_the_answer() {
+    let w = world().await;
+    {
+        let mut g = m(&w.state);
+        g.events.push(customer_event(1, "please fix the invoice"));
+        g.model.push_back(answer(
+            None,
+            vec![
+                tool_call("k1", "workspace__checkpoint", "{}"),
+                tool_call("k2", "workspace__checkpoint", ""),
+            ],
+        ));
+        g.model.push_back(answer(
+            Some("Saved."),
+            vec![tool_call(
+                "k3",
+                "helpdesk__reply_to_thread",
+                r#"{"thread_id":"th_1","text":"Fixed."}"#,
+            )],
+        ));
+    }
+    let mut r = Runner::load(w.settings.clone()).await.unwrap();
+    r.read_events().await;
+    assert_eq!(r.round().await, RoundEnd::Done);
+    assert_eq!(m(&w.state).checkpoints, 2);
+    assert!(
+        m(&w.state)
+            .calls
+            .iter()
+            .all(|c| c["tool"] != "workspace.checkpoint"),
+        "a checkpoint is no gateway call"
+    );
+    let results = tool_results(r.messages());
+    assert_eq!(
+        results[0],
+        json!({"status": "ok", "checkpoint": {"branch": "threadgate/th_1", "commit": "abc123", "left_out": 0, "push": "pushed"}})
+    );
+    assert_eq!(results[1]["status"], "error");
+    let refused = results[1]["error"].as_str().unwrap();
+    assert!(
+        refused.contains("too_soon") && refused.contains("9000 ms"),
+        "{refused}"
+    );
+    let g = m(&w.state);
+    let offered = &g.model_requests[0]["tools"];
+    assert!(
+        offered
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["function"]["name"] == "workspace__checkpoint")
     );
 }

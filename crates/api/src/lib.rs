@@ -13,6 +13,7 @@
 pub mod agent;
 pub mod calls;
 pub mod chat;
+pub mod checkpoint;
 pub mod error;
 pub mod events;
 pub mod executions;
@@ -23,6 +24,7 @@ pub use calls::{Blocked, CallAnswer, CallRequest, Failed, Held, Ran};
 pub use chat::{
     ChatAnswer, ChatChoice, ChatMessage, ChatRequest, FunctionCall, Role, ToolCall, Transcript,
 };
+pub use checkpoint::CheckpointAnswer;
 pub use error::{ErrorAnswer, ErrorBody};
 pub use events::{EventsPage, FeedEvent};
 pub use executions::{ExecutionStatus, ExecutionView};

@@ -341,3 +341,25 @@ fn transcript() {
         r#"{"events_consumed":0,"messages":[]}"#,
     );
 }
+
+#[test]
+fn checkpoint_answer() {
+    check(
+        CheckpointAnswer {
+            branch: "threadgate/th_1".into(),
+            commit: Some("0123abcd".into()),
+            left_out: 1,
+            push: "pushed".into(),
+        },
+        r#"{"branch":"threadgate/th_1","commit":"0123abcd","left_out":1,"push":"pushed"}"#,
+    );
+    check(
+        CheckpointAnswer {
+            branch: "threadgate/th_1".into(),
+            commit: None,
+            left_out: 0,
+            push: "not_needed".into(),
+        },
+        r#"{"branch":"threadgate/th_1","commit":null,"left_out":0,"push":"not_needed"}"#,
+    );
+}

@@ -32,6 +32,11 @@ pub(super) enum Msg {
         thread: ThreadId,
         why: &'static str,
     },
+    /// The agent asks for a checkpoint of its session (`checkpoint.rs`).
+    Checkpoint {
+        thread: ThreadId,
+        reply: super::checkpoint::Reply,
+    },
     /// Answer once no operation is in flight and no message is waiting.
     WhenQuiet(oneshot::Sender<()>),
     Tick,
@@ -53,6 +58,10 @@ pub(super) enum Outcome {
         ended: bool,
     },
     StopFailed(String),
+    /// A checkpoint finished; `push` is `None` when its commit failed.
+    Checkpointed {
+        push: Option<super::checkpoint::PushState>,
+    },
 }
 
 /// A cheap handle for the rest of threadgate to talk to the supervisor.

@@ -59,6 +59,7 @@ impl Supervisor {
             slots: HashSet::new(),
             quiet_waiters: Vec::new(),
             last_reconcile_ms: 0,
+            checkpoints: Default::default(),
         };
         let tasks = sup.parts.tasks.clone();
         tasks.spawn(sup.run())

@@ -1,14 +1,17 @@
 //! The slow work of a session's life, run off the actor in spawned tasks: starting its
-//! container (branch, socket, sandbox) and stopping it (commit, push, publish).
+//! container (branch, socket, sandbox) and stopping it (commit, push, publish); the
+//! commit is shared with `checkpoint`.
 
 use crate::secrets::ExposeSecret as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::parts::SupervisorParts;
+use crate::ids::ThreadId;
 use crate::sandbox::SandboxSpec;
+use crate::secrets::SecretString;
 use crate::session::publish::MAX_LISTED_FILES;
 use crate::session::store::SessionRow;
-use crate::session::{BranchPublisher, SessionScope};
+use crate::session::{BranchPublisher, CommitReport, SessionScope, WorkspaceOps};
 use crate::workspace::ChangedFiles;
 use crate::workspace::volume;
 
@@ -99,19 +102,11 @@ pub(super) async fn stop_session(
         // An unmounted workspace image: a stop that crashed after committing, pushing
         // and unmounting; what the directory shows now is not the session's work.
         if path.exists() && !volume::is_unmounted(&path) {
-            let report = workspaces.commit(&thread, &path, &secrets)?;
-            for skipped in report.skipped.iter().take(20) {
-                tracing::warn!(thread = %thread, file = %skipped, "left a file out of the commit");
-            }
-            if report.skipped.len() > 20 {
-                let more = report.skipped.len() - 20;
-                tracing::warn!(thread = %thread, more, "left more files out of the commit");
-            }
-            if let Some(commit) = &report.commit {
-                tracing::info!(thread = %thread, commit, "committed the session's work");
-            }
+            commit_worktree(workspaces.as_ref(), &thread, &path, &secrets)?;
         }
         if !end {
+            // Going idle is a checkpoint too: another instance may resume the thread.
+            push_checkpoint(workspaces.as_ref(), &thread);
             return Ok(None);
         }
         // Only a branch with changes is pushed and published; without a remote, push
@@ -141,6 +136,46 @@ pub(super) async fn stop_session(
         publish(publisher.as_ref(), row, message.as_deref(), &files).await;
     }
     Ok(())
+}
+
+/// Commits what the agent left in `worktree` onto the thread's branch, logging what
+/// was left out (by name and reason, never content). Blocking.
+pub(super) fn commit_worktree(
+    workspaces: &dyn WorkspaceOps,
+    thread: &ThreadId,
+    worktree: &Path,
+    secrets: &[(String, SecretString)],
+) -> anyhow::Result<CommitReport> {
+    let report = workspaces.commit(thread, worktree, secrets)?;
+    for skipped in report.skipped.iter().take(20) {
+        tracing::warn!(thread = %thread, file = %skipped, "left a file out of the commit");
+    }
+    if report.skipped.len() > 20 {
+        let more = report.skipped.len() - 20;
+        tracing::warn!(thread = %thread, more, "left more files out of the commit");
+    }
+    if let Some(commit) = &report.commit {
+        tracing::info!(thread = %thread, commit, "committed the session's work");
+    }
+    Ok(report)
+}
+
+/// Pushes the branch of a session that goes idle when it has changes; a failure is
+/// logged (the remote's credentials replaced) and the next checkpoint or end pushes.
+fn push_checkpoint(workspaces: &dyn WorkspaceOps, thread: &ThreadId) {
+    if !workspaces.has_remote() {
+        return;
+    }
+    let pushed = workspaces.has_changes(thread).and_then(|changed| {
+        if changed {
+            workspaces.push(thread)
+        } else {
+            Ok(())
+        }
+    });
+    if let Err(e) = pushed {
+        tracing::warn!(thread = %thread, error = %format!("{e:#}"), "cannot push the idle session's branch; pushed at its next checkpoint or end");
+    }
 }
 
 /// Opens or updates the ended session's draft pull request. A failure is logged and

@@ -2,9 +2,11 @@
 //!
 //! The actor itself is here: its state, the messages it serves, and the decisions it
 //! takes one at a time. Around it: `parts` (what it drives), `handle` (its mailbox),
-//! `events` (applying a thread's events in one transaction) and `lifecycle` (starting
-//! and stopping containers, off the actor).
+//! `events` (applying a thread's events in one transaction), `lifecycle` (starting
+//! and stopping containers, off the actor) and `checkpoint` (committing and pushing a
+//! running session's worktree, off the actor, as an operation in flight).
 
+mod checkpoint;
 mod events;
 mod handle;
 mod inbox;
@@ -17,6 +19,7 @@ use std::time::Duration;
 
 use tokio::sync::{broadcast, mpsc, oneshot};
 
+pub use self::checkpoint::{Checkpoint, CheckpointError, MIN_AGENT_GAP_MS, PushState};
 use self::events::{Want, apply_events};
 pub use self::handle::SupervisorHandle;
 use self::handle::{Msg, Outcome, lock};
@@ -47,6 +50,7 @@ pub struct Supervisor {
     slots: HashSet<ThreadId>,
     quiet_waiters: Vec<oneshot::Sender<()>>,
     last_reconcile_ms: i64,
+    checkpoints: checkpoint::Checkpoints,
 }
 
 impl Supervisor {
@@ -95,6 +99,7 @@ impl Supervisor {
                     tracing::warn!(thread = %thread, why, error = %e, "cannot stop the session");
                 }
             }
+            Msg::Checkpoint { thread, reply } => self.checkpoint_asked(&thread, reply).await,
             Msg::WhenQuiet(reply) => self.quiet_waiters.push(reply),
             Msg::Tick => self.tick().await,
             Msg::Reconcile => self.reconcile().await,
@@ -423,6 +428,7 @@ impl Supervisor {
             Outcome::StopFailed(error) => {
                 tracing::error!(thread = %thread, error = %error, "stopping session failed; will retry");
             }
+            Outcome::Checkpointed { push } => self.checkpointed(thread, push),
         }
         if dirty {
             self.apply_thread(thread).await;
@@ -502,6 +508,7 @@ impl Supervisor {
             }
         }
         self.stop_full_workspaces().await;
+        self.checkpoints_due().await;
         self.start_queued().await;
         if now - self.last_reconcile_ms >= self.parts.settings.reconcile_every_ms() {
             self.reconcile().await;

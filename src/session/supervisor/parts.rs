@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::sandbox::{Limits, SandboxRuntime};
@@ -32,6 +33,9 @@ pub struct SupervisorParts {
     /// Leaves a note on the thread when the supervisor stops a session on its own
     /// (a full workspace); `None` in tests that do not look at notes.
     pub notes: Option<Arc<dyn StopNotes>>,
+    /// How often a running session's worktree is committed and pushed (`[repo]
+    /// checkpoint_every`); zero: only when the agent asks and when it stops.
+    pub checkpoint_every: Duration,
     /// The application's tasks: the actor, its tick and every start and stop it
     /// spawns run there, and shutdown waits for them.
     pub tasks: Tasks,
