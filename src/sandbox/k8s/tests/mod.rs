@@ -4,7 +4,7 @@
 //! become ready). `manifests` checks `deploy/kubernetes/`.
 
 mod fake_api;
-
+mod manifests;
 
 use std::path::PathBuf;
 use std::time::Duration;
