@@ -147,12 +147,16 @@ fn each_table_s_keys_can_be_set_from_the_environment() {
         ("THREADGATE_SANDBOX__KUBERNETES__CLAIMS", "never", |s| {
             s.sandbox.kubernetes.claims == crate::sandbox::k8s::ClaimMode::Never
         }),
-        ("THREADGATE_SANDBOX__KUBERNETES__RUNTIME_CLASS", "gvisor", |s| {
-            s.sandbox.kubernetes.runtime_class.as_deref() == Some("gvisor")
-        }),
-        ("THREADGATE_SANDBOX__KUBERNETES__READY_TIMEOUT", "45s", |s| {
-            s.sandbox.kubernetes.ready_timeout == std::time::Duration::from_secs(45)
-        }),
+        (
+            "THREADGATE_SANDBOX__KUBERNETES__RUNTIME_CLASS",
+            "gvisor",
+            |s| s.sandbox.kubernetes.runtime_class.as_deref() == Some("gvisor"),
+        ),
+        (
+            "THREADGATE_SANDBOX__KUBERNETES__READY_TIMEOUT",
+            "45s",
+            |s| s.sandbox.kubernetes.ready_timeout == std::time::Duration::from_secs(45),
+        ),
         ("THREADGATE_IMAGE", "img:1", |s| s.sandbox.image == "img:1"),
         ("THREADGATE_SANDBOX_IMAGE", "img:2", |s| {
             s.sandbox.image == "img:2"

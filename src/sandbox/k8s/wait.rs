@@ -69,8 +69,11 @@ where
                 Ok(Event::Apply(object)) => object,
                 Ok(Event::Delete(_)) => return Err("it was deleted".to_string()),
                 Err(error) => {
-                    // The watcher lists or watches again after its backoff.
+                    // The watcher lists or watches again after its backoff; the error is
+                    // kept for the message if the deadline passes first (a watch that
+                    // RBAC forbids fails here every time).
                     tracing::debug!(%error, "sandbox watch interrupted; resuming");
+                    last = format!("watch failed: {error}");
                     continue;
                 }
             };

@@ -46,6 +46,8 @@ struct Store {
     drop_watches: usize,
     /// Upcoming watch requests answered with a 410 Gone event.
     gone_watches: usize,
+    /// Every list and watch of pods is refused (403), as RBAC without `list` would.
+    forbid_watches: bool,
     /// `METHOD path?query` of every request.
     requests: Vec<String>,
 }
@@ -69,6 +71,7 @@ impl FakeApi {
             kubelet: Kubelet::ReadyAfter(Duration::from_millis(50)),
             drop_watches: 0,
             gone_watches: 0,
+            forbid_watches: false,
             requests: Vec::new(),
         }));
         let (changed, _) = tokio::sync::watch::channel(100);
@@ -108,6 +111,10 @@ impl FakeApi {
 
     pub(crate) fn gone_next_watches(&self, n: usize) {
         self.lock().gone_watches = n;
+    }
+
+    pub(crate) fn forbid_watches(&self) {
+        self.lock().forbid_watches = true;
     }
 
     pub(crate) fn requests(&self) -> Vec<String> {
@@ -241,10 +248,10 @@ async fn handle(
         "{method} {}",
         uri.path_and_query().map_or("", |p| p.as_str())
     );
-    let claims_served = {
+    let (claims_served, forbidden) = {
         let mut store = fake.lock();
         store.requests.push(line);
-        store.claims_served
+        (store.claims_served, store.forbid_watches)
     };
     let path = uri.path().to_string();
     if path == "/version" {
@@ -305,6 +312,10 @@ async fn handle(
             "NotFound",
             format!("no resource {plural}"),
         );
+    }
+    if forbidden && method == Method::GET && name.is_none() && query.contains_key("fieldSelector") {
+        let message = format!("{plural} is forbidden: cannot watch");
+        return status(StatusCode::FORBIDDEN, "Forbidden", message);
     }
     match (method, name) {
         (Method::GET, None)

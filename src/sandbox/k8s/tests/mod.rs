@@ -264,7 +264,7 @@ async fn strays_are_reaped_and_other_instances_are_left_alone() {
         .into_iter()
         .map(|i| i.container_id)
         .collect();
-    assert_eq!(names, [live.container_id.clone()]);
+    assert_eq!(names, std::slice::from_ref(&live.container_id));
     assert!(!fake.objects("pods").contains_key(&stray.name));
 
     let err = rt.stop("theirs").await.expect_err("not ours");
@@ -458,4 +458,46 @@ fn names_are_dns_labels_and_ids_that_are_no_label_values_are_hashed() {
         "{labels:?}"
     );
     assert!(labels["threadgate.thread"].starts_with("h-"));
+}
+
+/// Claims keep the same contract: a 409 is `AlreadyExists`, another instance's claim
+/// is neither listed nor stoppable, and a watch that RBAC forbids is named when the
+/// start gives up.
+#[tokio::test]
+async fn claims_keep_the_contract_on_conflicts_and_ownership() {
+    let fake = FakeApi::start(true).await;
+    let rt = runtime(&fake, settings()).await;
+    let handle = rt.start(&spec("c1")).await.expect("start");
+    let err = rt.start(&spec("c1")).await.expect_err("conflict");
+    assert!(matches!(err, SandboxError::AlreadyExists { .. }), "{err}");
+    assert!(fake.objects("sandboxclaims").contains_key(&handle.name));
+
+    fake.insert(
+        "sandboxclaims",
+        json!({"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+            "metadata": {"name": "theirs", "labels": {"threadgate.instance": "other",
+                "app.kubernetes.io/component": "sandbox"}},
+            "spec": {"warmPoolRef": {"name": "threadgate-sandbox"}}}),
+    );
+    let listed = rt.list().await.expect("list");
+    assert_eq!(listed.len(), 1);
+    let err = rt.stop("theirs").await.expect_err("not ours");
+    assert!(matches!(err, SandboxError::NotOwned { .. }), "{err}");
+    assert!(fake.objects("sandboxclaims").contains_key("theirs"));
+}
+
+#[tokio::test]
+async fn a_start_that_times_out_says_why_the_watch_failed() {
+    let fake = FakeApi::start(false).await;
+    let quick = KubernetesSettings {
+        ready_timeout: Duration::from_millis(1500),
+        ..settings()
+    };
+    let rt = runtime(&fake, quick).await;
+    fake.set_kubelet(Kubelet::Never);
+    fake.forbid_watches();
+    let err = rt.start(&spec("s10")).await.expect_err("never seen ready");
+    assert!(err.to_string().contains("watch failed"), "{err}");
+    assert!(err.to_string().contains("forbidden"), "{err}");
+    assert!(fake.objects("pods").is_empty());
 }
