@@ -587,3 +587,24 @@ fn an_unset_table_is_set_whole_from_the_environment() {
     assert!(text.contains("client_id"), "{text}");
     assert!(load(None, &[]).expect("defaults").review.oidc.is_none());
 }
+
+/// The `threadgate.toml` of `deploy/kubernetes/configmap.yaml` loads as it is, and
+/// selects the Kubernetes backend.
+#[test]
+fn the_kubernetes_configmap_holds_a_valid_settings_file() {
+    let yaml = include_str!("../../deploy/kubernetes/configmap.yaml");
+    let toml = yaml
+        .split("\n---\n")
+        .filter_map(|doc| serde_norway::from_str::<serde_json::Value>(doc).ok())
+        .find_map(|doc| doc["data"]["threadgate.toml"].as_str().map(str::to_string))
+        .expect("threadgate.toml in the ConfigMap");
+    let settings = load(Some(&toml), &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        settings.sandbox.backend,
+        crate::sandbox::k8s::Backend::Kubernetes
+    );
+    assert_eq!(
+        settings.sandbox.kubernetes.runtime_class.as_deref(),
+        Some("gvisor")
+    );
+}

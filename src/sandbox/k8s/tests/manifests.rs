@@ -16,11 +16,27 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::config::Settings;
 use crate::sandbox::Limits;
 use crate::sandbox::k8s::crd::{SandboxTemplate, SandboxWarmPool};
 use crate::sandbox::k8s::objects;
-use crate::sandbox::k8s::settings::Backend;
+use crate::sandbox::k8s::settings::{Backend, KubernetesSettings};
+
+/// The `[sandbox]` table of the ConfigMap's `threadgate.toml` (the whole file is
+/// loaded as `Settings` by `config::tests`; `sandbox` stays below `config`).
+#[derive(Debug, Deserialize)]
+struct ConfigFile {
+    sandbox: SandboxTable,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SandboxTable {
+    backend: Backend,
+    image: String,
+    memory_bytes: u64,
+    nano_cpus: u64,
+    kubernetes: KubernetesSettings,
+}
 
 /// `kustomization.yaml`: only the keys used here.
 #[derive(Debug, Serialize, Deserialize)]
@@ -419,10 +435,10 @@ fn the_sandbox_template_is_the_pod_threadgate_builds() {
         .and_then(|c| c.data.as_ref())
         .and_then(|d| d.get("threadgate.toml"))
         .expect("threadgate.toml in the ConfigMap");
-    let settings: Settings =
-        toml::from_str(config).expect("the ConfigMap's threadgate.toml parses");
-    assert_eq!(settings.sandbox.backend, Backend::Kubernetes);
-    let k8s = &settings.sandbox.kubernetes;
+    let file: ConfigFile = toml::from_str(config).expect("the ConfigMap's threadgate.toml parses");
+    let sandbox = file.sandbox;
+    assert_eq!(sandbox.backend, Backend::Kubernetes);
+    let k8s = &sandbox.kubernetes;
     let [template] = parsed.templates.as_slice() else {
         panic!("one SandboxTemplate");
     };
@@ -443,11 +459,11 @@ fn the_sandbox_template_is_the_pod_threadgate_builds() {
     );
 
     let limits = Limits {
-        memory_bytes: u64::try_from(settings.sandbox.memory_bytes).expect("memory"),
-        nano_cpus: u64::try_from(settings.sandbox.nano_cpus).expect("cpus"),
+        memory_bytes: sandbox.memory_bytes,
+        nano_cpus: sandbox.nano_cpus,
         pids: 0,
     };
-    let built = objects::template_pod_spec(k8s, &settings.sandbox.image, limits);
+    let built = objects::template_pod_spec(k8s, &sandbox.image, limits);
     assert_eq!(
         serde_json::to_value(pod).expect("json"),
         serde_json::to_value(&built).expect("json"),
