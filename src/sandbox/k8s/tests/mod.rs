@@ -501,3 +501,28 @@ async fn a_start_that_times_out_says_why_the_watch_failed() {
     assert!(err.to_string().contains("forbidden"), "{err}");
     assert!(fake.objects("pods").is_empty());
 }
+
+/// The backend refuses to start without the relay listener's CA, naming the key,
+/// before it reaches for a cluster.
+#[tokio::test]
+async fn connect_needs_the_relay_ca_and_names_the_key() {
+    let err = KubeRuntime::connect(INSTANCE, KubernetesSettings::default())
+        .await
+        .expect_err("no CA");
+    assert!(
+        err.to_string().contains("sandbox.kubernetes.ca_file"),
+        "{err}"
+    );
+    let missing = KubernetesSettings {
+        ca_file: Some(PathBuf::from("/nonexistent/ca.crt")),
+        ..KubernetesSettings::default()
+    };
+    let err = KubeRuntime::connect(INSTANCE, missing)
+        .await
+        .expect_err("unreadable CA");
+    assert!(
+        err.to_string().contains("sandbox.kubernetes.ca_file"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("/nonexistent/ca.crt"), "{err}");
+}
