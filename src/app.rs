@@ -27,7 +27,8 @@ use crate::gateway::{
 use crate::model::{ModelProxy, Upstream};
 use crate::policy::{Catalog, Policy};
 use crate::reviewers::hasher::{GLOBAL_MAX_WAITING, GLOBAL_PERMITS, Hasher};
-use crate::sandbox::{DockerRuntime, Limits, SandboxRuntime};
+use crate::sandbox::k8s::Backend;
+use crate::sandbox::{DockerRuntime, KubeRuntime, Limits, SandboxRuntime};
 use crate::secrets::{
     KeySource, MasterKey, Redactor, RedactorSource, SealPurpose, SecretStore, SecretString,
 };
@@ -213,10 +214,13 @@ impl Foundation {
             &settings.model,
         )?);
         let clock = overrides.clock.unwrap_or_else(Clock::system);
-        let sandbox: Arc<dyn SandboxRuntime> = match overrides.sandbox {
-            Some(s) => s,
-            None => Arc::new(
+        let sandbox: Arc<dyn SandboxRuntime> = match (overrides.sandbox, settings.sandbox.backend) {
+            (Some(s), _) => s,
+            (None, Backend::Docker) => Arc::new(
                 DockerRuntime::connect(&instance_id, settings.sandbox.secrets_root.clone()).await?,
+            ),
+            (None, Backend::Kubernetes) => Arc::new(
+                KubeRuntime::connect(&instance_id, settings.sandbox.kubernetes.clone()).await?,
             ),
         };
         let workspaces = Workspaces::open(RepoConfig {

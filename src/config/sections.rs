@@ -158,22 +158,28 @@ impl Default for RepoSettings {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SandboxSettings {
+    /// `docker` (the default) or `kubernetes`.
+    pub backend: crate::sandbox::k8s::Backend,
     pub image: String,
     pub memory_bytes: i64,
     pub nano_cpus: i64,
     pub pids: i64,
     /// A directory on a tmpfs where secret files are written for bind-mounting.
     pub secrets_root: PathBuf,
+    /// `[sandbox.kubernetes]`: used when `backend = "kubernetes"`.
+    pub kubernetes: crate::sandbox::k8s::KubernetesSettings,
 }
 
 impl Default for SandboxSettings {
     fn default() -> Self {
         SandboxSettings {
+            backend: crate::sandbox::k8s::Backend::Docker,
             image: "threadgate-sandbox:latest".into(),
             memory_bytes: 1024 * 1024 * 1024,
             nano_cpus: 1_000_000_000,
             pids: 256,
             secrets_root: PathBuf::from("/dev/shm/threadgate"),
+            kubernetes: crate::sandbox::k8s::KubernetesSettings::default(),
         }
     }
 }

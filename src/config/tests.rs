@@ -141,6 +141,22 @@ fn each_table_s_keys_can_be_set_from_the_environment() {
             s.repo.path == Path::new("/srv/repo")
         }),
         ("THREADGATE_SANDBOX__PIDS", "64", |s| s.sandbox.pids == 64),
+        ("THREADGATE_SANDBOX__BACKEND", "kubernetes", |s| {
+            s.sandbox.backend == crate::sandbox::k8s::Backend::Kubernetes
+        }),
+        ("THREADGATE_SANDBOX__KUBERNETES__CLAIMS", "never", |s| {
+            s.sandbox.kubernetes.claims == crate::sandbox::k8s::ClaimMode::Never
+        }),
+        (
+            "THREADGATE_SANDBOX__KUBERNETES__RUNTIME_CLASS",
+            "gvisor",
+            |s| s.sandbox.kubernetes.runtime_class.as_deref() == Some("gvisor"),
+        ),
+        (
+            "THREADGATE_SANDBOX__KUBERNETES__READY_TIMEOUT",
+            "45s",
+            |s| s.sandbox.kubernetes.ready_timeout == std::time::Duration::from_secs(45),
+        ),
         ("THREADGATE_IMAGE", "img:1", |s| s.sandbox.image == "img:1"),
         ("THREADGATE_SANDBOX_IMAGE", "img:2", |s| {
             s.sandbox.image == "img:2"
@@ -570,4 +586,25 @@ fn an_unset_table_is_set_whole_from_the_environment() {
     );
     assert!(text.contains("client_id"), "{text}");
     assert!(load(None, &[]).expect("defaults").review.oidc.is_none());
+}
+
+/// The `threadgate.toml` of `deploy/kubernetes/configmap.yaml` loads as it is, and
+/// selects the Kubernetes backend.
+#[test]
+fn the_kubernetes_configmap_holds_a_valid_settings_file() {
+    let yaml = include_str!("../../deploy/kubernetes/configmap.yaml");
+    let toml = yaml
+        .split("\n---\n")
+        .filter_map(|doc| serde_norway::from_str::<serde_json::Value>(doc).ok())
+        .find_map(|doc| doc["data"]["threadgate.toml"].as_str().map(str::to_string))
+        .expect("threadgate.toml in the ConfigMap");
+    let settings = load(Some(&toml), &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        settings.sandbox.backend,
+        crate::sandbox::k8s::Backend::Kubernetes
+    );
+    assert_eq!(
+        settings.sandbox.kubernetes.runtime_class.as_deref(),
+        Some("gvisor")
+    );
 }

@@ -18,6 +18,7 @@
 mod docker;
 mod fake;
 mod host;
+pub mod k8s;
 
 #[cfg(test)]
 mod tests;
@@ -30,6 +31,7 @@ use crate::ids::{SessionId, ThreadId};
 
 pub use docker::DockerRuntime;
 pub use fake::FakeRuntime;
+pub use k8s::KubeRuntime;
 
 /// Label naming the threadgate instance that owns a container.
 pub const LABEL_INSTANCE: &str = "threadgate.instance";
@@ -208,6 +210,33 @@ pub enum SandboxError {
         /// The engine's error.
         #[source]
         source: bollard::errors::Error,
+    },
+    /// A Kubernetes API call failed.
+    #[error("kubernetes {action} {target:?} failed: {source}")]
+    Kube {
+        /// What was being done, e.g. `create`.
+        action: &'static str,
+        /// The object (or kind of objects) it was done to.
+        target: String,
+        /// The client's error.
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// The cluster is not set up for sessions (a missing warm pool, CRD or CA).
+    #[error("the kubernetes sandbox backend cannot run: {reason}")]
+    Cluster {
+        /// What is missing, naming the setting that says where to look.
+        reason: String,
+    },
+    /// A pod or claim did not become ready; it was removed.
+    #[error("sandbox {name:?} did not become ready within {waited:?} and was removed: {reason}")]
+    NotReady {
+        /// The pod or claim.
+        name: String,
+        /// How long it was given.
+        waited: std::time::Duration,
+        /// What was seen last, or why it can never be ready.
+        reason: String,
     },
     /// A host filesystem operation failed.
     #[error("cannot {action} {path:?}: {source}")]

@@ -135,6 +135,7 @@ impl DockerWorld {
                 nano_cpus: 500_000_000,
                 pids: 128,
                 secrets_root: self.secrets_root.clone(),
+                ..defaults.sandbox
             },
             sessions: SessionSettings {
                 max_live: opts.max_live,

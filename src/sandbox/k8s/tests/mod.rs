@@ -1,0 +1,528 @@
+//! The Kubernetes runtime against an in-process API server ([`fake_api`]): the Docker
+//! runtime's contract (start, stop, list, adopt, reap), the shape of what it creates,
+//! and the cluster's failures (409, 410 Gone, watches that end, sandboxes that never
+//! become ready). `manifests` checks `deploy/kubernetes/`.
+
+mod fake_api;
+mod manifests;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use serde_json::json;
+
+use super::objects::{self, CREDENTIAL_DIR};
+use super::{ClaimMode, Kind, KubeRuntime, KubernetesSettings, SandboxClaim};
+use crate::sandbox::{Limits, SandboxError, SandboxRuntime, SandboxSpec};
+use crate::secrets::secret_bytes;
+use fake_api::{FakeApi, Kubelet};
+
+const INSTANCE: &str = "tgtest01";
+const CA: &[u8] = b"-----BEGIN CERTIFICATE-----\nfake\n-----END CERTIFICATE-----\n";
+
+fn settings() -> KubernetesSettings {
+    KubernetesSettings {
+        ready_timeout: Duration::from_secs(20),
+        runtime_class: Some("gvisor".into()),
+        ..KubernetesSettings::default()
+    }
+}
+
+fn spec(session: &str) -> SandboxSpec {
+    SandboxSpec {
+        session_id: crate::ids::SessionId::parse(session).expect("session id"),
+        thread_id: crate::ids::ThreadId::parse(format!("th_{session}")).expect("thread id"),
+        image: "threadgate-sandbox:latest".to_string(),
+        workspace_dir: PathBuf::from("/nonexistent/workspace"),
+        socket_dir: PathBuf::from("/nonexistent/socket"),
+        secrets: vec![(
+            "API_TOKEN".to_string(),
+            secret_bytes("fake_key_granted_secret"),
+        )],
+        limits: Limits::default(),
+        command: None,
+        env: vec![("MODE".to_string(), "test".to_string())],
+    }
+}
+
+async fn runtime(fake: &FakeApi, settings: KubernetesSettings) -> KubeRuntime {
+    KubeRuntime::with_client(fake.client(), INSTANCE, settings, CA.to_vec())
+        .await
+        .expect("runtime")
+}
+
+fn pod_of(fake: &FakeApi, name: &str) -> Pod {
+    let object = fake.objects("pods").remove(name).expect("pod exists");
+    serde_json::from_value(object).expect("a pod")
+}
+
+fn secret_of(fake: &FakeApi, name: &str) -> Secret {
+    let object = fake.objects("secrets").remove(name).expect("secret exists");
+    serde_json::from_value(object).expect("a secret")
+}
+
+#[tokio::test]
+async fn a_pod_session_starts_locked_down_with_a_credential_only_its_relay_sees() {
+    let fake = FakeApi::start(false).await;
+    let rt = runtime(&fake, settings()).await;
+    assert_eq!(rt.kind(), Kind::Pods);
+
+    let handle = rt.start(&spec("s1")).await.expect("start");
+    assert_eq!(handle.container_id, handle.name);
+    assert!(handle.name.len() <= 63 && handle.name.starts_with("tg-tgtest01-s1-"));
+
+    let pod = pod_of(&fake, &handle.name);
+    let labels = pod.metadata.labels.clone().expect("labels");
+    assert_eq!(labels["threadgate.instance"], INSTANCE);
+    assert_eq!(labels["threadgate.session"], "s1");
+    assert_eq!(labels["threadgate.thread"], "th_s1");
+    assert_eq!(labels["app.kubernetes.io/name"], "threadgate-sandbox");
+    let spec_ = pod.spec.clone().expect("spec");
+    assert_eq!(spec_.automount_service_account_token, Some(false));
+    assert_eq!(spec_.runtime_class_name.as_deref(), Some("gvisor"));
+    assert_eq!(spec_.host_network, Some(false));
+    let names: Vec<&str> = spec_.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["agent", "relay"]);
+    for container in &spec_.containers {
+        let sc = container
+            .security_context
+            .as_ref()
+            .expect("security context");
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(sc.privileged, Some(false));
+        let caps = sc.capabilities.as_ref().and_then(|c| c.drop.clone());
+        assert_eq!(caps, Some(vec!["ALL".to_string()]));
+        let seccomp = sc.seccomp_profile.as_ref().map(|p| p.type_.as_str());
+        assert_eq!(seccomp, Some("RuntimeDefault"));
+        let mounts: Vec<&str> = container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| m.mount_path.as_str())
+            .collect();
+        let sees_credential = mounts.contains(&CREDENTIAL_DIR);
+        assert_eq!(sees_credential, container.name == "relay", "{mounts:?}");
+    }
+    let relay = spec_.containers.get(1).expect("relay");
+    assert_eq!(
+        relay.args.clone().unwrap_or_default(),
+        objects::relay_args(&settings().gateway_url)
+    );
+    let secrets_volume = spec_
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "secrets")
+        .and_then(|v| v.empty_dir.clone())
+        .expect("secrets emptyDir");
+    assert_eq!(secrets_volume.medium.as_deref(), Some("Memory"));
+
+    // No granted secret value anywhere in what was sent for the pod.
+    let sent = serde_json::to_string(&pod).expect("json");
+    assert!(!sent.contains("fake_key_granted_secret"));
+
+    let secret = secret_of(&fake, &format!("{}-relay", handle.name));
+    let owner = secret.metadata.owner_references.clone().expect("owned");
+    assert_eq!(owner.len(), 1);
+    assert_eq!(owner[0].kind, "Pod");
+    assert_eq!(Some(&owner[0].uid), pod.metadata.uid.as_ref());
+    let data = secret.data.clone().expect("data");
+    assert_eq!(data["ca.crt"].0, CA);
+    let token = data["token"].0.clone();
+    assert_eq!(token.len(), 64);
+    let session = rt
+        .relay_tokens()
+        .session_of(&token)
+        .expect("the token opens");
+    assert_eq!(session.as_str(), "s1");
+    assert_eq!(rt.relay_tokens().session_of(b"some other token"), None);
+
+    let listed = rt.list().await.expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].session_id, "s1");
+    assert_eq!(listed[0].thread_id, "th_s1");
+    assert!(listed[0].running);
+
+    rt.stop(&handle.container_id).await.expect("stop");
+    assert!(fake.objects("pods").is_empty());
+    assert!(fake.objects("secrets").is_empty());
+    assert_eq!(rt.relay_tokens().session_of(&token), None, "revoked");
+    rt.stop(&handle.container_id)
+        .await
+        .expect("stop is idempotent");
+    assert!(rt.list().await.expect("list").is_empty());
+}
+
+#[tokio::test]
+async fn a_claim_session_takes_a_sandbox_from_the_warm_pool() {
+    let fake = FakeApi::start(true).await;
+    let rt = runtime(&fake, settings()).await;
+    assert_eq!(rt.kind(), Kind::Claims);
+
+    let handle = rt.start(&spec("s2")).await.expect("start");
+    let object = fake
+        .objects("sandboxclaims")
+        .remove(&handle.name)
+        .expect("claim");
+    let claim: SandboxClaim = serde_json::from_value(object.clone()).expect("claim type");
+    assert_eq!(claim.spec.warm_pool_ref.name, "threadgate-sandbox");
+    assert!(
+        object["spec"].get("env").is_none(),
+        "no env: it would force a cold start"
+    );
+    let pod_meta = claim.spec.additional_pod_metadata.expect("pod metadata");
+    assert_eq!(pod_meta.labels["threadgate.instance"], INSTANCE);
+    assert_eq!(pod_meta.annotations["threadgate.thread"], "th_s2");
+    assert!(
+        fake.objects("pods").is_empty(),
+        "the controller makes the pod"
+    );
+    assert!(!object.to_string().contains("fake_key_granted_secret"));
+
+    let listed = rt.list().await.expect("list");
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].running);
+    rt.stop(&handle.name).await.expect("stop");
+    assert!(fake.objects("sandboxclaims").is_empty());
+    rt.stop(&handle.name).await.expect("idempotent");
+}
+
+#[tokio::test]
+async fn the_claims_setting_overrides_discovery() {
+    let without = FakeApi::start(false).await;
+    let always = KubernetesSettings {
+        claims: ClaimMode::Always,
+        ..settings()
+    };
+    let err = KubeRuntime::with_client(without.client(), INSTANCE, always, CA.to_vec())
+        .await
+        .expect_err("no CRDs");
+    assert!(matches!(err, SandboxError::Cluster { .. }), "{err}");
+    assert!(err.to_string().contains("sandboxclaims"), "{err}");
+
+    let with = FakeApi::start(true).await;
+    let never = KubernetesSettings {
+        claims: ClaimMode::Never,
+        ..settings()
+    };
+    assert_eq!(runtime(&with, never).await.kind(), Kind::Pods);
+
+    let bad = KubeRuntime::with_client(with.client(), "bad id!", settings(), CA.to_vec()).await;
+    assert!(matches!(bad, Err(SandboxError::InvalidInstance { .. })));
+}
+
+/// A new process (same instance) finds its sessions by label and takes their relay
+/// tokens back from their Secrets.
+#[tokio::test]
+async fn a_restarted_instance_adopts_its_pods_and_their_tokens() {
+    let fake = FakeApi::start(false).await;
+    let first = runtime(&fake, settings()).await;
+    let handle = first.start(&spec("s3")).await.expect("start");
+    let secret = secret_of(&fake, &format!("{}-relay", handle.name));
+    let token = secret.data.expect("data")["token"].0.clone();
+    drop(first);
+
+    let second = runtime(&fake, settings()).await;
+    let listed = second.list().await.expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].container_id, handle.container_id);
+    assert_eq!(listed[0].session_id, "s3");
+    let session = second.relay_tokens().session_of(&token).expect("restored");
+    assert_eq!(session.as_str(), "s3");
+    second.stop(&listed[0].container_id).await.expect("stop");
+    assert!(second.relay_tokens().is_empty());
+}
+
+/// Reconcile's part: this instance's objects whose session is not live are stopped,
+/// another instance's are neither listed nor stoppable, and credentials without a pod
+/// are reaped.
+#[tokio::test]
+async fn strays_are_reaped_and_other_instances_are_left_alone() {
+    let fake = FakeApi::start(false).await;
+    let rt = runtime(&fake, settings()).await;
+    let live = rt.start(&spec("live")).await.expect("start");
+    let stray = rt.start(&spec("stray")).await.expect("start");
+    fake.insert(
+        "pods",
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "theirs",
+            "labels": {"threadgate.instance": "other", "app.kubernetes.io/component": "sandbox"}},
+            "spec": {"containers": [{"name": "agent"}]}}),
+    );
+
+    let listed = rt.list().await.expect("list");
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    for info in listed.iter().filter(|info| info.session_id != "live") {
+        rt.stop(&info.container_id).await.expect("stop stray");
+    }
+    let names: Vec<String> = rt
+        .list()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|i| i.container_id)
+        .collect();
+    assert_eq!(names, std::slice::from_ref(&live.container_id));
+    assert!(!fake.objects("pods").contains_key(&stray.name));
+
+    let err = rt.stop("theirs").await.expect_err("not ours");
+    assert!(matches!(err, SandboxError::NotOwned { .. }), "{err}");
+    assert!(fake.objects("pods").contains_key("theirs"));
+
+    // A credential whose pod is gone (a crash between the two creates, or a pod
+    // removed behind threadgate's back) is reaped; the live one stays.
+    fake.insert(
+        "secrets",
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tg-orphan-relay",
+            "labels": {"threadgate.instance": INSTANCE,
+                       "app.kubernetes.io/component": "relay-credential"},
+            "annotations": {"threadgate.session": "orphan"}},
+            "data": {"token": "ZmFrZQ=="}}),
+    );
+    assert_eq!(rt.reap_orphan_secrets().await.expect("reap"), 1);
+    let left: Vec<String> = fake.objects("secrets").into_keys().collect();
+    assert_eq!(left, [format!("{}-relay", live.name)]);
+    assert_eq!(rt.reap_orphan_secrets().await.expect("reap"), 0);
+}
+
+/// A 409 on create is `AlreadyExists`, as Docker's; the existing pod is untouched. A
+/// stale credential of an earlier pod of the same name is replaced.
+#[tokio::test]
+async fn conflicts_on_create() {
+    let fake = FakeApi::start(false).await;
+    let rt = runtime(&fake, settings()).await;
+    let first = rt.start(&spec("s4")).await.expect("start");
+    let uid = pod_of(&fake, &first.name).metadata.uid;
+    let err = rt.start(&spec("s4")).await.expect_err("conflict");
+    assert!(matches!(err, SandboxError::AlreadyExists { .. }), "{err}");
+    assert_eq!(pod_of(&fake, &first.name).metadata.uid, uid, "untouched");
+    assert_eq!(fake.objects("secrets").len(), 1);
+
+    let name = objects::object_name(INSTANCE, "s5");
+    fake.insert(
+        "secrets",
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("{name}-relay"),
+            "labels": {"threadgate.instance": INSTANCE,
+                       "app.kubernetes.io/component": "relay-credential"}},
+            "data": {"token": "c3RhbGU="}}),
+    );
+    rt.start(&spec("s5"))
+        .await
+        .expect("start over a stale credential");
+    let secret = secret_of(&fake, &format!("{name}-relay"));
+    assert_ne!(secret.data.expect("data")["token"].0, b"stale");
+    assert_eq!(rt.relay_tokens().session_of(b"stale"), None);
+}
+
+/// Watches that end at once and a 410 Gone in the middle of the wait: the start still
+/// sees the pod become ready, by watching again and by listing afresh.
+#[tokio::test]
+async fn the_wait_survives_ended_watches_and_410_gone() {
+    let fake = FakeApi::start(false).await;
+    let rt = runtime(&fake, settings()).await;
+    // Ready only after the watcher's backoff following the 410, so that a watch opened
+    // after the fresh list is what sees it.
+    fake.set_kubelet(Kubelet::ReadyAfter(Duration::from_millis(2500)));
+    fake.drop_next_watches(2);
+    fake.gone_next_watches(1);
+    let handle = rt.start(&spec("s6")).await.expect("start");
+    let requests = fake.requests();
+    let pod_requests: Vec<&String> = requests
+        .iter()
+        .filter(|r| r.starts_with("GET /api/v1/namespaces/threadgate/pods?"))
+        .collect();
+    let watches = pod_requests
+        .iter()
+        .filter(|r| r.contains("watch=true"))
+        .count();
+    let lists = pod_requests.len() - watches;
+    assert!(
+        watches >= 4,
+        "two dropped, one gone, one that saw it ready: {pod_requests:?}"
+    );
+    assert!(lists >= 2, "the 410 made it list again: {pod_requests:?}");
+    let relist = pod_requests
+        .iter()
+        .filter(|r| !r.contains("watch=true"))
+        .nth(1)
+        .expect("a second list");
+    assert!(
+        !relist.contains("resourceVersion="),
+        "a fresh list: {relist}"
+    );
+    assert!(
+        rt.list()
+            .await
+            .expect("list")
+            .iter()
+            .any(|i| i.container_id == handle.name)
+    );
+}
+
+/// A pod that never becomes ready: the start fails after its deadline and leaves no
+/// pod, no Secret and no token behind.
+#[tokio::test]
+async fn a_pod_that_never_becomes_ready_is_undone() {
+    let fake = FakeApi::start(false).await;
+    let quick = KubernetesSettings {
+        ready_timeout: Duration::from_millis(600),
+        ..settings()
+    };
+    let rt = runtime(&fake, quick).await;
+    fake.set_kubelet(Kubelet::Never);
+    let err = rt.start(&spec("s7")).await.expect_err("never ready");
+    assert!(matches!(err, SandboxError::NotReady { .. }), "{err}");
+    assert!(err.to_string().contains("not ready in time"), "{err}");
+    assert!(fake.objects("pods").is_empty());
+    assert!(fake.objects("secrets").is_empty());
+    assert!(rt.relay_tokens().is_empty());
+}
+
+#[tokio::test]
+async fn a_claim_that_never_becomes_ready_is_undone() {
+    let fake = FakeApi::start(true).await;
+    let quick = KubernetesSettings {
+        ready_timeout: Duration::from_millis(600),
+        ..settings()
+    };
+    let rt = runtime(&fake, quick).await;
+    fake.set_kubelet(Kubelet::Never);
+    let err = rt.start(&spec("s8")).await.expect_err("never ready");
+    assert!(matches!(err, SandboxError::NotReady { .. }), "{err}");
+    assert!(fake.objects("sandboxclaims").is_empty());
+    assert!(fake.objects("secrets").is_empty());
+}
+
+/// An image that cannot be pulled fails the start at once, not at the deadline.
+#[tokio::test]
+async fn an_image_that_cannot_be_pulled_fails_fast() {
+    let fake = FakeApi::start(false).await;
+    let rt = runtime(&fake, settings()).await;
+    fake.set_kubelet(Kubelet::ImagePullFails);
+    let started = std::time::Instant::now();
+    let err = rt.start(&spec("s9")).await.expect_err("no image");
+    assert!(err.to_string().contains("ImagePullBackOff"), "{err}");
+    assert!(started.elapsed() < settings().ready_timeout);
+    assert!(fake.objects("pods").is_empty());
+    assert!(fake.objects("secrets").is_empty());
+}
+
+#[tokio::test]
+async fn readiness_needs_the_api_and_the_warm_pool() {
+    let pods = FakeApi::start(false).await;
+    runtime(&pods, settings())
+        .await
+        .check_ready("threadgate-sandbox:latest")
+        .await
+        .expect("ready");
+
+    let claims = FakeApi::start(true).await;
+    let rt = runtime(&claims, settings()).await;
+    let err = rt.check_ready("img").await.expect_err("no pool");
+    assert!(
+        err.to_string().contains("sandbox.kubernetes.warm_pool"),
+        "{err}"
+    );
+    claims.insert(
+        "sandboxwarmpools",
+        json!({"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxWarmPool",
+            "metadata": {"name": "threadgate-sandbox"},
+            "spec": {"replicas": 2, "sandboxTemplateRef": {"name": "threadgate-sandbox"}}}),
+    );
+    rt.check_ready("img").await.expect("ready");
+}
+
+#[test]
+fn names_are_dns_labels_and_ids_that_are_no_label_values_are_hashed() {
+    let long = "a".repeat(128);
+    for (instance, session) in [("tg1", "s1"), ("TG_x", "S_1"), ("tg1", long.as_str())] {
+        let name = objects::object_name(instance, session);
+        assert!(name.len() <= 63, "{name}");
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+            "{name}"
+        );
+    }
+    assert_ne!(
+        objects::object_name("tg1", "S_1"),
+        objects::object_name("tg1", "s-1")
+    );
+    let mut long_spec = spec("s1");
+    long_spec.thread_id = crate::ids::ThreadId::parse(long.clone()).expect("id");
+    let labels = objects::session_labels("tg1", &long_spec, "sandbox");
+    assert!(
+        labels.values().all(|v| objects::is_label_value(v)),
+        "{labels:?}"
+    );
+    assert!(labels["threadgate.thread"].starts_with("h-"));
+}
+
+/// Claims keep the same contract: a 409 is `AlreadyExists`, another instance's claim
+/// is neither listed nor stoppable, and a watch that RBAC forbids is named when the
+/// start gives up.
+#[tokio::test]
+async fn claims_keep_the_contract_on_conflicts_and_ownership() {
+    let fake = FakeApi::start(true).await;
+    let rt = runtime(&fake, settings()).await;
+    let handle = rt.start(&spec("c1")).await.expect("start");
+    let err = rt.start(&spec("c1")).await.expect_err("conflict");
+    assert!(matches!(err, SandboxError::AlreadyExists { .. }), "{err}");
+    assert!(fake.objects("sandboxclaims").contains_key(&handle.name));
+
+    fake.insert(
+        "sandboxclaims",
+        json!({"apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+            "metadata": {"name": "theirs", "labels": {"threadgate.instance": "other",
+                "app.kubernetes.io/component": "sandbox"}},
+            "spec": {"warmPoolRef": {"name": "threadgate-sandbox"}}}),
+    );
+    let listed = rt.list().await.expect("list");
+    assert_eq!(listed.len(), 1);
+    let err = rt.stop("theirs").await.expect_err("not ours");
+    assert!(matches!(err, SandboxError::NotOwned { .. }), "{err}");
+    assert!(fake.objects("sandboxclaims").contains_key("theirs"));
+}
+
+#[tokio::test]
+async fn a_start_that_times_out_says_why_the_watch_failed() {
+    let fake = FakeApi::start(false).await;
+    let quick = KubernetesSettings {
+        ready_timeout: Duration::from_millis(1500),
+        ..settings()
+    };
+    let rt = runtime(&fake, quick).await;
+    fake.set_kubelet(Kubelet::Never);
+    fake.forbid_watches();
+    let err = rt.start(&spec("s10")).await.expect_err("never seen ready");
+    assert!(err.to_string().contains("watch failed"), "{err}");
+    assert!(err.to_string().contains("forbidden"), "{err}");
+    assert!(fake.objects("pods").is_empty());
+}
+
+/// The backend refuses to start without the relay listener's CA, naming the key,
+/// before it reaches for a cluster.
+#[tokio::test]
+async fn connect_needs_the_relay_ca_and_names_the_key() {
+    let err = KubeRuntime::connect(INSTANCE, KubernetesSettings::default())
+        .await
+        .expect_err("no CA");
+    assert!(
+        err.to_string().contains("sandbox.kubernetes.ca_file"),
+        "{err}"
+    );
+    let missing = KubernetesSettings {
+        ca_file: Some(PathBuf::from("/nonexistent/ca.crt")),
+        ..KubernetesSettings::default()
+    };
+    let err = KubeRuntime::connect(INSTANCE, missing)
+        .await
+        .expect_err("unreadable CA");
+    assert!(
+        err.to_string().contains("sandbox.kubernetes.ca_file"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("/nonexistent/ca.crt"), "{err}");
+}
