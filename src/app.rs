@@ -32,6 +32,7 @@ use crate::secrets::{KeySource, MasterKey, Redactor, RedactorSource, SecretStore
 use crate::server::ConnLimits;
 use crate::session::{AgentBook, SessionApi, Supervisor, SupervisorHandle, SupervisorParts};
 use crate::store::Db;
+use crate::store::instances::{self, Registration};
 use crate::store::meta;
 use crate::tasks::Tasks;
 use crate::webhook;
@@ -58,6 +59,8 @@ pub struct Application {
     pub hasher: Arc<Hasher>,
     pub supervisor: SupervisorHandle,
     pub instance_id: String,
+    /// This boot's nonce in the instance registry (cleared at a clean stop).
+    boot_nonce: String,
     /// Turns `true` once the calls a previous run left behind have been recovered (an
     /// event tests wait on instead of sleeping).
     pub recovered: tokio::sync::watch::Receiver<bool>,
@@ -69,17 +72,106 @@ pub struct Application {
     sockets: Arc<SocketHost>,
 }
 
-/// Reads the current instance id, creating one on first start.
-async fn instance_id(db: &Db, configured: Option<&str>) -> anyhow::Result<String> {
-    if let Some(id) = configured {
-        return Ok(id.to_owned());
+/// This process's instance id: `instance_id` when configured; else the id kept in the
+/// data directory (`instance_id` file); else, at the first start of a data directory,
+/// the id an earlier version kept in the database's `meta` (taken once, so its
+/// containers are adopted; a second instance on the same database gets a fresh id), or
+/// a fresh one; then kept in the data directory. Never a shared row: every instance on
+/// one database would read the same one.
+async fn instance_id(db: &Db, settings: &Settings) -> anyhow::Result<String> {
+    if let Some(id) = &settings.instance_id {
+        return Ok(id.clone());
     }
-    let fresh = format!("tg{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
+    let path = settings.instance_id_path();
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let id = text.trim();
+            anyhow::ensure!(
+                !id.is_empty()
+                    && id.len() <= 64
+                    && id
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
+                "{}: not an instance id (ASCII letters, digits, `_` and `-`, at most 64); \
+                 remove the file to generate a new one, or set instance_id",
+                path.display()
+            );
+            return Ok(id.to_owned());
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
     // `build` runs inside the runtime: a blocking write would panic there.
-    let id = db
-        .write(move |c| meta::get_or_insert(c, meta::INSTANCE_ID, &fresh))
-        .await?;
+    let earlier = db
+        .write(|c| meta::take(c, meta::INSTANCE_ID))
+        .await
+        .context("cannot read the instance id an earlier version kept")?;
+    let id = earlier
+        .unwrap_or_else(|| format!("tg{}", &uuid::Uuid::new_v4().simple().to_string()[..10]));
+    let partial = path.with_extension("partial");
+    std::fs::write(&partial, format!("{id}\n"))
+        .and_then(|()| std::fs::rename(&partial, &path))
+        .with_context(|| format!("cannot keep the instance id in {}", path.display()))?;
     Ok(id)
+}
+
+/// Registers this boot of `instance_id` in the shared database, refusing the start while
+/// another live process (a heartbeat fresher than the lease time) holds the same id.
+async fn register_instance(
+    db: &Db,
+    instance_id: &str,
+    nonce: &str,
+    clock: &Clock,
+    lease_time: Duration,
+) -> anyhow::Result<()> {
+    let now = clock.now_ms();
+    let stale_before = now.saturating_sub(crate::clock::ms(lease_time));
+    let (id, boot) = (instance_id.to_owned(), nonce.to_owned());
+    let registered = db
+        .write(move |c| instances::register(c, &id, &boot, now, stale_before))
+        .await
+        .context("cannot register this instance in the database")?;
+    match registered {
+        Registration::Registered => Ok(()),
+        Registration::Taken { heartbeat_age_ms } => anyhow::bail!(
+            "two instances with the same instance id: {instance_id:?} is held by another \
+             running threadgate on this database (its heartbeat is {heartbeat_age_ms} ms old, \
+             within sessions.lease_time = {}); they would adopt and reap each other's \
+             containers. Give each instance its own instance_id (or its own data_dir, where a \
+             generated id is kept); if the other instance has just stopped, start again after \
+             the lease time",
+            humantime::format_duration(lease_time)
+        ),
+    }
+}
+
+/// Renews this boot's heartbeat every third of the lease time until shutdown. A
+/// heartbeat the database refuses means another process took this instance id after
+/// this one's went stale: logged as an error, since the two now share containers.
+fn keep_heartbeat(
+    tasks: &Tasks,
+    db: &Db,
+    clock: &Clock,
+    (id, nonce): (String, String),
+    every: Duration,
+) {
+    let (db, clock) = (db.clone(), clock.clone());
+    tasks.spawn_until_shutdown(async move {
+        let mut interval = tokio::time::interval(every);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            let (i, n, now) = (id.clone(), nonce.clone(), clock.now_ms());
+            match db.write(move |c| instances::heartbeat(c, &i, &n, now)).await {
+                Ok(true) => {}
+                Ok(false) => tracing::error!(
+                    instance = %id,
+                    "another process registered this instance id: two instances with the same instance id"
+                ),
+                Err(e) => tracing::error!(error = %e, "cannot renew this instance's heartbeat"),
+            }
+        }
+    });
 }
 
 /// Creates the data directory if needed and opens the database in it.
@@ -182,6 +274,8 @@ fn publisher(
 struct Foundation {
     db: Db,
     instance_id: String,
+    /// This boot's nonce in the instance registry.
+    boot_nonce: String,
     loaded: Arc<LoadedPolicy>,
     secrets: SecretStore,
     redactor: Arc<Redactor>,
@@ -197,7 +291,17 @@ struct Foundation {
 impl Foundation {
     async fn open(settings: &Settings, overrides: Overrides) -> anyhow::Result<Foundation> {
         let db = open_db(settings)?;
-        let instance_id = instance_id(&db, settings.instance_id.as_deref()).await?;
+        let clock = overrides.clock.unwrap_or_else(Clock::system);
+        let instance_id = instance_id(&db, settings).await?;
+        let boot_nonce = uuid::Uuid::new_v4().simple().to_string();
+        register_instance(
+            &db,
+            &instance_id,
+            &boot_nonce,
+            &clock,
+            settings.sessions.lease_time,
+        )
+        .await?;
         let loaded = load_policy(&settings.policy_file)?;
         let secrets = open_secrets(&db, settings)?;
         let generation = secrets.generation().await?;
@@ -210,7 +314,6 @@ impl Foundation {
             &Catalog::builtin(),
             &settings.model,
         )?);
-        let clock = overrides.clock.unwrap_or_else(Clock::system);
         let sandbox: Arc<dyn SandboxRuntime> = match overrides.sandbox {
             Some(s) => s,
             None => Arc::new(
@@ -227,6 +330,7 @@ impl Foundation {
         Ok(Foundation {
             db,
             instance_id,
+            boot_nonce,
             loaded: Arc::new(loaded),
             generation,
             secrets,
@@ -358,6 +462,7 @@ fn supervisor_parts(
         .to_owned();
     SupervisorParts {
         db: base.db.clone(),
+        instance_id: base.instance_id.clone(),
         sandbox: base.sandbox.clone(),
         workspaces: Arc::new(base.workspaces.clone()),
         api: Arc::new(crate::gateway::session_labels::LabelledSessions::new(
@@ -517,6 +622,13 @@ impl Application {
         }
         let base = Foundation::open(&settings, overrides).await?;
         let tasks = Tasks::new();
+        keep_heartbeat(
+            &tasks,
+            &base.db,
+            &base.clock,
+            (base.instance_id.clone(), base.boot_nonce.clone()),
+            settings.sessions.renew_every(),
+        );
         let (handle, inbox) = Supervisor::channel(base.clock.clone());
         let gate = base.gate(&settings, handle.clone());
         // Before any session socket serves a call: reads rely on these marks.
@@ -572,6 +684,7 @@ impl Application {
             hasher,
             supervisor: handle,
             instance_id: base.instance_id,
+            boot_nonce: base.boot_nonce,
             recovered,
             metrics_addr,
             tasks,
@@ -608,6 +721,17 @@ impl Application {
         self.supervisor.shutdown();
         let drained = self.tasks.shutdown(deadline).await;
         drop(self.sockets);
+        // A clean stop frees the instance id at once (a restart need not wait out the
+        // lease time). Its session leases stay: the next start of this instance adopts
+        // its containers, or another instance takes them over once they expire.
+        let (id, nonce) = (self.instance_id.clone(), self.boot_nonce.clone());
+        if let Err(e) = self
+            .db
+            .write(move |c| instances::deregister(c, &id, &nonce))
+            .await
+        {
+            tracing::warn!(error = %e, "cannot mark this instance stopped in the database");
+        }
         tracing::info!(cut = drained.cut, "threadgate stopped");
         Ok(())
     }

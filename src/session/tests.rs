@@ -155,6 +155,7 @@ fn harness_with(
     });
     let (handle, _task) = Supervisor::spawn(SupervisorParts {
         db: db.clone(),
+        instance_id: "inst-test".into(),
         sandbox: sandbox.clone(),
         workspaces: workspaces.clone(),
         api: Arc::new(FakeApi::default()),

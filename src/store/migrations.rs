@@ -59,6 +59,10 @@ const MIGRATIONS: &[Migration] = &[
         name: "0011_oidc",
         sql: include_str!("migrations/0011_oidc.sql"),
     },
+    Migration {
+        name: "0012_leases",
+        sql: include_str!("migrations/0012_leases.sql"),
+    },
 ];
 
 /// Applies every migration newer than the database's `user_version`, each in its own

@@ -9,6 +9,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use crate::clock::Clock;
 use crate::ids::ThreadId;
 use crate::session::SessionError;
+use crate::store::leases::Lease;
 
 /// A message to the actor; it serves them one at a time.
 pub(super) enum Msg {
@@ -36,6 +37,8 @@ pub(super) enum Msg {
     WhenQuiet(oneshot::Sender<()>),
     Tick,
     Reconcile,
+    /// The renewal task found this lease refused by the database.
+    LeaseLost(Lease),
     /// Stop serving; containers stay and are adopted by the next start.
     Shutdown,
 }
@@ -53,6 +56,9 @@ pub(super) enum Outcome {
         ended: bool,
     },
     StopFailed(String),
+    /// The thread's lease went to another instance: this instance's containers of it
+    /// are stopped, and nothing was written.
+    Dropped,
 }
 
 /// A cheap handle for the rest of threadgate to talk to the supervisor.

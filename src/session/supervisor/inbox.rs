@@ -59,6 +59,7 @@ impl Supervisor {
             slots: HashSet::new(),
             quiet_waiters: Vec::new(),
             last_reconcile_ms: 0,
+            leases: Arc::new(Mutex::new(HashMap::new())),
         };
         let tasks = sup.parts.tasks.clone();
         tasks.spawn(sup.run())
