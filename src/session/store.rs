@@ -397,4 +397,124 @@ mod tests {
             "{err}"
         );
     }
+
+    #[tokio::test]
+    async fn a_stale_owners_transitions_and_applied_events_change_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("t.db")).unwrap();
+        let thread = ThreadId::parse("th_s").unwrap();
+        let t = thread.clone();
+        let old = db
+            .write(move |c| {
+                let lease = leases::acquire(c, &t, "inst-a", 1_000, 15_000)?.expect("free");
+                let row = SessionRow {
+                    thread_id: t.clone(),
+                    session_id: SessionId::parse("s_s").unwrap(),
+                    agent: "support".into(),
+                    state: SessionState::Queued,
+                    container_id: None,
+                    branch: "threadgate/th_s".into(),
+                    worktree: None,
+                    customer_id: None,
+                    customer_email: None,
+                    created_at_ms: 1_000,
+                    updated_at_ms: 1_000,
+                    last_event_ms: 0,
+                    attempts: 0,
+                    last_error: None,
+                    stop_requested: false,
+                };
+                insert(c, &lease, &row)?;
+                set_state(c, &lease, SessionState::Running, Some("c-old"), 2_000)?;
+                c.execute(
+                    "INSERT INTO events (event_id, event_type, class, thread_id, actor, \
+                     occurred_at_ms, received_at_ms, body) \
+                     VALUES ('pEv_s', 'thread.email_received', 'customer', 'th_s', \
+                     'customer', 3000, 3000, '{}')",
+                    [],
+                )?;
+                Ok(lease)
+            })
+            .await
+            .unwrap();
+        // inst-a stops renewing; inst-b takes the thread over once the lease expired.
+        let t = thread.clone();
+        let new = db
+            .write(move |c| leases::acquire(c, &t, "inst-b", 20_000, 15_000))
+            .await
+            .unwrap()
+            .expect("expired");
+        assert!(new.token > old.token);
+
+        // Every write of the stale owner is refused by the database and changes nothing.
+        let stale = old.clone();
+        let refused = [
+            db.write({
+                let l = stale.clone();
+                move |c| set_state(c, &l, SessionState::Ended, None, 21_000)
+            })
+            .await,
+            db.write({
+                let l = stale.clone();
+                move |c| record_failure(c, &l, "boom", 21_000)
+            })
+            .await,
+            db.write({
+                let l = stale.clone();
+                move |c| set_worktree(c, &l, "/elsewhere")
+            })
+            .await,
+            db.write({
+                let l = stale.clone();
+                move |c| note_event(c, &l, 99_000, Some("c_x"), None)
+            })
+            .await,
+            db.write({
+                let l = stale.clone();
+                move |c| cancel_stop(c, &l)
+            })
+            .await,
+            db.write({
+                let l = stale.clone();
+                move |c| crate::webhook::store::mark_applied(c, &l, 1, true, 21_000)
+            })
+            .await,
+        ];
+        for result in refused {
+            let err = result.unwrap_err();
+            assert!(leases::is_lost(&err), "{err}");
+        }
+        let t = thread.clone();
+        let row = db.read(move |c| get(c, &t)).await.unwrap().unwrap();
+        assert_eq!(row.state, SessionState::Running);
+        assert_eq!(row.container_id.as_deref(), Some("c-old"));
+        assert_eq!((row.updated_at_ms, row.attempts), (2_000, 0));
+        assert_eq!(
+            (row.worktree, row.customer_id, row.last_event_ms),
+            (None, None, 0)
+        );
+        let pending: i64 = db
+            .read(|c| {
+                c.query_row(
+                    "SELECT count(*) FROM events WHERE applied_at_ms IS NULL",
+                    [],
+                    |r| r.get(0),
+                )
+            })
+            .await
+            .unwrap();
+        assert_eq!(pending, 1, "the stale owner applied no event");
+
+        // The new owner's writes land.
+        let l = new.clone();
+        db.write(move |c| {
+            set_state(c, &l, SessionState::Starting, None, 22_000)?;
+            crate::webhook::store::mark_applied(c, &l, 1, true, 22_000)
+        })
+        .await
+        .unwrap();
+        let t = thread.clone();
+        let row = db.read(move |c| get(c, &t)).await.unwrap().unwrap();
+        assert_eq!(row.state, SessionState::Starting);
+    }
 }

@@ -14,9 +14,9 @@ use crate::secrets::SecretString;
 use crate::store::Db;
 
 #[derive(Default)]
-struct FakeWorkspaces {
-    root: PathBuf,
-    log: Mutex<Vec<String>>,
+pub(super) struct FakeWorkspaces {
+    pub(super) root: PathBuf,
+    pub(super) log: Mutex<Vec<String>>,
 }
 
 impl FakeWorkspaces {
@@ -75,7 +75,7 @@ impl WorkspaceOps for FakeWorkspaces {
 }
 
 #[derive(Default)]
-struct FakeApi {
+pub(super) struct FakeApi {
     open: Mutex<Vec<String>>,
 }
 
@@ -90,7 +90,7 @@ impl SessionApi for FakeApi {
     }
 }
 
-struct NoSecrets;
+pub(super) struct NoSecrets;
 
 #[async_trait::async_trait]
 impl SecretSource for NoSecrets {
@@ -140,19 +140,7 @@ fn harness_with(
     });
     let now = Arc::new(AtomicI64::new(1_700_000_000_000));
     let clock_now = now.clone();
-    let mut agents = AgentBook::default();
-    agents.insert(AgentDefinition {
-        name: "support".into(),
-        description: String::new(),
-        command: None,
-        tools: vec!["*".into()],
-        secrets: vec![],
-        skills: vec![],
-        model: "scripted-model".into(),
-        limits: Default::default(),
-        harness: None,
-        instructions: String::new(),
-    });
+    let agents = support_agent();
     let (handle, _task) = Supervisor::spawn(SupervisorParts {
         db: db.clone(),
         instance_id: "inst-test".into(),
@@ -180,6 +168,24 @@ fn harness_with(
         now,
         next_event: AtomicI64::new(1),
     }
+}
+
+/// An agent book with the one `support` agent.
+pub(super) fn support_agent() -> AgentBook {
+    let mut agents = AgentBook::default();
+    agents.insert(AgentDefinition {
+        name: "support".into(),
+        description: String::new(),
+        command: None,
+        tools: vec!["*".into()],
+        secrets: vec![],
+        skills: vec![],
+        model: "scripted-model".into(),
+        limits: Default::default(),
+        harness: None,
+        instructions: String::new(),
+    });
+    agents
 }
 
 fn harness(max_live: usize) -> Harness {
@@ -575,6 +581,6 @@ async fn failed_reads_in_the_tick_stop_and_start_nothing() {
     assert_eq!(h.state("th_2").await, Some(SessionState::Running));
 }
 
-fn tid(text: &str) -> ThreadId {
+pub(super) fn tid(text: &str) -> ThreadId {
     ThreadId::parse(text).expect("thread id")
 }
