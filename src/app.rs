@@ -61,6 +61,8 @@ pub struct Application {
     pub instance_id: String,
     /// This boot's nonce in the instance registry (cleared at a clean stop).
     boot_nonce: String,
+    /// The data directory's lock, released when the application goes.
+    _data_dir_lock: DataDirLock,
     /// Turns `true` once the calls a previous run left behind have been recovered (an
     /// event tests wait on instead of sleeping).
     pub recovered: tokio::sync::watch::Receiver<bool>,
@@ -115,22 +117,97 @@ async fn instance_id(db: &Db, settings: &Settings) -> anyhow::Result<String> {
     Ok(id)
 }
 
+/// How long a start waits for the data directory's lock (a crashed process's descriptor
+/// may take a moment to close) before refusing.
+const DATA_DIR_LOCK_WAIT: Duration = Duration::from_secs(5);
+
+/// This process's claim on its data directory: an exclusive lock on
+/// `<data_dir>/instance.lock`, held while the application lives, whose text is the boot
+/// nonce of the process holding it. A process that gets the lock knows the boot named
+/// in the file is dead, so it may take that boot's instance id at once (a restart after
+/// a crash need not wait out the lease time).
+struct DataDirLock {
+    file: std::fs::File,
+    /// The boot nonce the previous holder wrote, if any.
+    previous: Option<String>,
+}
+
+impl DataDirLock {
+    async fn take(settings: &Settings) -> anyhow::Result<DataDirLock> {
+        use std::io::Read as _;
+        let path = settings.data_dir.join("instance.lock");
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        let deadline = tokio::time::Instant::now() + DATA_DIR_LOCK_WAIT;
+        loop {
+            match file.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock)
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+                    "data_dir {} is in use by another running threadgate: every instance \
+                     needs its own data_dir (several may share one database through \
+                     database_file)",
+                    settings.data_dir.display()
+                ),
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(e).with_context(|| format!("cannot lock {}", path.display()));
+                }
+            }
+        }
+        let mut text = String::new();
+        file.read_to_string(&mut text)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let previous = Some(text.trim().to_owned()).filter(|t| !t.is_empty());
+        Ok(DataDirLock { file, previous })
+    }
+
+    /// Records `nonce` as the boot holding the lock.
+    fn record(&mut self, nonce: &str) -> anyhow::Result<()> {
+        use std::io::{Seek as _, Write as _};
+        self.file.set_len(0)?;
+        self.file.rewind()?;
+        self.file.write_all(nonce.as_bytes())?;
+        self.file.sync_all()?;
+        Ok(())
+    }
+}
+
 /// Registers this boot of `instance_id` in the shared database, refusing the start while
-/// another live process (a heartbeat fresher than the lease time) holds the same id.
+/// another live process (a heartbeat fresher than the lease time) holds the same id;
+/// the previous boot of this data directory (`lock`) counts as dead.
 async fn register_instance(
     db: &Db,
-    instance_id: &str,
-    nonce: &str,
+    (instance_id, nonce): (&str, &str),
+    lock: &mut DataDirLock,
     clock: &Clock,
     lease_time: Duration,
 ) -> anyhow::Result<()> {
     let now = clock.now_ms();
     let stale_before = now.saturating_sub(crate::clock::ms(lease_time));
-    let (id, boot) = (instance_id.to_owned(), nonce.to_owned());
+    let (id, boot, previous) = (
+        instance_id.to_owned(),
+        nonce.to_owned(),
+        lock.previous.clone(),
+    );
     let registered = db
-        .write(move |c| instances::register(c, &id, &boot, now, stale_before))
+        .write(move |c| {
+            instances::register(c, &id, (&boot, previous.as_deref()), now, stale_before)
+        })
         .await
         .context("cannot register this instance in the database")?;
+    if registered == Registration::Registered {
+        lock.record(nonce)
+            .context("cannot record this boot in the data directory's lock")?;
+    }
     match registered {
         Registration::Registered => Ok(()),
         Registration::Taken { heartbeat_age_ms } => anyhow::bail!(
@@ -276,6 +353,8 @@ struct Foundation {
     instance_id: String,
     /// This boot's nonce in the instance registry.
     boot_nonce: String,
+    /// The data directory's lock, held while the application lives.
+    data_dir_lock: DataDirLock,
     loaded: Arc<LoadedPolicy>,
     secrets: SecretStore,
     redactor: Arc<Redactor>,
@@ -292,12 +371,13 @@ impl Foundation {
     async fn open(settings: &Settings, overrides: Overrides) -> anyhow::Result<Foundation> {
         let db = open_db(settings)?;
         let clock = overrides.clock.unwrap_or_else(Clock::system);
+        let mut data_dir_lock = DataDirLock::take(settings).await?;
         let instance_id = instance_id(&db, settings).await?;
         let boot_nonce = uuid::Uuid::new_v4().simple().to_string();
         register_instance(
             &db,
-            &instance_id,
-            &boot_nonce,
+            (&instance_id, &boot_nonce),
+            &mut data_dir_lock,
             &clock,
             settings.sessions.lease_time,
         )
@@ -331,6 +411,7 @@ impl Foundation {
             db,
             instance_id,
             boot_nonce,
+            data_dir_lock,
             loaded: Arc::new(loaded),
             generation,
             secrets,
@@ -685,6 +766,7 @@ impl Application {
             supervisor: handle,
             instance_id: base.instance_id,
             boot_nonce: base.boot_nonce,
+            _data_dir_lock: base.data_dir_lock,
             recovered,
             metrics_addr,
             tasks,

@@ -20,13 +20,14 @@ pub enum Registration {
 }
 
 /// Registers `instance_id` for the boot `nonce` at `now_ms`: a new id, the same boot
-/// again, or an id whose last heartbeat is at or before `stale_before_ms` (its process
-/// is gone) is taken; any other is refused. One conditional statement, so two processes
-/// starting at once with one id get one winner.
+/// again, the boot `previous` (one this process knows is dead: the last boot of its own
+/// data directory, whose lock it now holds), or an id whose last heartbeat is at or
+/// before `stale_before_ms` (its process is gone) is taken; any other is refused. One
+/// conditional statement, so two processes starting at once with one id get one winner.
 pub fn register(
     conn: &Connection,
     instance_id: &str,
-    nonce: &str,
+    (nonce, previous): (&str, Option<&str>),
     now_ms: i64,
     stale_before_ms: i64,
 ) -> rusqlite::Result<Registration> {
@@ -36,10 +37,17 @@ pub fn register(
          ON CONFLICT (instance_id) DO UPDATE SET boot_nonce = excluded.boot_nonce, \
          started_at_ms = excluded.started_at_ms, heartbeat_at_ms = excluded.heartbeat_at_ms \
          WHERE instances.boot_nonce = excluded.boot_nonce \
+         OR instances.boot_nonce = ?5 \
          OR instances.heartbeat_at_ms <= ?4 \
          RETURNING instance_id",
     )?;
-    let mut rows = stmt.query(params![instance_id, nonce, now_ms, stale_before_ms])?;
+    let mut rows = stmt.query(params![
+        instance_id,
+        nonce,
+        now_ms,
+        stale_before_ms,
+        previous
+    ])?;
     if rows.next()?.is_some() {
         return Ok(Registration::Registered);
     }
@@ -107,19 +115,19 @@ mod tests {
         let (_dir, db) = db();
         let lease = 15_000;
         let first = db
-            .write(move |c| register(c, "tg-a", "boot1", 1_000, 1_000 - lease))
+            .write(move |c| register(c, "tg-a", ("boot1", None), 1_000, 1_000 - lease))
             .await
             .unwrap();
         assert_eq!(first, Registration::Registered);
         // The same boot registering again (a retried start) is itself.
         let again = db
-            .write(move |c| register(c, "tg-a", "boot1", 2_000, 2_000 - lease))
+            .write(move |c| register(c, "tg-a", ("boot1", None), 2_000, 2_000 - lease))
             .await
             .unwrap();
         assert_eq!(again, Registration::Registered);
         // Another boot within the lease time of the last heartbeat: refused.
         let second = db
-            .write(move |c| register(c, "tg-a", "boot2", 5_000, 5_000 - lease))
+            .write(move |c| register(c, "tg-a", ("boot2", None), 5_000, 5_000 - lease))
             .await
             .unwrap();
         assert_eq!(
@@ -130,7 +138,7 @@ mod tests {
         );
         // Another id is free.
         let other = db
-            .write(move |c| register(c, "tg-b", "boot9", 5_000, 5_000 - lease))
+            .write(move |c| register(c, "tg-b", ("boot9", None), 5_000, 5_000 - lease))
             .await
             .unwrap();
         assert_eq!(other, Registration::Registered);
@@ -141,13 +149,13 @@ mod tests {
                 .unwrap()
         );
         let refused = db
-            .write(move |c| register(c, "tg-a", "boot2", 20_000, 20_000 - lease))
+            .write(move |c| register(c, "tg-a", ("boot2", None), 20_000, 20_000 - lease))
             .await
             .unwrap();
         assert!(matches!(refused, Registration::Taken { .. }), "{refused:?}");
         // Past the lease time without a heartbeat the first boot is taken for dead.
         let taken = db
-            .write(move |c| register(c, "tg-a", "boot2", 31_000, 31_000 - lease))
+            .write(move |c| register(c, "tg-a", ("boot2", None), 31_000, 31_000 - lease))
             .await
             .unwrap();
         assert_eq!(taken, Registration::Registered);
@@ -162,9 +170,24 @@ mod tests {
             .await
             .unwrap();
         let next = db
-            .write(move |c| register(c, "tg-a", "boot3", 32_000, 32_000 - lease))
+            .write(move |c| register(c, "tg-a", ("boot3", None), 32_000, 32_000 - lease))
             .await
             .unwrap();
         assert_eq!(next, Registration::Registered);
+        // boot3 crashes (no clean stop, heartbeat fresh). A boot that knows boot3 is dead
+        // (the next start on its data directory) takes the id at once; any other waits.
+        let stranger = db
+            .write(move |c| register(c, "tg-a", ("boot4", Some("boot1")), 33_000, 33_000 - lease))
+            .await
+            .unwrap();
+        assert!(
+            matches!(stranger, Registration::Taken { .. }),
+            "{stranger:?}"
+        );
+        let successor = db
+            .write(move |c| register(c, "tg-a", ("boot4", Some("boot3")), 33_000, 33_000 - lease))
+            .await
+            .unwrap();
+        assert_eq!(successor, Registration::Registered);
     }
 }
