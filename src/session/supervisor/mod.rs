@@ -451,8 +451,11 @@ impl Supervisor {
                         .await;
                 if self.held(thread).is_none() {
                     // The lease went elsewhere while the container started: it is the
-                    // new owner's session now; this container goes.
-                    self.spawn_drop(thread);
+                    // new owner's session now; this container goes (unless a refused
+                    // write above already sent it).
+                    if !self.busy.contains_key(thread) {
+                        self.spawn_drop(thread);
+                    }
                     return;
                 }
                 if recorded {
