@@ -6,6 +6,7 @@
 //! running, a container starting) and cuts what is left, as mini-redis does.
 
 mod connector_setup;
+mod instance;
 mod metrics_http;
 
 use crate::secrets::ExposeSecret as _;
@@ -35,7 +36,6 @@ use crate::secrets::{
 use crate::server::ConnLimits;
 use crate::session::{AgentBook, SessionApi, Supervisor, SupervisorHandle, SupervisorParts};
 use crate::store::Db;
-use crate::store::meta;
 use crate::tasks::Tasks;
 use crate::webhook;
 use crate::workspace::{RepoConfig, Workspaces};
@@ -61,6 +61,10 @@ pub struct Application {
     pub hasher: Arc<Hasher>,
     pub supervisor: SupervisorHandle,
     pub instance_id: String,
+    /// This boot's nonce in the instance registry (cleared at a clean stop).
+    boot_nonce: String,
+    /// The data directory's lock, released when the application goes.
+    _data_dir_lock: instance::DataDirLock,
     /// Turns `true` once the calls a previous run left behind have been recovered (an
     /// event tests wait on instead of sleeping).
     pub recovered: tokio::sync::watch::Receiver<bool>,
@@ -70,19 +74,6 @@ pub struct Application {
     pub tasks: Tasks,
     limits: ConnLimits,
     sockets: Arc<SocketHost>,
-}
-
-/// Reads the current instance id, creating one on first start.
-async fn instance_id(db: &Db, configured: Option<&str>) -> anyhow::Result<String> {
-    if let Some(id) = configured {
-        return Ok(id.to_owned());
-    }
-    let fresh = format!("tg{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
-    // `build` runs inside the runtime: a blocking write would panic there.
-    let id = db
-        .write(move |c| meta::get_or_insert(c, meta::INSTANCE_ID, &fresh))
-        .await?;
-    Ok(id)
 }
 
 /// Creates the data directory if needed and opens the database in it.
@@ -185,6 +176,10 @@ fn publisher(
 struct Foundation {
     db: Db,
     instance_id: String,
+    /// This boot's nonce in the instance registry.
+    boot_nonce: String,
+    /// The data directory's lock, held while the application lives.
+    data_dir_lock: instance::DataDirLock,
     loaded: Arc<LoadedPolicy>,
     secrets: SecretStore,
     redactor: Arc<Redactor>,
@@ -200,7 +195,18 @@ struct Foundation {
 impl Foundation {
     async fn open(settings: &Settings, overrides: Overrides) -> anyhow::Result<Foundation> {
         let db = open_db(settings)?;
-        let instance_id = instance_id(&db, settings.instance_id.as_deref()).await?;
+        let clock = overrides.clock.unwrap_or_else(Clock::system);
+        let mut data_dir_lock = instance::DataDirLock::take(settings).await?;
+        let instance_id = instance::instance_id(&db, settings).await?;
+        let boot_nonce = uuid::Uuid::new_v4().simple().to_string();
+        instance::register(
+            &db,
+            (&instance_id, &boot_nonce),
+            &mut data_dir_lock,
+            &clock,
+            settings.sessions.lease_time,
+        )
+        .await?;
         let loaded = load_policy(&settings.policy_file)?;
         let secrets = open_secrets(&db, settings)?;
         let generation = secrets.generation().await?;
@@ -213,7 +219,6 @@ impl Foundation {
             &Catalog::builtin(),
             &settings.model,
         )?);
-        let clock = overrides.clock.unwrap_or_else(Clock::system);
         let sandbox: Arc<dyn SandboxRuntime> = match (overrides.sandbox, settings.sandbox.backend) {
             (Some(s), _) => s,
             (None, Backend::Docker) => Arc::new(
@@ -233,6 +238,8 @@ impl Foundation {
         Ok(Foundation {
             db,
             instance_id,
+            boot_nonce,
+            data_dir_lock,
             loaded: Arc::new(loaded),
             generation,
             secrets,
@@ -365,6 +372,7 @@ fn supervisor_parts(
         .to_owned();
     SupervisorParts {
         db: base.db.clone(),
+        instance_id: base.instance_id.clone(),
         sandbox: base.sandbox.clone(),
         workspaces: Arc::new(base.workspaces.clone()),
         api: Arc::new(crate::gateway::session_labels::LabelledSessions::new(
@@ -527,6 +535,13 @@ impl Application {
         }
         let base = Foundation::open(&settings, overrides).await?;
         let tasks = Tasks::new();
+        instance::keep_heartbeat(
+            &tasks,
+            &base.db,
+            &base.clock,
+            (base.instance_id.clone(), base.boot_nonce.clone()),
+            settings.sessions.renew_every(),
+        );
         let (handle, inbox) = Supervisor::channel(base.clock.clone());
         let gate = base.gate(&settings, handle.clone());
         // Before any session socket serves a call: reads rely on these marks.
@@ -582,6 +597,8 @@ impl Application {
             hasher,
             supervisor: handle,
             instance_id: base.instance_id,
+            boot_nonce: base.boot_nonce,
+            _data_dir_lock: base.data_dir_lock,
             recovered,
             metrics_addr,
             tasks,
@@ -618,6 +635,17 @@ impl Application {
         self.supervisor.shutdown();
         let drained = self.tasks.shutdown(deadline).await;
         drop(self.sockets);
+        // A clean stop frees the instance id at once (a restart need not wait out the
+        // lease time). Its session leases stay: the next start of this instance adopts
+        // its containers, or another instance takes them over once they expire.
+        let (id, nonce) = (self.instance_id.clone(), self.boot_nonce.clone());
+        if let Err(e) = self
+            .db
+            .write(move |c| crate::store::instances::deregister(c, &id, &nonce))
+            .await
+        {
+            tracing::warn!(error = %e, "cannot mark this instance stopped in the database");
+        }
         tracing::info!(cut = drained.cut, "threadgate stopped");
         Ok(())
     }

@@ -36,9 +36,15 @@ pub use crate::session::SessionSettings;
 pub struct Settings {
     /// Holds the database, worktrees and session sockets.
     pub data_dir: PathBuf,
-    /// Names this instance on the containers it starts; generated once and kept in the
-    /// database when empty.
+    /// Names this instance on the containers it starts and in the session leases it
+    /// holds; every process sharing a database needs its own. When unset, generated once
+    /// and kept in `data_dir` (the file `instance_id`), so each data directory is one
+    /// instance.
     pub instance_id: Option<String>,
+    /// The SQLite database file. Empty (the default): `threadgate.db` in `data_dir`.
+    /// Several instances on one machine share one file by naming it here, each with
+    /// its own `data_dir` (worktrees, sockets, instance id).
+    pub database_file: PathBuf,
     /// The listener for webhooks and people (approvals, admin). Never reachable from a
     /// sandbox, which has no network.
     pub listen: SocketAddr,
@@ -98,6 +104,7 @@ impl Default for Settings {
         Settings {
             data_dir: PathBuf::from("data"),
             instance_id: None,
+            database_file: PathBuf::new(),
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             public_url: "http://127.0.0.1:8080".into(),
             policy_file: PathBuf::from("policies/support.yaml"),
@@ -143,9 +150,19 @@ impl Settings {
         }
     }
 
-    /// The SQLite database file.
+    /// The SQLite database file: `database_file` when set, else `threadgate.db` in
+    /// `data_dir`.
     pub fn database_path(&self) -> PathBuf {
-        self.data_dir.join("threadgate.db")
+        if self.database_file.as_os_str().is_empty() {
+            self.data_dir.join("threadgate.db")
+        } else {
+            self.database_file.clone()
+        }
+    }
+
+    /// The file keeping this data directory's generated instance id.
+    pub fn instance_id_path(&self) -> PathBuf {
+        self.data_dir.join("instance_id")
     }
 
     /// Where session worktrees are checked out.

@@ -324,6 +324,17 @@ pub fn sessions_with_pending(conn: &Connection) -> rusqlite::Result<Vec<String>>
     rows.collect()
 }
 
+/// Whether `session_id` has a held or approved execution.
+pub fn session_has_pending(conn: &Connection, session_id: &str) -> rusqlite::Result<bool> {
+    cached_query_row(
+        conn,
+        "SELECT EXISTS (SELECT 1 FROM executions WHERE session_id = ?1 \
+         AND status IN ('held', 'approved'))",
+        [session_id],
+        |r| r.get(0),
+    )
+}
+
 /// How many of the session's calls are held and unexpired at `now_ms`.
 pub fn held_count(conn: &Connection, session_id: &str, now_ms: i64) -> rusqlite::Result<usize> {
     cached_query_row(

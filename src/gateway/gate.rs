@@ -245,6 +245,15 @@ impl Gate {
         self.holds.load(&self.db).await
     }
 
+    /// Marks `session_id` if it has a held or approved call, before its socket serves a
+    /// call on this instance (it may have run on another one until now).
+    pub async fn load_session_holds(
+        &self,
+        session_id: &str,
+    ) -> Result<(), crate::store::StoreError> {
+        self.holds.load_session(&self.db, session_id).await
+    }
+
     pub fn current_policy(&self) -> Arc<LoadedPolicy> {
         self.policy
             .read()

@@ -9,6 +9,13 @@
 //! ([`HoldMarks::load`]). A read in an unmarked session therefore has nothing to find,
 //! and a read in a marked one asks the database as before.
 //!
+//! With several instances on one database, a session's holds may have been made on
+//! another instance (the one that ran the session before it died): every session is
+//! marked from the database again when its socket opens here ([`HoldMarks::load_session`],
+//! through `session_labels`), before it serves a call. Holds are only ever made by the
+//! instance running the session (its socket is the only way to make one), so from then
+//! on this instance's marks for it are complete.
+//!
 //! INVARIANT: a session with a held or approved execution is marked, or the marks have
 //! overflowed and every session counts as marked. Marks are never removed.
 
@@ -70,6 +77,21 @@ impl HoldMarks {
     }
 }
 
+impl HoldMarks {
+    /// Marks `session_id` if it has a held or approved execution in `db` (a session
+    /// whose socket opens on this instance, perhaps after it ran on another).
+    pub async fn load_session(&self, db: &Db, session_id: &str) -> Result<(), StoreError> {
+        let session = session_id.to_owned();
+        let pending = db
+            .read(move |c| exec_store::session_has_pending(c, &session))
+            .await?;
+        if pending {
+            self.mark(session_id);
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,6 +103,33 @@ mod tests {
         marks.mark("s1");
         assert!(marks.may_have("s1"));
         assert!(!marks.may_have("s2"));
+    }
+
+    #[tokio::test]
+    async fn a_session_opening_here_is_marked_from_holds_made_elsewhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(&dir.path().join("t.db")).unwrap();
+        // Marks loaded at this instance's start; then another instance's session holds a
+        // call (the row is all this instance sees of it).
+        let marks = HoldMarks::default();
+        marks.load(&db).await.unwrap();
+        db.write(|c| {
+            c.execute(
+                "INSERT INTO executions (id, session_id, thread_id, agent, tool, args, account, \
+                 binding_hash, verdict, because, policy_hash, status, created_at_ms) \
+                 VALUES ('ex_1', 's_elsewhere', 'th_1', 'support', 'stripe.refund', '{}', \
+                 'default', 'h', 'hold', 'rule', 'p', 'held', 1)",
+                [],
+            )
+        })
+        .await
+        .unwrap();
+        assert!(!marks.may_have("s_elsewhere"));
+        // The session is taken over here: its socket opens, and it is marked first.
+        marks.load_session(&db, "s_elsewhere").await.unwrap();
+        assert!(marks.may_have("s_elsewhere"));
+        marks.load_session(&db, "s_none").await.unwrap();
+        assert!(!marks.may_have("s_none"));
     }
 
     #[test]

@@ -64,6 +64,9 @@ impl SessionApi for LabelledSessions {
     async fn open(&self, scope: SessionScope, socket_dir: PathBuf) -> anyhow::Result<()> {
         let thread_id = scope.thread_id.clone();
         let session_id = scope.session_id.clone();
+        // Before the socket serves a call: reads rely on the hold marks, and the
+        // session's holds may have been made on another instance.
+        self.gate.load_session_holds(&session_id).await?;
         self.inner.open(scope, socket_dir).await?;
         let first = lock(&self.threads)
             .insert(session_id, thread_id.clone())

@@ -22,6 +22,8 @@ mod workspace;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_leases;
 
 use std::path::PathBuf;
 

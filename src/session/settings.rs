@@ -32,6 +32,12 @@ pub struct SessionSettings {
     /// held is refused and the session stops with a note (a person takes over). 0
     /// turns the limit off.
     pub max_pending_holds: usize,
+    /// How long a thread's session lease lasts without renewal (renewed every third of
+    /// it), and how fresh an instance's heartbeat must be for its instance id to count
+    /// as taken. A session whose owner died is taken over by another instance after at
+    /// most this long.
+    #[serde(with = "humantime_serde")]
+    pub lease_time: Duration,
 }
 
 impl Default for SessionSettings {
@@ -44,6 +50,7 @@ impl Default for SessionSettings {
             workspace_bytes: 2 << 30,
             disk_reserve_bytes: 1 << 30,
             max_pending_holds: 20,
+            lease_time: Duration::from_secs(15),
         }
     }
 }
@@ -52,5 +59,16 @@ impl SessionSettings {
     /// [`SessionSettings::reconcile_every`] in milliseconds, saturating.
     pub fn reconcile_every_ms(&self) -> i64 {
         crate::clock::ms(self.reconcile_every)
+    }
+
+    /// [`SessionSettings::lease_time`] in milliseconds, saturating.
+    pub fn lease_ms(&self) -> i64 {
+        crate::clock::ms(self.lease_time)
+    }
+
+    /// How often leases and the instance's heartbeat are renewed: a third of the lease
+    /// time (at least 10 ms).
+    pub fn renew_every(&self) -> Duration {
+        (self.lease_time / 3).max(Duration::from_millis(10))
     }
 }

@@ -16,9 +16,9 @@ use crate::store::Db;
 mod checkpoint;
 
 #[derive(Default)]
-struct FakeWorkspaces {
-    root: PathBuf,
-    log: Mutex<Vec<String>>,
+pub(super) struct FakeWorkspaces {
+    pub(super) root: PathBuf,
+    pub(super) log: Mutex<Vec<String>>,
     /// While true, a commit waits (after logging) until it is set back to false.
     hold_commits: Arc<(Mutex<bool>, std::sync::Condvar)>,
     /// Commits running now, and the most that ever ran at once.
@@ -94,7 +94,7 @@ impl WorkspaceOps for FakeWorkspaces {
 }
 
 #[derive(Default)]
-struct FakeApi {
+pub(super) struct FakeApi {
     open: Mutex<Vec<String>>,
 }
 
@@ -109,7 +109,7 @@ impl SessionApi for FakeApi {
     }
 }
 
-struct NoSecrets;
+pub(super) struct NoSecrets;
 
 #[async_trait::async_trait]
 impl SecretSource for NoSecrets {
@@ -168,21 +168,10 @@ fn harness_checkpointing(
     });
     let now = Arc::new(AtomicI64::new(1_700_000_000_000));
     let clock_now = now.clone();
-    let mut agents = AgentBook::default();
-    agents.insert(AgentDefinition {
-        name: "support".into(),
-        description: String::new(),
-        command: None,
-        tools: vec!["*".into()],
-        secrets: vec![],
-        skills: vec![],
-        model: "scripted-model".into(),
-        limits: Default::default(),
-        harness: None,
-        instructions: String::new(),
-    });
+    let agents = support_agent();
     let (handle, _task) = Supervisor::spawn(SupervisorParts {
         db: db.clone(),
+        instance_id: "inst-test".into(),
         sandbox: sandbox.clone(),
         workspaces: workspaces.clone(),
         api: Arc::new(FakeApi::default()),
@@ -208,6 +197,24 @@ fn harness_checkpointing(
         now,
         next_event: AtomicI64::new(1),
     }
+}
+
+/// An agent book with the one `support` agent.
+pub(super) fn support_agent() -> AgentBook {
+    let mut agents = AgentBook::default();
+    agents.insert(AgentDefinition {
+        name: "support".into(),
+        description: String::new(),
+        command: None,
+        tools: vec!["*".into()],
+        secrets: vec![],
+        skills: vec![],
+        model: "scripted-model".into(),
+        limits: Default::default(),
+        harness: None,
+        instructions: String::new(),
+    });
+    agents
 }
 
 fn harness(max_live: usize) -> Harness {
@@ -603,6 +610,6 @@ async fn failed_reads_in_the_tick_stop_and_start_nothing() {
     assert_eq!(h.state("th_2").await, Some(SessionState::Running));
 }
 
-fn tid(text: &str) -> ThreadId {
+pub(super) fn tid(text: &str) -> ThreadId {
     ThreadId::parse(text).expect("thread id")
 }

@@ -5,7 +5,10 @@ use rusqlite::Connection;
 
 use rusqlite::OptionalExtension;
 
-/// The key of this installation's instance id (the label on its containers).
+/// The key under which versions before several instances kept the instance id (the
+/// label on its containers). Read once, by [`take`], when a data directory without an
+/// instance id file starts: the id is kept per data directory now, since every instance
+/// sharing one database would read the same row.
 pub const INSTANCE_ID: &str = "instance_id";
 /// The key of the global pause of new sessions (`1` paused).
 pub const PAUSED: &str = "paused";
@@ -44,4 +47,15 @@ pub fn get_or_insert(conn: &Connection, key: &str, fresh: &str) -> rusqlite::Res
         [key, fresh],
     )?;
     conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+}
+
+/// Removes `key` and answers the value it had: the first caller gets it, every later
+/// one `None` (one statement, so two instances starting at once cannot both get it).
+pub fn take(conn: &Connection, key: &str) -> rusqlite::Result<Option<String>> {
+    conn.query_row(
+        "DELETE FROM meta WHERE key = ?1 RETURNING value",
+        [key],
+        |r| r.get(0),
+    )
+    .optional()
 }

@@ -67,6 +67,10 @@ const MIGRATIONS: &[Migration] = &[
         name: "0013_mcp_redeemed",
         sql: include_str!("migrations/0013_mcp_redeemed.sql"),
     },
+    Migration {
+        name: "0014_leases",
+        sql: include_str!("migrations/0014_leases.sql"),
+    },
 ];
 
 /// Applies every migration newer than the database's `user_version`, each in its own

@@ -12,6 +12,8 @@
 //! orchestrator only sees domain functions.
 
 mod checkpoint;
+pub mod instances;
+pub mod leases;
 pub mod meta;
 mod migrations;
 

@@ -12,6 +12,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::envelope::{Envelope, EventClass};
 
 use crate::ids::ThreadId;
+use crate::store::leases::{Lease, fence_clause};
 
 /// The outcome of [`insert`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,12 +83,22 @@ pub struct PendingEvent {
 /// [`ThreadId`] (kept by a version of threadgate that did not check it at intake) is
 /// logged and left out: its events cannot start a session, and no other thread's wait
 /// for it.
-pub fn threads_with_pending_events(conn: &Connection) -> rusqlite::Result<Vec<ThreadId>> {
+///
+/// Only threads `owner` may apply at `now_ms`: those whose session lease it holds or no
+/// one holds (another instance's threads are applied by that instance).
+pub fn threads_with_pending_events(
+    conn: &Connection,
+    owner: &str,
+    now_ms: i64,
+) -> rusqlite::Result<Vec<ThreadId>> {
     let mut stmt = conn.prepare(
-        "SELECT thread_id FROM events WHERE applied_at_ms IS NULL AND thread_id IS NOT NULL \
-         AND class != 'ignored' GROUP BY thread_id ORDER BY min(seq)",
+        "SELECT e.thread_id FROM events e \
+         LEFT JOIN session_leases l ON l.thread_id = e.thread_id \
+         WHERE e.applied_at_ms IS NULL AND e.thread_id IS NOT NULL AND e.class != 'ignored' \
+         AND (l.thread_id IS NULL OR l.owner = ?1 OR l.expires_at_ms <= ?2) \
+         GROUP BY e.thread_id ORDER BY min(e.seq)",
     )?;
-    let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+    let rows = stmt.query_map(params![owner, now_ms], |r| r.get::<_, String>(0))?;
     let mut threads = Vec::new();
     for text in rows {
         match ThreadId::parse(text?) {
@@ -122,27 +133,39 @@ pub fn pending_events(
     rows.collect()
 }
 
-/// Marks an event applied; `feed` gives it the next position in its thread's feed
-/// (events a session's agent reads), or none when it is not for the agent.
+/// Marks an event applied under its thread's lease; `feed` gives it the next position
+/// in its thread's feed (events a session's agent reads), or none when it is not for the
+/// agent. A stale lease's statement changes nothing and is [`Lease::lost`]: each event
+/// is applied by the one instance holding its thread's lease.
 pub fn mark_applied(
     conn: &Connection,
+    lease: &Lease,
     seq: i64,
-    thread_id: &str,
     feed: bool,
     now_ms: i64,
 ) -> rusqlite::Result<()> {
-    if feed {
+    let fence = fence_clause(3, 4, 5);
+    let changed = if feed {
         conn.execute(
-            "UPDATE events SET applied_at_ms = ?2, thread_pos = \
-             (SELECT coalesce(max(thread_pos), 0) + 1 FROM events WHERE thread_id = ?3) \
-             WHERE seq = ?1",
-            params![seq, now_ms, thread_id],
-        )?;
+            &format!(
+                "UPDATE events SET applied_at_ms = ?2, thread_pos = \
+                 (SELECT coalesce(max(thread_pos), 0) + 1 FROM events WHERE thread_id = ?3) \
+                 WHERE seq = ?1 AND thread_id = ?3 AND applied_at_ms IS NULL AND {fence}"
+            ),
+            params![seq, now_ms, lease.thread_id, lease.owner, lease.token],
+        )?
     } else {
         conn.execute(
-            "UPDATE events SET applied_at_ms = ?2 WHERE seq = ?1",
-            params![seq, now_ms],
-        )?;
+            &format!(
+                "UPDATE events SET applied_at_ms = ?2 \
+                 WHERE seq = ?1 AND thread_id = ?3 AND applied_at_ms IS NULL AND {fence}"
+            ),
+            params![seq, now_ms, lease.thread_id, lease.owner, lease.token],
+        )?
+    };
+    if changed == 0 {
+        // Refused by the fence (the error), or already applied (nothing to do).
+        crate::store::leases::fence(conn, lease)?;
     }
     Ok(())
 }

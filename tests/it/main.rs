@@ -24,6 +24,7 @@ mod connectors_github;
 mod connectors_helpdesk;
 mod connectors_stripe;
 mod gateway_e2e;
+mod instances;
 mod mcp_e2e;
 mod model_proxy;
 mod ops_cli;

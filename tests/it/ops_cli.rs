@@ -269,7 +269,12 @@ fn sessions_list_shows_the_session_id_and_its_socket() {
         last_error: None,
         stop_requested: false,
     };
-    block_on(db.write(move |c| sessions::insert(c, &row))).expect("insert");
+    block_on(db.write(move |c| {
+        let lease = threadgate::store::leases::acquire(c, &row.thread_id, "tg-cli", 1, 15_000)?
+            .expect("a free lease");
+        sessions::insert(c, &lease, &row)
+    }))
+    .expect("insert");
     let out = setup.run(&["sessions", "list"], "");
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);

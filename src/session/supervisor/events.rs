@@ -4,6 +4,7 @@
 
 use crate::ids::{SessionId, ThreadId};
 use crate::session::store::{self, SessionRow, SessionState};
+use crate::store::leases::{self, Lease};
 use crate::webhook::EventClass;
 use crate::webhook::store as event_store;
 
@@ -19,16 +20,21 @@ pub(super) enum Want {
     End,
 }
 
-/// In one transaction: creates the session on the first customer event, marks every
-/// pending event applied (in timestamp order, giving feed positions to those the agent
-/// reads), and says what the supervisor must do.
+/// In one transaction, under the thread's lease: creates the session on the first
+/// customer event, marks every pending event applied (in timestamp order, giving feed
+/// positions to those the agent reads), and says what the supervisor must do. The
+/// transaction starts with the lease's fence and every write in it is fenced too, so a
+/// stale owner applies nothing ([`Lease::lost`]) and each event is applied by one
+/// instance.
 pub(super) fn apply_events(
     conn: &rusqlite::Connection,
-    thread: &ThreadId,
+    lease: &Lease,
     default_agent: &str,
     branch: &str,
     now: i64,
 ) -> rusqlite::Result<Want> {
+    leases::fence(conn, lease)?;
+    let thread = &lease.thread_id;
     let pending = event_store::pending_events(conn, thread)?;
     let mut row = store::get(conn, thread)?;
     let mut want = Want::Nothing;
@@ -41,18 +47,18 @@ pub(super) fn apply_events(
                 });
                 if row.is_none() {
                     let fresh = new_session(thread, default_agent, branch, now);
-                    store::insert(conn, &fresh)?;
+                    store::insert(conn, lease, &fresh)?;
                     row = Some(fresh);
                 }
-                event_store::mark_applied(conn, ev.seq, thread, true, now)?;
+                event_store::mark_applied(conn, lease, ev.seq, true, now)?;
                 if !stale {
                     // A customer writing after DONE reopens the thread.
-                    store::cancel_stop(conn, thread)?;
+                    store::cancel_stop(conn, lease)?;
                     want = Want::Live;
                 }
             }
             EventClass::Done if row.is_some() => {
-                event_store::mark_applied(conn, ev.seq, thread, true, now)?;
+                event_store::mark_applied(conn, lease, ev.seq, true, now)?;
                 // Durable in the same transaction: once the event is marked applied,
                 // only this flag remembers that the session must end, should threadgate
                 // stop before the session has (the tick ends flagged sessions).
@@ -60,17 +66,17 @@ pub(super) fn apply_events(
                 want = Want::End;
             }
             EventClass::Info if row.is_some() => {
-                event_store::mark_applied(conn, ev.seq, thread, true, now)?;
+                event_store::mark_applied(conn, lease, ev.seq, true, now)?;
                 if want == Want::Nothing {
                     want = Want::Fed;
                 }
             }
-            _ => event_store::mark_applied(conn, ev.seq, thread, false, now)?,
+            _ => event_store::mark_applied(conn, lease, ev.seq, false, now)?,
         }
         if row.is_some() {
             store::note_event(
                 conn,
-                thread,
+                lease,
                 ev.occurred_at_ms,
                 ev.customer_id.as_deref(),
                 ev.customer_email.as_deref(),

@@ -9,6 +9,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use crate::clock::Clock;
 use crate::ids::ThreadId;
 use crate::session::SessionError;
+use crate::store::leases::Lease;
 
 /// A message to the actor; it serves them one at a time.
 pub(super) enum Msg {
@@ -41,6 +42,8 @@ pub(super) enum Msg {
     WhenQuiet(oneshot::Sender<()>),
     Tick,
     Reconcile,
+    /// The renewal task found this lease refused by the database.
+    LeaseLost(Lease),
     /// Stop serving; containers stay and are adopted by the next start.
     Shutdown,
 }
@@ -62,6 +65,9 @@ pub(super) enum Outcome {
     Checkpointed {
         push: Option<super::checkpoint::PushState>,
     },
+    /// The thread's lease went to another instance: this instance's containers of it
+    /// are stopped, and nothing was written.
+    Dropped,
 }
 
 /// A cheap handle for the rest of threadgate to talk to the supervisor.

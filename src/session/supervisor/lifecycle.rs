@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::parts::SupervisorParts;
 use crate::ids::ThreadId;
-use crate::sandbox::SandboxSpec;
+use crate::sandbox::{SandboxError, SandboxSpec};
 use crate::secrets::SecretString;
 use crate::session::publish::MAX_LISTED_FILES;
 use crate::session::store::SessionRow;
@@ -80,6 +80,18 @@ pub(super) async fn start_session(
     }
 }
 
+/// Stops every container of this instance that serves `thread` and closes their
+/// sessions' sockets, touching nothing in the database: the thread's lease has gone to
+/// another instance, which owns the session's state now.
+pub(super) async fn drop_local(parts: &SupervisorParts, thread: &ThreadId) -> anyhow::Result<()> {
+    let mine = parts.sandbox.list().await?;
+    for c in mine.iter().filter(|c| c.thread_id == thread.as_str()) {
+        parts.sandbox.stop(&c.container_id).await?;
+        parts.api.close(&c.session_id).await;
+    }
+    Ok(())
+}
+
 /// Removes the container, commits the worktree onto the thread's branch, and when the
 /// session ends also pushes the branch and removes the worktree.
 pub(super) async fn stop_session(
@@ -88,7 +100,15 @@ pub(super) async fn stop_session(
     end: bool,
 ) -> anyhow::Result<()> {
     if let Some(container) = &row.container_id {
-        parts.sandbox.stop(container).await?;
+        match parts.sandbox.stop(container).await {
+            // Another instance's container (a session taken over from an owner that
+            // died): not this instance's to stop; its own instance reaps it when it
+            // comes back, since it no longer holds the thread's lease.
+            Err(SandboxError::NotOwned { .. }) => {
+                tracing::info!(thread = %row.thread_id, "the session's container belongs to another instance; left to it");
+            }
+            other => other?,
+        }
     }
     parts.api.close(&row.session_id).await;
     let Some(worktree) = row.worktree.clone() else {

@@ -3,14 +3,20 @@
 //! The actor itself is here: its state, the messages it serves, and the decisions it
 //! takes one at a time. Around it: `parts` (what it drives), `handle` (its mailbox),
 //! `events` (applying a thread's events in one transaction), `lifecycle` (starting
-//! and stopping containers, off the actor) and `checkpoint` (committing and pushing a
-//! running session's worktree, off the actor, as an operation in flight).
+//! and stopping containers, off the actor), `checkpoint` (committing and pushing a
+//! running session's worktree, off the actor, as an operation in flight) and
+//! `ownership` (the session leases).
+//!
+//! Several instances may share one database: a thread's session is acted on only by
+//! the instance holding its lease, and every write the actor makes for a thread
+//! carries the lease's fencing token, so the database refuses a stale owner's write.
 
 mod checkpoint;
 mod events;
 mod handle;
 mod inbox;
 mod lifecycle;
+mod ownership;
 mod parts;
 
 use std::collections::{HashMap, HashSet};
@@ -51,10 +57,23 @@ pub struct Supervisor {
     quiet_waiters: Vec<oneshot::Sender<()>>,
     last_reconcile_ms: i64,
     checkpoints: checkpoint::Checkpoints,
+    /// The session leases this instance holds, shared with their renewal task.
+    leases: ownership::Held,
 }
 
 impl Supervisor {
     async fn run(mut self) {
+        self.reclaim().await;
+        ownership::spawn_renewal(
+            &self.parts.tasks,
+            (self.parts.db.clone(), self.parts.clock.clone()),
+            self.leases.clone(),
+            self.tx.clone(),
+            (
+                self.parts.settings.renew_every(),
+                self.parts.settings.lease_ms(),
+            ),
+        );
         self.reconcile().await;
         self.apply_all_pending().await;
         let ticker_tx = self.tx.clone();
@@ -102,16 +121,20 @@ impl Supervisor {
             Msg::Checkpoint { thread, reply } => self.checkpoint_asked(&thread, reply).await,
             Msg::WhenQuiet(reply) => self.quiet_waiters.push(reply),
             Msg::Tick => self.tick().await,
+            Msg::LeaseLost(lease) => self.renewal_refused(&lease),
             Msg::Reconcile => self.reconcile().await,
             Msg::Shutdown => {}
         }
     }
 
+    /// Applies the pending events of every thread this instance owns or no one owns
+    /// (an event stored by any instance is applied by the thread's owner).
     async fn apply_all_pending(&mut self) {
+        let (me, now) = (self.parts.instance_id.clone(), self.now());
         let threads = self
             .parts
             .db
-            .read(event_store::threads_with_pending_events)
+            .read(move |c| event_store::threads_with_pending_events(c, &me, now))
             .await;
         match threads {
             Ok(threads) => {
@@ -131,21 +154,22 @@ impl Supervisor {
             *dirty = true;
             return;
         }
+        if self.lease_for(thread).await.is_none() {
+            // Another instance owns the thread: its tick applies the stored events.
+            tracing::debug!(thread = %thread, "the thread's lease is held elsewhere");
+            return;
+        }
         let now = self.now();
         let default_agent = self.parts.default_agent.clone();
         let branch = self.parts.workspaces.branch_name(thread);
-        let thread_owned = thread.to_owned();
         let applied = self
-            .parts
-            .db
-            .write(move |conn| apply_events(conn, &thread_owned, &default_agent, &branch, now))
+            .fenced(thread, "apply events", move |conn, lease| {
+                apply_events(conn, lease, &default_agent, &branch, now)
+            })
             .await;
-        let want = match applied {
-            Ok(want) => want,
-            Err(e) => {
-                tracing::error!(thread = %thread, error = %e, "cannot apply events");
-                return;
-            }
+        let Some(want) = applied else {
+            self.release_if_unused(thread).await;
+            return;
         };
         match want {
             Want::Nothing => {}
@@ -164,6 +188,7 @@ impl Supervisor {
                 }
             }
         }
+        self.release_if_unused(thread).await;
     }
 
     async fn resume(&mut self, thread: &ThreadId) {
@@ -206,17 +231,20 @@ impl Supervisor {
         }
     }
 
-    async fn set_state(&self, thread: &ThreadId, state: SessionState, container: Option<String>) {
+    /// Records the session's state under its lease; `false` when it was not recorded
+    /// (refused by the lease, which drops the session here, or a failed write).
+    async fn set_state(
+        &mut self,
+        thread: &ThreadId,
+        state: SessionState,
+        container: Option<String>,
+    ) -> bool {
         let now = self.now();
-        let thread = thread.to_owned();
-        let result = self
-            .parts
-            .db
-            .write(move |c| store::set_state(c, &thread, state, container.as_deref(), now))
-            .await;
-        if let Err(e) = result {
-            tracing::error!(error = %e, "cannot record session state");
-        }
+        self.fenced(thread, "record session state", move |c, lease| {
+            store::set_state(c, lease, state, container.as_deref(), now)
+        })
+        .await
+        .is_some()
     }
 
     /// Whether the data disk is below its reserve: new sessions then wait, so the
@@ -288,13 +316,31 @@ impl Supervisor {
         }
     }
 
-    /// Starts the session's container if a slot is free and sessions are not paused;
-    /// otherwise leaves it queued (durably) for a slot.
+    /// Starts the session's container if this instance holds (or gets) the thread's
+    /// lease, a slot is free and sessions are not paused; otherwise leaves it queued
+    /// (durably) for a slot, here or on another instance.
     async fn try_start(&mut self, row: SessionRow) {
         let thread = row.thread_id.clone();
         if self.busy.contains_key(&thread) {
             return;
         }
+        let fresh = self.held(&thread).is_none();
+        if self.lease_for(&thread).await.is_none() {
+            return;
+        }
+        // A lease just acquired: the row was read before it, and another owner may have
+        // moved the session on meanwhile.
+        let row = if fresh {
+            match self.session(&thread).await {
+                Some(now) if now.state == row.state => now,
+                _ => {
+                    self.release_if_unused(&thread).await;
+                    return;
+                }
+            }
+        } else {
+            row
+        };
         if self.slots.len() >= self.parts.settings.max_live
             || self.paused().await
             || self.disk_low()
@@ -302,11 +348,17 @@ impl Supervisor {
             if row.state != SessionState::Queued {
                 self.set_state(&thread, SessionState::Queued, None).await;
             }
+            self.release_if_unused(&thread).await;
             return;
         }
         self.slots.insert(thread.clone());
         self.busy.insert(thread.clone(), false);
-        self.set_state(&thread, SessionState::Starting, None).await;
+        if !self.set_state(&thread, SessionState::Starting, None).await {
+            self.busy.remove(&thread);
+            self.slots.remove(&thread);
+            self.release_if_unused(&thread).await;
+            return;
+        }
         let parts = self.parts.clone();
         let tx = self.tx.clone();
         let span = tracing::info_span!("session_start", thread_id = %row.thread_id, session_id = %row.session_id);
@@ -342,7 +394,9 @@ impl Supervisor {
         if row.state == SessionState::Ended {
             return Ok(());
         }
-        if self.busy.contains_key(thread) {
+        if self.busy.contains_key(thread) || self.lease_for(thread).await.is_none() {
+            // With an operation in flight, or owned by another instance: the flag asks
+            // the owner's tick to end it.
             // Ended by the tick once the current operation reports back; the flag is
             // what remembers it (a re-applied thread has no event left saying so).
             let t = thread.to_owned();
@@ -356,7 +410,12 @@ impl Supervisor {
         Ok(())
     }
 
-    fn spawn_stop(&mut self, row: SessionRow, end: bool) {
+    fn spawn_stop(&mut self, mut row: SessionRow, end: bool) {
+        if !self.slots.contains(&row.thread_id) {
+            // Not a container this instance runs (a session taken over from an owner
+            // that died): nothing of it is here to stop.
+            row.container_id = None;
+        }
         self.busy.insert(row.thread_id.clone(), false);
         let parts = self.parts.clone();
         let tx = self.tx.clone();
@@ -387,32 +446,40 @@ impl Supervisor {
                 container_id,
                 worktree,
             } => {
-                let t = thread.to_owned();
-                if let Err(e) = self
-                    .parts
-                    .db
-                    .write(move |c| store::set_worktree(c, &t, &worktree))
+                let recorded = self
+                    .fenced(thread, "record the session's worktree", move |c, lease| {
+                        store::set_worktree(c, lease, &worktree)
+                    })
                     .await
-                {
-                    tracing::error!(thread = %thread, error = %e, "cannot record the session's worktree");
+                    .is_some()
+                    && self
+                        .set_state(thread, SessionState::Running, Some(container_id))
+                        .await;
+                if self.held(thread).is_none() {
+                    // The lease went elsewhere while the container started: it is the
+                    // new owner's session now; this container goes (unless a refused
+                    // write above already sent it).
+                    if !self.busy.contains_key(thread) {
+                        self.spawn_drop(thread);
+                    }
+                    return;
                 }
-                self.set_state(thread, SessionState::Running, Some(container_id))
-                    .await;
-                self.touch(thread);
-                tracing::info!(thread = %thread, "session running");
+                if recorded {
+                    self.touch(thread);
+                    tracing::info!(thread = %thread, "session running");
+                }
             }
             Outcome::StartFailed(error) => {
                 self.slots.remove(thread);
                 tracing::error!(thread = %thread, error = %error, "session failed to start; will retry");
-                let (t, now) = (thread.to_owned(), self.now());
-                if let Err(e) = self
-                    .parts
-                    .db
-                    .write(move |c| store::record_failure(c, &t, &error, now))
-                    .await
-                {
-                    tracing::error!(thread = %thread, error = %e, "cannot record the failed start");
+                let now = self.now();
+                if self.held(thread).is_some() {
+                    self.fenced(thread, "record the failed start", move |c, lease| {
+                        store::record_failure(c, lease, &error, now)
+                    })
+                    .await;
                 }
+                self.release_if_unused(thread).await;
             }
             Outcome::Stopped { ended } => {
                 self.slots.remove(thread);
@@ -421,14 +488,22 @@ impl Supervisor {
                 } else {
                     SessionState::Idle
                 };
-                self.set_state(thread, state, None).await;
-                tracing::info!(thread = %thread, state = state.as_str(), "session stopped");
+                if self.held(thread).is_some() && self.set_state(thread, state, None).await {
+                    tracing::info!(thread = %thread, state = state.as_str(), "session stopped");
+                }
+                self.release_if_unused(thread).await;
                 self.start_queued().await;
             }
             Outcome::StopFailed(error) => {
                 tracing::error!(thread = %thread, error = %error, "stopping session failed; will retry");
             }
             Outcome::Checkpointed { push } => self.checkpointed(thread, push),
+            Outcome::Dropped => {
+                self.slots.remove(thread);
+                self.release_if_unused(thread).await;
+                tracing::info!(thread = %thread, "session dropped here; its new owner runs it");
+                return;
+            }
         }
         if dirty {
             self.apply_thread(thread).await;
@@ -473,7 +548,13 @@ impl Supervisor {
     async fn tick(&mut self) {
         let now = self.now();
         // Operators' stop requests.
-        let stops = match self.parts.db.read(store::stop_requests).await {
+        let (me, at) = (self.parts.instance_id.clone(), now);
+        let stops = match self
+            .parts
+            .db
+            .read(move |c| store::stop_requests_for(c, &me, at))
+            .await
+        {
             Ok(stops) => stops,
             Err(e) => {
                 // The requests stay stored; the next tick reads them again.
@@ -509,15 +590,20 @@ impl Supervisor {
         }
         self.stop_full_workspaces().await;
         self.checkpoints_due().await;
+        // Events stored by any instance for threads this one owns (or no one owns).
+        self.apply_all_pending().await;
+        self.take_over_unowned().await;
         self.start_queued().await;
         if now - self.last_reconcile_ms >= self.parts.settings.reconcile_every_ms() {
             self.reconcile().await;
         }
     }
 
-    /// Makes containers match the database: adopts the containers of live sessions,
-    /// removes every other container labelled with this instance, and resumes live
-    /// sessions whose container vanished.
+    /// Makes containers match the database: adopts the containers of live sessions
+    /// whose lease this instance holds (or gets), removes every other container
+    /// labelled with this instance (by lease, not by label alone: a thread whose lease
+    /// another instance holds is that instance's), resumes the live sessions it owns
+    /// whose container vanished, and releases the leases of threads it has nothing of.
     ///
     /// Both inputs must be known: a failed read of either skips the whole pass (nothing
     /// stopped, removed or resumed) and it is tried again after [`RECONCILE_RETRY_MS`].
@@ -563,10 +649,11 @@ impl Supervisor {
                 r.state == SessionState::Running
                     && r.container_id.as_deref() == Some(c.container_id.as_str())
             });
-            if ours
-                && c.running
-                && let Some(row) = owner
-            {
+            let leased = match owner {
+                Some(row) if ours && c.running => self.lease_for(&row.thread_id).await.is_some(),
+                _ => false,
+            };
+            if leased && let Some(row) = owner {
                 // The session's own row names the thread (its container's label says
                 // the same: both were written from it).
                 adopted.insert(row.thread_id.clone());
@@ -603,7 +690,11 @@ impl Supervisor {
             Err(e) => tracing::error!(error = %e, "cannot reap secrets directories"),
         }
         for row in live {
-            if adopted.contains(&row.thread_id) || self.busy.contains_key(&row.thread_id) {
+            if adopted.contains(&row.thread_id)
+                || self.busy.contains_key(&row.thread_id)
+                || self.held(&row.thread_id).is_none()
+            {
+                // Another instance's (or no one's: the tick takes those over).
                 continue;
             }
             if row.stop_requested {
@@ -616,6 +707,7 @@ impl Supervisor {
             self.parts.api.close(&row.session_id).await;
             self.try_start(row).await;
         }
+        self.release_unused().await;
     }
 
     async fn reopen_api(&self, row: &SessionRow) {

@@ -16,6 +16,9 @@ use crate::tasks::Tasks;
 /// Everything the supervisor drives.
 pub struct SupervisorParts {
     pub db: Db,
+    /// This instance's id: the owner named in the session leases it takes (and the
+    /// label on its containers, through the sandbox runtime).
+    pub instance_id: String,
     pub sandbox: Arc<dyn SandboxRuntime>,
     pub workspaces: Arc<dyn WorkspaceOps>,
     pub api: Arc<dyn SessionApi>,

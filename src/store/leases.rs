@@ -1,0 +1,200 @@
+//! The `session_leases` table: which instance runs a thread's live session, with a
+//! fencing token. Its only owner: nothing else runs SQL on it (other tables' statements
+//! carry [`fence_clause`] in their `WHERE`).
+//!
+//! A lease is acquired by one conditional statement (a new row, or a row whose lease
+//! has expired, taken over with its token bumped), renewed only by its owner with its
+//! token, and released by expiring it (the row and its token stay, so a token is never
+//! handed out twice for a thread). Every write a session owner makes for the thread
+//! carries `(thread, owner, token)`: the database refuses it once another instance has
+//! taken the lease, whatever the old owner believes.
+//!
+//! SQL is kept portable (SQLite and Postgres): `ON CONFLICT`, `RETURNING`, numbered
+//! parameters, no functions of one engine.
+
+use rusqlite::{Connection, params};
+
+use crate::ids::ThreadId;
+
+/// A lease this instance holds: the thread, its owner's instance id and the fencing
+/// token it was acquired with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub thread_id: ThreadId,
+    pub owner: String,
+    pub token: i64,
+}
+
+/// A write refused because its lease is no longer the thread's current one (another
+/// instance took it over, or it was released): the caller must drop the session
+/// locally, never retry the write.
+#[derive(Debug, thiserror::Error)]
+#[error("the lease on thread {thread_id} (token {token}) is no longer held by {owner}")]
+pub struct LeaseLost {
+    pub thread_id: ThreadId,
+    pub owner: String,
+    pub token: i64,
+}
+
+impl Lease {
+    /// The error a fenced statement returns when the database refused it.
+    pub fn lost(&self) -> rusqlite::Error {
+        rusqlite::Error::ToSqlConversionFailure(Box::new(LeaseLost {
+            thread_id: self.thread_id.clone(),
+            owner: self.owner.clone(),
+            token: self.token,
+        }))
+    }
+}
+
+/// Whether `err` is a write refused by its lease's fence (see [`Lease::lost`]).
+pub fn is_lost(err: &super::StoreError) -> bool {
+    match err {
+        super::StoreError::Sql(e) => is_lost_sql(e),
+        _ => false,
+    }
+}
+
+/// Whether `err` is a write refused by its lease's fence.
+pub fn is_lost_sql(err: &rusqlite::Error) -> bool {
+    matches!(err, rusqlite::Error::ToSqlConversionFailure(inner) if inner.is::<LeaseLost>())
+}
+
+/// The condition a fenced statement adds to its `WHERE`: the lease named by the
+/// parameters `?thread`, `?owner` and `?token` is still the thread's current one.
+pub fn fence_clause(thread: usize, owner: usize, token: usize) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM session_leases WHERE thread_id = ?{thread} \
+         AND owner = ?{owner} AND token = ?{token})"
+    )
+}
+
+/// Takes the lease on `thread` for `owner` until `now_ms + lease_ms`: a thread without
+/// a lease row gets token 1; a row whose lease has expired is taken over with its token
+/// bumped by one. One statement, so two instances racing get one winner. `None`: another
+/// instance holds an unexpired lease (or `owner` does, under a token it must already
+/// know).
+pub fn acquire(
+    conn: &Connection,
+    thread: &ThreadId,
+    owner: &str,
+    now_ms: i64,
+    lease_ms: i64,
+) -> rusqlite::Result<Option<Lease>> {
+    let mut stmt = conn.prepare_cached(
+        "INSERT INTO session_leases (thread_id, owner, token, expires_at_ms) \
+         VALUES (?1, ?2, 1, ?3) \
+         ON CONFLICT (thread_id) DO UPDATE SET owner = excluded.owner, \
+         token = session_leases.token + 1, expires_at_ms = excluded.expires_at_ms \
+         WHERE session_leases.expires_at_ms <= ?4 \
+         RETURNING token",
+    )?;
+    let mut rows = stmt.query(params![
+        thread,
+        owner,
+        now_ms.saturating_add(lease_ms),
+        now_ms
+    ])?;
+    let Some(row) = rows.next()? else {
+        return Ok(None);
+    };
+    Ok(Some(Lease {
+        thread_id: thread.clone(),
+        owner: owner.to_owned(),
+        token: row.get(0)?,
+    }))
+}
+
+/// Extends `lease` to `now_ms + lease_ms` if it is still the thread's current one.
+/// `false`: it is not (taken over or released); the holder must drop the session.
+pub fn renew(
+    conn: &Connection,
+    lease: &Lease,
+    now_ms: i64,
+    lease_ms: i64,
+) -> rusqlite::Result<bool> {
+    let changed = conn
+        .prepare_cached(
+            "UPDATE session_leases SET expires_at_ms = ?4 \
+         WHERE thread_id = ?1 AND owner = ?2 AND token = ?3",
+        )?
+        .execute(params![
+            lease.thread_id,
+            lease.owner,
+            lease.token,
+            now_ms.saturating_add(lease_ms)
+        ])?;
+    Ok(changed > 0)
+}
+
+/// Gives `lease` up: it expires now (its row and token stay, so the next owner's token
+/// is larger). `false`: it was not held any more.
+pub fn release(conn: &Connection, lease: &Lease) -> rusqlite::Result<bool> {
+    let changed = conn
+        .prepare_cached(
+            "UPDATE session_leases SET expires_at_ms = 0 \
+             WHERE thread_id = ?1 AND owner = ?2 AND token = ?3",
+        )?
+        .execute(params![lease.thread_id, lease.owner, lease.token])?;
+    Ok(changed > 0)
+}
+
+/// Takes back, with fresh tokens, the leases `owner` still holds from an earlier run of
+/// this instance (those no one took over and it did not release): called at start,
+/// once the instance registry has shown that no other live process has this id, so
+/// the sessions this instance left running are adopted rather than taken over.
+pub fn reclaim(
+    conn: &Connection,
+    owner: &str,
+    now_ms: i64,
+    lease_ms: i64,
+) -> rusqlite::Result<Vec<Lease>> {
+    let mut stmt = conn.prepare(
+        "UPDATE session_leases SET token = token + 1, expires_at_ms = ?2 \
+         WHERE owner = ?1 AND expires_at_ms > 0 RETURNING thread_id, token",
+    )?;
+    let rows = stmt.query_map(params![owner, now_ms.saturating_add(lease_ms)], |r| {
+        Ok(Lease {
+            thread_id: r.get(0)?,
+            owner: owner.to_owned(),
+            token: r.get(1)?,
+        })
+    })?;
+    rows.collect()
+}
+
+/// Refuses the rest of a write transaction unless `lease` is still the thread's current
+/// one. It is itself a write of the lease row (a no-op update), so on a database with
+/// row locks a takeover waits for this transaction to commit; on SQLite the writer's
+/// transaction already excludes every other writer. Returns [`Lease::lost`] when refused.
+pub fn fence(conn: &Connection, lease: &Lease) -> rusqlite::Result<()> {
+    let changed = conn
+        .prepare_cached(
+            "UPDATE session_leases SET token = token \
+             WHERE thread_id = ?1 AND owner = ?2 AND token = ?3",
+        )?
+        .execute(params![lease.thread_id, lease.owner, lease.token])?;
+    if changed == 0 {
+        return Err(lease.lost());
+    }
+    Ok(())
+}
+
+/// The owner of `thread`'s lease and whether it is unexpired at `now_ms`, if the thread
+/// ever had one.
+pub fn holder(
+    conn: &Connection,
+    thread: &ThreadId,
+    now_ms: i64,
+) -> rusqlite::Result<Option<(String, i64, bool)>> {
+    use rusqlite::OptionalExtension as _;
+    conn.query_row(
+        "SELECT owner, token, expires_at_ms FROM session_leases WHERE thread_id = ?1",
+        [thread],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)? > now_ms)),
+    )
+    .optional()
+}
+
+#[cfg(test)]
+mod tests;
