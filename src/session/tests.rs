@@ -20,10 +20,10 @@ pub(super) struct FakeWorkspaces {
     pub(super) root: PathBuf,
     pub(super) log: Mutex<Vec<String>>,
     /// While true, a commit waits (after logging) until it is set back to false.
-    hold_commits: Arc<(Mutex<bool>, std::sync::Condvar)>,
+    pub(super) hold_commits: Arc<(Mutex<bool>, std::sync::Condvar)>,
     /// Commits running now, and the most that ever ran at once.
-    in_commit: std::sync::atomic::AtomicUsize,
-    most_in_commit: std::sync::atomic::AtomicUsize,
+    pub(super) in_commit: std::sync::atomic::AtomicUsize,
+    pub(super) most_in_commit: std::sync::atomic::AtomicUsize,
 }
 
 impl FakeWorkspaces {

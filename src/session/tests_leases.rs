@@ -55,6 +55,7 @@ fn instance(dir: &Path, id: &str, now: &Arc<AtomicI64>, lease_time: Duration) ->
             ..SessionSettings::default()
         },
         default_agent: "support".into(),
+        checkpoint_every: Duration::ZERO,
         clock: crate::clock::Clock::from_fn(move || clock_now.load(Ordering::SeqCst)),
         publisher: None,
         notes: None,
