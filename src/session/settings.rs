@@ -1,6 +1,6 @@
 //! The sessions' settings (`[sessions]` in the config file): how many run at once, when
 //! an idle one gives up its container, the caps on its socket, its workspace and its
-//! calls waiting for a person.
+//! calls waiting for a person, and the pool of parked sandboxes (warm starts).
 
 use std::time::Duration;
 
@@ -32,6 +32,15 @@ pub struct SessionSettings {
     /// held is refused and the session stops with a note (a person takes over). 0
     /// turns the limit off.
     pub max_pending_holds: usize,
+    /// Parked sandboxes kept per agent definition for warm starts (a webhook adopts
+    /// one instead of starting a container). 0 turns warm starts off. Needs a runtime
+    /// that can park (Docker with threadgate as root); otherwise every start is cold.
+    pub pool_size: usize,
+    /// Parks begun per second at most while the pool refills.
+    pub pool_refill_per_second: u32,
+    /// A sandbox parked longer than this is removed and replaced by a fresh one.
+    #[serde(with = "humantime_serde")]
+    pub pool_max_idle: Duration,
 }
 
 impl Default for SessionSettings {
@@ -44,6 +53,9 @@ impl Default for SessionSettings {
             workspace_bytes: 2 << 30,
             disk_reserve_bytes: 1 << 30,
             max_pending_holds: 20,
+            pool_size: 2,
+            pool_refill_per_second: 4,
+            pool_max_idle: Duration::from_secs(30 * 60),
         }
     }
 }
@@ -52,5 +64,14 @@ impl SessionSettings {
     /// [`SessionSettings::reconcile_every`] in milliseconds, saturating.
     pub fn reconcile_every_ms(&self) -> i64 {
         crate::clock::ms(self.reconcile_every)
+    }
+
+    /// The pool's settings.
+    pub fn pool(&self) -> crate::session::PoolSettings {
+        crate::session::PoolSettings {
+            size: self.pool_size,
+            refill_per_second: self.pool_refill_per_second,
+            max_idle: self.pool_max_idle,
+        }
     }
 }

@@ -169,6 +169,7 @@ fn harness_with(
         publisher: None,
         notes: None,
         tasks: crate::tasks::Tasks::new(),
+        pool: None,
     });
     Harness {
         _dir: dir,
