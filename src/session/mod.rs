@@ -25,6 +25,8 @@ mod supervisor;
 mod workspace;
 
 #[cfg(test)]
+mod pool_tests;
+#[cfg(test)]
 mod tests;
 
 use std::path::PathBuf;

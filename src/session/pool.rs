@@ -12,6 +12,7 @@
 //! cannot park turns the pool off (logged once): every start is then cold.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -69,6 +70,8 @@ pub struct SandboxPool {
     clock: Clock,
     state: Mutex<PoolState>,
     wake: Notify,
+    /// Set by the first `run`: a second one returns at once.
+    running: AtomicBool,
 }
 
 impl SandboxPool {
@@ -87,6 +90,7 @@ impl SandboxPool {
             clock,
             state: Mutex::new(PoolState::default()),
             wake: Notify::new(),
+            running: AtomicBool::new(false),
         })
     }
 
@@ -133,7 +137,10 @@ impl SandboxPool {
     /// parked, then parks, replaces expired sandboxes and sweeps unknown ones. Meant
     /// for `Tasks::spawn_until_shutdown`; each park runs in `tasks`.
     pub async fn run(self: Arc<Self>, tasks: Tasks) {
-        if self.settings.size == 0 || self.specs.is_empty() {
+        if self.settings.size == 0
+            || self.specs.is_empty()
+            || self.running.swap(true, Ordering::SeqCst)
+        {
             return;
         }
         self.restore().await;
@@ -268,7 +275,16 @@ impl SandboxPool {
         let mut stale = Vec::new();
         {
             let mut state = self.lock();
+            let held: HashSet<String> = state
+                .parked
+                .values()
+                .flatten()
+                .map(|p| p.sandbox.container_id.clone())
+                .collect();
             for sandbox in found {
+                if held.contains(&sandbox.container_id) {
+                    continue;
+                }
                 let spec = self.specs.iter().find(|s| s.pool == sandbox.pool);
                 let keep = sandbox.clean
                     && now - sandbox.created_at_ms < max_idle

@@ -107,10 +107,10 @@ impl SecretSource for NoSecrets {
     }
 }
 
-struct Harness {
+pub(super) struct Harness {
     _dir: tempfile::TempDir,
     db: Db,
-    sandbox: Arc<FakeRuntime>,
+    pub(super) sandbox: Arc<FakeRuntime>,
     workspaces: Arc<FakeWorkspaces>,
     handle: SupervisorHandle,
     now: Arc<AtomicI64>,
@@ -131,6 +131,16 @@ fn harness_with(
     max_live: usize,
     sandbox: Arc<FakeRuntime>,
     db_dir: Option<tempfile::TempDir>,
+) -> Harness {
+    harness_with_pool(max_live, sandbox, db_dir, None)
+}
+
+/// A harness whose supervisor takes parked sandboxes from `pool` (over `sandbox`).
+pub(super) fn harness_with_pool(
+    max_live: usize,
+    sandbox: Arc<FakeRuntime>,
+    db_dir: Option<tempfile::TempDir>,
+    pool: Option<Arc<crate::session::SandboxPool>>,
 ) -> Harness {
     let dir = db_dir.unwrap_or_else(|| tempfile::tempdir().expect("tempdir"));
     let db = Db::open(&dir.path().join("t.db")).expect("db");
@@ -169,7 +179,7 @@ fn harness_with(
         publisher: None,
         notes: None,
         tasks: crate::tasks::Tasks::new(),
-        pool: None,
+        pool,
     });
     Harness {
         _dir: dir,
@@ -188,7 +198,7 @@ fn harness(max_live: usize) -> Harness {
 
 impl Harness {
     /// Stores an event as intake would and tells the supervisor.
-    async fn event(&self, thread: &str, class: &str, occurred_at_ms: i64) {
+    pub(super) async fn event(&self, thread: &str, class: &str, occurred_at_ms: i64) {
         let n = self.next_event.fetch_add(1, Ordering::SeqCst);
         let thread_owned = thread.to_owned();
         let class = class.to_owned();
@@ -217,7 +227,7 @@ impl Harness {
         }
     }
 
-    async fn state(&self, thread: &str) -> Option<SessionState> {
+    pub(super) async fn state(&self, thread: &str) -> Option<SessionState> {
         let thread = tid(thread);
         self.db
             .read(move |c| store::get(c, &thread))
@@ -226,7 +236,7 @@ impl Harness {
             .map(|r| r.state)
     }
 
-    async fn running_containers(&self) -> usize {
+    pub(super) async fn running_containers(&self) -> usize {
         self.sandbox
             .list()
             .await
