@@ -79,12 +79,16 @@ pub trait SandboxRuntime: Send + Sync {
     /// to another instance is refused with [`SandboxError::NotOwned`].
     async fn stop(&self, container_id: &str) -> Result<(), SandboxError>;
 
-    /// Lists this instance's containers, running or not, and no one else's.
+    /// Lists this instance's containers, running or not, and no one else's: those
+    /// started for a session and those adopted by one (named by the adoption record,
+    /// or with empty ids when that record cannot be read, so reconciliation removes
+    /// them). Parked sandboxes are not listed here (see [`SandboxRuntime::list_parked`]).
     async fn list(&self) -> Result<Vec<SandboxInfo>, SandboxError>;
 
     /// Removes this instance's secrets directories whose session has no container
-    /// (left by a crash, or by a container removed behind threadgate's back). Returns
-    /// how many were removed. Meant for start-up and periodic reconciliation.
+    /// (left by a crash, or by a container removed behind threadgate's back), and the
+    /// host side of parked sandboxes that have none. Returns how many were removed.
+    /// Meant for start-up and periodic reconciliation.
     async fn reap_orphan_secrets(&self) -> Result<usize, SandboxError>;
 
     /// Whether the engine answers and `image` exists in it (images are never pulled):

@@ -6,8 +6,9 @@
 //! each a shared mount on the host, bound into the container with `rslave` propagation.
 //! Adoption bind-mounts the thread's worktree, socket directory and secrets directory
 //! over them on the host, and the kernel propagates each mount into the running
-//! container. A read-only bind is made read-only in a private staging mount before it
-//! is moved over the slot's mount point, so the copy the container receives is
+//! container. The pool root is a private mount of itself, so nothing mounted below it
+//! propagates out. A read-only bind is made read-only in a staging directory there
+//! before it is moved over the slot's mount point, so the copy the container receives is
 //! read-only too. Adoption is recorded first, as the file `<slot>/adopted` naming the
 //! session and thread (on the secrets root's tmpfs, like the secrets themselves), and
 //! a slot with that file is never parked again.
@@ -30,7 +31,7 @@ pub(crate) const MOUNT_POINTS: [Mount; 3] = [Mount::Workspace, Mount::Socket, Mo
 
 /// The file that records a slot's adoption.
 const MARKER: &str = "adopted";
-/// The private staging mount under the pool root, where read-only binds are made.
+/// The staging directory under the pool root, where read-only binds are made.
 const STAGE: &str = ".stage";
 /// The longest marker read back (a session id and a thread id).
 const MAX_MARKER_BYTES: u64 = 4096;
@@ -79,11 +80,7 @@ pub(crate) fn mount_point(slot_dir: &Path, mount: Mount) -> PathBuf {
 /// was made is released.
 pub(crate) fn create(slot_dir: &Path) -> Result<(), SandboxError> {
     if let Some(root) = slot_dir.parent() {
-        DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(root)
-            .map_err(io_err("create the pool directory", root))?;
+        private_mount(root)?;
     }
     DirBuilder::new()
         .mode(0o700)
@@ -226,23 +223,35 @@ pub(crate) fn bind(
     moved
 }
 
-/// The pool root's private staging mount, made on first use.
+/// The staging directory under the pool root (itself a private mount, so a bind made
+/// there propagates nowhere and may be moved).
 fn private_stage(slot_dir: &Path) -> Result<PathBuf, SandboxError> {
     let root = slot_dir.parent().unwrap_or(slot_dir);
+    private_mount(root)?;
     let stage = root.join(STAGE);
-    if matches!(is_mountpoint(&stage), Ok(true)) {
-        return Ok(stage);
-    }
     DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(&stage)
-        .map_err(io_err("create the staging mount", &stage))?;
-    let mount_err = |action| errno(action, &stage);
-    rustix::mount::mount_bind(&stage, &stage).map_err(mount_err("bind the staging mount"))?;
-    rustix::mount::mount_change(&stage, MountPropagationFlags::PRIVATE)
-        .map_err(mount_err("make the staging mount private"))?;
+        .map_err(io_err("create the staging directory", &stage))?;
     Ok(stage)
+}
+
+/// Makes `dir` (created if missing, mode 0700) a private mount of itself, once: the
+/// slots' shared mount points below it then propagate nowhere outside it, whatever
+/// the propagation of the filesystem it is on.
+fn private_mount(dir: &Path) -> Result<(), SandboxError> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io_err("create the pool directory", dir))?;
+    if matches!(is_mountpoint(dir), Ok(true)) {
+        return Ok(());
+    }
+    rustix::mount::mount_bind(dir, dir).map_err(errno("bind the pool directory", dir))?;
+    rustix::mount::mount_change(dir, MountPropagationFlags::PRIVATE)
+        .map_err(errno("make the pool directory private", dir))
 }
 
 /// Unmounts everything of the slot (a thread's binds and the mount points themselves),
