@@ -504,3 +504,44 @@ async fn a_pool_miss_starts_a_container_and_is_counted_cold() {
     assert!(threadgate::metrics::session_launches("warm") >= warm0 + warm as u64);
     app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_in_an_adopted_sandbox_works_the_thread_end_to_end() {
+    if support::docker::skip() || !root() {
+        return;
+    }
+    let mut w = support::agent::AgentWorld::new(threadgate::model::Provider::Scripted).await;
+    w.world.settings.sessions.pool_size = 1;
+    let app = w.start().await;
+    let runtime =
+        DockerRuntime::connect(&w.instance, w.world.settings.sandbox.secrets_root.clone())
+            .await
+            .expect("connect");
+    let pooled = ids(&parked(&runtime, 1).await);
+    let customer = w.customer(&[4200, 4200]).await;
+    let thread = w
+        .open_thread(
+            &app,
+            &customer,
+            "Hi, I was charged twice for my order this month.",
+        )
+        .await;
+    let container = app.running(&thread).await;
+    assert!(
+        pooled.contains(&container),
+        "the thread adopted the parked sandbox"
+    );
+    let stripe = &w.world.stripe;
+    support::wait::eventually("one refund of the duplicate", || async {
+        !support::world::refunds(stripe).await.is_empty()
+    })
+    .await;
+    support::wait::eventually("the reply on the thread", || async {
+        !w.world.plain.thread(&thread).replies().is_empty()
+    })
+    .await;
+    let made = support::world::refunds(stripe).await;
+    assert_eq!(made.len(), 1, "{made:?}");
+    assert_eq!(made[0]["charge"], customer.charges[1].as_str());
+    app.stop().await;
+}
