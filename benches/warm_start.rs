@@ -179,12 +179,12 @@ async fn one_thread(app: &TestApp) -> Sample {
             started.elapsed() < Duration::from_secs(60),
             "{thread}: no first request after 60 s"
         );
-        if running.is_none() || session.is_none() {
-            if let Some((state, _, id)) = app.session(&thread).await {
-                session = Some(id);
-                if state == "running" {
-                    running = Some(started.elapsed());
-                }
+        if (running.is_none() || session.is_none())
+            && let Some((state, _, id)) = app.session(&thread).await
+        {
+            session = Some(id);
+            if state == "running" {
+                running = Some(started.elapsed());
             }
         }
         if let Some(id) = &session {
