@@ -176,10 +176,9 @@ impl DockerRuntime {
                 let _ = self.stop(&parked.container_id).await;
                 return Err(refuse("it is not running"));
             }
-            Ok(false) => {
-                let _ = self.stop(&parked.container_id).await;
-                return Err(refuse("it was adopted before"));
-            }
+            // Adopted before: it stays its first session's (reconciliation removes it if
+            // that session does not name it) and is refused here.
+            Ok(false) => return Err(refuse("it was adopted before")),
             Err(e) => {
                 let _ = self.stop(&parked.container_id).await;
                 return Err(e);

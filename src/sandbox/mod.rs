@@ -116,7 +116,9 @@ pub trait SandboxRuntime: Send + Sync {
     /// limits, command and environment were fixed when it was parked and are not
     /// applied.
     ///
-    /// On failure the sandbox is removed (never returned to the pool) with its secrets.
+    /// On failure the sandbox is removed (never returned to the pool) with its secrets,
+    /// except when it was adopted before: that is refused with
+    /// [`SandboxError::NotAdoptable`] and left to the session that adopted it.
     async fn adopt(
         &self,
         parked: &ParkedSandbox,

@@ -199,14 +199,28 @@ async fn a_parked_sandbox_holds_nothing_until_adopted_and_is_never_adopted_twice
         matches!(again, Err(SandboxError::NotAdoptable { .. })),
         "{again:?}"
     );
-    assert!(
-        support::docker::containers_of(&env.instance).is_empty(),
-        "a sandbox offered twice is removed"
+    let listed = env.runtime.list().await.unwrap();
+    assert_eq!(
+        (listed.len(), listed[0].session_id.as_str()),
+        (1, "adopt"),
+        "still its first session's only"
     );
+    let (_, out, _) = exec(id, "cat /run/secrets/API_TOKEN");
+    assert_eq!(
+        out, "fake_key_adopted_secret",
+        "nothing of the other session entered"
+    );
+    let secrets = support::sandbox::secrets_root().join(&env.instance);
+    assert!(!secrets.join("other").exists());
+
+    // Stopped: the container, the slot and the session's secrets go.
+    env.runtime.stop(id).await.unwrap();
+    assert!(support::docker::containers_of(&env.instance).is_empty());
     assert!(
         !pool_root.join(&parked.slot).exists(),
         "its slot is released"
     );
+    assert!(!secrets.join("adopt").exists(), "its secrets are removed");
     assert!(
         env.workspace.path().join("thread-file.txt").exists(),
         "releasing the slot never touches the thread's worktree"
