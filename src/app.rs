@@ -382,11 +382,7 @@ fn supervisor_parts(
         agents: base.agents.clone(),
         secrets: Arc::new(base.secrets.clone()),
         image: settings.sandbox.image.clone(),
-        limits: Limits {
-            memory_bytes: settings.sandbox.memory_bytes.max(0) as u64,
-            nano_cpus: settings.sandbox.nano_cpus.max(0) as u64,
-            pids: settings.sandbox.pids.max(0) as u64,
-        },
+        limits: sandbox_limits(settings),
         sockets_dir: settings.sockets_dir(),
         settings: settings.sessions.clone(),
         default_agent: settings.default_agent.clone(),
@@ -397,6 +393,45 @@ fn supervisor_parts(
             gate.outbox().clone(),
         ))),
         tasks: tasks.clone(),
+        pool: sandbox_pool(settings, base),
+    }
+}
+
+/// The pools of parked sandboxes, one per agent definition (`None` when
+/// `sessions.pool_size` is 0). A parked sandbox gets its agent's command and name,
+/// nothing of any thread.
+fn sandbox_pool(
+    settings: &Settings,
+    base: &Foundation,
+) -> Option<Arc<crate::session::SandboxPool>> {
+    if settings.sessions.pool_size == 0 {
+        return None;
+    }
+    let specs = base
+        .agents
+        .iter()
+        .map(|agent| crate::sandbox::ParkSpec {
+            pool: agent.name.clone(),
+            image: settings.sandbox.image.clone(),
+            limits: sandbox_limits(settings),
+            command: agent.command.clone(),
+            env: vec![("THREADGATE_AGENT".into(), agent.name.clone())],
+        })
+        .collect();
+    Some(crate::session::SandboxPool::new(
+        base.sandbox.clone(),
+        specs,
+        settings.sessions.pool(),
+        base.clock.clone(),
+    ))
+}
+
+/// The limits of every sandbox.
+fn sandbox_limits(settings: &Settings) -> Limits {
+    Limits {
+        memory_bytes: settings.sandbox.memory_bytes.max(0) as u64,
+        nano_cpus: settings.sandbox.nano_cpus.max(0) as u64,
+        pids: settings.sandbox.pids.max(0) as u64,
     }
 }
 

@@ -53,6 +53,9 @@ pub struct Metrics {
     session_starts: Family<Labels<1>, Counter>,
     session_start_seconds: Histograms<1>,
     reconcile_actions: Family<Labels<1>, Counter>,
+    session_launches: Family<Labels<1>, Counter>,
+    pool_actions: Family<Labels<1>, Counter>,
+    pool_parked: Gauge,
     tool_calls: Family<Labels<2>, Counter>,
     connector_seconds: Histograms<1>,
     connector_errors: Family<Labels<2>, Counter>,
@@ -85,6 +88,9 @@ impl Metrics {
             session_starts: Family::default(),
             session_start_seconds: histograms(),
             reconcile_actions: Family::default(),
+            session_launches: Family::default(),
+            pool_actions: Family::default(),
+            pool_parked: Gauge::default(),
             tool_calls: Family::default(),
             connector_seconds: histograms(),
             connector_errors: Family::default(),
@@ -133,6 +139,23 @@ impl Metrics {
             "reconcile_actions",
             "Reconciliation actions (adopted, reaped, resumed, secrets_reaped)",
             self.reconcile_actions.clone(),
+        );
+        r.register(
+            "session_launches",
+            "Sessions given a sandbox, by launch type: warm (a parked sandbox adopted) or \
+             cold (a pool miss: a container started); the hit rate is warm / (warm + cold)",
+            self.session_launches.clone(),
+        );
+        r.register(
+            "sandbox_pool_actions",
+            "Parked sandboxes by what happened to them (parked, taken, expired, removed, \
+             failed)",
+            self.pool_actions.clone(),
+        );
+        r.register(
+            "sandbox_pool_parked",
+            "Parked sandboxes waiting for a thread, across agents",
+            self.pool_parked.clone(),
         );
         r.register(
             "tool_calls",
@@ -229,6 +252,38 @@ pub fn session_start(ok: bool, took: Duration) {
     m.session_start_seconds
         .get_or_create(&[("result", result.into())])
         .observe(took.as_secs_f64());
+}
+
+/// A session given a sandbox: `launch` is `warm` (adopted from the pool) or `cold`.
+pub fn session_launch(launch: &'static str) {
+    get()
+        .session_launches
+        .get_or_create(&[("launch", launch.into())])
+        .inc();
+}
+
+/// How many sessions were launched `launch` (`warm` or `cold`) so far.
+pub fn session_launches(launch: &'static str) -> u64 {
+    get()
+        .session_launches
+        .get_or_create(&[("launch", launch.into())])
+        .get()
+}
+
+/// `count` parked sandboxes went through `action` (parked, taken, expired, removed,
+/// failed).
+pub fn pool_action(action: &'static str, count: usize) {
+    get()
+        .pool_actions
+        .get_or_create(&[("action", action.into())])
+        .inc_by(count as u64);
+}
+
+/// How many sandboxes are parked now, across agents.
+pub fn pool_parked(count: usize) {
+    get()
+        .pool_parked
+        .set(i64::try_from(count).unwrap_or(i64::MAX));
 }
 
 /// `count` reconciliation actions of one kind.

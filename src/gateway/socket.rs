@@ -84,7 +84,7 @@ impl SessionApi for SocketHost {
             return Ok(());
         }
         let listener = bind_private(&socket_dir)?;
-        let app = self.routes.router(scope.clone());
+        let app = first_request_logged(self.routes.router(scope.clone()), &scope.session_id);
         let (shutdown, stopped) = oneshot::channel::<()>();
         let session = scope.session_id.clone();
         let limits = self.limits;
@@ -109,6 +109,24 @@ impl SessionApi for SocketHost {
             let _ = l.shutdown.send(());
         }
     }
+}
+
+/// Logs the first request on a session's socket once, with how long after the socket
+/// opened it came: when the agent began working (a warm start's adoption, or a cold
+/// start's container and runner start, included).
+fn first_request_logged(router: Router, session: &SessionId) -> Router {
+    let first = Arc::new(std::sync::Once::new());
+    let opened = std::time::Instant::now();
+    let session = session.clone();
+    router.layer(tower::util::MapRequestLayer::new(
+        move |request: axum::extract::Request| {
+            first.call_once(|| {
+                let waited_ms = crate::clock::ms_u64(opened.elapsed());
+                tracing::info!(session = %session, waited_ms, "first request on the session's socket");
+            });
+            request
+        },
+    ))
 }
 
 /// Binds `dir/api.sock`, reachable only by the directory's owner (the container's user,

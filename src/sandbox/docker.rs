@@ -18,10 +18,11 @@ use bollard::query_parameters::{
 use tokio::sync::RwLock;
 
 use super::host::{self, Owner, WriteSecrets};
+use super::slot;
 use super::{
     CONTAINER_SECRETS_DIR, CONTAINER_SOCKET_DIR, CONTAINER_WORKSPACE, LABEL_INSTANCE,
-    LABEL_SESSION, LABEL_THREAD, SANDBOX_UID, SandboxError, SandboxHandle, SandboxInfo,
-    SandboxRuntime, SandboxSpec, container_name, sanitise_id,
+    LABEL_SESSION, LABEL_SLOT, LABEL_THREAD, ParkSpec, ParkedSandbox, SANDBOX_UID, SandboxError,
+    SandboxHandle, SandboxInfo, SandboxRuntime, SandboxSpec, container_name, sanitise_id,
 };
 
 /// Size of the tmpfs mounted at `/tmp` in each container; its pages count against the
@@ -37,18 +38,34 @@ const DEFAULT_STOP_TIMEOUT_SECS: i32 = 5;
 /// else. Secrets go to `<secrets_root>/<instance>/<session>/`, which must be on a tmpfs.
 #[derive(Debug)]
 pub struct DockerRuntime {
-    docker: Docker,
-    instance_id: String,
+    pub(super) docker: Docker,
+    pub(super) instance_id: String,
     secrets_root: PathBuf,
+    /// Where parked sandboxes' slot directories live: `<secrets_root>/<instance>.pool`
+    /// (a `.` cannot be in an instance id, so no instance's secrets share it).
+    pub(super) pool_root: PathBuf,
     /// The uid:gid containers run as.
-    container_owner: Owner,
+    pub(super) container_owner: Owner,
     /// Whether workspace and socket directories must be handed to `container_owner`
     /// (threadgate runs as root and the container does not).
-    chown_mounts: bool,
+    pub(super) chown_mounts: bool,
     stop_timeout_secs: i32,
-    /// Held shared by every `start` and exclusively by `reap_orphan_secrets`, so the
-    /// reaper never sees a secrets directory whose container is still being created.
-    start_gate: RwLock<()>,
+    /// Held shared by every `start`, `park` and `adopt` and exclusively by
+    /// `reap_orphan_secrets`, so the reaper never sees a secrets or slot directory
+    /// whose container is still being created.
+    pub(super) start_gate: RwLock<()>,
+}
+
+/// What a create request is made of (see [`DockerRuntime::body`]).
+pub(super) struct BodyParts<'a> {
+    /// Names the sandbox in errors: a session id, or a pool.
+    pub who: &'a str,
+    pub image: &'a str,
+    pub limits: super::Limits,
+    pub command: Option<Vec<String>>,
+    pub env: &'a [(String, String)],
+    pub labels: HashMap<String, String>,
+    pub mounts: Vec<Mount>,
 }
 
 impl DockerRuntime {
@@ -81,6 +98,7 @@ impl DockerRuntime {
         Ok(DockerRuntime {
             docker,
             instance_id: instance_id.to_string(),
+            pool_root: secrets_root.join(format!("{instance_id}.pool")),
             secrets_root,
             container_owner,
             chown_mounts,
@@ -117,7 +135,11 @@ impl DockerRuntime {
     /// Writes the session's secrets directory. A directory left by a start that
     /// crashed halfway (no container by that name) is replaced; one that belongs to a
     /// live container is refused.
-    async fn prepare_secrets(&self, spec: &SandboxSpec, name: &str) -> Result<(), SandboxError> {
+    pub(super) async fn prepare_secrets(
+        &self,
+        spec: &SandboxSpec,
+        name: &str,
+    ) -> Result<(), SandboxError> {
         let dir = self.secrets_dir(&spec.session_id);
         let owner = self.chown_mounts.then_some(self.container_owner);
         let secrets = spec.secrets.clone();
@@ -156,16 +178,6 @@ impl DockerRuntime {
     /// The create request for `spec`. Holds no secret value: secrets reach the
     /// container only through the read-only bind of their directory.
     fn container_body(&self, spec: &SandboxSpec) -> Result<ContainerCreateBody, SandboxError> {
-        let invalid = |reason: &str| SandboxError::InvalidSpec {
-            session: spec.session_id.to_string(),
-            reason: reason.to_string(),
-        };
-        let memory = i64::try_from(spec.limits.memory_bytes)
-            .map_err(|_| invalid("memory limit too large"))?;
-        let nano_cpus =
-            i64::try_from(spec.limits.nano_cpus).map_err(|_| invalid("cpu limit too large"))?;
-        let pids = i64::try_from(spec.limits.pids).map_err(|_| invalid("pids limit too large"))?;
-
         let labels = HashMap::from([
             (LABEL_INSTANCE.to_string(), self.instance_id.clone()),
             (LABEL_SESSION.to_string(), spec.session_id.to_string()),
@@ -182,6 +194,29 @@ impl DockerRuntime {
                 true,
             ),
         ];
+        self.body(BodyParts {
+            who: &spec.session_id,
+            image: &spec.image,
+            limits: spec.limits,
+            command: spec.command.clone(),
+            env: &spec.env,
+            labels,
+            mounts,
+        })
+    }
+
+    /// A create request with the lock-down every container gets (no network,
+    /// read-only root, no capabilities, limits, a non-root user).
+    pub(super) fn body(&self, parts: BodyParts<'_>) -> Result<ContainerCreateBody, SandboxError> {
+        let invalid = |reason: &str| SandboxError::InvalidSpec {
+            session: parts.who.to_string(),
+            reason: reason.to_string(),
+        };
+        let memory = i64::try_from(parts.limits.memory_bytes)
+            .map_err(|_| invalid("memory limit too large"))?;
+        let nano_cpus =
+            i64::try_from(parts.limits.nano_cpus).map_err(|_| invalid("cpu limit too large"))?;
+        let pids = i64::try_from(parts.limits.pids).map_err(|_| invalid("pids limit too large"))?;
         let tmpfs = HashMap::from([(
             "/tmp".to_string(),
             format!("rw,exec,nosuid,nodev,mode=1777,size={TMP_BYTES}"),
@@ -189,7 +224,7 @@ impl DockerRuntime {
         let host_config = HostConfig {
             network_mode: Some("none".to_string()),
             readonly_rootfs: Some(true),
-            mounts: Some(mounts),
+            mounts: Some(parts.mounts),
             tmpfs: Some(tmpfs),
             cap_drop: Some(vec!["ALL".to_string()]),
             security_opt: Some(vec!["no-new-privileges".to_string()]),
@@ -205,24 +240,24 @@ impl DockerRuntime {
         };
         let owner = self.container_owner;
         Ok(ContainerCreateBody {
-            image: Some(spec.image.clone()),
+            image: Some(parts.image.to_string()),
             user: Some(format!("{}:{}", owner.uid, owner.gid)),
             working_dir: Some(CONTAINER_WORKSPACE.to_string()),
-            env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
-            cmd: spec.command.clone(),
-            labels: Some(labels),
+            env: Some(parts.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+            cmd: parts.command,
+            labels: Some(parts.labels),
             host_config: Some(host_config),
             ..Default::default()
         })
     }
 
     /// Creates and starts the container; on failure removes whatever it created.
-    async fn create_and_start(
+    pub(super) async fn create_and_start(
         &self,
-        spec: &SandboxSpec,
+        body: ContainerCreateBody,
+        image: &str,
         name: &str,
     ) -> Result<String, SandboxError> {
-        let body = self.container_body(spec)?;
         let options = CreateContainerOptionsBuilder::new().name(name).build();
         let created = self
             .docker
@@ -230,7 +265,7 @@ impl DockerRuntime {
             .await
             .map_err(|source| match status_of(&source) {
                 Some(404) => SandboxError::ImageMissing {
-                    image: spec.image.clone(),
+                    image: image.to_string(),
                 },
                 Some(409) => SandboxError::AlreadyExists {
                     name: name.to_string(),
@@ -245,7 +280,7 @@ impl DockerRuntime {
     }
 
     /// Force-removes a container; one that is already gone (or being removed) is fine.
-    async fn remove_container(&self, container: &str) -> Result<(), SandboxError> {
+    pub(super) async fn remove_container(&self, container: &str) -> Result<(), SandboxError> {
         let options = RemoveContainerOptionsBuilder::new().force(true).build();
         match self.docker.remove_container(container, Some(options)).await {
             Ok(()) => Ok(()),
@@ -254,7 +289,7 @@ impl DockerRuntime {
         }
     }
 
-    fn validate(&self, spec: &SandboxSpec) -> Result<(), SandboxError> {
+    pub(super) fn validate(&self, spec: &SandboxSpec) -> Result<(), SandboxError> {
         let invalid = |reason: String| SandboxError::InvalidSpec {
             session: spec.session_id.to_string(),
             reason,
@@ -318,7 +353,11 @@ impl SandboxRuntime for DockerRuntime {
 
         let _gate = self.start_gate.read().await;
         self.prepare_secrets(spec, &name).await?;
-        match self.create_and_start(spec, &name).await {
+        let created = match self.container_body(spec) {
+            Ok(body) => self.create_and_start(body, &spec.image, &name).await,
+            Err(e) => Err(e),
+        };
+        match created {
             Ok(container_id) => {
                 tracing::info!(container = %container_id, %name, "sandbox started");
                 Ok(SandboxHandle { container_id, name })
@@ -364,8 +403,27 @@ impl SandboxRuntime for DockerRuntime {
             let dir = self.secrets_dir(session);
             blocking(move || host::remove_secrets(&dir)).await?;
         }
+        if let Some(slot) = labels.get(LABEL_SLOT) {
+            self.release_slot(slot).await?;
+        }
         tracing::info!("sandbox stopped");
         Ok(())
+    }
+
+    async fn park(&self, spec: &ParkSpec) -> Result<ParkedSandbox, SandboxError> {
+        self.park_sandbox(spec).await
+    }
+
+    async fn adopt(
+        &self,
+        parked: &ParkedSandbox,
+        spec: &SandboxSpec,
+    ) -> Result<SandboxHandle, SandboxError> {
+        self.adopt_sandbox(parked, spec).await
+    }
+
+    async fn list_parked(&self) -> Result<Vec<ParkedSandbox>, SandboxError> {
+        self.parked_sandboxes().await
     }
 
     async fn list(&self) -> Result<Vec<SandboxInfo>, SandboxError> {
@@ -382,22 +440,38 @@ impl SandboxRuntime for DockerRuntime {
             .list_containers(Some(options))
             .await
             .map_err(|source| docker_err("list containers", &self.instance_id, source))?;
-        let infos = containers
-            .into_iter()
-            .filter_map(|summary| {
-                let labels = summary.labels.unwrap_or_default();
-                // The engine filtered already; checking again costs nothing.
-                if labels.get(LABEL_INSTANCE) != Some(&self.instance_id) {
-                    return None;
-                }
-                Some(SandboxInfo {
-                    container_id: summary.id?,
-                    session_id: labels.get(LABEL_SESSION).cloned().unwrap_or_default(),
-                    thread_id: labels.get(LABEL_THREAD).cloned().unwrap_or_default(),
-                    running: summary.state == Some(ContainerSummaryStateEnum::RUNNING),
-                })
-            })
-            .collect();
+        let mut infos = Vec::new();
+        for summary in containers {
+            let labels = summary.labels.unwrap_or_default();
+            // The engine filtered already; checking again costs nothing.
+            if labels.get(LABEL_INSTANCE) != Some(&self.instance_id) {
+                continue;
+            }
+            let Some(container_id) = summary.id else {
+                continue;
+            };
+            let running = summary.state == Some(ContainerSummaryStateEnum::RUNNING);
+            let (session_id, thread_id) = match labels.get(LABEL_SLOT) {
+                // A pooled sandbox: parked ones are the pool's (`list_parked`); an
+                // adopted one names its session in its slot's marker, and one whose
+                // marker cannot be read names none, so reconcile removes it.
+                Some(slot) => match self.slot_adoption(slot).await? {
+                    slot::Adoption::Parked => continue,
+                    slot::Adoption::Adopted { session, thread } => (session, thread),
+                    slot::Adoption::Unreadable => (String::new(), String::new()),
+                },
+                None => (
+                    labels.get(LABEL_SESSION).cloned().unwrap_or_default(),
+                    labels.get(LABEL_THREAD).cloned().unwrap_or_default(),
+                ),
+            };
+            infos.push(SandboxInfo {
+                container_id,
+                session_id,
+                thread_id,
+                running,
+            });
+        }
         Ok(infos)
     }
 
@@ -419,7 +493,7 @@ impl SandboxRuntime for DockerRuntime {
             blocking(move || host::remove_secrets(&path)).await?;
             removed += 1;
         }
-        Ok(removed)
+        Ok(removed + self.reap_orphan_slots().await?)
     }
 }
 
@@ -456,7 +530,7 @@ pub(super) fn validate_secrets(spec: &SandboxSpec) -> Result<(), String> {
     Ok(())
 }
 
-fn bind(source: &Path, target: &str, read_only: bool) -> Mount {
+pub(super) fn bind(source: &Path, target: &str, read_only: bool) -> Mount {
     Mount {
         target: Some(target.to_string()),
         source: Some(source.to_string_lossy().into_owned()),
@@ -467,14 +541,14 @@ fn bind(source: &Path, target: &str, read_only: bool) -> Mount {
 }
 
 /// The HTTP status of an engine error, if it was one.
-fn status_of(err: &BollardError) -> Option<u16> {
+pub(super) fn status_of(err: &BollardError) -> Option<u16> {
     match err {
         BollardError::DockerResponseServerError { status_code, .. } => Some(*status_code),
         _ => None,
     }
 }
 
-fn docker_err(action: &'static str, target: &str, source: BollardError) -> SandboxError {
+pub(super) fn docker_err(action: &'static str, target: &str, source: BollardError) -> SandboxError {
     SandboxError::Docker {
         action,
         target: target.to_string(),
@@ -483,7 +557,7 @@ fn docker_err(action: &'static str, target: &str, source: BollardError) -> Sandb
 }
 
 /// Runs blocking filesystem work on tokio's blocking pool.
-async fn blocking<T, F>(work: F) -> Result<T, SandboxError>
+pub(super) async fn blocking<T, F>(work: F) -> Result<T, SandboxError>
 where
     F: FnOnce() -> Result<T, SandboxError> + Send + 'static,
     T: Send + 'static,

@@ -10,7 +10,9 @@ use std::sync::{Mutex, MutexGuard};
 
 use async_trait::async_trait;
 
-use super::{SandboxError, SandboxHandle, SandboxInfo, SandboxRuntime, SandboxSpec};
+use super::{
+    ParkSpec, ParkedSandbox, SandboxError, SandboxHandle, SandboxInfo, SandboxRuntime, SandboxSpec,
+};
 use crate::ids::{SessionId, ThreadId};
 
 /// The instance id the fake puts in container names.
@@ -44,6 +46,17 @@ struct FakeState {
     missing_images: BTreeSet<String>,
     starts: usize,
     stops: usize,
+    /// Whether `park` works (see [`FakeRuntime::with_pool`]).
+    pool: bool,
+    /// Parked sandboxes, by container id.
+    parked: BTreeMap<String, ParkedSandbox>,
+    /// Every container id ever adopted.
+    adopted: BTreeSet<String>,
+    fail_next_park: Option<SandboxError>,
+    fail_next_adopt: Option<SandboxError>,
+    /// What `park` reports as a sandbox's creation time.
+    now_ms: i64,
+    parks: usize,
 }
 
 /// An in-memory sandbox runtime. Cheap to create; share it behind an `Arc`.
@@ -56,6 +69,45 @@ impl FakeRuntime {
     /// An empty runtime.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A runtime that can park sandboxes (warm starts); without it `park` answers
+    /// [`SandboxError::PoolUnsupported`], like a runtime without a pool.
+    pub fn with_pool() -> Self {
+        let fake = Self::default();
+        fake.lock().pool = true;
+        fake
+    }
+
+    /// Sets the creation time `park` reports from now on.
+    pub fn set_now_ms(&self, now_ms: i64) {
+        self.lock().now_ms = now_ms;
+    }
+
+    /// Makes the next `park` fail with `err`.
+    pub fn fail_next_park(&self, err: SandboxError) {
+        self.lock().fail_next_park = Some(err);
+    }
+
+    /// Makes the next `adopt` fail with `err` after recording the adoption (the
+    /// sandbox is removed, as the real runtime does).
+    pub fn fail_next_adopt(&self, err: SandboxError) {
+        self.lock().fail_next_adopt = Some(err);
+    }
+
+    /// The parked sandboxes held now, ordered by id.
+    pub fn parked(&self) -> Vec<ParkedSandbox> {
+        self.lock().parked.values().cloned().collect()
+    }
+
+    /// Every container id ever adopted.
+    pub fn adopted(&self) -> Vec<String> {
+        self.lock().adopted.iter().cloned().collect()
+    }
+
+    /// How many `park` calls succeeded so far.
+    pub fn park_count(&self) -> usize {
+        self.lock().parks
     }
 
     /// Makes the next `start` fail with `err` (leaving nothing behind, as the real
@@ -171,6 +223,9 @@ impl SandboxRuntime for FakeRuntime {
             .find(|c| c.handle.container_id == container_id || c.handle.name == container_id)
             .map(|c| c.handle.container_id.clone());
         let Some(key) = key else {
+            if state.parked.remove(container_id).is_some() {
+                state.stops += 1;
+            }
             return Ok(());
         };
         if let Some(container) = state.containers.remove(&key) {
@@ -178,6 +233,76 @@ impl SandboxRuntime for FakeRuntime {
             state.stops += 1;
         }
         Ok(())
+    }
+
+    async fn park(&self, spec: &ParkSpec) -> Result<ParkedSandbox, SandboxError> {
+        let mut state = self.lock();
+        if !state.pool {
+            return Err(SandboxError::PoolUnsupported {
+                reason: "the fake runtime was made without a pool".into(),
+            });
+        }
+        if let Some(err) = state.fail_next_park.take() {
+            return Err(err);
+        }
+        state.next_id += 1;
+        let slot = format!("slot{}", state.next_id);
+        let parked = ParkedSandbox {
+            container_id: format!("fake{:060}", state.next_id),
+            name: super::container_name(FAKE_INSTANCE, &format!("pool-{slot}")),
+            pool: spec.pool.clone(),
+            slot,
+            image: spec.image.clone(),
+            created_at_ms: state.now_ms,
+            clean: true,
+        };
+        state
+            .parked
+            .insert(parked.container_id.clone(), parked.clone());
+        state.parks += 1;
+        Ok(parked)
+    }
+
+    async fn adopt(
+        &self,
+        parked: &ParkedSandbox,
+        spec: &SandboxSpec,
+    ) -> Result<SandboxHandle, SandboxError> {
+        let mut state = self.lock();
+        let refuse = |reason: &str| SandboxError::NotAdoptable {
+            container: parked.container_id.clone(),
+            reason: reason.into(),
+        };
+        if !state.adopted.insert(parked.container_id.clone()) {
+            return Err(refuse("it was adopted before"));
+        }
+        if state.parked.remove(&parked.container_id).is_none() {
+            return Err(refuse("it is not parked"));
+        }
+        if let Some(err) = state.fail_next_adopt.take() {
+            return Err(err);
+        }
+        let handle = SandboxHandle {
+            container_id: parked.container_id.clone(),
+            name: parked.name.clone(),
+        };
+        state.containers.insert(
+            handle.container_id.clone(),
+            FakeContainer {
+                handle: handle.clone(),
+                session_id: spec.session_id.clone(),
+                thread_id: spec.thread_id.clone(),
+                image: parked.image.clone(),
+                secret_names: spec.secrets.iter().map(|(name, _)| name.clone()).collect(),
+                running: true,
+            },
+        );
+        state.secrets_dirs.insert(spec.session_id.to_string());
+        Ok(handle)
+    }
+
+    async fn list_parked(&self) -> Result<Vec<ParkedSandbox>, SandboxError> {
+        Ok(self.parked())
     }
 
     async fn list(&self) -> Result<Vec<SandboxInfo>, SandboxError> {

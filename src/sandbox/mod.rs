@@ -12,13 +12,21 @@
 //! files under `/run/secrets`, written to a per-session directory on a host tmpfs: never
 //! in the environment, labels, command or logs.
 //!
+//! A runtime may also keep sandboxes *parked* for warm starts ([`SandboxRuntime::park`],
+//! [`SandboxRuntime::adopt`]): started ahead of any thread with nothing of one inside
+//! (labels name only the instance, the pool and the slot), and handed one thread's
+//! workspace, socket and secrets on adoption. A sandbox that was ever adopted is never
+//! parked again. The pool that keeps them (`session::pool`) knows no backend.
+//!
 //! The sandbox image itself is built by `scripts/build-sandbox-image.sh` from
 //! `sandbox/Dockerfile`.
 
 mod docker;
+mod docker_pool;
 mod fake;
 mod host;
 pub mod k8s;
+mod slot;
 
 #[cfg(test)]
 mod tests;
@@ -39,6 +47,11 @@ pub const LABEL_INSTANCE: &str = "threadgate.instance";
 pub const LABEL_SESSION: &str = "threadgate.session";
 /// Label naming the support thread a container's session works on.
 pub const LABEL_THREAD: &str = "threadgate.thread";
+
+/// Label naming the pool (the agent definition) a parked sandbox was started for.
+pub const LABEL_POOL: &str = "threadgate.pool";
+/// Label naming a parked sandbox's slot: a random id, never a session's or a thread's.
+pub const LABEL_SLOT: &str = "threadgate.slot";
 
 /// Where the workspace is mounted inside the container.
 pub const CONTAINER_WORKSPACE: &str = "/workspace";
@@ -68,17 +81,98 @@ pub trait SandboxRuntime: Send + Sync {
     /// to another instance is refused with [`SandboxError::NotOwned`].
     async fn stop(&self, container_id: &str) -> Result<(), SandboxError>;
 
-    /// Lists this instance's containers, running or not, and no one else's.
+    /// Lists this instance's containers, running or not, and no one else's: those
+    /// started for a session and those adopted by one (named by the adoption record,
+    /// or with empty ids when that record cannot be read, so reconciliation removes
+    /// them). Parked sandboxes are not listed here (see [`SandboxRuntime::list_parked`]).
     async fn list(&self) -> Result<Vec<SandboxInfo>, SandboxError>;
 
     /// Removes this instance's secrets directories whose session has no container
-    /// (left by a crash, or by a container removed behind threadgate's back). Returns
-    /// how many were removed. Meant for start-up and periodic reconciliation.
+    /// (left by a crash, or by a container removed behind threadgate's back), and the
+    /// host side of parked sandboxes that have none. Returns how many were removed.
+    /// Meant for start-up and periodic reconciliation.
     async fn reap_orphan_secrets(&self) -> Result<usize, SandboxError>;
 
     /// Whether the engine answers and `image` exists in it (images are never pulled):
     /// what `/readyz` reports. A missing image is [`SandboxError::ImageMissing`].
     async fn check_ready(&self, image: &str) -> Result<(), SandboxError>;
+
+    /// Starts a sandbox ahead of any thread, for the pool of `spec.pool`: it runs
+    /// `spec`'s command with nothing of a thread inside (empty workspace, no socket, no
+    /// secrets; labels name only the instance, the pool and the slot). It is listed by
+    /// [`SandboxRuntime::list_parked`], never by [`SandboxRuntime::list`], until it is
+    /// adopted. Removed with [`SandboxRuntime::stop`]; a failed park leaves nothing.
+    ///
+    /// A runtime without warm starts answers [`SandboxError::PoolUnsupported`].
+    async fn park(&self, spec: &ParkSpec) -> Result<ParkedSandbox, SandboxError> {
+        let _ = spec;
+        Err(SandboxError::PoolUnsupported {
+            reason: "this sandbox runtime keeps no parked sandboxes".into(),
+        })
+    }
+
+    /// Hands a parked sandbox to `spec`'s session: first records the adoption durably
+    /// with the runtime (from then on the sandbox is the session's, listed by
+    /// [`SandboxRuntime::list`] with its session and thread, and never parked again),
+    /// then brings in the workspace, the secrets and, last, the socket. `spec`'s image,
+    /// limits, command and environment were fixed when it was parked and are not
+    /// applied.
+    ///
+    /// On failure the sandbox is removed (never returned to the pool) with its secrets,
+    /// except when it was adopted before: that is refused with
+    /// [`SandboxError::NotAdoptable`] and left to the session that adopted it.
+    async fn adopt(
+        &self,
+        parked: &ParkedSandbox,
+        spec: &SandboxSpec,
+    ) -> Result<SandboxHandle, SandboxError> {
+        let _ = (parked, spec);
+        Err(SandboxError::PoolUnsupported {
+            reason: "this sandbox runtime keeps no parked sandboxes".into(),
+        })
+    }
+
+    /// This instance's parked sandboxes (never adopted), running or not. A runtime
+    /// without warm starts has none.
+    async fn list_parked(&self) -> Result<Vec<ParkedSandbox>, SandboxError> {
+        Ok(Vec::new())
+    }
+}
+
+/// What a parked sandbox runs: everything of a sandbox that belongs to no thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParkSpec {
+    /// The pool it is parked in: the agent definition's name (a label).
+    pub pool: String,
+    /// The image to run.
+    pub image: String,
+    /// Memory, CPU and process limits.
+    pub limits: Limits,
+    /// Overrides the image's command when set (the agent's command).
+    pub command: Option<Vec<String>>,
+    /// Environment variables: nothing of a thread (no thread or session id), no secret.
+    pub env: Vec<(String, String)>,
+}
+
+/// A parked sandbox, as [`SandboxRuntime::park`] and [`SandboxRuntime::list_parked`]
+/// report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParkedSandbox {
+    /// The runtime's id of the sandbox (Docker's container id).
+    pub container_id: String,
+    /// Its name, `threadgate-<instance>-pool-<slot>`.
+    pub name: String,
+    /// The pool (agent definition) it was parked for.
+    pub pool: String,
+    /// Its slot id (random).
+    pub slot: String,
+    /// The image it runs.
+    pub image: String,
+    /// When it was started, in milliseconds since the Unix epoch.
+    pub created_at_ms: i64,
+    /// Whether it is running and its slot is as parking left it (nothing mounted over
+    /// its directories, no adoption recorded): only a clean sandbox may be adopted.
+    pub clean: bool,
 }
 
 /// Everything needed to start one session's container.
@@ -236,6 +330,22 @@ pub enum SandboxError {
         /// How long it was given.
         waited: std::time::Duration,
         /// What was seen last, or why it can never be ready.
+        reason: String,
+    },
+    /// The runtime cannot keep parked sandboxes here (another backend, or threadgate is
+    /// not root and cannot mount a thread's directories into a running container).
+    #[error("warm starts are not available: {reason}")]
+    PoolUnsupported {
+        /// Why.
+        reason: String,
+    },
+    /// The parked sandbox was adopted before (or is not a parked sandbox of this
+    /// instance): it is never handed to another session.
+    #[error("sandbox {container:?} cannot be adopted: {reason}")]
+    NotAdoptable {
+        /// The container id.
+        container: String,
+        /// Why.
         reason: String,
     },
     /// A host filesystem operation failed.

@@ -432,6 +432,11 @@ impl AgentBook {
         self.agents.get(name)
     }
 
+    /// Every agent, by name.
+    pub fn iter(&self) -> impl Iterator<Item = &AgentDefinition> {
+        self.agents.values()
+    }
+
     /// A skill.
     pub fn skill(&self, name: &str) -> Option<&Skill> {
         self.skills.get(name)

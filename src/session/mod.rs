@@ -8,18 +8,24 @@
 //!
 //! The database is the truth: a session's row says what should exist, and on start-up
 //! and every `reconcile_every` the supervisor makes the containers match it (adopting,
-//! reaping, resuming). Every container carries this instance's label; the supervisor
+//! reaping, resuming). Parked sandboxes (warm starts) belong to the [`SandboxPool`],
+//! never to reconciliation: a session's start takes one for its agent when the pool
+//! has one (`launch="warm"`) and starts a container otherwise (`launch="cold"`).
+//! Every container carries this instance's label; the supervisor
 //! never touches one without it.
 
 pub mod agent_text;
 pub mod agents;
 pub mod notes;
+pub mod pool;
 pub mod publish;
 pub mod settings;
 pub mod store;
 mod supervisor;
 mod workspace;
 
+#[cfg(test)]
+mod pool_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -31,6 +37,7 @@ use crate::ids::{SessionId, ThreadId};
 
 pub use agents::{AgentBook, AgentDefinition, AllowedModels, HarnessCommand};
 pub use notes::{StopNotes, StopReason};
+pub use pool::{PoolSettings, SandboxPool};
 pub use publish::{BranchPublisher, GithubPublisher};
 pub use settings::SessionSettings;
 pub use store::{SessionRow, SessionState};

@@ -1,6 +1,6 @@
 //! The sessions' settings (`[sessions]` in the config file): how many run at once, when
 //! an idle one gives up its container, the caps on its socket, its workspace and its
-//! calls waiting for a person.
+//! calls waiting for a person, and the pool of parked sandboxes (warm starts).
 
 use std::time::Duration;
 
@@ -38,6 +38,15 @@ pub struct SessionSettings {
     /// most this long.
     #[serde(with = "humantime_serde")]
     pub lease_time: Duration,
+    /// Parked sandboxes kept per agent definition for warm starts (a webhook adopts
+    /// one instead of starting a container). 0 turns warm starts off. Needs a runtime
+    /// that can park (Docker with threadgate as root); otherwise every start is cold.
+    pub pool_size: usize,
+    /// Parks begun per second at most while the pool refills.
+    pub pool_refill_per_second: u32,
+    /// A sandbox parked longer than this is removed and replaced by a fresh one.
+    #[serde(with = "humantime_serde")]
+    pub pool_max_idle: Duration,
 }
 
 impl Default for SessionSettings {
@@ -51,6 +60,9 @@ impl Default for SessionSettings {
             disk_reserve_bytes: 1 << 30,
             max_pending_holds: 20,
             lease_time: Duration::from_secs(15),
+            pool_size: 2,
+            pool_refill_per_second: 4,
+            pool_max_idle: Duration::from_secs(30 * 60),
         }
     }
 }
@@ -70,5 +82,14 @@ impl SessionSettings {
     /// time (at least 10 ms).
     pub fn renew_every(&self) -> Duration {
         (self.lease_time / 3).max(Duration::from_millis(10))
+    }
+
+    /// The pool's settings.
+    pub fn pool(&self) -> crate::session::PoolSettings {
+        crate::session::PoolSettings {
+            size: self.pool_size,
+            refill_per_second: self.pool_refill_per_second,
+            max_idle: self.pool_max_idle,
+        }
     }
 }

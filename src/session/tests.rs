@@ -126,10 +126,10 @@ impl SecretSource for NoSecrets {
     }
 }
 
-struct Harness {
+pub(super) struct Harness {
     _dir: tempfile::TempDir,
     db: Db,
-    sandbox: Arc<FakeRuntime>,
+    pub(super) sandbox: Arc<FakeRuntime>,
     workspaces: Arc<FakeWorkspaces>,
     handle: SupervisorHandle,
     now: Arc<AtomicI64>,
@@ -151,7 +151,7 @@ fn harness_with(
     sandbox: Arc<FakeRuntime>,
     db_dir: Option<tempfile::TempDir>,
 ) -> Harness {
-    harness_checkpointing(max_live, sandbox, db_dir, Duration::from_secs(300))
+    harness_full(max_live, sandbox, db_dir, Duration::from_secs(300), None)
 }
 
 fn harness_checkpointing(
@@ -159,6 +159,26 @@ fn harness_checkpointing(
     sandbox: Arc<FakeRuntime>,
     db_dir: Option<tempfile::TempDir>,
     checkpoint_every: Duration,
+) -> Harness {
+    harness_full(max_live, sandbox, db_dir, checkpoint_every, None)
+}
+
+/// A harness whose supervisor takes parked sandboxes from `pool` (over `sandbox`).
+pub(super) fn harness_with_pool(
+    max_live: usize,
+    sandbox: Arc<FakeRuntime>,
+    db_dir: Option<tempfile::TempDir>,
+    pool: Option<Arc<crate::session::SandboxPool>>,
+) -> Harness {
+    harness_full(max_live, sandbox, db_dir, Duration::from_secs(300), pool)
+}
+
+fn harness_full(
+    max_live: usize,
+    sandbox: Arc<FakeRuntime>,
+    db_dir: Option<tempfile::TempDir>,
+    checkpoint_every: Duration,
+    pool: Option<Arc<crate::session::SandboxPool>>,
 ) -> Harness {
     let dir = db_dir.unwrap_or_else(|| tempfile::tempdir().expect("tempdir"));
     let db = Db::open(&dir.path().join("t.db")).expect("db");
@@ -187,6 +207,7 @@ fn harness_checkpointing(
         notes: None,
         checkpoint_every,
         tasks: crate::tasks::Tasks::new(),
+        pool,
     });
     Harness {
         _dir: dir,
@@ -223,7 +244,7 @@ fn harness(max_live: usize) -> Harness {
 
 impl Harness {
     /// Stores an event as intake would and tells the supervisor.
-    async fn event(&self, thread: &str, class: &str, occurred_at_ms: i64) {
+    pub(super) async fn event(&self, thread: &str, class: &str, occurred_at_ms: i64) {
         let n = self.next_event.fetch_add(1, Ordering::SeqCst);
         let thread_owned = thread.to_owned();
         let class = class.to_owned();
@@ -252,7 +273,7 @@ impl Harness {
         }
     }
 
-    async fn state(&self, thread: &str) -> Option<SessionState> {
+    pub(super) async fn state(&self, thread: &str) -> Option<SessionState> {
         let thread = tid(thread);
         self.db
             .read(move |c| store::get(c, &thread))
@@ -261,7 +282,7 @@ impl Harness {
             .map(|r| r.state)
     }
 
-    async fn running_containers(&self) -> usize {
+    pub(super) async fn running_containers(&self) -> usize {
         self.sandbox
             .list()
             .await

@@ -40,41 +40,37 @@ pub fn limit(worktree: &Path, bytes: u64) -> anyhow::Result<bool> {
         return Ok(true);
     }
     let image = image_of(worktree);
-    let fresh = !image.exists();
-    if fresh {
-        let file = std::fs::File::create(&image)
-            .with_context(|| format!("cannot create {}", image.display()))?;
-        file.set_len(bytes)?;
-        run(Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-m", "0", "-E", "root_owner=0:0"])
-            .arg(&image))?;
+    if image.exists() {
+        // A resumed session's filesystem, made before: mount it again.
+        run(Command::new("mount")
+            .args(["-o", "loop,nosuid,nodev"])
+            .arg(&image)
+            .arg(worktree))?;
+        return Ok(true);
     }
-    let staging = worktree.with_extension("mnt");
-    let target = if fresh { staging.as_path() } else { worktree };
-    std::fs::create_dir_all(target)?;
-    run(Command::new("mount")
-        .args(["-o", "loop,nosuid,nodev"])
-        .arg(&image)
-        .arg(target))?;
-    if fresh {
-        // Copy the checkout in, then mount the filesystem over the worktree directory.
-        let _ = std::fs::remove_dir(staging.join("lost+found"));
-        let copied = run(Command::new("cp")
-            .arg("-a")
-            .arg(format!("{}/.", worktree.display()))
-            .arg(&staging));
-        let unmounted = run(Command::new("umount").arg(&staging));
-        let _ = std::fs::remove_dir(&staging);
-        if let Err(e) = copied.and(unmounted).and_then(|()| {
+    // A fresh filesystem made with the checkout already in it (`mkfs.ext4 -d`), then
+    // mounted over the worktree directory: one mount, no copy through a staging mount.
+    let made = std::fs::File::create(&image)
+        .with_context(|| format!("cannot create {}", image.display()))
+        .and_then(|file| Ok(file.set_len(bytes)?))
+        .and_then(|()| {
+            run(Command::new("mkfs.ext4")
+                .args(["-q", "-F", "-m", "0", "-E", "root_owner=0:0", "-d"])
+                .arg(worktree)
+                .arg(&image))
+        })
+        .and_then(|()| {
             run(Command::new("mount")
                 .args(["-o", "loop,nosuid,nodev"])
                 .arg(&image)
                 .arg(worktree))
-        }) {
-            let _ = std::fs::remove_file(&image);
-            return Err(e);
-        }
+        });
+    if let Err(e) = made {
+        let _ = std::fs::remove_file(&image);
+        return Err(e);
     }
+    // mkfs's own directory, unless the checkout had one of that name with files in it.
+    let _ = std::fs::remove_dir(worktree.join("lost+found"));
     Ok(true)
 }
 

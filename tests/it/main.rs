@@ -36,5 +36,6 @@ mod scripted_model_cli;
 mod secrets_redact;
 mod secrets_store;
 mod sessions_docker;
+mod sessions_docker_pool;
 mod webhook_intake;
 mod workspace_git;

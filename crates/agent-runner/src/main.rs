@@ -10,6 +10,9 @@
 //! `THREADGATE_WORKSPACE` (default `/workspace`), `THREADGATE_RUNNER_STATE` (default
 //! `/tmp/threadgate`: `events.jsonl` there journals the events read, capped at 4 MiB).
 //!
+//! In a parked sandbox (warm start) the runner waits for its socket to appear: that is
+//! its assignment to a thread, whose workspace and secrets are in place by then.
+//!
 //! When the agent file names a `harness:`, the runner runs that command instead of its
 //! own loop, with its bridge from `127.0.0.1:PORT` to the socket ([`harness`]).
 
@@ -33,6 +36,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use agent::{Runner, Settings};
+
+/// How often a parked runner looks for its socket: a stat every 5 ms costs nothing
+/// and keeps the adoption-to-first-request time short.
+const SOCKET_POLL: Duration = Duration::from_millis(5);
 
 fn settings() -> Settings {
     let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_owned());
@@ -69,8 +76,15 @@ async fn chosen_harness(settings: &Settings) -> Option<(harness::Harness, String
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let settings = settings();
+    // A parked sandbox (warm start) has no socket until a thread adopts it: the
+    // socket appears last, after the workspace and secrets, and is the assignment.
     while !settings.socket.exists() {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(SOCKET_POLL).await;
+    }
+    // The workspace was mounted over the directory the runner started in: enter the
+    // thread's, so that what it starts works there.
+    if let Err(e) = std::env::set_current_dir(&settings.workspace) {
+        eprintln!("threadgate-agent-runner: cannot enter the workspace: {e}");
     }
     if let Some((h, model)) = chosen_harness(&settings).await {
         match h

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::parts::SupervisorParts;
 use crate::ids::ThreadId;
-use crate::sandbox::{SandboxError, SandboxSpec};
+use crate::sandbox::{SandboxError, SandboxHandle, SandboxSpec};
 use crate::secrets::SecretString;
 use crate::session::publish::MAX_LISTED_FILES;
 use crate::session::store::SessionRow;
@@ -71,8 +71,12 @@ pub(super) async fn start_session(
             ("THREADGATE_AGENT".into(), agent.name.clone()),
         ],
     };
-    match parts.sandbox.start(&spec).await {
-        Ok(handle) => Ok((handle.container_id, prepared.path.display().to_string())),
+    match launch(parts, &agent.name, &spec).await {
+        Ok((handle, kind)) => {
+            crate::metrics::session_launch(kind);
+            tracing::info!(launch = kind, container = %handle.container_id, "session has its sandbox");
+            Ok((handle.container_id, prepared.path.display().to_string()))
+        }
         Err(e) => {
             parts.api.close(&row.session_id).await;
             Err(e.into())
@@ -90,6 +94,25 @@ pub(super) async fn drop_local(parts: &SupervisorParts, thread: &ThreadId) -> an
         parts.api.close(&c.session_id).await;
     }
     Ok(())
+}
+
+/// Adopts a parked sandbox of the agent's pool when there is one (`warm`), otherwise
+/// (a miss, or an adoption that failed: the runtime removed that sandbox) starts a
+/// container (`cold`).
+async fn launch(
+    parts: &SupervisorParts,
+    agent: &str,
+    spec: &SandboxSpec,
+) -> Result<(SandboxHandle, &'static str), SandboxError> {
+    if let Some(parked) = parts.pool.as_ref().and_then(|pool| pool.take(agent)) {
+        match parts.sandbox.adopt(&parked, spec).await {
+            Ok(handle) => return Ok((handle, "warm")),
+            Err(e) => {
+                tracing::warn!(container = %parked.container_id, error = %e, "cannot adopt a parked sandbox; starting a container");
+            }
+        }
+    }
+    parts.sandbox.start(spec).await.map(|h| (h, "cold"))
 }
 
 /// Removes the container, commits the worktree onto the thread's branch, and when the

@@ -75,6 +75,12 @@ impl Supervisor {
             ),
         );
         self.reconcile().await;
+        if let Some(pool) = &self.parts.pool {
+            let tasks = self.parts.tasks.clone();
+            self.parts
+                .tasks
+                .spawn_until_shutdown(pool.clone().run(tasks));
+        }
         self.apply_all_pending().await;
         let ticker_tx = self.tx.clone();
         // Ends at the shutdown signal, or when the actor has stopped.

@@ -8,7 +8,7 @@ use crate::clock::Clock;
 use crate::sandbox::{Limits, SandboxRuntime};
 use crate::session::SessionSettings;
 use crate::session::{
-    AgentBook, BranchPublisher, SecretSource, SessionApi, StopNotes, WorkspaceOps,
+    AgentBook, BranchPublisher, SandboxPool, SecretSource, SessionApi, StopNotes, WorkspaceOps,
 };
 use crate::store::Db;
 use crate::tasks::Tasks;
@@ -42,4 +42,7 @@ pub struct SupervisorParts {
     /// The application's tasks: the actor, its tick and every start and stop it
     /// spawns run there, and shutdown waits for them.
     pub tasks: Tasks,
+    /// Parked sandboxes for warm starts; `None` (or an empty pool) starts every
+    /// session cold. Its refill loop runs in `tasks` from the supervisor's start.
+    pub pool: Option<Arc<SandboxPool>>,
 }

@@ -40,6 +40,9 @@ pub struct Customer {
 impl Drop for AgentWorld {
     fn drop(&mut self) {
         docker::remove_instance_containers(&self.instance);
+        // A world that turned warm starts on leaves its slots' mounts: never remove
+        // through one.
+        docker::unmount_under(&self.world.settings.sandbox.secrets_root);
         let _ = std::fs::remove_dir_all(&self.world.settings.sandbox.secrets_root);
     }
 }

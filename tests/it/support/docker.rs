@@ -183,3 +183,22 @@ pub fn remove_instance_containers(instance: &str) {
         let _ = docker(&args);
     }
 }
+
+/// Detaches every mount at or below `root` (deepest first), as `umount -l` would: what
+/// parked sandboxes' slots leave when a test ends before their sandboxes are stopped.
+pub fn unmount_under(root: &std::path::Path) {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let root = root.to_string_lossy().into_owned();
+    let mut points: Vec<String> = info
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .filter(|point| *point == root || point.starts_with(&format!("{root}/")))
+        .map(str::to_owned)
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for point in points {
+        let _ = Command::new("umount").arg("-l").arg(&point).status();
+    }
+}

@@ -125,6 +125,8 @@ impl Drop for TestEnv {
             }
         })
         .join();
+        super::docker::unmount_under(&secrets_root().join(format!("{}.pool", self.instance)));
+        let _ = std::fs::remove_dir_all(secrets_root().join(format!("{}.pool", self.instance)));
         let secrets = secrets_root().join(&self.instance);
         let _ = std::process::Command::new("chmod")
             .args(["-R", "u+rwx"])

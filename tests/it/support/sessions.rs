@@ -38,6 +38,11 @@ pub struct AppOptions {
     pub disk_reserve_bytes: u64,
     /// threadgate's clock (the wall clock when `None`); see [`super::clock::TestClock`].
     pub clock: Option<Clock>,
+    /// Parked sandboxes per agent (0, the tests' default: every start is cold, so
+    /// container counts stay what each test expects).
+    pub pool_size: usize,
+    /// How long a sandbox stays parked before it is replaced.
+    pub pool_max_idle: Duration,
 }
 
 impl Default for AppOptions {
@@ -51,6 +56,8 @@ impl Default for AppOptions {
             workspace_bytes: 64 << 20,
             disk_reserve_bytes: 0,
             clock: None,
+            pool_size: 0,
+            pool_max_idle: Duration::from_secs(1800),
         }
     }
 }
@@ -143,6 +150,8 @@ impl DockerWorld {
                 reconcile_every: Duration::from_secs(1),
                 workspace_bytes: opts.workspace_bytes,
                 disk_reserve_bytes: opts.disk_reserve_bytes,
+                pool_size: opts.pool_size,
+                pool_max_idle: opts.pool_max_idle,
                 ..SessionSettings::default()
             },
             ..defaults
@@ -193,6 +202,9 @@ impl Default for DockerWorld {
 impl Drop for DockerWorld {
     fn drop(&mut self) {
         docker::remove_instance_containers(&self.instance);
+        // Parked sandboxes' slots hold mounts (a thread's worktree among them): never
+        // remove through one.
+        docker::unmount_under(&self.secrets_root);
         let _ = std::fs::remove_dir_all(&self.secrets_root);
         // Workspace filesystems of sessions the test left running.
         let worktrees = self.data_dir().join("worktrees");

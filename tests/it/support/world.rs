@@ -308,6 +308,9 @@ fn settings(
     settings.sandbox.secrets_root = root.join("secrets");
     // Workspace filesystems are tested on their own (sessions_docker).
     settings.sessions.workspace_bytes = 0;
+    // Warm starts are tested on their own (sessions_docker_pool): no parked sandbox
+    // among the containers these worlds count.
+    settings.sessions.pool_size = 0;
     settings
 }
 
