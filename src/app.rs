@@ -26,6 +26,7 @@ use crate::gateway::{
 };
 use crate::model::{ModelProxy, Upstream};
 use crate::policy::{Catalog, Policy};
+use crate::relay::{RelayCredentials, RelayParts};
 use crate::reviewers::hasher::{GLOBAL_MAX_WAITING, GLOBAL_PERMITS, Hasher};
 use crate::sandbox::{DockerRuntime, Limits, SandboxRuntime};
 use crate::secrets::{KeySource, MasterKey, Redactor, RedactorSource, SecretStore, SecretString};
@@ -63,6 +64,11 @@ pub struct Application {
     pub recovered: tokio::sync::watch::Receiver<bool>,
     /// Where `GET /metrics` is served, when `[telemetry] metrics_listen` is set.
     pub metrics_addr: Option<SocketAddr>,
+    /// Where pods' relays connect, when `[relay] listen` is set.
+    pub relay_addr: Option<SocketAddr>,
+    /// Mints the credential a session's relay presents (a backend whose sandboxes reach
+    /// the gateway through the relay hands one to each at start).
+    pub relay_credentials: Arc<RelayCredentials>,
     /// Every task the application started; drained at shutdown.
     pub tasks: Tasks,
     limits: ConnLimits,
@@ -190,6 +196,8 @@ struct Foundation {
     connectors: Connectors,
     agents: Arc<AgentBook>,
     clock: Clock,
+    /// The relay credentials, under a key derived from the master key.
+    relay_credentials: Arc<RelayCredentials>,
     sandbox: Arc<dyn SandboxRuntime>,
     workspaces: Workspaces,
 }
@@ -211,6 +219,11 @@ impl Foundation {
             &settings.model,
         )?);
         let clock = overrides.clock.unwrap_or_else(Clock::system);
+        let relay_credentials = Arc::new(RelayCredentials::new(
+            secrets.master_key(),
+            settings.relay.credential_ttl,
+            clock.clone(),
+        ));
         let sandbox: Arc<dyn SandboxRuntime> = match overrides.sandbox {
             Some(s) => s,
             None => Arc::new(
@@ -234,6 +247,7 @@ impl Foundation {
             connectors,
             agents,
             clock,
+            relay_credentials,
             sandbox,
             workspaces,
         })
@@ -560,6 +574,17 @@ impl Application {
             Some(at) => Some(serve_metrics(at, &base.db, &base.clock, limits, &tasks).await?),
             None => None,
         };
+        let relay_addr = crate::relay::start(
+            &settings.relay,
+            RelayParts {
+                credentials: base.relay_credentials.clone(),
+                sessions: sockets.clone(),
+                agents: base.agents.clone(),
+                secrets: Arc::new(base.secrets.clone()),
+            },
+            &tasks,
+        )
+        .await?;
         let listener = TcpListener::bind(settings.listen)
             .await
             .with_context(|| format!("cannot listen on {}", settings.listen))?;
@@ -574,6 +599,8 @@ impl Application {
             instance_id: base.instance_id,
             recovered,
             metrics_addr,
+            relay_addr,
+            relay_credentials: base.relay_credentials,
             tasks,
             limits,
             sockets,
