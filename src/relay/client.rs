@@ -22,7 +22,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncWriteExt as _, BufReader};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsConnector;
@@ -43,6 +43,10 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 32;
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest control answer read (the secrets of one agent).
 const MAX_CONTROL_ANSWER: usize = 4 << 20;
+/// What is read of an agent's request that could not be carried, and for how long,
+/// before its connection closes.
+const MAX_UNREAD: u64 = 64 << 10;
+const DRAIN_UNREAD: Duration = Duration::from_secs(1);
 /// The shortest wait between renewals, and the first wait after a failed one.
 const MIN_RENEW_WAIT: Duration = Duration::from_secs(1);
 
@@ -200,6 +204,15 @@ impl Dialer {
                 tracing::warn!(error = %e, "an agent connection could not be relayed");
                 let _ = local.write_all(unavailable(&e).as_bytes()).await;
                 let _ = local.shutdown().await;
+                // What the agent sent is read (a little, briefly) before the socket
+                // closes: closing over unread bytes would reset the connection before
+                // the agent reads the answer.
+                let mut sent = (&mut local).take(MAX_UNREAD);
+                let _ = tokio::time::timeout(
+                    DRAIN_UNREAD,
+                    tokio::io::copy(&mut sent, &mut tokio::io::sink()),
+                )
+                .await;
                 return;
             }
         };
