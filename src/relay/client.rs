@@ -10,6 +10,9 @@
 //! - The credential read from `--token-file` is renewed over a `control` connection
 //!   when two thirds of its life have passed; when the gateway refuses it (expired,
 //!   invalid) the file is read again, as the backend may have written a new one.
+//! - One greeted connection is kept ready (at most [`WARM_MAX_AGE`] old, checked still
+//!   open when taken), so an agent's connection usually skips TCP, TLS and the greeting;
+//!   it counts against the session's relayed connections cap like any other.
 //! - With `--secrets-dir`, the session's granted secrets are fetched before the socket
 //!   is opened and written there as read-only files (a memory-backed volume). Neither a
 //!   credential nor a secret is ever logged.
@@ -17,14 +20,15 @@
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use futures::FutureExt as _;
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls::pki_types::ServerName;
 use tracing::Instrument as _;
@@ -47,6 +51,9 @@ const MAX_CONTROL_ANSWER: usize = 4 << 20;
 /// before its connection closes.
 const MAX_UNREAD: u64 = 64 << 10;
 const DRAIN_UNREAD: Duration = Duration::from_secs(1);
+/// The oldest a warm connection is used: well under the gateway's header deadline
+/// (`server.header_timeout`, 10 s by default), after which it closes an idle connection.
+const WARM_MAX_AGE: Duration = Duration::from_secs(4);
 /// The shortest wait between renewals, and the first wait after a failed one.
 const MIN_RENEW_WAIT: Duration = Duration::from_secs(1);
 
@@ -81,6 +88,16 @@ struct Dialer {
     server_name: ServerName<'static>,
     token_file: PathBuf,
     credential: Mutex<SecretString>,
+    /// One connection dialled and greeted ahead of the agent's next.
+    warm: Mutex<Option<Warm>>,
+    /// Tells the warmer its connection was taken.
+    warm_taken: Notify,
+}
+
+/// A greeted connection waiting for an agent's connection.
+struct Warm {
+    stream: Upstream,
+    dialled: Instant,
 }
 
 /// Why the gateway could not be reached with the credential.
@@ -119,6 +136,8 @@ impl Relay {
             server_name,
             token_file: options.token_file.clone(),
             credential: Mutex::new(credential),
+            warm: Mutex::new(None),
+            warm_taken: Notify::new(),
         };
         Ok(Relay {
             options,
@@ -140,6 +159,7 @@ impl Relay {
         let listener = bind_socket(&self.options.listen)?;
         tracing::info!(socket = %self.options.listen.display(), gateway = %self.options.gateway, "relay serving");
         let renewing = tokio::spawn(self.dialer.clone().keep_renewed().in_current_span());
+        let warming = tokio::spawn(self.dialer.clone().keep_warm().in_current_span());
         let slots = Arc::new(Semaphore::new(self.options.max_connections));
         let mut connections = tokio::task::JoinSet::new();
         loop {
@@ -171,6 +191,7 @@ impl Relay {
             );
         }
         renewing.abort();
+        warming.abort();
         connections.shutdown().await;
         let _ = std::fs::remove_file(&self.options.listen);
         Ok(())
@@ -198,7 +219,11 @@ impl Dialer {
     /// Carries one of the agent's connections to the gateway and back. When the gateway
     /// cannot be reached, the agent gets a 502 in the sandbox API's error shape.
     async fn carry(&self, mut local: UnixStream) {
-        let mut upstream = match self.dial_retrying(Purpose::Stream).await {
+        let upstream = match self.take_warm() {
+            Some(warm) => Ok(warm),
+            None => self.dial_retrying(Purpose::Stream).await,
+        };
+        let mut upstream = match upstream {
             Ok(upstream) => upstream,
             Err(e) => {
                 tracing::warn!(error = %e, "an agent connection could not be relayed");
@@ -218,6 +243,53 @@ impl Dialer {
         };
         if let Err(e) = tokio::io::copy_bidirectional(&mut local, &mut upstream).await {
             tracing::debug!(error = %e, "relayed connection ended with an error");
+        }
+    }
+
+    /// The warm connection, if one is there, young enough and still open; the warmer
+    /// is told to dial the next.
+    fn take_warm(&self) -> Option<Upstream> {
+        let warm = self.warm.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.warm_taken.notify_one();
+        let mut warm = warm.filter(|w| w.dialled.elapsed() < WARM_MAX_AGE)?.stream;
+        // Open means nothing to read yet: end of stream or stray bytes mean the gateway
+        // closed it (a restart, a drain) and it must not carry the agent's request.
+        match tokio::io::AsyncBufReadExt::fill_buf(&mut warm).now_or_never() {
+            None => Some(warm),
+            Some(_) => None,
+        }
+    }
+
+    /// Keeps one greeted connection ready, so an agent's connection does not wait for
+    /// TCP, TLS and the greeting: dialled again when taken or after [`WARM_MAX_AGE`]
+    /// (under the gateway's header deadline, which closes an idle connection). Runs
+    /// until aborted.
+    async fn keep_warm(self: Arc<Self>) {
+        let mut failed = 0;
+        loop {
+            match self.dial_retrying(Purpose::Stream).await {
+                Ok(stream) => {
+                    failed = 0;
+                    let warm = Warm {
+                        stream,
+                        dialled: Instant::now(),
+                    };
+                    *self.warm.lock().unwrap_or_else(|p| p.into_inner()) = Some(warm);
+                    tokio::select! {
+                        () = self.warm_taken.notified() => {},
+                        () = tokio::time::sleep(WARM_MAX_AGE) => {},
+                    }
+                }
+                Err(e) => {
+                    failed += 1;
+                    tracing::debug!(error = %e, "cannot dial a warm connection");
+                    let wait = crate::retry::SESSION_START.wait(failed).max(MIN_RENEW_WAIT);
+                    tokio::select! {
+                        () = self.warm_taken.notified() => {},
+                        () = tokio::time::sleep(wait) => {},
+                    }
+                }
+            }
         }
     }
 

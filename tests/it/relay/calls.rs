@@ -100,3 +100,39 @@ async fn a_call_through_the_relay_is_answered_as_on_the_unix_socket() {
     relay.stop().await;
     app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_connection_the_gateway_closed_does_not_carry_a_call() {
+    let mut world = World::new().await;
+    let tls = world.use_relay();
+    // The gateway closes an idle connection after a second: the relay's warm
+    // connection (kept up to four) goes stale while it waits.
+    world.settings.server.header_timeout = Duration::from_secs(1);
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[5000])
+        .await;
+    let session_id = SessionId::parse(ada.session.id.as_str()).expect("session id");
+    let relay = RunningRelay::start(
+        &app,
+        world.dir.path(),
+        "ada",
+        RelaySetup {
+            ca_file: &tls.ca_file,
+            credential: app.relay_credentials.mint(&session_id),
+            secrets_dir: None,
+            max_connections: 32,
+        },
+    )
+    .await;
+    let pod = relay.session(&ada.session);
+    for round in 0..3 {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let (status, body) = pod
+            .call("stripe.get_charge", json!({"charge": ada.charges[0]}), None)
+            .await;
+        assert_eq!(status, 200, "round {round}: {body}");
+    }
+    relay.stop().await;
+    app.stop().await;
+}
