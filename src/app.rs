@@ -27,6 +27,7 @@ use crate::gateway::{
 };
 use crate::model::{ModelProxy, Upstream};
 use crate::policy::{Catalog, Policy};
+use crate::relay::{RelayCredentials, RelayParts};
 use crate::reviewers::hasher::{GLOBAL_MAX_WAITING, GLOBAL_PERMITS, Hasher};
 use crate::sandbox::k8s::Backend;
 use crate::sandbox::{DockerRuntime, KubeRuntime, Limits, SandboxRuntime};
@@ -70,6 +71,11 @@ pub struct Application {
     pub recovered: tokio::sync::watch::Receiver<bool>,
     /// Where `GET /metrics` is served, when `[telemetry] metrics_listen` is set.
     pub metrics_addr: Option<SocketAddr>,
+    /// Where pods' relays connect, when `[relay] listen` is set.
+    pub relay_addr: Option<SocketAddr>,
+    /// Mints the credential a session's relay presents (a backend whose sandboxes reach
+    /// the gateway through the relay hands one to each at start).
+    pub relay_credentials: Arc<RelayCredentials>,
     /// Every task the application started; drained at shutdown.
     pub tasks: Tasks,
     limits: ConnLimits,
@@ -188,6 +194,8 @@ struct Foundation {
     connectors: Connectors,
     agents: Arc<AgentBook>,
     clock: Clock,
+    /// The relay credentials, under a key derived from the master key.
+    relay_credentials: Arc<RelayCredentials>,
     sandbox: Arc<dyn SandboxRuntime>,
     workspaces: Workspaces,
 }
@@ -219,7 +227,12 @@ impl Foundation {
             &Catalog::builtin(),
             &settings.model,
         )?);
-        let sandbox: Arc<dyn SandboxRuntime> = match (overrides.sandbox, settings.sandbox.backend) {
+        let relay_credentials = Arc::new(RelayCredentials::new(
+            secrets.master_key(),
+            settings.relay.credential_ttl,
+            clock.clone(),
+        ));
+                let sandbox: Arc<dyn SandboxRuntime> = match (overrides.sandbox, settings.sandbox.backend) {
             (Some(s), _) => s,
             (None, Backend::Docker) => Arc::new(
                 DockerRuntime::connect(&instance_id, settings.sandbox.secrets_root.clone()).await?,
@@ -247,6 +260,7 @@ impl Foundation {
             connectors,
             agents,
             clock,
+            relay_credentials,
             sandbox,
             workspaces,
         })
@@ -620,6 +634,17 @@ impl Application {
             Some(at) => Some(serve_metrics(at, &base.db, &base.clock, limits, &tasks).await?),
             None => None,
         };
+        let relay_addr = crate::relay::start(
+            &settings.relay,
+            RelayParts {
+                credentials: base.relay_credentials.clone(),
+                sessions: sockets.clone(),
+                agents: base.agents.clone(),
+                secrets: Arc::new(base.secrets.clone()),
+            },
+            &tasks,
+        )
+        .await?;
         let listener = TcpListener::bind(settings.listen)
             .await
             .with_context(|| format!("cannot listen on {}", settings.listen))?;
@@ -636,6 +661,8 @@ impl Application {
             _data_dir_lock: base.data_dir_lock,
             recovered,
             metrics_addr,
+            relay_addr,
+            relay_credentials: base.relay_credentials,
             tasks,
             limits,
             sockets,

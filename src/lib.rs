@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod model;
 pub mod money;
 pub mod notes;
+pub mod relay;
 /// The policy engine, a crate of its own (`crates/policy`) so its purity is checked by
 /// the compiler: re-exported here so `threadgate::policy` stays its path.
 pub use threadgate_policy as policy;

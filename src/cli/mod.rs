@@ -7,6 +7,7 @@
 mod agents;
 mod ops;
 mod policy;
+mod relay;
 
 use std::process::ExitCode;
 
@@ -48,6 +49,9 @@ pub enum Command {
     Audit(ops::AuditArgs),
     /// Run the scripted model server (not a real model) for the demo and tests.
     ScriptedModel(agents::ScriptedModelArgs),
+    /// Run as the relay beside an agent in a pod: its unix socket, carried to the
+    /// gateway over TLS with the session's credential.
+    Relay(relay::RelayArgs),
 }
 
 /// Parses the command line and runs the subcommand; the process exit code.
@@ -63,5 +67,6 @@ pub fn run() -> ExitCode {
         Command::Reviewers(cmd) => ops::reviewers(&cli.config, &cmd),
         Command::Audit(args) => ops::audit(&cli.config, &args),
         Command::ScriptedModel(args) => agents::scripted_model(&args),
+        Command::Relay(args) => relay::relay(args),
     }
 }

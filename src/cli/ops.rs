@@ -164,7 +164,7 @@ pub(super) fn serve(config: &ConfigArgs) -> ExitCode {
     })())
 }
 
-async fn shutdown_signal() {
+pub(super) async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

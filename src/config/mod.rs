@@ -97,6 +97,8 @@ pub struct Settings {
     pub telemetry: TelemetrySettings,
     /// The review page (`[review]`; `[review.oidc]`: sign-in through an OpenID provider).
     pub review: crate::review::oidc::ReviewSettings,
+    /// The relay listener pods' relays dial (`[relay]`, off by default).
+    pub relay: crate::relay::RelaySettings,
 }
 
 impl Default for Settings {
@@ -125,6 +127,7 @@ impl Default for Settings {
             server: ServerSettings::default(),
             telemetry: TelemetrySettings::default(),
             review: Default::default(),
+            relay: crate::relay::RelaySettings::default(),
         }
     }
 }

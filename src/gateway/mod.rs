@@ -27,5 +27,5 @@ pub use gate::{CallReply, CallRequest, Connectors, Gate, GateParts, LoadedPolicy
 pub use prepare::PreparedCall;
 pub use refusal::Refusal;
 pub use sandbox_api::SandboxApi;
-pub use socket::{SOCKET_NAME, SandboxRouter, SocketHost};
+pub use socket::{SOCKET_NAME, SandboxRouter, SessionService, SocketHost};
 pub(crate) use summary::{HELD_BY, phrase as call_phrase};

@@ -1,6 +1,11 @@
 //! One unix socket per session, bind-mounted into its container: the session's only
 //! way out, and its identity. Each socket serves the sandbox API with the scope of the
 //! session it belongs to; nothing for people is routed here.
+//!
+//! A session whose sandbox runs elsewhere (a pod) reaches the same router through the
+//! relay listener: [`SocketHost::service`] hands it the very router the socket serves,
+//! the session's connection cap and the signal of its close, for as long as the
+//! session is open.
 
 use std::collections::HashMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -10,10 +15,11 @@ use std::time::Duration;
 
 use axum::Router;
 use tokio::net::UnixListener;
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot};
+use tokio_util::sync::CancellationToken;
 
 use crate::ids::SessionId;
-use crate::server::{ConnLimits, serve};
+use crate::server::{ConnLimits, LimitedRouter, serve};
 use crate::session::{SessionApi, SessionScope};
 use crate::tasks::Tasks;
 
@@ -29,6 +35,18 @@ pub trait SandboxRouter: Send + Sync {
 struct Listener {
     shutdown: oneshot::Sender<()>,
     task: tokio::task::JoinHandle<()>,
+    service: SessionService,
+}
+
+/// What serves an open session's relayed connections: the router its socket serves
+/// (same scope, same routes, same limits), a cap on its relayed connections (the
+/// socket's own cap, counted apart), and the signal of its close.
+#[derive(Clone)]
+pub struct SessionService {
+    pub scope: SessionScope,
+    pub router: LimitedRouter,
+    pub slots: Arc<Semaphore>,
+    pub closed: CancellationToken,
 }
 
 /// Runs the sessions' socket listeners.
@@ -71,6 +89,15 @@ impl SocketHost {
             .get(session_id)
             .is_some_and(|l| !l.task.is_finished())
     }
+
+    /// The service of an open session, for a relayed connection; `None` once the
+    /// session has closed (or was never opened here).
+    pub fn service(&self, session_id: &str) -> Option<SessionService> {
+        lock(&self.listeners)
+            .get(session_id)
+            .filter(|l| !l.task.is_finished() && !l.service.closed.is_cancelled())
+            .map(|l| l.service.clone())
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -85,6 +112,12 @@ impl SessionApi for SocketHost {
         }
         let listener = bind_private(&socket_dir)?;
         let app = first_request_logged(self.routes.router(scope.clone()), &scope.session_id);
+        let service = SessionService {
+            scope: scope.clone(),
+            router: LimitedRouter::new(app.clone(), self.limits),
+            slots: Arc::new(Semaphore::new(self.limits.max_connections)),
+            closed: CancellationToken::new(),
+        };
         let (shutdown, stopped) = oneshot::channel::<()>();
         let session = scope.session_id.clone();
         let limits = self.limits;
@@ -97,7 +130,15 @@ impl SessionApi for SocketHost {
             .await;
             tracing::debug!(session = %session, "session socket closed");
         });
-        lock(&self.listeners).insert(scope.session_id, Listener { shutdown, task });
+        let listener = Listener {
+            shutdown,
+            task,
+            service,
+        };
+        if let Some(earlier) = lock(&self.listeners).insert(scope.session_id, listener) {
+            // A listener that had ended on its own: its relayed connections end too.
+            earlier.service.closed.cancel();
+        }
         Ok(())
     }
 
@@ -105,7 +146,9 @@ impl SessionApi for SocketHost {
         let listener = lock(&self.listeners).remove(session_id);
         if let Some(l) = listener {
             // The socket stops accepting and drains its open requests (serve's own
-            // deadline) in the background; nothing waits for it here.
+            // deadline) in the background; nothing waits for it here. Its relayed
+            // connections drain the same way, and no new one is let in.
+            l.service.closed.cancel();
             let _ = l.shutdown.send(());
         }
     }

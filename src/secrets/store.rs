@@ -68,6 +68,12 @@ impl SecretStore {
         super::SealingKey::derive(&self.key, purpose)
     }
 
+    /// The master key the store seals under: other uses derive keys of their own from
+    /// it (HKDF with their own label), never use it as it is.
+    pub(crate) fn master_key(&self) -> &MasterKey {
+        &self.key
+    }
+
     /// Stores `value` under `name`, replacing any earlier value with a fresh nonce.
     pub async fn set(&self, name: &str, value: SecretString) -> Result<Written, SecretsError> {
         let job = self.set_job(name, &value)?;

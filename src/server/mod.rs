@@ -32,7 +32,7 @@ use tokio::sync::Semaphore;
 use tracing::Instrument as _;
 
 /// How long a stopping server lets open connections finish.
-const DRAIN: Duration = Duration::from_secs(5);
+pub const DRAIN: Duration = Duration::from_secs(5);
 /// Pause after a failed accept (e.g. out of file descriptors), so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
@@ -164,6 +164,63 @@ pub async fn serve<L: Accept>(
         );
     }
     connections.shutdown().await;
+}
+
+/// A router with a listener's body deadline on every request: what
+/// [`serve_connection`] serves. Made once per router (layering is not free), then cloned
+/// per connection.
+#[derive(Clone)]
+pub struct LimitedRouter {
+    router: Router,
+    limits: ConnLimits,
+}
+
+impl LimitedRouter {
+    /// `router` under `limits`' body deadline; `limits`' header deadline applies when a
+    /// connection is served.
+    pub fn new(router: Router, limits: ConnLimits) -> LimitedRouter {
+        LimitedRouter {
+            router: router.layer(middleware::from_fn_with_state(
+                limits.body_timeout,
+                time_body,
+            )),
+            limits,
+        }
+    }
+
+    /// The limits it was made with.
+    pub fn limits(&self) -> ConnLimits {
+        self.limits
+    }
+}
+
+/// Serves one connection accepted elsewhere (a relayed one, after its greeting) exactly
+/// as [`serve`] serves each of its own: HTTP/1.1 with the header and body deadlines.
+/// When `stop` resolves the connection finishes its open request for at most [`DRAIN`]
+/// and is cut. The caller counts the connection against its caps.
+pub async fn serve_connection<I>(io: I, router: LimitedRouter, stop: impl Future<Output = ()>)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper_util::service::TowerToHyperService::new(router.router);
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(router.limits.header_timeout)
+        .serve_connection(TokioIo::new(io), service);
+    let mut conn = std::pin::pin!(conn);
+    let ended = tokio::select! {
+        ended = conn.as_mut() => ended,
+        () = stop => {
+            conn.as_mut().graceful_shutdown();
+            match tokio::time::timeout(DRAIN, conn.as_mut()).await {
+                Ok(ended) => ended,
+                Err(_) => return,
+            }
+        }
+    };
+    if let Err(e) = ended {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
 }
 
 /// Open connections per client address, each under the same cap.

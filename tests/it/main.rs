@@ -29,6 +29,7 @@ mod mcp_e2e;
 mod model_proxy;
 mod ops_cli;
 mod policy_cli;
+mod relay;
 mod review_cli;
 mod review_web;
 mod sandbox_docker;

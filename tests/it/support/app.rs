@@ -28,6 +28,10 @@ pub struct TestApp {
     pub addr: SocketAddr,
     /// The metrics listener, when the settings turn it on.
     pub metrics_addr: Option<SocketAddr>,
+    /// The relay listener, when the settings turn it on.
+    pub relay_addr: Option<SocketAddr>,
+    /// What mints the sessions' relay credentials.
+    pub relay_credentials: Arc<threadgate::relay::RelayCredentials>,
     pub db: Db,
     pub gate: Arc<Gate>,
     /// The reviewers' password-hashing pool of this application.
@@ -69,7 +73,8 @@ pub async fn spawn_app(settings: Settings, overrides: Overrides) -> TestApp {
             }
         };
         let parts = (
-            (app.addr, app.metrics_addr),
+            (app.addr, app.metrics_addr, app.relay_addr),
+            app.relay_credentials.clone(),
             app.db.clone(),
             app.gate.clone(),
             app.hasher.clone(),
@@ -82,7 +87,15 @@ pub async fn spawn_app(settings: Settings, overrides: Overrides) -> TestApp {
         })
         .await
     });
-    let ((addr, metrics_addr), db, gate, hasher, supervisor, recovered) = built_rx
+    let (
+        (addr, metrics_addr, relay_addr),
+        relay_credentials,
+        db,
+        gate,
+        hasher,
+        supervisor,
+        recovered,
+    ) = built_rx
         .await
         .expect("the app task answers")
         .unwrap_or_else(|e| panic!("cannot build the application: {e}"));
@@ -94,6 +107,8 @@ pub async fn spawn_app(settings: Settings, overrides: Overrides) -> TestApp {
     TestApp {
         addr,
         metrics_addr,
+        relay_addr,
+        relay_credentials,
         db,
         gate,
         hasher,

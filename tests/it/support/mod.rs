@@ -28,6 +28,7 @@ pub mod plain;
 pub mod plain_fake;
 pub mod plain_fake_model;
 pub mod plain_fake_trail;
+pub mod relay;
 pub mod rows;
 pub mod sandbox;
 pub mod sessions;

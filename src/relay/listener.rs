@@ -1,0 +1,244 @@
+//! The gateway's relay listener (`[relay] listen`): TLS, then a relay's greeting, then
+//! the session's own HTTP service.
+//!
+//! Each connection counts against the listener's cap (`[relay] max_connections`) from
+//! the moment it is accepted and must finish TLS and present its greeting within
+//! `[relay] handshake_timeout`. The credential alone picks the session: a verified
+//! credential of an open session gets that session's [`SessionService`] (the router its
+//! unix socket serves, so the same scope, grants, secrets and refusals), counted against
+//! that session's relayed connections cap; anything else is answered `NO <reason>` and
+//! closed before any session is reached. A connection ends when its peer closes it, when
+//! its session closes (its open request drains first) or at shutdown.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::io::{AsyncWriteExt as _, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+use tracing::Instrument as _;
+
+use super::control;
+use super::credential::{CredentialError, RelayCredentials};
+use super::settings::RelaySettings;
+use super::wire::{self, Purpose, Refused};
+use crate::gateway::{SessionService, SocketHost};
+use crate::session::{AgentBook, SecretSource};
+use crate::tasks::Tasks;
+
+/// Pause after a failed accept (e.g. out of file descriptors), so the loop does not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// What the relay listener serves from.
+#[derive(Clone)]
+pub struct RelayParts {
+    pub credentials: Arc<RelayCredentials>,
+    pub sessions: Arc<SocketHost>,
+    pub agents: Arc<AgentBook>,
+    pub secrets: Arc<dyn SecretSource>,
+}
+
+/// Binds the relay listener when `[relay] listen` is set and serves it in `tasks` until
+/// shutdown; answers the bound address. Missing or unusable certificate files are an
+/// error naming their key.
+pub async fn start(
+    settings: &RelaySettings,
+    parts: RelayParts,
+    tasks: &Tasks,
+) -> anyhow::Result<Option<SocketAddr>> {
+    let Some(at) = settings.listen else {
+        return Ok(None);
+    };
+    let cert = settings
+        .cert_file
+        .as_deref()
+        .context("relay.cert_file is required when relay.listen is set")?;
+    let key = settings
+        .key_file
+        .as_deref()
+        .context("relay.key_file is required when relay.listen is set")?;
+    let tls = super::tls::server_config(("relay.cert_file", cert), ("relay.key_file", key))?;
+    anyhow::ensure!(
+        settings.max_connections > 0,
+        "relay.max_connections must be at least 1"
+    );
+    let listener = TcpListener::bind(at)
+        .await
+        .with_context(|| format!("relay.listen: cannot listen on {at}"))?;
+    let addr = listener.local_addr()?;
+    let served = Listener {
+        acceptor: TlsAcceptor::from(tls),
+        parts,
+        handshake_timeout: settings.handshake_timeout,
+        slots: Arc::new(Semaphore::new(settings.max_connections)),
+    };
+    let stopping = tasks.stopping();
+    tasks.spawn(served.serve(listener, stopping));
+    tracing::info!(%addr, "relay listener serving");
+    Ok(Some(addr))
+}
+
+struct Listener {
+    acceptor: TlsAcceptor,
+    parts: RelayParts,
+    handshake_timeout: Duration,
+    slots: Arc<Semaphore>,
+}
+
+impl Listener {
+    /// Accepts until `stopping`; then every open connection drains (each watches the
+    /// same signal) and the rest are cut when this returns.
+    async fn serve(self, listener: TcpListener, stopping: impl Future<Output = ()> + Send) {
+        let this = Arc::new(self);
+        let mut connections = tokio::task::JoinSet::new();
+        let (stop_all, stopped) = tokio::sync::watch::channel(false);
+        let mut stopping = std::pin::pin!(stopping);
+        loop {
+            while connections.try_join_next().is_some() {}
+            let accepted = tokio::select! {
+                () = &mut stopping => break,
+                accepted = listener.accept() => accepted,
+            };
+            let (io, peer) = match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!(error = %e, "relay listener cannot accept a connection");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            };
+            let Ok(permit) = this.slots.clone().try_acquire_owned() else {
+                tracing::debug!(%peer, "relay connection cap reached; closing a new connection");
+                drop(io);
+                continue;
+            };
+            let _ = io.set_nodelay(true);
+            let (this, mut stopped) = (this.clone(), stopped.clone());
+            let stop = async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            };
+            connections.spawn(
+                async move {
+                    this.connection(io, peer, stop).await;
+                    drop(permit);
+                }
+                .in_current_span(),
+            );
+        }
+        let _ = stop_all.send(true);
+        let drain = async { while connections.join_next().await.is_some() {} };
+        if tokio::time::timeout(crate::server::DRAIN, drain)
+            .await
+            .is_err()
+        {
+            tracing::info!(
+                cut = connections.len(),
+                "relayed connections still open after the drain are cut"
+            );
+        }
+        connections.shutdown().await;
+    }
+
+    /// One relayed connection, from TLS to its end.
+    async fn connection(
+        &self,
+        io: TcpStream,
+        peer: SocketAddr,
+        stop: impl Future<Output = ()> + Send,
+    ) {
+        let greeted = tokio::time::timeout(self.handshake_timeout, self.greet(io)).await;
+        let (mut stream, purpose, service) = match greeted {
+            Ok(Ok(Some(greeted))) => greeted,
+            Ok(Ok(None)) => return,
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, error = %e, "relay handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "relay handshake timed out");
+                return;
+            }
+        };
+        let Ok(_slot) = service.slots.clone().try_acquire_owned() else {
+            refuse(&mut stream, Refused::Busy, &peer).await;
+            return;
+        };
+        if write_answer(&mut stream, Ok(())).await.is_err() {
+            return;
+        }
+        tracing::debug!(%peer, session = %service.scope.session_id, ?purpose, "relayed connection open");
+        let closed = service.closed.clone();
+        let end = async move {
+            tokio::select! {
+                () = closed.cancelled() => {},
+                () = stop => {},
+            }
+        };
+        let router = match purpose {
+            Purpose::Stream => service.router.clone(),
+            Purpose::Control => control::router(&service, &self.parts),
+        };
+        crate::server::serve_connection(stream, router, end).await;
+    }
+
+    /// TLS, the greeting and its credential: the connection and the open session it
+    /// reaches, or `None` once it has been refused.
+    async fn greet(
+        &self,
+        io: TcpStream,
+    ) -> std::io::Result<Option<(Relayed, Purpose, SessionService)>> {
+        let peer = io.peer_addr()?;
+        let tls = self.acceptor.accept(io).await?;
+        let mut stream = BufReader::new(tls);
+        let Some((purpose, credential)) = wire::read_line(&mut stream)
+            .await?
+            .and_then(wire::parse_greeting)
+        else {
+            refuse(&mut stream, Refused::Malformed, &peer).await;
+            return Ok(None);
+        };
+        let verified = match self.parts.credentials.verify(&credential) {
+            Ok(verified) => verified,
+            Err(e) => {
+                let why = match e {
+                    CredentialError::Invalid => Refused::Invalid,
+                    CredentialError::Expired => Refused::Expired,
+                };
+                refuse(&mut stream, why, &peer).await;
+                return Ok(None);
+            }
+        };
+        let Some(service) = self.parts.sessions.service(&verified.session_id) else {
+            refuse(&mut stream, Refused::Stopped, &peer).await;
+            return Ok(None);
+        };
+        Ok(Some((stream, purpose, service)))
+    }
+}
+
+/// A relayed connection after TLS, buffered for its greeting line.
+type Relayed = BufReader<tokio_rustls::server::TlsStream<TcpStream>>;
+
+async fn write_answer(stream: &mut Relayed, outcome: Result<(), Refused>) -> std::io::Result<()> {
+    stream.write_all(wire::answer(outcome).as_bytes()).await?;
+    stream.flush().await
+}
+
+/// Answers `NO <why>` and closes. Logged without the credential: at `info` when the
+/// credential was authentic (expired, stopped session, busy), at `debug` when anyone
+/// could have sent it (a flood of junk does not fill the log).
+async fn refuse(stream: &mut Relayed, why: Refused, peer: &SocketAddr) {
+    match why {
+        Refused::Malformed | Refused::Invalid => {
+            tracing::debug!(%peer, reason = %why, "relay connection refused");
+        }
+        Refused::Expired | Refused::Stopped | Refused::Busy => {
+            tracing::info!(%peer, reason = %why, "relay connection refused");
+        }
+    }
+    let _ = write_answer(stream, Err(why)).await;
+    let _ = stream.shutdown().await;
+}

@@ -1,0 +1,169 @@
+//! The relay's greeting: the one line a relay sends on a fresh TLS connection before
+//! anything else, and the gateway's one-line answer.
+//!
+//! ```text
+//! relay   → gateway   TGR1 stream <credential>\n     (or `control`)
+//! gateway → relay     OK\n                           (or `NO <reason>\n`, then close)
+//! ```
+//!
+//! After `OK` the connection is HTTP/1.1: for `stream`, the agent's own bytes, served by
+//! the session's router exactly as its unix socket serves them; for `control`, the
+//! relay's own requests (`relay::control`). The relay sends nothing after its line until
+//! it has read the answer, so neither side reads past a line. A line is at most
+//! [`MAX_LINE`] bytes; a longer one is refused unread.
+
+use tokio::io::{AsyncBufRead, AsyncBufReadExt as _, AsyncReadExt as _};
+
+use super::credential::MAX_CREDENTIAL_LEN;
+use crate::secrets::{ExposeSecret as _, SecretString};
+
+/// The longest greeting or answer line, newline included.
+pub const MAX_LINE: usize = MAX_CREDENTIAL_LEN + 32;
+const VERSION: &str = "TGR1";
+
+/// What a relayed connection is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// The agent's connection, piped: served by the session's router.
+    Stream,
+    /// The relay's own: renewing its credential, fetching the session's secrets.
+    Control,
+}
+
+impl Purpose {
+    fn as_str(self) -> &'static str {
+        match self {
+            Purpose::Stream => "stream",
+            Purpose::Control => "control",
+        }
+    }
+}
+
+/// Why the gateway refused a connection: the word after `NO`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::EnumString)]
+#[strum(serialize_all = "snake_case")]
+pub enum Refused {
+    /// The greeting was not one.
+    Malformed,
+    /// The credential is not authentic.
+    Invalid,
+    /// The credential has expired.
+    Expired,
+    /// The session is not running (stopped, or not started on this gateway).
+    Stopped,
+    /// The session has as many relayed connections open as it may.
+    Busy,
+}
+
+impl Refused {
+    /// The word on the wire.
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The greeting line for `purpose` with `credential`.
+pub fn greeting(purpose: Purpose, credential: &SecretString) -> SecretString {
+    SecretString::from(format!(
+        "{VERSION} {} {}\n",
+        purpose.as_str(),
+        credential.expose_secret()
+    ))
+}
+
+/// The gateway's answer line.
+pub fn answer(outcome: Result<(), Refused>) -> String {
+    match outcome {
+        Ok(()) => "OK\n".to_owned(),
+        Err(why) => format!("NO {why}\n"),
+    }
+}
+
+/// Reads one line of at most [`MAX_LINE`] bytes, without its newline. `None` when the
+/// peer closed, sent a longer line, or sent bytes that are not UTF-8.
+pub async fn read_line<R: AsyncBufRead + Unpin>(reader: &mut R) -> std::io::Result<Option<String>> {
+    let mut line = Vec::with_capacity(128);
+    let limit = u64::try_from(MAX_LINE).unwrap_or(u64::MAX);
+    (&mut *reader)
+        .take(limit)
+        .read_until(b'\n', &mut line)
+        .await?;
+    if line.pop() != Some(b'\n') {
+        zeroize::Zeroize::zeroize(&mut line);
+        return Ok(None);
+    }
+    Ok(String::from_utf8(line).ok())
+}
+
+/// Parses a greeting: its purpose and credential, or `None` when it is not one.
+pub fn parse_greeting(line: String) -> Option<(Purpose, SecretString)> {
+    let line = SecretString::from(line);
+    let mut parts = line.expose_secret().split(' ');
+    let (Some(VERSION), Some(purpose), Some(credential), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return None;
+    };
+    let purpose = match purpose {
+        "stream" => Purpose::Stream,
+        "control" => Purpose::Control,
+        _ => return None,
+    };
+    Some((purpose, SecretString::from(credential.to_owned())))
+}
+
+/// Parses the gateway's answer line.
+pub fn parse_answer(line: &str) -> Option<Result<(), Refused>> {
+    if line == "OK" {
+        return Some(Ok(()));
+    }
+    let why = line.strip_prefix("NO ")?;
+    why.parse().ok().map(Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_greeting_reads_back_and_a_long_line_is_refused() {
+        let credential = SecretString::from("tgr1.s1.5.n.m".to_owned());
+        let line = greeting(Purpose::Control, &credential);
+        let mut reader = tokio::io::BufReader::new(line.expose_secret().as_bytes());
+        let read = read_line(&mut reader).await.expect("io").expect("a line");
+        let (purpose, back) = parse_greeting(read).expect("a greeting");
+        assert_eq!(purpose, Purpose::Control);
+        assert_eq!(back.expose_secret(), "tgr1.s1.5.n.m");
+
+        let long = format!("TGR1 stream {}\n", "a".repeat(MAX_LINE));
+        let mut reader = tokio::io::BufReader::new(long.as_bytes());
+        assert_eq!(read_line(&mut reader).await.expect("io"), None);
+        let mut closed = tokio::io::BufReader::new(&b"TGR1 stream x"[..]);
+        assert_eq!(read_line(&mut closed).await.expect("io"), None);
+
+        for bad in [
+            "TGR2 stream x",
+            "TGR1 other x",
+            "TGR1 stream",
+            "TGR1 stream x y",
+        ] {
+            assert!(parse_greeting(bad.to_owned()).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn answers_read_back() {
+        for outcome in [Ok(()), Err(Refused::Expired), Err(Refused::Busy)] {
+            let line = answer(outcome);
+            assert_eq!(parse_answer(line.trim_end()), Some(outcome));
+        }
+        assert_eq!(parse_answer("NO what"), None);
+        assert_eq!(parse_answer("HTTP/1.1 200 OK"), None);
+    }
+}
