@@ -232,7 +232,7 @@ impl Foundation {
             settings.relay.credential_ttl,
             clock.clone(),
         ));
-                let sandbox: Arc<dyn SandboxRuntime> = match (overrides.sandbox, settings.sandbox.backend) {
+        let sandbox: Arc<dyn SandboxRuntime> = match (overrides.sandbox, settings.sandbox.backend) {
             (Some(s), _) => s,
             (None, Backend::Docker) => Arc::new(
                 DockerRuntime::connect(&instance_id, settings.sandbox.secrets_root.clone()).await?,
