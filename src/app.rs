@@ -238,7 +238,9 @@ impl Foundation {
                 DockerRuntime::connect(&instance_id, settings.sandbox.secrets_root.clone()).await?,
             ),
             (None, Backend::Kubernetes) => Arc::new(
-                KubeRuntime::connect(&instance_id, settings.sandbox.kubernetes.clone()).await?,
+                KubeRuntime::connect(&instance_id, settings.sandbox.kubernetes.clone())
+                    .await?
+                    .with_minter(relay_credentials.clone()),
             ),
         };
         let workspaces = Workspaces::open(RepoConfig {

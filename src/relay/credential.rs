@@ -241,3 +241,9 @@ mod tests {
         assert!(text.contains("[redacted]"), "{text}");
     }
 }
+
+impl crate::sandbox::RelayMinter for RelayCredentials {
+    fn mint(&self, session: &SessionId) -> SecretString {
+        RelayCredentials::mint(self, session)
+    }
+}

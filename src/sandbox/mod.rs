@@ -175,6 +175,15 @@ pub struct ParkedSandbox {
     pub clean: bool,
 }
 
+/// Makes the credential a sandbox's relay presents to the gateway (the Kubernetes
+/// backend writes it into the session's Secret). Implemented by the gateway's relay
+/// credentials (`relay::RelayCredentials`), which any instance sharing the master key
+/// verifies: handed to the runtime at construction so `sandbox` needs nothing above it.
+pub trait RelayMinter: Send + Sync {
+    /// A fresh credential for `session`, useless for any other session.
+    fn mint(&self, session: &SessionId) -> crate::secrets::SecretString;
+}
+
 /// Everything needed to start one session's container.
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {

@@ -30,6 +30,7 @@ mod wait;
 mod tests;
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -46,7 +47,8 @@ pub use settings::{Backend, ClaimMode, KubernetesSettings};
 pub use tokens::RelayTokens;
 
 use super::{
-    LABEL_INSTANCE, SandboxError, SandboxHandle, SandboxInfo, SandboxRuntime, SandboxSpec,
+    LABEL_INSTANCE, RelayMinter, SandboxError, SandboxHandle, SandboxInfo, SandboxRuntime,
+    SandboxSpec,
 };
 use crate::secrets::ExposeSecret as _;
 use objects::{
@@ -72,6 +74,9 @@ pub struct KubeRuntime {
     instance_id: String,
     kind: Kind,
     tokens: RelayTokens,
+    /// Mints the relay credentials the gateway's relay listener verifies; without one
+    /// (tests of this module alone) the runtime's own [`RelayTokens`] are issued.
+    minter: Option<Arc<dyn RelayMinter>>,
     ca_pem: Vec<u8>,
 }
 
@@ -147,6 +152,7 @@ impl KubeRuntime {
             instance_id: instance_id.to_string(),
             kind,
             tokens: RelayTokens::default(),
+            minter: None,
             ca_pem,
         };
         runtime.restore_tokens().await?;
@@ -157,6 +163,14 @@ impl KubeRuntime {
     /// Claims or plain pods.
     pub fn kind(&self) -> Kind {
         self.kind
+    }
+
+    /// Credentials for the pods' relays come from `minter` (the gateway's relay
+    /// credentials), so the relay listener of any instance sharing the master key
+    /// accepts them.
+    pub fn with_minter(mut self, minter: Arc<dyn RelayMinter>) -> Self {
+        self.minter = Some(minter);
+        self
     }
 
     /// The tokens the gateway's relay listener checks.
@@ -233,7 +247,12 @@ impl KubeRuntime {
             .map_err(|e| create_err(name, e))?;
         let result = async {
             let owner = owner_of(&created, name)?;
-            let token = self.tokens.issue(&spec.session_id);
+            let token = match &self.minter {
+                Some(minter) => crate::secrets::secret_bytes(
+                    minter.mint(&spec.session_id).expose_secret().as_bytes(),
+                ),
+                None => self.tokens.issue(&spec.session_id),
+            };
             let secret = objects::credential(
                 &self.settings,
                 &self.instance_id,

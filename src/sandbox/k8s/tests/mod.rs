@@ -526,3 +526,28 @@ async fn connect_needs_the_relay_ca_and_names_the_key() {
     );
     assert!(err.to_string().contains("/nonexistent/ca.crt"), "{err}");
 }
+
+/// A minter that names the session it minted for, so the test can see which one wrote
+/// the Secret.
+struct NamingMinter;
+
+impl crate::sandbox::RelayMinter for NamingMinter {
+    fn mint(&self, session: &crate::ids::SessionId) -> crate::secrets::SecretString {
+        crate::secrets::SecretString::from(format!("minted-for-{session}"))
+    }
+}
+
+#[tokio::test]
+async fn with_a_minter_the_pods_credential_is_the_minted_one() {
+    let fake = FakeApi::start(false).await;
+    let rt = runtime(&fake, settings())
+        .await
+        .with_minter(std::sync::Arc::new(NamingMinter));
+    let handle = rt.start(&spec("s2")).await.expect("start");
+    let secret = secret_of(&fake, &format!("{}-relay", handle.name));
+    let data = secret.data.clone().expect("data");
+    assert_eq!(data["token"].0, b"minted-for-s2");
+    // The runtime's own tokens were not issued: the gateway verifies the minted one.
+    assert_eq!(rt.relay_tokens().session_of(b"minted-for-s2"), None);
+    rt.stop(&handle.container_id).await.expect("stop");
+}
