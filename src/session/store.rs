@@ -2,7 +2,7 @@
 //! sessions. (The events they apply belong to [`crate::webhook::store`]; the pause flag
 //! to [`crate::store::meta`].)
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::store::{Conn, OptionalExtension, params};
 use serde::Serialize;
 
 use crate::ids::{SessionId, ThreadId};
@@ -58,7 +58,7 @@ const COLUMNS: &str = "thread_id, session_id, agent, state, container_id, branch
      customer_id, customer_email, created_at_ms, updated_at_ms, last_event_ms, attempts, \
      last_error, stop_requested";
 
-fn row_to_session(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
+fn row_to_session(row: &crate::store::Row<'_>) -> crate::store::Result<SessionRow> {
     Ok(SessionRow {
         thread_id: row.get(0)?,
         session_id: row.get(1)?,
@@ -79,7 +79,7 @@ fn row_to_session(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
 }
 
 /// The session of `thread_id`, if it ever had one.
-pub fn get(conn: &Connection, thread_id: &ThreadId) -> rusqlite::Result<Option<SessionRow>> {
+pub fn get(conn: &Conn<'_>, thread_id: &ThreadId) -> crate::store::Result<Option<SessionRow>> {
     conn.query_row(
         &format!("SELECT {COLUMNS} FROM sessions WHERE thread_id = ?1"),
         [thread_id],
@@ -89,27 +89,30 @@ pub fn get(conn: &Connection, thread_id: &ThreadId) -> rusqlite::Result<Option<S
 }
 
 /// Every session, newest first.
-pub fn list(conn: &Connection) -> rusqlite::Result<Vec<SessionRow>> {
+pub fn list(conn: &Conn<'_>) -> crate::store::Result<Vec<SessionRow>> {
     let mut stmt = conn.prepare(&format!(
         "SELECT {COLUMNS} FROM sessions ORDER BY created_at_ms DESC, thread_id"
     ))?;
-    let rows = stmt.query_map([], row_to_session)?;
+    let rows = stmt.query_map((), row_to_session)?;
     rows.collect()
 }
 
 /// Sessions in one of `states`, oldest update first (the order queued sessions start in).
-pub fn in_states(conn: &Connection, states: &[SessionState]) -> rusqlite::Result<Vec<SessionRow>> {
+pub fn in_states(
+    conn: &Conn<'_>,
+    states: &[SessionState],
+) -> crate::store::Result<Vec<SessionRow>> {
     let names: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
     let mut stmt = conn.prepare(&format!(
         "SELECT {COLUMNS} FROM sessions WHERE state IN ({}) ORDER BY updated_at_ms, thread_id",
         names.join(",")
     ))?;
-    let rows = stmt.query_map([], row_to_session)?;
+    let rows = stmt.query_map((), row_to_session)?;
     rows.collect()
 }
 
 /// Creates the session of a thread in state `queued`.
-pub fn insert(conn: &Connection, row: &SessionRow) -> rusqlite::Result<()> {
+pub fn insert(conn: &Conn<'_>, row: &SessionRow) -> crate::store::Result<()> {
     conn.execute(
         &format!(
             "INSERT INTO sessions ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
@@ -138,12 +141,12 @@ pub fn insert(conn: &Connection, row: &SessionRow) -> rusqlite::Result<()> {
 
 /// Moves a session to `state`, recording its container (or none).
 pub fn set_state(
-    conn: &Connection,
+    conn: &Conn<'_>,
     thread_id: &str,
     state: SessionState,
     container_id: Option<&str>,
     now_ms: i64,
-) -> rusqlite::Result<()> {
+) -> crate::store::Result<()> {
     conn.execute(
         "UPDATE sessions SET state = ?2, container_id = ?3, updated_at_ms = ?4 \
          WHERE thread_id = ?1",
@@ -166,11 +169,11 @@ pub fn set_state(
 
 /// Records a failed start: the session goes back to `queued` and is retried later.
 pub fn record_failure(
-    conn: &Connection,
+    conn: &Conn<'_>,
     thread_id: &str,
     error: &str,
     now_ms: i64,
-) -> rusqlite::Result<()> {
+) -> crate::store::Result<()> {
     conn.execute(
         "UPDATE sessions SET state = 'queued', container_id = NULL, attempts = attempts + 1, \
          last_error = ?2, updated_at_ms = ?3 WHERE thread_id = ?1",
@@ -180,7 +183,7 @@ pub fn record_failure(
 }
 
 /// Records where the session's worktree is.
-pub fn set_worktree(conn: &Connection, thread_id: &str, worktree: &str) -> rusqlite::Result<()> {
+pub fn set_worktree(conn: &Conn<'_>, thread_id: &str, worktree: &str) -> crate::store::Result<()> {
     conn.execute(
         "UPDATE sessions SET worktree = ?2 WHERE thread_id = ?1",
         params![thread_id, worktree],
@@ -190,7 +193,7 @@ pub fn set_worktree(conn: &Connection, thread_id: &str, worktree: &str) -> rusql
 
 /// Asks the running server to stop a thread's session (`threadgate sessions stop`).
 /// Returns false when the thread has no session.
-pub fn request_stop(conn: &Connection, thread_id: &ThreadId) -> rusqlite::Result<bool> {
+pub fn request_stop(conn: &Conn<'_>, thread_id: &ThreadId) -> crate::store::Result<bool> {
     let changed = conn.execute(
         "UPDATE sessions SET stop_requested = 1 WHERE thread_id = ?1 AND state != 'ended'",
         [thread_id],
@@ -199,7 +202,7 @@ pub fn request_stop(conn: &Connection, thread_id: &ThreadId) -> rusqlite::Result
 }
 
 /// Withdraws a stop request (a customer wrote after the thread's DONE).
-pub fn cancel_stop(conn: &Connection, thread_id: &str) -> rusqlite::Result<()> {
+pub fn cancel_stop(conn: &Conn<'_>, thread_id: &str) -> crate::store::Result<()> {
     conn.execute(
         "UPDATE sessions SET stop_requested = 0 WHERE thread_id = ?1",
         [thread_id],
@@ -208,30 +211,30 @@ pub fn cancel_stop(conn: &Connection, thread_id: &str) -> rusqlite::Result<()> {
 }
 
 /// Threads whose session must stop: an operator asked, or the thread is DONE.
-pub fn stop_requests(conn: &Connection) -> rusqlite::Result<Vec<ThreadId>> {
+pub fn stop_requests(conn: &Conn<'_>) -> crate::store::Result<Vec<ThreadId>> {
     let mut stmt = conn.prepare("SELECT thread_id FROM sessions WHERE stop_requested = 1")?;
-    let rows = stmt.query_map([], |r| r.get(0))?;
+    let rows = stmt.query_map((), |r| r.get(0))?;
     rows.collect()
 }
 
 /// Whether new sessions are paused (webhooks are still stored and acknowledged).
-pub fn paused(conn: &Connection) -> rusqlite::Result<bool> {
+pub fn paused(conn: &Conn<'_>) -> crate::store::Result<bool> {
     Ok(meta::get(conn, meta::PAUSED)?.as_deref() == Some("1"))
 }
 
 /// Sets or lifts the global pause.
-pub fn set_paused(conn: &Connection, paused: bool) -> rusqlite::Result<()> {
+pub fn set_paused(conn: &Conn<'_>, paused: bool) -> crate::store::Result<()> {
     meta::set(conn, meta::PAUSED, if paused { "1" } else { "0" })
 }
 
 /// Records the newest event time applied to a session and who the customer is.
 pub fn note_event(
-    conn: &Connection,
+    conn: &Conn<'_>,
     thread_id: &str,
     occurred_at_ms: i64,
     customer_id: Option<&str>,
     customer_email: Option<&str>,
-) -> rusqlite::Result<()> {
+) -> crate::store::Result<()> {
     conn.execute(
         "UPDATE sessions SET last_event_ms = max(last_event_ms, ?2), \
          customer_id = coalesce(customer_id, ?3), customer_email = coalesce(customer_email, ?4) \
@@ -241,9 +244,9 @@ pub fn note_event(
     Ok(())
 }
 /// How many sessions are in each state (states without one are absent).
-pub fn count_by_state(conn: &Connection) -> rusqlite::Result<Vec<(String, i64)>> {
+pub fn count_by_state(conn: &Conn<'_>) -> crate::store::Result<Vec<(String, i64)>> {
     let mut stmt = conn.prepare("SELECT state, count(*) FROM sessions GROUP BY state")?;
-    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let rows = stmt.query_map((), |r| Ok((r.get(0)?, r.get(1)?)))?;
     rows.collect()
 }
 

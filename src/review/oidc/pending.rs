@@ -3,7 +3,7 @@
 //! after [`TTL_MS`], and capped overall and per client address, so a flood of started
 //! sign-ins neither grows the table without end nor crowds out other addresses.
 
-use rusqlite::{Connection, OptionalExtension as _, params};
+use crate::store::{Conn, OptionalExtension as _, params};
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 
@@ -77,16 +77,16 @@ pub async fn start(
 }
 
 fn insert(
-    c: &Connection,
+    c: &Conn<'_>,
     login: &Started,
     caps: Caps,
     now: i64,
-) -> rusqlite::Result<Result<(), Full>> {
+) -> crate::store::Result<Result<(), Full>> {
     c.execute(
         "DELETE FROM oidc_logins WHERE created_at_ms <= ?1",
         [now - TTL_MS],
     )?;
-    let count = |sql: &str, p: &[&dyn rusqlite::ToSql]| -> rusqlite::Result<usize> {
+    let count = |sql: &str, p: &[&dyn crate::store::ToSql]| -> crate::store::Result<usize> {
         c.query_row(sql, p, |r| r.get::<_, i64>(0))
             .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
     };
@@ -186,7 +186,7 @@ mod tests {
     };
 
     async fn rows(db: &Db) -> i64 {
-        db.read(|c| c.query_row("SELECT count(*) FROM oidc_logins", [], |r| r.get(0)))
+        db.read(|c| c.query_row("SELECT count(*) FROM oidc_logins", (), |r| r.get(0)))
             .await
             .expect("count")
     }

@@ -23,12 +23,12 @@ pub(super) enum Want {
 /// pending event applied (in timestamp order, giving feed positions to those the agent
 /// reads), and says what the supervisor must do.
 pub(super) fn apply_events(
-    conn: &rusqlite::Connection,
+    conn: &crate::store::Conn<'_>,
     thread: &ThreadId,
     default_agent: &str,
     branch: &str,
     now: i64,
-) -> rusqlite::Result<Want> {
+) -> crate::store::Result<Want> {
     let pending = event_store::pending_events(conn, thread)?;
     let mut row = store::get(conn, thread)?;
     let mut want = Want::Nothing;
