@@ -243,6 +243,9 @@ pub struct AuditFilter {
 /// Appends `record` to the chain on `conn`, which must be inside the caller's write
 /// transaction (a [`crate::store::Db::write`] closure). Redacts every text field and the
 /// arguments with `redactor`. Returns the new row's id.
+/// The Postgres advisory lock serialising audit appends ("tgaudit" in ASCII).
+const AUDIT_CHAIN_LOCK: i64 = 0x0074_6761_7564_6974;
+
 pub fn append(
     conn: &Conn<'_>,
     record: &AuditRecord,
@@ -259,6 +262,11 @@ pub fn append(
         }
         None => None,
     };
+    if conn.dialect() == crate::store::Dialect::Postgres {
+        // INVARIANT: one appender at a time reads the head and adds the next row, so
+        // several instances never fork the chain (SQLite's single writer does the same).
+        conn.execute("SELECT pg_advisory_xact_lock(?1)", [AUDIT_CHAIN_LOCK])?;
+    }
     let last: Option<(i64, Vec<u8>)> = cached_query_row(
         conn,
         "SELECT id, hash FROM audit ORDER BY id DESC LIMIT 1",
@@ -315,7 +323,14 @@ pub fn append(
             row.prev_hash,
             row.hash,
         ],
-    )?;
+    )
+    .inspect_err(|e| {
+        // Under the lock a taken id means the snapshot predates another appender's
+        // commit: the whole transaction runs again on a fresh snapshot.
+        if e.is_unique_violation() {
+            conn.retry_later();
+        }
+    })?;
     Ok(id)
 }
 

@@ -512,7 +512,7 @@ pub fn due_notes(
         "SELECT execution_id, thread_id, marker, text, markdown, attempts FROM ( \
            SELECT *, row_number() OVER ( \
              PARTITION BY thread_id ORDER BY next_attempt_ms, execution_id) AS turn \
-           FROM note_outbox WHERE sent_at_ms IS NULL AND next_attempt_ms <= ?1) \
+           FROM note_outbox WHERE sent_at_ms IS NULL AND next_attempt_ms <= ?1) AS due \
          WHERE turn <= ?2 ORDER BY turn, next_attempt_ms, execution_id LIMIT ?3",
     )?;
     let rows = stmt.query_map(params![now_ms, per_thread, limit], |r| {
@@ -526,6 +526,46 @@ pub fn due_notes(
         })
     })?;
     rows.collect()
+}
+
+/// Takes the notes [`due_notes`] names for one drainer until `until_ms`: each one's next
+/// attempt moves there, so another drainer (another instance) does not take it
+/// meanwhile, and one that crashed mid-send leaves it to be taken again after. On
+/// Postgres a note another drainer's transaction holds is skipped (`FOR UPDATE SKIP
+/// LOCKED`); on SQLite the single writer already runs claims one after the other.
+pub fn claim_notes(
+    conn: &Conn<'_>,
+    now_ms: i64,
+    (per_thread, limit): (i64, i64),
+    until_ms: i64,
+) -> crate::store::Result<Vec<OutboxNote>> {
+    let due = due_notes(conn, now_ms, per_thread, limit)?;
+    let check = match conn.dialect() {
+        crate::store::Dialect::Postgres => {
+            "SELECT 1 FROM note_outbox WHERE execution_id = ?1 AND sent_at_ms IS NULL \
+             AND next_attempt_ms <= ?2 FOR UPDATE SKIP LOCKED"
+        }
+        crate::store::Dialect::Sqlite => {
+            "SELECT 1 FROM note_outbox WHERE execution_id = ?1 AND sent_at_ms IS NULL \
+             AND next_attempt_ms <= ?2"
+        }
+    };
+    let mut claimed = Vec::with_capacity(due.len());
+    for note in due {
+        if !conn
+            .prepare_cached(check)?
+            .exists(params![note.execution_id, now_ms])?
+        {
+            continue;
+        }
+        cached_execute(
+            conn,
+            "UPDATE note_outbox SET next_attempt_ms = ?2 WHERE execution_id = ?1",
+            params![note.execution_id, until_ms],
+        )?;
+        claimed.push(note);
+    }
+    Ok(claimed)
 }
 
 /// Records that Plain has the note.

@@ -18,6 +18,9 @@ use crate::store::StoreError;
 
 /// Notes of one thread in one round at most.
 pub const NOTES_PER_THREAD: i64 = 2;
+/// How long a drainer holds the notes it took: another instance takes a note again
+/// only after this (the marker is looked for first, so it is not posted twice).
+const CLAIM_MS: i64 = 120_000;
 /// Notes in one round at most.
 const NOTES_PER_ROUND: i64 = 50;
 
@@ -30,9 +33,10 @@ pub async fn drain(outbox: &Outbox) -> Result<usize, StoreError> {
     };
     let due = || {
         let now = outbox.now();
+        let until = now.saturating_add(CLAIM_MS);
         outbox
             .db
-            .read(move |c| store::due_notes(c, now, NOTES_PER_THREAD, NOTES_PER_ROUND))
+            .write(move |c| store::claim_notes(c, now, (NOTES_PER_THREAD, NOTES_PER_ROUND), until))
     };
     in_rounds(due, |round| send_round(outbox, &helpdesk, round)).await
 }

@@ -29,6 +29,7 @@ use std::thread;
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::oneshot;
 
+pub use pg::redact;
 pub use rusqlite;
 pub(crate) use sql::params;
 pub use sql::{

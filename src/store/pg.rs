@@ -282,7 +282,7 @@ fn connect_error(shown: &str, config: &postgres::Config, e: &postgres::Error) ->
 
 /// `url` with any password replaced by `***`: the userinfo of a URL, a `password=` of
 /// a key/value string or of a URL's query.
-pub(crate) fn redact(url: &str) -> String {
+pub fn redact(url: &str) -> String {
     let mut out = url.to_owned();
     if let Some(scheme_end) = out.find("://") {
         let rest_start = scheme_end + 3;

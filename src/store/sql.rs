@@ -436,6 +436,15 @@ impl<'a> Conn<'a> {
         }
     }
 
+    /// Marks the transaction as having lost a race with another writer (a row it could
+    /// not see under its snapshot refused it): on Postgres it is then run again whatever
+    /// the closure makes of the error. Nothing on SQLite, whose writer is alone.
+    pub fn retry_later(&self) {
+        if let ConnInner::Postgres(pg) = &self.0 {
+            pg.retry.set(true);
+        }
+    }
+
     /// The SQL dialect of the connection.
     pub fn dialect(&self) -> Dialect {
         match self.0 {

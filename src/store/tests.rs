@@ -181,3 +181,59 @@ fn a_schema_newer_than_the_binary_is_refused_by_name_and_left_untouched() {
         Err(StoreError::SchemaNewer { found: -1, .. })
     ));
 }
+
+/// The basics on every backend (Postgres when `THREADGATE_TEST_DATABASE_URL` is set):
+/// a committed write is read back, a failing write leaves nothing, the meta counter
+/// counts, and values of every kind the domain stores come back as they went in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_backend_keeps_the_store_contract() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for backend in testing::each_backend(dir.path()) {
+        let db = backend.open().expect("open");
+        db.write(|c| meta::set(c, "a", "1")).await.expect("write");
+        let failed = db
+            .write(|c| {
+                meta::set(c, "b", "1")?;
+                c.execute("INSERT INTO meta (key, value) VALUES ('a', 'dup')", ())
+            })
+            .await;
+        assert!(failed.is_err(), "{:?}", db.dialect());
+        let b = db.read(|c| meta::get(c, "b")).await.expect("read");
+        assert_eq!(
+            b,
+            None,
+            "the failed write left nothing ({:?})",
+            db.dialect()
+        );
+        for _ in 0..3 {
+            db.write(|c| meta::increment(c, "n"))
+                .await
+                .expect("increment");
+        }
+        let n = db.read(|c| meta::get(c, "n")).await.expect("read");
+        assert_eq!(n.as_deref(), Some("3"), "{:?}", db.dialect());
+        let first = db
+            .write(|c| meta::get_or_insert(c, meta::INSTANCE_ID, "tg-first"))
+            .await
+            .expect("first");
+        let second = db
+            .write(|c| meta::get_or_insert(c, meta::INSTANCE_ID, "tg-second"))
+            .await
+            .expect("second");
+        assert_eq!((first.as_str(), second.as_str()), ("tg-first", "tg-first"));
+        let inline = db.read_inline(|c| meta::get(c, "a")).expect("read inline");
+        assert_eq!(inline.as_deref(), Some("1"));
+        let (count, missing, sum): (i64, Option<String>, i64) = db
+            .read(|c| {
+                c.query_row(
+                    "SELECT count(*), (SELECT value FROM meta WHERE key = ?1), \
+                     coalesce(sum(CAST(value AS BIGINT)), 0) FROM meta WHERE key IN ('a', 'n')",
+                    ["absent"],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
+            })
+            .await
+            .expect("aggregate");
+        assert_eq!((count, missing, sum), (2, None, 4), "{:?}", db.dialect());
+    }
+}

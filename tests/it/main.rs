@@ -27,6 +27,7 @@ mod gateway_e2e;
 mod mcp_e2e;
 mod model_proxy;
 mod ops_cli;
+mod pg_store;
 mod policy_cli;
 mod review_cli;
 mod review_web;
