@@ -528,11 +528,12 @@ pub fn due_notes(
     rows.collect()
 }
 
-/// Takes the notes [`due_notes`] names for one drainer until `until_ms`: each one's next
-/// attempt moves there, so another drainer (another instance) does not take it
-/// meanwhile, and one that crashed mid-send leaves it to be taken again after. On
-/// Postgres a note another drainer's transaction holds is skipped (`FOR UPDATE SKIP
-/// LOCKED`); on SQLite the single writer already runs claims one after the other.
+/// Takes the notes [`due_notes`] names for one drainer. On Postgres, where several
+/// instances drain, each one's next attempt moves to `until_ms`, so another drainer does
+/// not take it meanwhile (a note another drainer's transaction holds is skipped: `FOR
+/// UPDATE SKIP LOCKED`), and one whose drainer crashed mid-send is taken again after
+/// that. On SQLite one process drains and its single writer runs claims one after the
+/// other: the due notes are its own, and one left by a crash is due again at restart.
 pub fn claim_notes(
     conn: &Conn<'_>,
     now_ms: i64,
@@ -540,16 +541,11 @@ pub fn claim_notes(
     until_ms: i64,
 ) -> crate::store::Result<Vec<OutboxNote>> {
     let due = due_notes(conn, now_ms, per_thread, limit)?;
-    let check = match conn.dialect() {
-        crate::store::Dialect::Postgres => {
-            "SELECT 1 FROM note_outbox WHERE execution_id = ?1 AND sent_at_ms IS NULL \
-             AND next_attempt_ms <= ?2 FOR UPDATE SKIP LOCKED"
-        }
-        crate::store::Dialect::Sqlite => {
-            "SELECT 1 FROM note_outbox WHERE execution_id = ?1 AND sent_at_ms IS NULL \
-             AND next_attempt_ms <= ?2"
-        }
-    };
+    if conn.dialect() == crate::store::Dialect::Sqlite {
+        return Ok(due);
+    }
+    let check = "SELECT 1 FROM note_outbox WHERE execution_id = ?1 AND sent_at_ms IS NULL \
+                 AND next_attempt_ms <= ?2 FOR UPDATE SKIP LOCKED";
     let mut claimed = Vec::with_capacity(due.len());
     for note in due {
         if !conn
