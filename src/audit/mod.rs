@@ -256,8 +256,7 @@ pub fn append(
         Some(args) => {
             let mut args = args.clone();
             redactor.redact_json(&mut args);
-            let json =
-                serde_json::to_string(&args).map_err(|e| crate::store::SqlError::other(e))?;
+            let json = serde_json::to_string(&args).map_err(crate::store::SqlError::other)?;
             Some(redactor.redact(&json).into_owned())
         }
         None => None,

@@ -34,7 +34,7 @@ pub fn queue(
     redactor: &Redactor,
 ) -> crate::store::Result<bool> {
     let id = ExecutionId::parse(format!("ex_pull_{repo}_{}", pull.number))
-        .map_err(|e| crate::store::SqlError::other(e))?;
+        .map_err(crate::store::SqlError::other)?;
     if store::get(conn, &id)?.is_some() {
         return Ok(false);
     }

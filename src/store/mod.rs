@@ -134,7 +134,7 @@ pub struct Db {
 
 enum Backend {
     Sqlite(Inner),
-    Postgres(pg::PgStore),
+    Postgres(Box<pg::PgStore>),
 }
 
 struct Inner {
@@ -175,7 +175,7 @@ impl Db {
     pub fn connect(url: &str) -> Result<Db, StoreError> {
         let store = off_runtime(|| pg::PgStore::connect(url))?;
         Ok(Db {
-            inner: Arc::new(Backend::Postgres(store)),
+            inner: Arc::new(Backend::Postgres(Box::new(store))),
         })
     }
 

@@ -611,6 +611,10 @@ enum RowsInner<'s> {
 
 impl Rows<'_> {
     /// The next row, or `None` after the last.
+    #[expect(
+        clippy::should_implement_trait,
+        reason = "a row borrows the rows it came from: a lending iterator, as rusqlite's"
+    )]
     pub fn next(&mut self) -> Result<Option<Row<'_>>> {
         match &mut self.0 {
             RowsInner::Sqlite(rows) => Ok(rows.next()?.map(|r| Row(RowInner::Sqlite(r)))),

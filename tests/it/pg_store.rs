@@ -57,7 +57,11 @@ fn execution(id: &str, status: Status) -> Execution {
 }
 
 fn handle(i: usize, a: &Db, b: &Db) -> Db {
-    if i % 2 == 0 { a.clone() } else { b.clone() }
+    if i.is_multiple_of(2) {
+        a.clone()
+    } else {
+        b.clone()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
