@@ -32,7 +32,7 @@ pub fn touch(conn: &Conn<'_>, thread_id: &str, now_ms: i64) -> crate::store::Res
     cached_execute(
         conn,
         "INSERT INTO thread_label_state (thread_id, next_attempt_ms) VALUES (?1, ?2) \
-         ON CONFLICT (thread_id) DO UPDATE SET version = version + 1, attempts = 0, \
+         ON CONFLICT (thread_id) DO UPDATE SET version = thread_label_state.version + 1, attempts = 0, \
          next_attempt_ms = ?2",
         params![thread_id, now_ms],
     )?;
@@ -103,7 +103,8 @@ pub fn due(conn: &Conn<'_>, now_ms: i64, limit: i64) -> crate::store::Result<Vec
 pub fn synced(conn: &Conn<'_>, thread_id: &str, version: i64) -> crate::store::Result<()> {
     cached_execute(
         conn,
-        "UPDATE thread_label_state SET synced_version = max(synced_version, ?2), \
+        "UPDATE thread_label_state SET synced_version = \
+         CASE WHEN synced_version > ?2 THEN synced_version ELSE ?2 END, \
          last_error = NULL WHERE thread_id = ?1",
         params![thread_id, version],
     )?;

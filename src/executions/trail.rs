@@ -205,7 +205,7 @@ pub fn due(
              row_number() OVER (PARTITION BY thread_id ORDER BY seq) AS turn, \
              max(next_attempt_ms) OVER (PARTITION BY thread_id ORDER BY seq \
                ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS ready_at \
-           FROM thread_event_outbox WHERE sent_at_ms IS NULL) \
+           FROM thread_event_outbox WHERE sent_at_ms IS NULL) AS pending \
          WHERE turn <= ?2 AND ready_at <= ?1 ORDER BY turn, seq LIMIT ?3",
     )?;
     let rows = stmt.query_map(params![now_ms, per_thread, limit], |r| {

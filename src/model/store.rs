@@ -52,7 +52,7 @@ pub fn thread_cost(
 pub fn add_turn(conn: &Conn<'_>, session_id: &str, thread_id: &str) -> crate::store::Result<()> {
     conn.execute(
         "INSERT INTO model_usage (session_id, thread_id, turns_used) VALUES (?1, ?2, 1) \
-         ON CONFLICT (session_id) DO UPDATE SET turns_used = turns_used + 1",
+         ON CONFLICT (session_id) DO UPDATE SET turns_used = model_usage.turns_used + 1",
         params![session_id, thread_id],
     )?;
     Ok(())

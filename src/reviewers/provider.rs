@@ -46,7 +46,7 @@ fn find_or_make(
     // beside the password reviewer `alice` in decisions and the audit.
     let taken_by_another: Option<i64> = c
         .query_row(
-            "SELECT id FROM reviewers WHERE name = ?1 COLLATE NOCASE \
+            "SELECT id FROM reviewers WHERE lower(name) = lower(?1) \
              AND (oidc_subject IS NULL OR oidc_subject != ?2)",
             params![name, subject],
             |row| row.get(0),

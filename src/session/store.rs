@@ -235,10 +235,21 @@ pub fn note_event(
     customer_id: Option<&str>,
     customer_email: Option<&str>,
 ) -> crate::store::Result<()> {
+    // The larger of two values is `max(a, b)` in SQLite and `greatest(a, b)` in Postgres.
+    let sql = match conn.dialect() {
+        crate::store::Dialect::Sqlite => {
+            "UPDATE sessions SET last_event_ms = max(last_event_ms, ?2), \
+             customer_id = coalesce(customer_id, ?3), customer_email = coalesce(customer_email, ?4) \
+             WHERE thread_id = ?1"
+        }
+        crate::store::Dialect::Postgres => {
+            "UPDATE sessions SET last_event_ms = greatest(last_event_ms, ?2), \
+             customer_id = coalesce(customer_id, ?3), customer_email = coalesce(customer_email, ?4) \
+             WHERE thread_id = ?1"
+        }
+    };
     conn.execute(
-        "UPDATE sessions SET last_event_ms = max(last_event_ms, ?2), \
-         customer_id = coalesce(customer_id, ?3), customer_email = coalesce(customer_email, ?4) \
-         WHERE thread_id = ?1",
+        sql,
         params![thread_id, occurred_at_ms, customer_id, customer_email],
     )?;
     Ok(())
