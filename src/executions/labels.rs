@@ -51,7 +51,7 @@ pub fn set_working(
     cached_execute(
         conn,
         "UPDATE thread_label_state SET agent_working = ?2, \
-         handed_to_person = CASE WHEN ?2 THEN 0 ELSE handed_to_person END WHERE thread_id = ?1",
+         handed_to_person = CASE WHEN ?2 <> 0 THEN 0 ELSE handed_to_person END WHERE thread_id = ?1",
         params![thread_id, working],
     )?;
     Ok(())

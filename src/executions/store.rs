@@ -227,7 +227,8 @@ pub fn held_page(
     offset: i64,
 ) -> crate::store::Result<(Vec<Execution>, i64)> {
     const WHERE: &str = "status = 'held' AND (expires_at_ms IS NULL OR expires_at_ms > ?1) \
-        AND (?2 IS NULL OR thread_id = ?2) AND (?3 IS NULL OR tool = ?3) \
+        AND (CAST(?2 AS TEXT) IS NULL OR thread_id = ?2) \
+        AND (CAST(?3 AS TEXT) IS NULL OR tool = ?3) \
         AND created_at_ms <= ?4";
     let born_by = now.saturating_sub(filter.min_age_ms);
     let order = if filter.newest_first {
