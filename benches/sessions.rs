@@ -313,7 +313,7 @@ async fn check_burst(world: &DockerWorld, app: &TestApp, threads: &[String], max
                 "SELECT thread_id, count(*), count(thread_pos) FROM events \
                  WHERE class = 'customer' GROUP BY thread_id",
             )?;
-            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+            let rows = stmt.query_map((), |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
             rows.collect()
         })
         .await

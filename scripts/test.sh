@@ -2,8 +2,10 @@
 # Runs threadgate's whole test suite on this machine, installing and starting what the
 # tests need first: a Docker engine, the sandbox image, the localstripe venv, and
 # ripgrep (the agent runner's code search, tested on the host), and
-# headless Chromium with chromedriver (the review page's browser tests), and npm's
-# oidc-provider (the review page's single sign-on tests).
+# headless Chromium with chromedriver (the review page's browser tests), npm's
+# oidc-provider (the review page's single sign-on tests), and a PostgreSQL server (the
+# store's tests on Postgres: THREADGATE_TEST_DATABASE_URL, each test makes its own
+# database on it).
 #
 # Docker is required here (THREADGATE_REQUIRE_DOCKER=1): a Docker test that cannot run
 # fails instead of skipping, as it may under a bare `cargo test`. Prints the suite's wall
@@ -34,6 +36,8 @@ if [ ! -d .oidc-provider/node_modules/oidc-provider ]; then
 fi
 export OIDC_PROVIDER_DIR="$PWD/.oidc-provider"
 export THREADGATE_REQUIRE_DOCKER=1
+THREADGATE_TEST_DATABASE_URL="$(scripts/postgres-up.sh)"
+export THREADGATE_TEST_DATABASE_URL
 started=$(date +%s)
 status=0
 results=$(mktemp)

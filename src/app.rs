@@ -95,7 +95,7 @@ pub fn open_db(settings: &Settings) -> anyhow::Result<Db> {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(&settings.data_dir, std::fs::Permissions::from_mode(0o700))
         .with_context(|| format!("cannot restrict {}", settings.data_dir.display()))?;
-    Ok(Db::open(&settings.database_path())?)
+    Ok(settings.open_store()?)
 }
 
 /// Loads and compiles the policy file; errors carry file:line:column.

@@ -288,7 +288,7 @@ mod tests {
             r.db.read(|c| {
                 c.query_row(
                     "SELECT value FROM meta WHERE key = 'ready_probe_ms'",
-                    [],
+                    (),
                     |row| row.get(0),
                 )
             })

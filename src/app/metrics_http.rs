@@ -24,7 +24,7 @@ struct Stored {
 /// The session states the `sessions` gauge always reports (0 when none).
 const SESSION_STATES: [&str; 5] = ["queued", "starting", "running", "idle", "ended"];
 
-fn read_stored(c: &rusqlite::Connection) -> rusqlite::Result<Stored> {
+fn read_stored(c: &crate::store::Conn<'_>) -> crate::store::Result<Stored> {
     let (held, oldest_held_ms) = crate::executions::store::held_summary(c)?;
     Ok(Stored {
         sessions: crate::session::store::count_by_state(c)?,

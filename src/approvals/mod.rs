@@ -274,10 +274,10 @@ struct Asked {
 /// Records a decision on a held call with its audit step: a compare-and-set from
 /// `held`, so of two reviewers one wins; an expired hold becomes `expired` instead.
 fn record_decision(
-    conn: &rusqlite::Connection,
+    conn: &crate::store::Conn<'_>,
     redactor: &Redactor,
     asked: &Asked,
-) -> rusqlite::Result<Recorded> {
+) -> crate::store::Result<Recorded> {
     let Some(exec) = store::get(conn, &asked.id)? else {
         return Ok(Recorded::Missing);
     };
@@ -309,10 +309,10 @@ fn record_decision(
 /// the caller's write transaction. A compare-and-set from `held`: whether this call
 /// moved it (an expiry recorded meanwhile is not recorded twice).
 fn expire_held(
-    conn: &rusqlite::Connection,
+    conn: &crate::store::Conn<'_>,
     redactor: &Redactor,
     exec: &Execution,
-) -> rusqlite::Result<bool> {
+) -> crate::store::Result<bool> {
     if !store::transition(conn, &exec.id, Status::Held, Status::Expired)? {
         return Ok(false);
     }
@@ -326,13 +326,13 @@ fn expire_held(
 /// the current policy: `(exec, true)` to run it, `(exec, false)` when a `block` now
 /// wins, `None` when it is not (or no longer) approved.
 fn claim(
-    conn: &rusqlite::Connection,
+    conn: &crate::store::Conn<'_>,
     loaded: &LoadedPolicy,
     catalog: &crate::policy::Catalog,
     redactor: &Redactor,
     id: &str,
     now: i64,
-) -> rusqlite::Result<Option<(Execution, bool)>> {
+) -> crate::store::Result<Option<(Execution, bool)>> {
     let Some(exec) = store::get(conn, id)? else {
         return Ok(None);
     };

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::Connection;
+use crate::store::Conn;
 use serde_json::Value;
 
 use super::{Approvals, DecideError};
@@ -191,12 +191,12 @@ struct Ask {
 /// whose ttl has passed is moved to `expired` here, with its audit step, as a plain
 /// decision does.
 fn recheck(
-    conn: &Connection,
+    conn: &Conn<'_>,
     loaded: &LoadedPolicy,
     catalog: &Catalog,
     redactor: &Redactor,
     ask: &Ask,
-) -> rusqlite::Result<Result<(store::Execution, Value, Value), Outcome>> {
+) -> crate::store::Result<Result<(store::Execution, Value, Value), Outcome>> {
     let Some(found) = store::get(conn, &ask.id)? else {
         return Ok(Err(Outcome::Other(DecideError::NotFound(ask.id.clone()))));
     };
@@ -229,14 +229,14 @@ fn recheck(
 /// Freezes the narrowed arguments under their new binding and records the approval
 /// with its audit step; a call decided meanwhile is left alone.
 fn record(
-    conn: &Connection,
+    conn: &Conn<'_>,
     loaded: &LoadedPolicy,
     redactor: &Redactor,
     ask: &Ask,
     held: store::Execution,
     args: &Value,
     narrowed: &Value,
-) -> rusqlite::Result<Outcome> {
+) -> crate::store::Result<Outcome> {
     let canonical = executions::canonical_args(narrowed);
     let binding = binding_hash(&held.tool, &canonical, &held.account, &held.session_id);
     let note = describe(args, &ask.lower);

@@ -13,7 +13,7 @@ use std::io::Write as _;
 use std::path::Path;
 use std::str::FromStr;
 
-use rusqlite::{Connection, OptionalExtension as _};
+use crate::store::{Conn, OptionalExtension as _};
 
 use super::AuditError;
 
@@ -83,11 +83,11 @@ impl FromStr for Anchor {
 }
 
 /// The current head: the last row's id and hash (an empty chain is `0…0:0`).
-pub fn head(conn: &Connection) -> Result<Anchor, AuditError> {
+pub fn head(conn: &Conn<'_>) -> Result<Anchor, AuditError> {
     let last: Option<(i64, Vec<u8>)> = conn
         .query_row(
             "SELECT id, hash FROM audit ORDER BY id DESC LIMIT 1",
-            [],
+            (),
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .optional()?;
@@ -107,7 +107,7 @@ pub fn head(conn: &Connection) -> Result<Anchor, AuditError> {
 /// Checks that the chain still holds row `anchor.count` with `anchor.hash` (so nothing
 /// at or before the anchor was deleted or rewritten). Cheap: one row is read. Combine
 /// with [`super::verify`], which checks that every row links to the one before.
-pub fn extends(conn: &Connection, anchor: &Anchor) -> Result<(), AnchorError> {
+pub fn extends(conn: &Conn<'_>, anchor: &Anchor) -> Result<(), AnchorError> {
     if anchor.count == 0 {
         return Ok(());
     }
@@ -171,7 +171,7 @@ pub fn write_file(path: &Path, anchor: &Anchor) -> Result<(), AnchorError> {
 /// Checks the chain against the anchor file (when there is one) and then advances the
 /// file to the current head. Returns the head. On a divergence the file is left as it
 /// was.
-pub fn check_and_advance(conn: &Connection, path: &Path) -> Result<Anchor, AnchorError> {
+pub fn check_and_advance(conn: &Conn<'_>, path: &Path) -> Result<Anchor, AnchorError> {
     if let Some(kept) = read_file(path)? {
         extends(conn, &kept)?;
     }

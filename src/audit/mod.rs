@@ -16,7 +16,7 @@ pub mod anchor;
 mod chain;
 mod table;
 
-use rusqlite::{Connection, OptionalExtension as _, Row, params};
+use crate::store::{Conn, OptionalExtension as _, Row, params};
 use serde_json::Value;
 
 pub use anchor::{Anchor, AnchorError};
@@ -220,7 +220,7 @@ pub enum AuditError {
     },
     /// The database failed.
     #[error("cannot read the audit log: {0}")]
-    Sql(#[from] rusqlite::Error),
+    Sql(#[from] crate::store::SqlError),
 }
 
 /// Which rows [`query`] returns; empty fields do not filter.
@@ -243,26 +243,33 @@ pub struct AuditFilter {
 /// Appends `record` to the chain on `conn`, which must be inside the caller's write
 /// transaction (a [`crate::store::Db::write`] closure). Redacts every text field and the
 /// arguments with `redactor`. Returns the new row's id.
+/// The Postgres advisory lock serialising audit appends ("tgaudit" in ASCII).
+const AUDIT_CHAIN_LOCK: i64 = 0x0074_6761_7564_6974;
+
 pub fn append(
-    conn: &Connection,
+    conn: &Conn<'_>,
     record: &AuditRecord,
     redactor: &Redactor,
-) -> rusqlite::Result<i64> {
+) -> crate::store::Result<i64> {
     let text = |field: &Option<String>| field.as_deref().map(|t| redactor.redact(t).into_owned());
     let args_redacted = match &record.args {
         Some(args) => {
             let mut args = args.clone();
             redactor.redact_json(&mut args);
-            let json = serde_json::to_string(&args)
-                .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+            let json = serde_json::to_string(&args).map_err(crate::store::SqlError::other)?;
             Some(redactor.redact(&json).into_owned())
         }
         None => None,
     };
+    if conn.dialect() == crate::store::Dialect::Postgres {
+        // INVARIANT: one appender at a time reads the head and adds the next row, so
+        // several instances never fork the chain (SQLite's single writer does the same).
+        conn.execute("SELECT pg_advisory_xact_lock(?1)", [AUDIT_CHAIN_LOCK])?;
+    }
     let last: Option<(i64, Vec<u8>)> = cached_query_row(
         conn,
         "SELECT id, hash FROM audit ORDER BY id DESC LIMIT 1",
-        [],
+        (),
         |r| Ok((r.get(0)?, r.get(1)?)),
     )
     .optional()?;
@@ -315,21 +322,28 @@ pub fn append(
             row.prev_hash,
             row.hash,
         ],
-    )?;
+    )
+    .inspect_err(|e| {
+        // Under the lock a taken id means the snapshot predates another appender's
+        // commit: the whole transaction runs again on a fresh snapshot.
+        if e.is_unique_violation() {
+            conn.retry_later();
+        }
+    })?;
     Ok(id)
 }
 
 /// Checks the whole chain: ids without gaps from 1, each `prev_hash` equal to the
 /// previous row's hash, each hash equal to the recomputed one. Returns the number of
 /// rows.
-pub fn verify(conn: &Connection) -> Result<usize, AuditError> {
+pub fn verify(conn: &Conn<'_>) -> Result<usize, AuditError> {
     let mut stmt = conn.prepare(&format!("SELECT {COLUMNS} FROM audit ORDER BY id"))?;
-    let mut rows = stmt.query([])?;
+    let mut rows = stmt.query(())?;
     let mut expected_prev = chain::GENESIS.to_vec();
     let mut expected_id = 1;
     let mut count = 0;
     while let Some(r) = rows.next()? {
-        let row = read_row(r)?;
+        let row = read_row(&r)?;
         let broken = |reason: String| AuditError::Broken { id: row.id, reason };
         if row.id != expected_id {
             return Err(broken(format!("expected row {expected_id} before it")));
@@ -350,7 +364,7 @@ pub fn verify(conn: &Connection) -> Result<usize, AuditError> {
 }
 
 /// The rows matching `filter`, oldest first.
-pub fn query(conn: &Connection, filter: &AuditFilter) -> rusqlite::Result<Vec<AuditRecordRow>> {
+pub fn query(conn: &Conn<'_>, filter: &AuditFilter) -> crate::store::Result<Vec<AuditRecordRow>> {
     let mut clauses = Vec::new();
     let mut values: Vec<String> = Vec::new();
     let conditions = [
@@ -375,8 +389,12 @@ pub fn query(conn: &Connection, filter: &AuditFilter) -> rusqlite::Result<Vec<Au
     if let Some(limit) = filter.limit {
         sql.push_str(&format!(" LIMIT {limit}"));
     }
-    let mut stmt = conn.prepare(&format!("SELECT * FROM ({sql}) ORDER BY id"))?;
-    let rows = stmt.query_map(rusqlite::params_from_iter(values), read_row)?;
+    let mut stmt = conn.prepare(&format!("SELECT * FROM ({sql}) AS page ORDER BY id"))?;
+    let params: Vec<&dyn crate::store::ToSql> = values
+        .iter()
+        .map(|v| v as &dyn crate::store::ToSql)
+        .collect();
+    let rows = stmt.query_map(params, read_row)?;
     rows.collect()
 }
 
@@ -384,7 +402,7 @@ pub fn query(conn: &Connection, filter: &AuditFilter) -> rusqlite::Result<Vec<Au
 const COLUMNS: &str = "id, at_ms, execution_id, event, session_id, thread_id, agent, tool, \
      args_redacted, decision, rule, policy_hash, reviewer, outcome, duration_ms, prev_hash, hash";
 
-fn read_row(r: &Row<'_>) -> rusqlite::Result<AuditRecordRow> {
+fn read_row(r: &Row<'_>) -> crate::store::Result<AuditRecordRow> {
     Ok(AuditRecordRow {
         id: r.get(0)?,
         at_ms: r.get(1)?,

@@ -47,6 +47,9 @@ pub enum Command {
     Reviewers(ops::ReviewersCommand),
     /// Print or verify the audit log.
     Audit(ops::AuditArgs),
+    /// Apply the database migrations (SQLite in the data directory, or `[store] url`'s
+    /// Postgres) and exit; `serve` applies them at start as well.
+    Migrate,
     /// Run the scripted model server (not a real model) for the demo and tests.
     ScriptedModel(agents::ScriptedModelArgs),
     /// Run as the relay beside an agent in a pod: its unix socket, carried to the
@@ -66,6 +69,7 @@ pub fn run() -> ExitCode {
         Command::Secrets(cmd) => ops::secrets(&cli.config, &cmd),
         Command::Reviewers(cmd) => ops::reviewers(&cli.config, &cmd),
         Command::Audit(args) => ops::audit(&cli.config, &args),
+        Command::Migrate => ops::migrate(&cli.config),
         Command::ScriptedModel(args) => agents::scripted_model(&args),
         Command::Relay(args) => relay::relay(args),
     }

@@ -149,6 +149,17 @@ fn open(config: &ConfigArgs) -> anyhow::Result<(Settings, Db)> {
     Ok((settings, db))
 }
 
+/// `threadgate migrate`: applies pending migrations (opening the store does) and says
+/// where.
+pub(super) fn migrate(config: &ConfigArgs) -> ExitCode {
+    finish((|| {
+        let settings = Settings::load(config.config.as_deref())?;
+        let db = app::open_db(&settings)?;
+        println!("the database at {} is up to date", db.location());
+        Ok(())
+    })())
+}
+
 /// `threadgate serve`: runs until SIGINT or SIGTERM.
 pub(super) fn serve(config: &ConfigArgs) -> ExitCode {
     finish((|| {

@@ -39,6 +39,7 @@ pub(super) const ALIASES: &[(&str, &str)] = &[
     ("THREADGATE_METRICS_LISTEN", "telemetry.metrics_listen"),
     ("THREADGATE_OTLP_ENDPOINT", "telemetry.otlp_endpoint"),
     ("THREADGATE_MAX_LIVE_SESSIONS", "sessions.max_live"),
+    ("THREADGATE_DATABASE_URL", "store.url"),
 ];
 
 /// A key whose value `off` also leaves it unset, as it always has.

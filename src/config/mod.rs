@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 pub use self::error::{ConfigError, Origin};
 pub use self::provider::ProviderSettings;
 pub use self::sections::{
-    PlainSettings, RepoSettings, SandboxSettings, ServerSettings, TelemetrySettings,
+    PlainSettings, RepoSettings, SandboxSettings, ServerSettings, StoreSettings, TelemetrySettings,
 };
 use crate::secrets::SecretString;
 pub use crate::session::SessionSettings;
@@ -93,6 +93,8 @@ pub struct Settings {
     /// MCP on the session socket (`[mcp]`).
     pub mcp: crate::mcp::McpSettings,
     pub server: ServerSettings,
+    /// Where the state lives (`[store]`): SQLite in `data_dir`, or a shared Postgres.
+    pub store: StoreSettings,
     /// Metrics, readiness and trace export (`[telemetry]`).
     pub telemetry: TelemetrySettings,
     /// The review page (`[review]`; `[review.oidc]`: sign-in through an OpenID provider).
@@ -125,6 +127,7 @@ impl Default for Settings {
             model: crate::model::ModelSettings::default(),
             mcp: crate::mcp::McpSettings::default(),
             server: ServerSettings::default(),
+            store: StoreSettings::default(),
             telemetry: TelemetrySettings::default(),
             review: Default::default(),
             relay: crate::relay::RelaySettings::default(),
@@ -153,8 +156,8 @@ impl Settings {
         }
     }
 
-    /// The SQLite database file: `database_file` when set, else `threadgate.db` in
-    /// `data_dir`.
+    /// The SQLite database file (used when `[store] url` is empty): `database_file` when
+    /// set, else `threadgate.db` in `data_dir`.
     pub fn database_path(&self) -> PathBuf {
         if self.database_file.as_os_str().is_empty() {
             self.data_dir.join("threadgate.db")
@@ -166,6 +169,11 @@ impl Settings {
     /// The file keeping this data directory's generated instance id.
     pub fn instance_id_path(&self) -> PathBuf {
         self.data_dir.join("instance_id")
+    }
+
+    /// Opens the configured store: Postgres at `[store] url`, else the SQLite file.
+    pub fn open_store(&self) -> Result<crate::store::Db, crate::store::StoreError> {
+        crate::store::Db::open_configured(self.store.postgres_url(), &self.database_path())
     }
 
     /// Where session worktrees are checked out.

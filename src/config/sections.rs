@@ -1,5 +1,5 @@
 //! The sections of the settings that belong to no other module: `[plain]`, `[repo]`,
-//! `[sandbox]`, `[server]` and `[telemetry]`, each with the defaults a fresh machine
+//! `[sandbox]`, `[server]`, `[store]` and `[telemetry]`, each with the defaults a fresh machine
 //! runs on. Durations are written as `30m`, `4h`, `300s` (`humantime_serde`).
 
 use std::net::SocketAddr;
@@ -181,5 +181,30 @@ impl Default for SandboxSettings {
             secrets_root: PathBuf::from("/dev/shm/threadgate"),
             kubernetes: crate::sandbox::k8s::KubernetesSettings::default(),
         }
+    }
+}
+
+/// Where the state lives (`[store]`).
+#[derive(Clone, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSettings {
+    /// A Postgres URL (`postgres://user:password@host:port/database`) shared by several
+    /// instances. Empty (the default): SQLite, `threadgate.db` in `data_dir`. Shown only
+    /// without its password.
+    pub url: String,
+}
+
+impl StoreSettings {
+    /// The Postgres URL, when one is set.
+    pub fn postgres_url(&self) -> Option<&str> {
+        Some(self.url.trim()).filter(|u| !u.is_empty())
+    }
+}
+
+impl std::fmt::Debug for StoreSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreSettings")
+            .field("url", &crate::store::redact(&self.url))
+            .finish()
     }
 }

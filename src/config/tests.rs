@@ -608,3 +608,28 @@ fn the_kubernetes_configmap_holds_a_valid_settings_file() {
         Some("gvisor")
     );
 }
+
+/// `[store] url` selects Postgres, from the file, `THREADGATE_STORE__URL` or
+/// `THREADGATE_DATABASE_URL`; unset it is SQLite; the settings' Debug never shows the
+/// URL's password.
+#[test]
+fn the_store_url_is_read_from_the_file_or_the_environment_and_never_printed_whole() {
+    let url = "postgres://tg:fake_key_pw@db.test:5432/tg";
+    assert_eq!(
+        load(None, &[]).expect("defaults").store.postgres_url(),
+        None
+    );
+    let file = format!("[store]\nurl = {url:?}\n");
+    let from_file = load(Some(&file), &[]).expect("file");
+    assert_eq!(from_file.store.postgres_url(), Some(url));
+    for name in ["THREADGATE_DATABASE_URL", "THREADGATE_STORE__URL"] {
+        let s = load(None, &[(name, url)]).expect("env");
+        assert_eq!(s.store.postgres_url(), Some(url), "{name}");
+        let shown = format!("{s:?}");
+        assert!(!shown.contains("fake_key_pw"), "{shown}");
+        assert!(
+            shown.contains("postgres://tg:***@db.test:5432/tg"),
+            "{shown}"
+        );
+    }
+}

@@ -1,7 +1,7 @@
 //! The audit rows of executions, written inside the same transaction as the state
 //! change they describe.
 
-use rusqlite::Connection;
+use crate::store::Conn;
 
 use super::frozen::redact_args;
 use super::store::Execution;
@@ -14,11 +14,11 @@ use crate::session::SessionScope;
 /// from the one that decided the call) completed with the execution's fields; its
 /// arguments pass through [`redact_args`].
 pub fn record(
-    conn: &Connection,
+    conn: &Conn<'_>,
     redactor: &Redactor,
     exec: &Execution,
     step: AuditRecord,
-) -> rusqlite::Result<()> {
+) -> crate::store::Result<()> {
     let args: serde_json::Value = serde_json::from_str(&exec.args).unwrap_or_default();
     let rule = match exec.rule_line {
         Some(line) => format!("{} (line {line})", exec.because),
@@ -43,14 +43,14 @@ pub fn record(
 /// Appends a call refused before any decision (out of scope, a secret in the
 /// arguments). The arguments are not recorded.
 pub fn refusal(
-    conn: &Connection,
+    conn: &Conn<'_>,
     redactor: &Redactor,
     scope: &SessionScope,
     tool: &str,
     reason: &str,
     policy_hash: &str,
     now_ms: i64,
-) -> rusqlite::Result<()> {
+) -> crate::store::Result<()> {
     let rec = AuditRecord {
         at_ms: now_ms,
         session_id: Some(scope.session_id.to_string()),
@@ -99,7 +99,7 @@ mod tests {
     async fn recorded(step: AuditRecord) -> audit::AuditRecordRow {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Db::open(&dir.path().join("a.db")).expect("open");
-        db.write(move |c| record(c, &Redactor::empty(), &execution(), step))
+        db.write(move |c| record(c, &Redactor::empty(), &execution(), step.clone()))
             .await
             .expect("record");
         let rows = db

@@ -5,7 +5,7 @@
 //! it; the outbox (`notes::label_outbox`) makes Plain match. What is stored is the
 //! wanted state, not the steps to it, so a sync repeated after a crash does no harm.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::store::{Conn, OptionalExtension, params};
 
 use crate::store::cached_execute;
 
@@ -28,11 +28,11 @@ pub struct LabelSync {
 }
 
 /// Marks `thread` for a sync (a held call was held, decided or expired).
-pub fn touch(conn: &Connection, thread_id: &str, now_ms: i64) -> rusqlite::Result<()> {
+pub fn touch(conn: &Conn<'_>, thread_id: &str, now_ms: i64) -> crate::store::Result<()> {
     cached_execute(
         conn,
         "INSERT INTO thread_label_state (thread_id, next_attempt_ms) VALUES (?1, ?2) \
-         ON CONFLICT (thread_id) DO UPDATE SET version = version + 1, attempts = 0, \
+         ON CONFLICT (thread_id) DO UPDATE SET version = thread_label_state.version + 1, attempts = 0, \
          next_attempt_ms = ?2",
         params![thread_id, now_ms],
     )?;
@@ -42,16 +42,16 @@ pub fn touch(conn: &Connection, thread_id: &str, now_ms: i64) -> rusqlite::Resul
 /// Records whether the thread's session runs. A session that runs again is the
 /// agent's again: the thread is no longer shown as handed to a person.
 pub fn set_working(
-    conn: &Connection,
+    conn: &Conn<'_>,
     thread_id: &str,
     working: bool,
     now_ms: i64,
-) -> rusqlite::Result<()> {
+) -> crate::store::Result<()> {
     touch(conn, thread_id, now_ms)?;
     cached_execute(
         conn,
         "UPDATE thread_label_state SET agent_working = ?2, \
-         handed_to_person = CASE WHEN ?2 THEN 0 ELSE handed_to_person END WHERE thread_id = ?1",
+         handed_to_person = CASE WHEN ?2 <> 0 THEN 0 ELSE handed_to_person END WHERE thread_id = ?1",
         params![thread_id, working],
     )?;
     Ok(())
@@ -59,10 +59,10 @@ pub fn set_working(
 
 /// Records that the thread's session stopped on its own: a person takes over.
 pub fn set_handed_to_person(
-    conn: &Connection,
+    conn: &Conn<'_>,
     thread_id: &str,
     now_ms: i64,
-) -> rusqlite::Result<()> {
+) -> crate::store::Result<()> {
     touch(conn, thread_id, now_ms)?;
     cached_execute(
         conn,
@@ -74,7 +74,7 @@ pub fn set_handed_to_person(
 }
 
 /// Threads whose labels wait for a sync and are due, `limit` at most.
-pub fn due(conn: &Connection, now_ms: i64, limit: i64) -> rusqlite::Result<Vec<LabelSync>> {
+pub fn due(conn: &Conn<'_>, now_ms: i64, limit: i64) -> crate::store::Result<Vec<LabelSync>> {
     let mut stmt = conn.prepare_cached(
         "SELECT s.thread_id, s.agent_working, s.handed_to_person, s.version, s.attempts, \
            EXISTS (SELECT 1 FROM executions e WHERE e.thread_id = s.thread_id \
@@ -100,10 +100,11 @@ pub fn due(conn: &Connection, now_ms: i64, limit: i64) -> rusqlite::Result<Vec<L
 }
 
 /// Records that Plain carries the labels of `version` (a later change stays due).
-pub fn synced(conn: &Connection, thread_id: &str, version: i64) -> rusqlite::Result<()> {
+pub fn synced(conn: &Conn<'_>, thread_id: &str, version: i64) -> crate::store::Result<()> {
     cached_execute(
         conn,
-        "UPDATE thread_label_state SET synced_version = max(synced_version, ?2), \
+        "UPDATE thread_label_state SET synced_version = \
+         CASE WHEN synced_version > ?2 THEN synced_version ELSE ?2 END, \
          last_error = NULL WHERE thread_id = ?1",
         params![thread_id, version],
     )?;
@@ -112,11 +113,11 @@ pub fn synced(conn: &Connection, thread_id: &str, version: i64) -> rusqlite::Res
 
 /// Records a failed sync and when to try again.
 pub fn sync_failed(
-    conn: &Connection,
+    conn: &Conn<'_>,
     thread_id: &str,
     error: &str,
     next_attempt_ms: i64,
-) -> rusqlite::Result<()> {
+) -> crate::store::Result<()> {
     cached_execute(
         conn,
         "UPDATE thread_label_state SET last_error = ?2, next_attempt_ms = ?3, \
@@ -127,7 +128,7 @@ pub fn sync_failed(
 }
 
 /// The last sync error of `thread`, if any (for operators and tests).
-pub fn last_error(conn: &Connection, thread_id: &str) -> rusqlite::Result<Option<String>> {
+pub fn last_error(conn: &Conn<'_>, thread_id: &str) -> crate::store::Result<Option<String>> {
     conn.query_row(
         "SELECT last_error FROM thread_label_state WHERE thread_id = ?1",
         [thread_id],

@@ -1,7 +1,7 @@
 //! The executions table, cumulative-limit charges and the note outbox: every query
 //! the gateway and the approvals service run.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::store::{Conn, OptionalExtension, params};
 use serde::Serialize;
 
 use crate::ids::{ExecutionId, SessionId, ThreadId};
@@ -117,7 +117,7 @@ const COLUMNS: &str = "id, session_id, thread_id, agent, tool, args, account, bi
     reviewer, decision_message, decided_at_ms, result, error, attempts, created_at_ms, \
     finished_at_ms";
 
-fn row_to_execution(r: &rusqlite::Row<'_>) -> rusqlite::Result<Execution> {
+fn row_to_execution(r: &crate::store::Row<'_>) -> crate::store::Result<Execution> {
     Ok(Execution {
         id: r.get(0)?,
         session_id: r.get(1)?,
@@ -147,7 +147,7 @@ fn row_to_execution(r: &rusqlite::Row<'_>) -> rusqlite::Result<Execution> {
 }
 
 /// Records a new execution.
-pub fn insert(conn: &Connection, e: &Execution) -> rusqlite::Result<()> {
+pub fn insert(conn: &Conn<'_>, e: &Execution) -> crate::store::Result<()> {
     cached_execute(
         conn,
         &format!(
@@ -185,7 +185,7 @@ pub fn insert(conn: &Connection, e: &Execution) -> rusqlite::Result<()> {
 }
 
 /// The execution with `id`.
-pub fn get(conn: &Connection, id: &str) -> rusqlite::Result<Option<Execution>> {
+pub fn get(conn: &Conn<'_>, id: &str) -> crate::store::Result<Option<Execution>> {
     cached_query_row(
         conn,
         &format!("SELECT {COLUMNS} FROM executions WHERE id = ?1"),
@@ -196,7 +196,7 @@ pub fn get(conn: &Connection, id: &str) -> rusqlite::Result<Option<Execution>> {
 }
 
 /// Executions in `status`, oldest first.
-pub fn with_status(conn: &Connection, status: Status) -> rusqlite::Result<Vec<Execution>> {
+pub fn with_status(conn: &Conn<'_>, status: Status) -> crate::store::Result<Vec<Execution>> {
     let mut stmt = conn.prepare(&format!(
         "SELECT {COLUMNS} FROM executions WHERE status = ?1 ORDER BY created_at_ms, id"
     ))?;
@@ -220,14 +220,15 @@ pub struct HeldFilter {
 /// One page of the calls that wait for a person at `now` (held, not past their ttl)
 /// under `filter`, and how many there are in all.
 pub fn held_page(
-    conn: &Connection,
+    conn: &Conn<'_>,
     filter: &HeldFilter,
     now: i64,
     limit: i64,
     offset: i64,
-) -> rusqlite::Result<(Vec<Execution>, i64)> {
+) -> crate::store::Result<(Vec<Execution>, i64)> {
     const WHERE: &str = "status = 'held' AND (expires_at_ms IS NULL OR expires_at_ms > ?1) \
-        AND (?2 IS NULL OR thread_id = ?2) AND (?3 IS NULL OR tool = ?3) \
+        AND (CAST(?2 AS TEXT) IS NULL OR thread_id = ?2) \
+        AND (CAST(?3 AS TEXT) IS NULL OR tool = ?3) \
         AND created_at_ms <= ?4";
     let born_by = now.saturating_sub(filter.min_age_ms);
     let order = if filter.newest_first {
@@ -248,23 +249,23 @@ pub fn held_page(
         params![now, filter.thread_id, filter.tool, born_by, limit, offset],
         row_to_execution,
     )?;
-    Ok((rows.collect::<rusqlite::Result<_>>()?, total))
+    Ok((rows.collect::<crate::store::Result<_>>()?, total))
 }
 
 /// The tools that have calls waiting for a person, by name.
-pub fn held_tools(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+pub fn held_tools(conn: &Conn<'_>) -> crate::store::Result<Vec<String>> {
     let mut stmt =
         conn.prepare("SELECT DISTINCT tool FROM executions WHERE status = 'held' ORDER BY tool")?;
-    let rows = stmt.query_map([], |r| r.get(0))?;
+    let rows = stmt.query_map((), |r| r.get(0))?;
     rows.collect()
 }
 
 /// A session's execution of the same binding that already succeeded, if any.
 pub fn succeeded_binding(
-    conn: &Connection,
+    conn: &Conn<'_>,
     session_id: &str,
     binding_hash: &str,
-) -> rusqlite::Result<Option<Execution>> {
+) -> crate::store::Result<Option<Execution>> {
     cached_query_row(
         conn,
         &format!(
@@ -284,11 +285,11 @@ const PENDING_BINDING: &str = "session_id = ?1 AND binding_hash = ?2 \
 
 /// A session's execution of the same binding still waiting for a person, if any.
 pub fn pending_binding(
-    conn: &Connection,
+    conn: &Conn<'_>,
     session_id: &str,
     binding_hash: &str,
     now_ms: i64,
-) -> rusqlite::Result<Option<Execution>> {
+) -> crate::store::Result<Option<Execution>> {
     cached_query_row(
         conn,
         &format!("SELECT {COLUMNS} FROM executions WHERE {PENDING_BINDING} ORDER BY created_at_ms LIMIT 1"),
@@ -301,11 +302,11 @@ pub fn pending_binding(
 /// Whether the session has a call of the same binding still waiting for a person (the
 /// read path's cheap question; [`pending_binding`] fetches it).
 pub fn has_pending_binding(
-    conn: &Connection,
+    conn: &Conn<'_>,
     session_id: &str,
     binding_hash: &str,
     now_ms: i64,
-) -> rusqlite::Result<bool> {
+) -> crate::store::Result<bool> {
     cached_query_row(
         conn,
         &format!("SELECT EXISTS (SELECT 1 FROM executions WHERE {PENDING_BINDING})"),
@@ -316,16 +317,16 @@ pub fn has_pending_binding(
 
 /// The sessions that have a held or approved execution (at start, for the gate's hold
 /// marks).
-pub fn sessions_with_pending(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+pub fn sessions_with_pending(conn: &Conn<'_>) -> crate::store::Result<Vec<String>> {
     let mut stmt = conn.prepare(
         "SELECT DISTINCT session_id FROM executions WHERE status IN ('held', 'approved')",
     )?;
-    let rows = stmt.query_map([], |r| r.get(0))?;
+    let rows = stmt.query_map((), |r| r.get(0))?;
     rows.collect()
 }
 
 /// Whether `session_id` has a held or approved execution.
-pub fn session_has_pending(conn: &Connection, session_id: &str) -> rusqlite::Result<bool> {
+pub fn session_has_pending(conn: &Conn<'_>, session_id: &str) -> crate::store::Result<bool> {
     cached_query_row(
         conn,
         "SELECT EXISTS (SELECT 1 FROM executions WHERE session_id = ?1 \
@@ -336,7 +337,7 @@ pub fn session_has_pending(conn: &Connection, session_id: &str) -> rusqlite::Res
 }
 
 /// How many of the session's calls are held and unexpired at `now_ms`.
-pub fn held_count(conn: &Connection, session_id: &str, now_ms: i64) -> rusqlite::Result<usize> {
+pub fn held_count(conn: &Conn<'_>, session_id: &str, now_ms: i64) -> crate::store::Result<usize> {
     cached_query_row(
         conn,
         "SELECT count(*) FROM executions WHERE session_id = ?1 AND status = 'held' \
@@ -349,11 +350,11 @@ pub fn held_count(conn: &Connection, session_id: &str, now_ms: i64) -> rusqlite:
 
 /// The id of a held, unexpired call to `tool` in the session, if any.
 pub fn held_for_tool(
-    conn: &Connection,
+    conn: &Conn<'_>,
     session_id: &str,
     tool: &str,
     now_ms: i64,
-) -> rusqlite::Result<Option<String>> {
+) -> crate::store::Result<Option<String>> {
     cached_query_row(
         conn,
         "SELECT id FROM executions WHERE session_id = ?1 AND tool = ?2 AND status = 'held' \
@@ -366,7 +367,12 @@ pub fn held_for_tool(
 
 /// Moves an execution from `from` to `to`; false when it was not in `from` (someone
 /// else moved it first). This compare-and-set is what makes approvals run once.
-pub fn transition(conn: &Connection, id: &str, from: Status, to: Status) -> rusqlite::Result<bool> {
+pub fn transition(
+    conn: &Conn<'_>,
+    id: &str,
+    from: Status,
+    to: Status,
+) -> crate::store::Result<bool> {
     let changed = cached_execute(
         conn,
         "UPDATE executions SET status = ?3 WHERE id = ?1 AND status = ?2",
@@ -378,12 +384,12 @@ pub fn transition(conn: &Connection, id: &str, from: Status, to: Status) -> rusq
 /// Replaces a held call's frozen arguments, binding and summary (a narrowed approval); false when
 /// it is no longer held.
 pub fn narrow_held(
-    conn: &Connection,
+    conn: &Conn<'_>,
     id: &str,
     canonical_args: &str,
     binding_hash: &str,
     summary: &str,
-) -> rusqlite::Result<bool> {
+) -> crate::store::Result<bool> {
     let changed = cached_execute(
         conn,
         "UPDATE executions SET args = ?2, binding_hash = ?3, summary = ?4 \
@@ -395,13 +401,13 @@ pub fn narrow_held(
 
 /// Records a person's decision on a held call.
 pub fn record_decision(
-    conn: &Connection,
+    conn: &Conn<'_>,
     id: &str,
     to: Status,
     reviewer: &str,
     message: Option<&str>,
     now_ms: i64,
-) -> rusqlite::Result<bool> {
+) -> crate::store::Result<bool> {
     let changed = cached_execute(
         conn,
         "UPDATE executions SET status = ?2, reviewer = ?3, decision_message = ?4, \
@@ -413,13 +419,13 @@ pub fn record_decision(
 
 /// Records how an execution ended.
 pub fn finish(
-    conn: &Connection,
+    conn: &Conn<'_>,
     id: &str,
     status: Status,
     result: Option<&str>,
     error: Option<&str>,
     now_ms: i64,
-) -> rusqlite::Result<()> {
+) -> crate::store::Result<()> {
     cached_execute(
         conn,
         "UPDATE executions SET status = ?2, result = ?3, error = ?4, finished_at_ms = ?5, \
@@ -430,7 +436,7 @@ pub fn finish(
 }
 
 /// Held calls whose ttl has passed.
-pub fn expired_holds(conn: &Connection, now_ms: i64) -> rusqlite::Result<Vec<Execution>> {
+pub fn expired_holds(conn: &Conn<'_>, now_ms: i64) -> crate::store::Result<Vec<Execution>> {
     let mut stmt = conn.prepare(&format!(
         "SELECT {COLUMNS} FROM executions WHERE status = 'held' AND expires_at_ms <= ?1"
     ))?;
@@ -439,7 +445,7 @@ pub fn expired_holds(conn: &Connection, now_ms: i64) -> rusqlite::Result<Vec<Exe
 }
 
 /// The total of unreleased charges on `key` since `since_ms`.
-pub fn charged_total(conn: &Connection, key: &str, since_ms: i64) -> rusqlite::Result<i64> {
+pub fn charged_total(conn: &Conn<'_>, key: &str, since_ms: i64) -> crate::store::Result<i64> {
     cached_query_row(
         conn,
         "SELECT coalesce(sum(amount), 0) FROM limit_charges WHERE key = ?1 AND at_ms > ?2 \
@@ -451,12 +457,12 @@ pub fn charged_total(conn: &Connection, key: &str, since_ms: i64) -> rusqlite::R
 
 /// Counts `amount` against `key` for an execution.
 pub fn charge(
-    conn: &Connection,
+    conn: &Conn<'_>,
     execution_id: &str,
     key: &str,
     amount: i64,
     now_ms: i64,
-) -> rusqlite::Result<()> {
+) -> crate::store::Result<()> {
     cached_execute(
         conn,
         "INSERT INTO limit_charges (execution_id, key, amount, at_ms) VALUES (?1, ?2, ?3, ?4)",
@@ -466,7 +472,7 @@ pub fn charge(
 }
 
 /// Gives back an execution's charges (the provider definitely refused the call).
-pub fn release_charges(conn: &Connection, execution_id: &str) -> rusqlite::Result<()> {
+pub fn release_charges(conn: &Conn<'_>, execution_id: &str) -> crate::store::Result<()> {
     cached_execute(
         conn,
         "UPDATE limit_charges SET released = 1 WHERE execution_id = ?1",
@@ -487,7 +493,7 @@ pub struct OutboxNote {
 }
 
 /// Queues a note (in the transaction that held the call).
-pub fn enqueue_note(conn: &Connection, note: &OutboxNote, now_ms: i64) -> rusqlite::Result<()> {
+pub fn enqueue_note(conn: &Conn<'_>, note: &OutboxNote, now_ms: i64) -> crate::store::Result<()> {
     cached_execute(
         conn,
         "INSERT INTO note_outbox (execution_id, thread_id, marker, text, markdown, \
@@ -509,16 +515,16 @@ pub fn enqueue_note(conn: &Connection, note: &OutboxNote, now_ms: i64) -> rusqli
 /// thread's second, ...), `limit` in all. A thread with a backlog cannot keep another
 /// thread's note waiting behind it.
 pub fn due_notes(
-    conn: &Connection,
+    conn: &Conn<'_>,
     now_ms: i64,
     per_thread: i64,
     limit: i64,
-) -> rusqlite::Result<Vec<OutboxNote>> {
+) -> crate::store::Result<Vec<OutboxNote>> {
     let mut stmt = conn.prepare_cached(
         "SELECT execution_id, thread_id, marker, text, markdown, attempts FROM ( \
            SELECT *, row_number() OVER ( \
              PARTITION BY thread_id ORDER BY next_attempt_ms, execution_id) AS turn \
-           FROM note_outbox WHERE sent_at_ms IS NULL AND next_attempt_ms <= ?1) \
+           FROM note_outbox WHERE sent_at_ms IS NULL AND next_attempt_ms <= ?1) AS due \
          WHERE turn <= ?2 ORDER BY turn, next_attempt_ms, execution_id LIMIT ?3",
     )?;
     let rows = stmt.query_map(params![now_ms, per_thread, limit], |r| {
@@ -534,8 +540,44 @@ pub fn due_notes(
     rows.collect()
 }
 
+/// Takes the notes [`due_notes`] names for one drainer. On Postgres, where several
+/// instances drain, each one's next attempt moves to `until_ms`, so another drainer does
+/// not take it meanwhile (a note another drainer's transaction holds is skipped: `FOR
+/// UPDATE SKIP LOCKED`), and one whose drainer crashed mid-send is taken again after
+/// that. On SQLite one process drains and its single writer runs claims one after the
+/// other: the due notes are its own, and one left by a crash is due again at restart.
+pub fn claim_notes(
+    conn: &Conn<'_>,
+    now_ms: i64,
+    (per_thread, limit): (i64, i64),
+    until_ms: i64,
+) -> crate::store::Result<Vec<OutboxNote>> {
+    let due = due_notes(conn, now_ms, per_thread, limit)?;
+    if conn.dialect() == crate::store::Dialect::Sqlite {
+        return Ok(due);
+    }
+    let check = "SELECT 1 FROM note_outbox WHERE execution_id = ?1 AND sent_at_ms IS NULL \
+                 AND next_attempt_ms <= ?2 FOR UPDATE SKIP LOCKED";
+    let mut claimed = Vec::with_capacity(due.len());
+    for note in due {
+        if !conn
+            .prepare_cached(check)?
+            .exists(params![note.execution_id, now_ms])?
+        {
+            continue;
+        }
+        cached_execute(
+            conn,
+            "UPDATE note_outbox SET next_attempt_ms = ?2 WHERE execution_id = ?1",
+            params![note.execution_id, until_ms],
+        )?;
+        claimed.push(note);
+    }
+    Ok(claimed)
+}
+
 /// Records that Plain has the note.
-pub fn note_sent(conn: &Connection, execution_id: &str, now_ms: i64) -> rusqlite::Result<()> {
+pub fn note_sent(conn: &Conn<'_>, execution_id: &str, now_ms: i64) -> crate::store::Result<()> {
     cached_execute(
         conn,
         "UPDATE note_outbox SET sent_at_ms = ?2 WHERE execution_id = ?1",
@@ -546,11 +588,11 @@ pub fn note_sent(conn: &Connection, execution_id: &str, now_ms: i64) -> rusqlite
 
 /// Records a failed attempt and when to try again.
 pub fn note_failed(
-    conn: &Connection,
+    conn: &Conn<'_>,
     execution_id: &str,
     error: &str,
     next_attempt_ms: i64,
-) -> rusqlite::Result<()> {
+) -> crate::store::Result<()> {
     cached_execute(
         conn,
         "UPDATE note_outbox SET last_error = ?2, next_attempt_ms = ?3 \
@@ -562,7 +604,7 @@ pub fn note_failed(
 
 /// Marks the attempt as started before sending, so a crash mid-send is known on restart
 /// (the outbox then looks for the note on the thread before sending again).
-pub fn note_attempting(conn: &Connection, execution_id: &str) -> rusqlite::Result<()> {
+pub fn note_attempting(conn: &Conn<'_>, execution_id: &str) -> crate::store::Result<()> {
     cached_execute(
         conn,
         "UPDATE note_outbox SET attempts = attempts + 1 WHERE execution_id = ?1",
@@ -572,7 +614,7 @@ pub fn note_attempting(conn: &Connection, execution_id: &str) -> rusqlite::Resul
 }
 
 /// Held calls that were decided or expired, newest first (the review page's history).
-pub fn decided_holds(conn: &Connection, limit: i64) -> rusqlite::Result<Vec<Execution>> {
+pub fn decided_holds(conn: &Conn<'_>, limit: i64) -> crate::store::Result<Vec<Execution>> {
     let mut stmt = conn.prepare(&format!(
         "SELECT {COLUMNS} FROM executions WHERE verdict = 'hold' AND status != 'held' \
          ORDER BY coalesce(decided_at_ms, finished_at_ms, created_at_ms) DESC, id DESC LIMIT ?1"
@@ -583,10 +625,10 @@ pub fn decided_holds(conn: &Connection, limit: i64) -> rusqlite::Result<Vec<Exec
 
 /// A thread's executions, newest first.
 pub fn for_thread(
-    conn: &Connection,
+    conn: &Conn<'_>,
     thread_id: &str,
     limit: i64,
-) -> rusqlite::Result<Vec<Execution>> {
+) -> crate::store::Result<Vec<Execution>> {
     let mut stmt = conn.prepare(&format!(
         "SELECT {COLUMNS} FROM executions WHERE thread_id = ?1 \
          ORDER BY created_at_ms DESC, id DESC LIMIT ?2"
@@ -597,7 +639,7 @@ pub fn for_thread(
 
 /// The agent's latest internal note that ran on `thread`, else its latest diagnosis
 /// (what a draft pull request carries).
-pub fn latest_finding(c: &Connection, thread: &str) -> rusqlite::Result<Option<String>> {
+pub fn latest_finding(c: &Conn<'_>, thread: &str) -> crate::store::Result<Option<String>> {
     let note: Option<String> = c
         .query_row(
             "SELECT args FROM executions WHERE thread_id = ?1 AND tool = 'helpdesk.add_note' \
@@ -623,21 +665,21 @@ pub fn latest_finding(c: &Connection, thread: &str) -> rusqlite::Result<Option<S
 }
 
 /// How many calls are held, and when the oldest of them was made.
-pub fn held_summary(conn: &Connection) -> rusqlite::Result<(i64, Option<i64>)> {
+pub fn held_summary(conn: &Conn<'_>) -> crate::store::Result<(i64, Option<i64>)> {
     cached_query_row(
         conn,
         "SELECT count(*), min(created_at_ms) FROM executions WHERE status = 'held'",
-        [],
+        (),
         |r| Ok((r.get(0)?, r.get(1)?)),
     )
 }
 
 /// How many notes wait to reach Plain.
-pub fn outbox_backlog(conn: &Connection) -> rusqlite::Result<i64> {
+pub fn outbox_backlog(conn: &Conn<'_>) -> crate::store::Result<i64> {
     cached_query_row(
         conn,
         "SELECT count(*) FROM note_outbox WHERE sent_at_ms IS NULL",
-        [],
+        (),
         |r| r.get(0),
     )
 }

@@ -2,7 +2,7 @@
 //! decided (ran, held, blocked, approved or denied by whom). Read through
 //! [`crate::session::publish::CallsReader`], since the session sits below this module.
 
-use rusqlite::{Connection, params};
+use crate::store::{Conn, params};
 
 use super::store::Status;
 use crate::session::publish::{GatedCall, ThreadCalls};
@@ -13,7 +13,7 @@ use crate::store::cached_query_row;
 pub const PULL_REQUEST_TOOL: &str = "session.pull_request";
 
 /// The first `limit` gated calls of `thread` (oldest first) and how many it has.
-pub fn thread_calls(c: &Connection, thread: &str, limit: usize) -> rusqlite::Result<ThreadCalls> {
+pub fn thread_calls(c: &Conn<'_>, thread: &str, limit: usize) -> crate::store::Result<ThreadCalls> {
     let total: i64 = cached_query_row(
         c,
         "SELECT count(*) FROM executions WHERE thread_id = ?1 AND tool <> ?2",
@@ -35,7 +35,7 @@ pub fn thread_calls(c: &Connection, thread: &str, limit: usize) -> rusqlite::Res
         })
     })?;
     Ok(ThreadCalls {
-        calls: rows.collect::<rusqlite::Result<_>>()?,
+        calls: rows.collect::<crate::store::Result<_>>()?,
         total: usize::try_from(total).unwrap_or_default(),
     })
 }

@@ -16,7 +16,7 @@
 //! through the redactor: the summary quotes the agent's arguments, and a person's
 //! message or a provider's error may hold anything.
 
-use rusqlite::{Connection, params};
+use crate::store::{Conn, params};
 
 use super::store::{Execution, Status};
 use crate::ids::ThreadId;
@@ -163,7 +163,7 @@ fn clipped(text: String) -> String {
 
 /// Queues an event in the caller's transaction. An event whose external id is already
 /// queued is left as it is (false).
-pub fn enqueue(conn: &Connection, event: &TrailEvent, now_ms: i64) -> rusqlite::Result<bool> {
+pub fn enqueue(conn: &Conn<'_>, event: &TrailEvent, now_ms: i64) -> crate::store::Result<bool> {
     let (url, label) = match &event.link {
         Some((url, label)) => (Some(url.as_str()), Some(label.as_str())),
         None => (None, None),
@@ -194,18 +194,18 @@ pub fn enqueue(conn: &Connection, event: &TrailEvent, now_ms: i64) -> rusqlite::
 /// all. An event waits while an earlier one of its thread is put off, so a thread's
 /// trail reaches Plain in the order it happened.
 pub fn due(
-    conn: &Connection,
+    conn: &Conn<'_>,
     now_ms: i64,
     per_thread: i64,
     limit: i64,
-) -> rusqlite::Result<Vec<TrailEvent>> {
+) -> crate::store::Result<Vec<TrailEvent>> {
     let mut stmt = conn.prepare_cached(
         "SELECT external_id, thread_id, title, body, link_url, link_label, attempts FROM ( \
            SELECT *, \
              row_number() OVER (PARTITION BY thread_id ORDER BY seq) AS turn, \
              max(next_attempt_ms) OVER (PARTITION BY thread_id ORDER BY seq \
                ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS ready_at \
-           FROM thread_event_outbox WHERE sent_at_ms IS NULL) \
+           FROM thread_event_outbox WHERE sent_at_ms IS NULL) AS pending \
          WHERE turn <= ?2 AND ready_at <= ?1 ORDER BY turn, seq LIMIT ?3",
     )?;
     let rows = stmt.query_map(params![now_ms, per_thread, limit], |r| {
@@ -224,7 +224,7 @@ pub fn due(
 }
 
 /// Records that Plain has the event.
-pub fn sent(conn: &Connection, external_id: &str, now_ms: i64) -> rusqlite::Result<()> {
+pub fn sent(conn: &Conn<'_>, external_id: &str, now_ms: i64) -> crate::store::Result<()> {
     cached_execute(
         conn,
         "UPDATE thread_event_outbox SET sent_at_ms = ?2, attempts = attempts + 1 \
@@ -236,11 +236,11 @@ pub fn sent(conn: &Connection, external_id: &str, now_ms: i64) -> rusqlite::Resu
 
 /// Records a failed attempt and when to try again.
 pub fn failed(
-    conn: &Connection,
+    conn: &Conn<'_>,
     external_id: &str,
     error: &str,
     next_attempt_ms: i64,
-) -> rusqlite::Result<()> {
+) -> crate::store::Result<()> {
     cached_execute(
         conn,
         "UPDATE thread_event_outbox SET last_error = ?2, next_attempt_ms = ?3, \

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use rusqlite::Connection;
+use crate::store::Conn;
 
 use super::gate::{Gate, LoadedPolicy};
 use super::prepare::PreparedCall;
@@ -37,9 +37,9 @@ pub(super) enum Decided {
 
 /// Limits read from the charges table inside the deciding transaction (and inside the
 /// approvals' re-decisions, which must count the same totals).
-pub(crate) struct SqlHistory<'c>(pub(crate) &'c Connection);
+pub(crate) struct SqlHistory<'c, 'a>(pub(crate) &'c Conn<'a>);
 
-impl LimitHistory for SqlHistory<'_> {
+impl LimitHistory for SqlHistory<'_, '_> {
     fn total(&self, key: &str, since_unix_ms: i64) -> u128 {
         match exec_store::charged_total(self.0, key, since_unix_ms) {
             Ok(total) => u128::try_from(total).unwrap_or(0),
@@ -106,7 +106,7 @@ impl Gate {
                     // Before the commit, so a read never misses a hold it could see.
                     holds.mark(&cx.scope.session_id);
                 }
-                record(conn, &cx, call, verdicted)
+                record(conn, &cx, call.clone(), verdicted)
             })
             .await
     }
@@ -115,10 +115,10 @@ impl Gate {
 /// The session's succeeded write of the same binding (replayed, never re-sent), or its
 /// identical call still waiting for a person.
 fn earlier_binding(
-    conn: &Connection,
+    conn: &Conn<'_>,
     cx: &Context,
     call: &PreparedCall,
-) -> rusqlite::Result<Option<Decided>> {
+) -> crate::store::Result<Option<Decided>> {
     let session = &cx.scope.session_id;
     if call.is_write
         && let Some(done) = exec_store::succeeded_binding(conn, session, &call.binding_hash)?
@@ -132,10 +132,10 @@ fn earlier_binding(
 /// When `limit` (not 0) calls of the session already wait for a person, the refusal of
 /// one more, with the session's stop note queued in this transaction (once).
 fn too_many_holds(
-    conn: &Connection,
+    conn: &Conn<'_>,
     cx: &Context,
     limit: usize,
-) -> rusqlite::Result<Option<Decided>> {
+) -> crate::store::Result<Option<Decided>> {
     if limit == 0 || exec_store::held_count(conn, &cx.scope.session_id, cx.now)? < limit {
         return Ok(None);
     }
@@ -147,10 +147,10 @@ fn too_many_holds(
 /// The policy's verdict, made a hold when completion forced one or another call to the
 /// same tool is held in the session.
 pub(super) fn verdict(
-    conn: &Connection,
+    conn: &Conn<'_>,
     cx: &Context,
     call: &PreparedCall,
-) -> rusqlite::Result<Verdicted> {
+) -> crate::store::Result<Verdicted> {
     let mut out = policy_verdict(cx, call, &SqlHistory(conn));
     if out.verdict == Verdict::Run {
         let earlier = exec_store::held_for_tool(conn, &cx.scope.session_id, &call.tool, cx.now)?;
@@ -196,11 +196,11 @@ pub(super) fn policy_verdict(
 /// Writes the execution frozen as decided, its charges, its audit steps and, for a
 /// hold, the note for people.
 fn record(
-    conn: &Connection,
+    conn: &Conn<'_>,
     cx: &Context,
     call: PreparedCall,
     v: Verdicted,
-) -> rusqlite::Result<Decided> {
+) -> crate::store::Result<Decided> {
     let redacted = redact_args(&cx.redactor, &call.args);
     let rule_text = match v.rule_line {
         Some(line) => format!("{} ({}:{line})", v.because, cx.loaded.name),

@@ -119,7 +119,7 @@ mod tests {
                  binding_hash, verdict, because, policy_hash, status, created_at_ms) \
                  VALUES ('ex_1', 's_elsewhere', 'th_1', 'support', 'stripe.refund', '{}', \
                  'default', 'h', 'hold', 'rule', 'p', 'held', 1)",
-                [],
+                (),
             )
         })
         .await

@@ -18,13 +18,13 @@ pub(super) struct Ran {
 /// Writes how a call ended (its final status, result or error, limit charges given
 /// back on a definite failure) and its audit step, inside the caller's transaction.
 pub(super) fn write_outcome(
-    conn: &rusqlite::Connection,
+    conn: &crate::store::Conn<'_>,
     redactor: &Redactor,
     exec: &Execution,
     outcome: &Outcome,
     duration: i64,
     now: i64,
-) -> rusqlite::Result<()> {
+) -> crate::store::Result<()> {
     let (status, result, error) = outcome.fields();
     exec_store::finish(conn, &exec.id, status, result.as_deref(), error, now)?;
     if status == Status::Failed {
@@ -40,13 +40,13 @@ pub(super) fn write_outcome(
 /// state (never seen `running`: it is written in the same transaction) with its
 /// requested, decided and outcome steps. Such a call reserves no limit amounts.
 pub(super) fn write_finished(
-    conn: &rusqlite::Connection,
+    conn: &crate::store::Conn<'_>,
     redactor: &Redactor,
     mut exec: Execution,
     outcome: &Outcome,
     duration: i64,
     now: i64,
-) -> rusqlite::Result<()> {
+) -> crate::store::Result<()> {
     let (status, result, error) = outcome.fields();
     exec.status = status;
     exec.result = result;

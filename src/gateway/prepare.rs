@@ -16,7 +16,7 @@ use crate::secrets::Redactor;
 use crate::session::SessionScope;
 
 /// A call that passed every check before the policy, ready to be decided.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct PreparedCall {
     pub tool: String,
     pub args: Value,

@@ -111,7 +111,9 @@ impl Gate {
         let record = ran.record;
         let written = self
             .db
-            .write(move |conn| write_finished(conn, &redactor, *exec, &record, duration, now))
+            .write(move |conn| {
+                write_finished(conn, &redactor, (*exec).clone(), &record, duration, now)
+            })
             .await;
         match written {
             Ok(()) => {

@@ -15,7 +15,7 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use rand::Rng as _;
-use rusqlite::{Connection, OptionalExtension as _, params};
+use crate::store::{Conn, OptionalExtension as _, params};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
@@ -171,11 +171,11 @@ impl Redemption {
     /// are forgotten first. Portable SQL: `?N` parameters, `ON CONFLICT DO NOTHING`.
     fn record(
         &self,
-        c: &Connection,
+        c: &Conn<'_>,
         now_ms: i64,
         cap: usize,
         sweep_all: bool,
-    ) -> rusqlite::Result<Result<(), StateError>> {
+    ) -> crate::store::Result<Result<(), StateError>> {
         if sweep_all {
             c.execute(
                 "DELETE FROM mcp_redeemed_states WHERE expires_at_ms <= ?1",
@@ -290,7 +290,7 @@ mod tests {
     async fn rows(s: &StateSealer) -> Vec<String> {
         s.db.read(|c| {
             let mut q = c.prepare("SELECT session_id FROM mcp_redeemed_states ORDER BY 1")?;
-            q.query_map([], |r| r.get(0))?.collect()
+            q.query_map((), |r| r.get(0))?.collect()
         })
         .await
         .expect("rows")

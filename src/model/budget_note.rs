@@ -3,7 +3,7 @@
 //! session may not call the model again and a person takes over (the note is written
 //! by `notes::stop`, like every note of a session that stopped on its own).
 
-use rusqlite::Connection;
+use crate::store::Conn;
 
 use super::store as model_store;
 use crate::notes::stop::{self, StopNote};
@@ -39,12 +39,12 @@ pub fn secret(name: &str) -> StopNote {
 /// model call, queues `note` and writes the audit row, all in the caller's transaction.
 /// True the first time.
 pub fn queue(
-    conn: &Connection,
+    conn: &Conn<'_>,
     scope: &SessionScope,
     note: &StopNote,
     now_ms: i64,
     redactor: &Redactor,
-) -> rusqlite::Result<bool> {
+) -> crate::store::Result<bool> {
     if !model_store::mark_exhausted(conn, &scope.session_id, &scope.thread_id, now_ms)? {
         return Ok(false);
     }

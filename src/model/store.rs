@@ -1,7 +1,7 @@
 //! The model proxy's tables: per-session usage (tokens, turns, when the budget ran out)
 //! and the runner's transcript.
 
-use rusqlite::{Connection, OptionalExtension as _, params};
+use crate::store::{Conn, OptionalExtension as _, params};
 
 /// What a session has spent.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -13,7 +13,7 @@ pub struct Spent {
 }
 
 /// The session's usage so far.
-pub fn spent(conn: &Connection, session_id: &str) -> rusqlite::Result<Spent> {
+pub fn spent(conn: &Conn<'_>, session_id: &str) -> crate::store::Result<Spent> {
     conn.query_row(
         "SELECT tokens_used, turns_used, exhausted_at_ms IS NOT NULL FROM model_usage \
          WHERE session_id = ?1",
@@ -32,9 +32,9 @@ pub fn spent(conn: &Connection, session_id: &str) -> rusqlite::Result<Spent> {
 
 /// What the model cost on a thread, over all its sessions (a pull request's "cost").
 pub fn thread_cost(
-    conn: &Connection,
+    conn: &Conn<'_>,
     thread_id: &str,
-) -> rusqlite::Result<crate::session::publish::SessionCost> {
+) -> crate::store::Result<crate::session::publish::SessionCost> {
     conn.query_row(
         "SELECT coalesce(sum(turns_used), 0), coalesce(sum(tokens_used), 0) FROM model_usage \
          WHERE thread_id = ?1",
@@ -49,17 +49,17 @@ pub fn thread_cost(
 }
 
 /// Counts one turn (before the call goes upstream, so a failing call counts too).
-pub fn add_turn(conn: &Connection, session_id: &str, thread_id: &str) -> rusqlite::Result<()> {
+pub fn add_turn(conn: &Conn<'_>, session_id: &str, thread_id: &str) -> crate::store::Result<()> {
     conn.execute(
         "INSERT INTO model_usage (session_id, thread_id, turns_used) VALUES (?1, ?2, 1) \
-         ON CONFLICT (session_id) DO UPDATE SET turns_used = turns_used + 1",
+         ON CONFLICT (session_id) DO UPDATE SET turns_used = model_usage.turns_used + 1",
         params![session_id, thread_id],
     )?;
     Ok(())
 }
 
 /// Adds the tokens the upstream reported.
-pub fn add_tokens(conn: &Connection, session_id: &str, tokens: u64) -> rusqlite::Result<()> {
+pub fn add_tokens(conn: &Conn<'_>, session_id: &str, tokens: u64) -> crate::store::Result<()> {
     conn.execute(
         "UPDATE model_usage SET tokens_used = tokens_used + ?2 WHERE session_id = ?1",
         params![session_id, i64::try_from(tokens).unwrap_or(i64::MAX)],
@@ -69,11 +69,11 @@ pub fn add_tokens(conn: &Connection, session_id: &str, tokens: u64) -> rusqlite:
 
 /// Marks the budget spent; true only the first time (the caller then queues the note).
 pub fn mark_exhausted(
-    conn: &Connection,
+    conn: &Conn<'_>,
     session_id: &str,
     thread_id: &str,
     now_ms: i64,
-) -> rusqlite::Result<bool> {
+) -> crate::store::Result<bool> {
     conn.execute(
         "INSERT INTO model_usage (session_id, thread_id) VALUES (?1, ?2) \
          ON CONFLICT (session_id) DO NOTHING",
@@ -96,9 +96,9 @@ pub struct StoredTranscript {
 
 /// The session's transcript, if one was stored.
 pub fn transcript(
-    conn: &Connection,
+    conn: &Conn<'_>,
     session_id: &str,
-) -> rusqlite::Result<Option<StoredTranscript>> {
+) -> crate::store::Result<Option<StoredTranscript>> {
     conn.query_row(
         "SELECT messages, events_consumed FROM transcripts WHERE session_id = ?1",
         [session_id],
@@ -114,11 +114,11 @@ pub fn transcript(
 
 /// Replaces the session's transcript.
 pub fn put_transcript(
-    conn: &Connection,
+    conn: &Conn<'_>,
     session_id: &str,
     t: &StoredTranscript,
     now_ms: i64,
-) -> rusqlite::Result<()> {
+) -> crate::store::Result<()> {
     conn.execute(
         "INSERT INTO transcripts (session_id, messages, events_consumed, bytes, updated_at_ms) \
          VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (session_id) DO UPDATE SET \
@@ -136,7 +136,7 @@ pub fn put_transcript(
 }
 
 /// Deletes the transcripts last written at or before `written_before_ms`; how many.
-pub fn forget_transcripts(conn: &Connection, written_before_ms: i64) -> rusqlite::Result<usize> {
+pub fn forget_transcripts(conn: &Conn<'_>, written_before_ms: i64) -> crate::store::Result<usize> {
     conn.execute(
         "DELETE FROM transcripts WHERE updated_at_ms <= ?1",
         [written_before_ms],

@@ -14,10 +14,14 @@ use super::Outbox;
 use super::pump::{Round, in_rounds};
 use crate::connectors::HelpdeskConnector;
 use crate::executions::store::{self, OutboxNote};
-use crate::store::StoreError;
+use crate::store::{Dialect, StoreError};
 
 /// Notes of one thread in one round at most.
 pub const NOTES_PER_THREAD: i64 = 2;
+/// How long a drainer on Postgres holds the notes it took: another instance takes a
+/// note again only after this (the marker is looked for first, so it is not posted
+/// twice).
+const CLAIM_MS: i64 = 60_000;
 /// Notes in one round at most.
 const NOTES_PER_ROUND: i64 = 50;
 
@@ -30,9 +34,24 @@ pub async fn drain(outbox: &Outbox) -> Result<usize, StoreError> {
     };
     let due = || {
         let now = outbox.now();
-        outbox
-            .db
-            .read(move |c| store::due_notes(c, now, NOTES_PER_THREAD, NOTES_PER_ROUND))
+        let until = now.saturating_add(CLAIM_MS);
+        let db = outbox.db.clone();
+        async move {
+            match db.dialect() {
+                // One process drains: its due notes are its own, read on a snapshot.
+                Dialect::Sqlite => {
+                    db.read(move |c| store::due_notes(c, now, NOTES_PER_THREAD, NOTES_PER_ROUND))
+                        .await
+                }
+                // Several instances drain: each round's notes are claimed in a write.
+                Dialect::Postgres => {
+                    db.write(move |c| {
+                        store::claim_notes(c, now, (NOTES_PER_THREAD, NOTES_PER_ROUND), until)
+                    })
+                    .await
+                }
+            }
+        }
     };
     in_rounds(due, |round| send_round(outbox, &helpdesk, round)).await
 }

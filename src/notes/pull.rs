@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use rusqlite::Connection;
+use crate::store::Conn;
 use serde_json::json;
 
 use super::Outbox;
@@ -26,15 +26,15 @@ use crate::session::publish::PullNotes;
 /// caller's transaction. False (and nothing written) when the pull request already has
 /// its note.
 pub fn queue(
-    conn: &Connection,
+    conn: &Conn<'_>,
     scope: &SessionScope,
     repo: &str,
     pull: &PullRequest,
     now_ms: i64,
     redactor: &Redactor,
-) -> rusqlite::Result<bool> {
+) -> crate::store::Result<bool> {
     let id = ExecutionId::parse(format!("ex_pull_{repo}_{}", pull.number))
-        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+        .map_err(crate::store::SqlError::other)?;
     if store::get(conn, &id)?.is_some() {
         return Ok(false);
     }

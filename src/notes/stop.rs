@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use rusqlite::Connection;
+use crate::store::Conn;
 
 use super::Outbox;
 use super::held::new_marker;
@@ -74,14 +74,14 @@ impl StopNote {
 /// caller's transaction. False (and nothing written) when this session already has
 /// the note for `note.key`.
 pub fn queue(
-    conn: &Connection,
+    conn: &Conn<'_>,
     scope: &SessionScope,
     note: &StopNote,
     now_ms: i64,
     redactor: &Redactor,
-) -> rusqlite::Result<bool> {
+) -> crate::store::Result<bool> {
     let id = ExecutionId::parse(format!("ex_stop_{}_{}", note.key, scope.session_id))
-        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+        .map_err(crate::store::SqlError::other)?;
     if store::get(conn, &id)?.is_some() {
         return Ok(false);
     }

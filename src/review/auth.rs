@@ -10,6 +10,7 @@ use askama::Template;
 use axum::Form;
 use std::convert::Infallible;
 
+use crate::store::{OptionalExtension as _, params};
 use axum::extract::{FromRequestParts, OptionalFromRequestParts, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, StatusCode, header};
@@ -17,7 +18,6 @@ use axum::response::{IntoResponse, Redirect, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use rand::Rng as _;
-use rusqlite::{OptionalExtension as _, params};
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
@@ -179,7 +179,7 @@ async fn current(state: &ReviewState, headers: &HeaderMap) -> Option<Signed> {
                     Ok(Some(Signed {
                         reviewer,
                         csrf,
-                        digest,
+                        digest: digest.clone(),
                     }))
                 }
                 _ => {

@@ -4,12 +4,12 @@
 
 use std::collections::BTreeMap;
 
+use crate::store::Conn;
 use askama::Template;
 use axum::Form;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use rusqlite::Connection;
 
 use super::auth::{self, Signed};
 use super::views::{ApprovalView, HistoryRow, OtherCall, TrailRow};
@@ -67,7 +67,7 @@ pub(super) fn internal(who: &Signed, e: impl std::fmt::Display) -> Response {
 }
 
 /// The thread's customer as recorded with its session.
-pub(super) fn customer(c: &Connection, thread_id: &ThreadId) -> rusqlite::Result<String> {
+pub(super) fn customer(c: &Conn<'_>, thread_id: &ThreadId) -> crate::store::Result<String> {
     let row = crate::session::store::get(c, thread_id)?.map(|s| (s.customer_email, s.customer_id));
     Ok(match row {
         Some((Some(email), _)) => email,
@@ -437,10 +437,10 @@ pub(super) async fn thread(
 /// The newest audit rows of `thread_id`, oldest first, read through the audit log's
 /// own query.
 fn trail(
-    c: &Connection,
+    c: &Conn<'_>,
     thread_id: &str,
     redactor: &crate::secrets::Redactor,
-) -> rusqlite::Result<Vec<TrailRow>> {
+) -> crate::store::Result<Vec<TrailRow>> {
     let filter = crate::audit::AuditFilter {
         thread_id: Some(thread_id.to_owned()),
         limit: usize::try_from(PAGE_ROWS * 5).ok(),

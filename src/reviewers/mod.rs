@@ -18,12 +18,12 @@
 use crate::secrets::ExposeSecret as _;
 use std::sync::OnceLock;
 
+use crate::store::{Conn, OptionalExtension as _, params};
 use argon2::{Argon2, PasswordHasher as _};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
 use rand::Rng as _;
-use rusqlite::{Connection, OptionalExtension as _, params};
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 
@@ -186,7 +186,7 @@ fn check_password(password: &SecretString) -> Result<(), ReviewerError> {
     }
 }
 
-fn store_password(c: &Connection, name: &str, phc: &str) -> rusqlite::Result<usize> {
+fn store_password(c: &Conn<'_>, name: &str, phc: &str) -> crate::store::Result<usize> {
     c.execute(
         "UPDATE reviewers SET password_hash = ?2 WHERE name = ?1",
         params![name, phc],
@@ -225,7 +225,7 @@ pub async fn verify_password(
 }
 
 /// The reviewer with `id`, if any.
-pub fn by_id(c: &Connection, id: i64) -> rusqlite::Result<Option<Reviewer>> {
+pub fn by_id(c: &Conn<'_>, id: i64) -> crate::store::Result<Option<Reviewer>> {
     Ok(find_by_id(c, id)?.map(|(r, _)| r))
 }
 
@@ -309,24 +309,27 @@ fn finish_remove(name: &str, removed: usize) -> Result<(), ReviewerError> {
 }
 
 /// Inserts a reviewer; `None` when the name is taken (a concurrent `add`).
-fn insert(c: &Connection, name: &str, hash: &str) -> rusqlite::Result<Option<Reviewer>> {
+fn insert(c: &Conn<'_>, name: &str, hash: &str) -> crate::store::Result<Option<Reviewer>> {
     let now = Utc::now().timestamp_millis();
-    let inserted = c.execute(
-        "INSERT INTO reviewers (name, token_hash, created_at) VALUES (?1, ?2, ?3)
-         ON CONFLICT (name) DO NOTHING",
-        params![name, hash, now],
-    )?;
-    if inserted == 0 {
+    let inserted = c
+        .query_row(
+            "INSERT INTO reviewers (name, token_hash, created_at) VALUES (?1, ?2, ?3)
+             ON CONFLICT (name) DO NOTHING RETURNING id",
+            params![name, hash, now],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let Some(id) = inserted else {
         return Ok(None);
-    }
+    };
     Ok(Some(Reviewer {
-        id: c.last_insert_rowid(),
+        id,
         name: name.to_owned(),
         created_at: from_ms(now),
     }))
 }
 
-fn delete(c: &Connection, name: &str) -> rusqlite::Result<usize> {
+fn delete(c: &Conn<'_>, name: &str) -> crate::store::Result<usize> {
     c.execute(
         "DELETE FROM review_sessions WHERE reviewer_id IN \
          (SELECT id FROM reviewers WHERE name = ?1)",
@@ -335,7 +338,7 @@ fn delete(c: &Connection, name: &str) -> rusqlite::Result<usize> {
     c.execute("DELETE FROM reviewers WHERE name = ?1", [name])
 }
 
-fn find_by_name(c: &Connection, name: &str) -> rusqlite::Result<Option<Reviewer>> {
+fn find_by_name(c: &Conn<'_>, name: &str) -> crate::store::Result<Option<Reviewer>> {
     c.query_row(
         "SELECT id, name, created_at FROM reviewers WHERE name = ?1",
         [name],
@@ -344,7 +347,7 @@ fn find_by_name(c: &Connection, name: &str) -> rusqlite::Result<Option<Reviewer>
     .optional()
 }
 
-fn find_by_id(c: &Connection, id: i64) -> rusqlite::Result<Option<(Reviewer, String)>> {
+fn find_by_id(c: &Conn<'_>, id: i64) -> crate::store::Result<Option<(Reviewer, String)>> {
     c.query_row(
         "SELECT id, name, created_at, token_hash FROM reviewers WHERE id = ?1",
         [id],
@@ -353,13 +356,13 @@ fn find_by_id(c: &Connection, id: i64) -> rusqlite::Result<Option<(Reviewer, Str
     .optional()
 }
 
-fn list_all(c: &Connection) -> rusqlite::Result<Vec<Reviewer>> {
+fn list_all(c: &Conn<'_>) -> crate::store::Result<Vec<Reviewer>> {
     let mut stmt = c.prepare("SELECT id, name, created_at FROM reviewers ORDER BY name")?;
-    let rows = stmt.query_map([], reviewer_row)?;
+    let rows = stmt.query_map((), reviewer_row)?;
     rows.collect()
 }
 
-fn reviewer_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Reviewer> {
+fn reviewer_row(r: &crate::store::Row<'_>) -> crate::store::Result<Reviewer> {
     Ok(Reviewer {
         id: r.get(0)?,
         name: r.get(1)?,

@@ -7,8 +7,8 @@
 //! account at the provider whose claim happens to read `alice` cannot become the
 //! password reviewer `alice`.
 
+use crate::store::{Conn, OptionalExtension as _, params};
 use chrono::Utc;
-use rusqlite::{Connection, OptionalExtension as _, params};
 
 use super::{Reviewer, ReviewerError, new_secret, reviewer_row, validate_name};
 use crate::store::Db;
@@ -30,11 +30,11 @@ pub async fn sign_in(db: &Db, subject: &str, name: &str) -> Result<Reviewer, Rev
 
 /// `None` when `name` belongs to another reviewer.
 fn find_or_make(
-    c: &Connection,
+    c: &Conn<'_>,
     subject: &str,
     name: &str,
     token_hash: &str,
-) -> rusqlite::Result<Option<Reviewer>> {
+) -> crate::store::Result<Option<Reviewer>> {
     let known = c
         .query_row(
             "SELECT id, name, created_at FROM reviewers WHERE oidc_subject = ?1",
@@ -46,7 +46,7 @@ fn find_or_make(
     // beside the password reviewer `alice` in decisions and the audit.
     let taken_by_another: Option<i64> = c
         .query_row(
-            "SELECT id FROM reviewers WHERE name = ?1 COLLATE NOCASE \
+            "SELECT id FROM reviewers WHERE lower(name) = lower(?1) \
              AND (oidc_subject IS NULL OR oidc_subject != ?2)",
             params![name, subject],
             |row| row.get(0),
@@ -59,7 +59,8 @@ fn find_or_make(
         Some(r) if r.name == name => Ok(Some(r)),
         Some(r) => {
             let renamed = c.execute(
-                "UPDATE OR IGNORE reviewers SET name = ?2 WHERE id = ?1",
+                "UPDATE reviewers SET name = ?2 WHERE id = ?1 \
+                 AND NOT EXISTS (SELECT 1 FROM reviewers WHERE name = ?2 AND id <> ?1)",
                 params![r.id, name],
             )?;
             Ok((renamed == 1).then(|| Reviewer {
@@ -69,15 +70,17 @@ fn find_or_make(
         }
         None => {
             let now = Utc::now().timestamp_millis();
-            let made = c.execute(
-                "INSERT INTO reviewers (name, token_hash, created_at, oidc_subject) \
-                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
-                params![name, token_hash, now, subject],
-            )?;
-            if made == 0 {
+            let made = c
+                .query_row(
+                    "INSERT INTO reviewers (name, token_hash, created_at, oidc_subject) \
+                     VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING RETURNING id",
+                    params![name, token_hash, now, subject],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            let Some(id) = made else {
                 return Ok(None);
-            }
-            let id = c.last_insert_rowid();
+            };
             Ok(Some(Reviewer {
                 id,
                 name: name.to_owned(),

@@ -30,7 +30,7 @@ async fn the_token_is_stored_only_as_its_sha256_digest() {
     let added = add(&db, "alice").await.expect("add");
     let (_, secret) = parse_token(added.token.expose_secret()).expect("parse");
     let stored: String = db
-        .read(|c| c.query_row("SELECT token_hash FROM reviewers", [], |r| r.get(0)))
+        .read(|c| c.query_row("SELECT token_hash FROM reviewers", (), |r| r.get(0)))
         .await
         .expect("read");
     assert_eq!(
@@ -38,8 +38,9 @@ async fn the_token_is_stored_only_as_its_sha256_digest() {
         format!("sha256:{}", hex::encode(Sha256::digest(secret.as_bytes())))
     );
     assert!(!stored.contains(secret));
-    let raw = std::fs::read(db.path()).expect("db file");
-    let wal = std::fs::read(db.path().with_extension("db-wal")).unwrap_or_default();
+    let path = db.path().expect("a SQLite file");
+    let raw = std::fs::read(path).expect("db file");
+    let wal = std::fs::read(path.with_extension("db-wal")).unwrap_or_default();
     for bytes in [raw, wal] {
         assert!(!bytes.windows(secret.len()).any(|w| w == secret.as_bytes()));
     }
@@ -227,7 +228,7 @@ async fn a_legacy_argon2_token_is_verified_through_the_pool() {
         .hash_password(secret.as_bytes())
         .expect("hash")
         .to_string();
-    db.write(move |c| c.execute("UPDATE reviewers SET token_hash = ?1", [phc]))
+    db.write(move |c| c.execute("UPDATE reviewers SET token_hash = ?1", [&phc]))
         .await
         .expect("write");
     let hasher = Hasher::new(1, 4);
@@ -254,7 +255,7 @@ async fn passwords_are_argon2id_and_checked_by_name() {
         .await
         .expect("set");
     let stored: String = db
-        .read(|c| c.query_row("SELECT password_hash FROM reviewers", [], |r| r.get(0)))
+        .read(|c| c.query_row("SELECT password_hash FROM reviewers", (), |r| r.get(0)))
         .await
         .expect("read");
     assert!(stored.starts_with("$argon2id$"), "{stored}");

@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 
+use crate::store::{Conn, OptionalExtension as _, params};
 use chrono::{DateTime, Utc};
-use rusqlite::{Connection, OptionalExtension as _, params};
 
 use super::cipher::{self, SCHEME_XCHACHA_V1};
 use super::{MasterKey, Redactor, SecretString, SecretsError, validate_name};
@@ -51,7 +51,7 @@ pub struct SecretStore {
 
 /// A domain result inside a database job: SQL errors roll the job back, domain errors
 /// are answered after the (empty) job commits.
-type Job<T> = rusqlite::Result<Result<T, SecretsError>>;
+type Job<T> = crate::store::Result<Result<T, SecretsError>>;
 
 /// Secrets with their values, by name.
 type Values = Vec<(String, SecretString)>;
@@ -154,7 +154,7 @@ impl SecretStore {
         &self,
         name: &str,
         value: &SecretString,
-    ) -> Result<impl FnOnce(&Connection) -> Job<Written> + Send + 'static, SecretsError> {
+    ) -> Result<impl Fn(&Conn<'_>) -> Job<Written> + Send + 'static, SecretsError> {
         validate_name("secret", name)?;
         if value.expose_secret().is_empty() {
             return Err(SecretsError::Empty {
@@ -169,7 +169,7 @@ impl SecretStore {
         }
         let sealed = cipher::seal(&self.key, name, value)?;
         let name = name.to_owned();
-        Ok(move |c: &Connection| {
+        Ok(move |c: &Conn<'_>| {
             let now = now_ms();
             let existed = c
                 .query_row("SELECT 1 FROM secrets WHERE name = ?1", [&name], |_| Ok(()))
@@ -201,11 +201,11 @@ impl SecretStore {
     fn get_job(
         &self,
         name: &str,
-    ) -> Result<impl FnOnce(&Connection) -> Job<SecretString> + Send + 'static, SecretsError> {
+    ) -> Result<impl FnOnce(&Conn<'_>) -> Job<SecretString> + Send + 'static, SecretsError> {
         validate_name("secret", name)?;
         let key = Arc::clone(&self.key);
         let name = name.to_owned();
-        Ok(move |c: &Connection| {
+        Ok(move |c: &Conn<'_>| {
             let Some(row) = sealed_row(c, &name)? else {
                 return Ok(Err(SecretsError::NotFound { name }));
             };
@@ -217,7 +217,7 @@ impl SecretStore {
         &self,
         agent: &str,
         asked: &[String],
-    ) -> Result<impl FnOnce(&Connection) -> Job<Values> + Send + 'static, SecretsError> {
+    ) -> Result<impl FnOnce(&Conn<'_>) -> Job<Values> + Send + 'static, SecretsError> {
         validate_name("agent", agent)?;
         let key = Arc::clone(&self.key);
         let agent = agent.to_owned();
@@ -227,7 +227,7 @@ impl SecretStore {
             .filter(|name| seen.insert(name.as_str()))
             .cloned()
             .collect();
-        Ok(move |c: &Connection| {
+        Ok(move |c: &Conn<'_>| {
             let granted: BTreeSet<String> = granted_names(c, &agent)?.into_iter().collect();
             let mut missing: Vec<String> = asked
                 .iter()
@@ -280,7 +280,7 @@ impl SealedRow {
     }
 }
 
-fn sealed_row(c: &Connection, name: &str) -> rusqlite::Result<Option<SealedRow>> {
+fn sealed_row(c: &Conn<'_>, name: &str) -> crate::store::Result<Option<SealedRow>> {
     c.query_row(
         "SELECT scheme, nonce, ciphertext FROM secrets WHERE name = ?1",
         [name],
@@ -295,16 +295,16 @@ fn sealed_row(c: &Connection, name: &str) -> rusqlite::Result<Option<SealedRow>>
     .optional()
 }
 
-fn list_meta(c: &Connection) -> rusqlite::Result<Vec<SecretMeta>> {
+fn list_meta(c: &Conn<'_>) -> crate::store::Result<Vec<SecretMeta>> {
     let mut grants: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut stmt = c.prepare("SELECT secret, agent FROM secret_grants ORDER BY secret, agent")?;
-    let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+    let rows = stmt.query_map((), |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
     for row in rows {
         let (secret, agent) = row?;
         grants.entry(secret).or_default().push(agent);
     }
     let mut stmt = c.prepare("SELECT name, created_at, updated_at FROM secrets ORDER BY name")?;
-    let rows = stmt.query_map([], |r| {
+    let rows = stmt.query_map((), |r| {
         Ok((
             r.get::<_, String>(0)?,
             r.get::<_, i64>(1)?,
@@ -328,28 +328,27 @@ fn list_meta(c: &Connection) -> rusqlite::Result<Vec<SecretMeta>> {
 const GENERATION_KEY: &str = "secrets_generation";
 
 /// Bumps the generation counter, inside the writing transaction.
-fn bump_generation(c: &Connection) -> rusqlite::Result<()> {
+fn bump_generation(c: &Conn<'_>) -> crate::store::Result<()> {
     crate::store::meta::increment(c, GENERATION_KEY)
 }
 
 /// The generation counter (0 before the first write). A value that is not a number is
 /// an error, never 0: caches of the secrets (the redactor among them) refresh only when
 /// the counter moves, and a counter read as 0 would never move.
-fn read_generation(c: &Connection) -> rusqlite::Result<u64> {
+fn read_generation(c: &Conn<'_>) -> crate::store::Result<u64> {
     let Some(value) = crate::store::meta::get(c, GENERATION_KEY)? else {
         return Ok(0);
     };
-    value.parse().map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+    value.parse().map_err(|e| crate::store::SqlError::Decode {
+        idx: 0,
+        message: format!("the secrets generation is not a number: {e}"),
     })
 }
 
-fn delete_job(
-    name: &str,
-) -> Result<impl FnOnce(&Connection) -> Job<()> + Send + 'static, SecretsError> {
+fn delete_job(name: &str) -> Result<impl Fn(&Conn<'_>) -> Job<()> + Send + 'static, SecretsError> {
     validate_name("secret", name)?;
     let name = name.to_owned();
-    Ok(move |c: &Connection| {
+    Ok(move |c: &Conn<'_>| {
         // Grants go by the foreign key's cascade; deleting them here as well keeps this
         // correct on a connection without `foreign_keys`.
         c.execute("DELETE FROM secret_grants WHERE secret = ?1", [&name])?;
@@ -358,7 +357,7 @@ fn delete_job(
             bump_generation(c)?;
         }
         Ok(if deleted == 0 {
-            Err(SecretsError::NotFound { name })
+            Err(SecretsError::NotFound { name: name.clone() })
         } else {
             Ok(())
         })
@@ -368,16 +367,17 @@ fn delete_job(
 fn grant_job(
     name: &str,
     agent: &str,
-) -> Result<impl FnOnce(&Connection) -> Job<()> + Send + 'static, SecretsError> {
+) -> Result<impl Fn(&Conn<'_>) -> Job<()> + Send + 'static, SecretsError> {
     validate_name("secret", name)?;
     validate_name("agent", agent)?;
     let (name, agent) = (name.to_owned(), agent.to_owned());
-    Ok(move |c: &Connection| {
+    Ok(move |c: &Conn<'_>| {
         if !secret_exists(c, &name)? {
-            return Ok(Err(SecretsError::NotFound { name }));
+            return Ok(Err(SecretsError::NotFound { name: name.clone() }));
         }
         c.execute(
-            "INSERT OR IGNORE INTO secret_grants (secret, agent, granted_at) VALUES (?1, ?2, ?3)",
+            "INSERT INTO secret_grants (secret, agent, granted_at) VALUES (?1, ?2, ?3) \
+             ON CONFLICT DO NOTHING",
             params![name, agent, now_ms()],
         )?;
         Ok(Ok(()))
@@ -387,11 +387,11 @@ fn grant_job(
 fn revoke_job(
     name: &str,
     agent: &str,
-) -> Result<impl FnOnce(&Connection) -> Job<()> + Send + 'static, SecretsError> {
+) -> Result<impl Fn(&Conn<'_>) -> Job<()> + Send + 'static, SecretsError> {
     validate_name("secret", name)?;
     validate_name("agent", agent)?;
     let (name, agent) = (name.to_owned(), agent.to_owned());
-    Ok(move |c: &Connection| {
+    Ok(move |c: &Conn<'_>| {
         let removed = c.execute(
             "DELETE FROM secret_grants WHERE secret = ?1 AND agent = ?2",
             params![name, agent],
@@ -400,24 +400,27 @@ fn revoke_job(
             return Ok(Ok(()));
         }
         Ok(Err(if secret_exists(c, &name)? {
-            SecretsError::GrantNotFound { name, agent }
+            SecretsError::GrantNotFound {
+                name: name.clone(),
+                agent: agent.clone(),
+            }
         } else {
-            SecretsError::NotFound { name }
+            SecretsError::NotFound { name: name.clone() }
         }))
     })
 }
 
-fn granted_names(c: &Connection, agent: &str) -> rusqlite::Result<Vec<String>> {
+fn granted_names(c: &Conn<'_>, agent: &str) -> crate::store::Result<Vec<String>> {
     let mut stmt =
         c.prepare("SELECT secret FROM secret_grants WHERE agent = ?1 ORDER BY secret")?;
     let names = stmt.query_map([agent], |r| r.get(0))?;
     names.collect()
 }
 
-fn all_values(c: &Connection, key: &MasterKey) -> Job<Values> {
+fn all_values(c: &Conn<'_>, key: &MasterKey) -> Job<Values> {
     let mut stmt =
         c.prepare("SELECT name, scheme, nonce, ciphertext FROM secrets ORDER BY name")?;
-    let rows = stmt.query_map([], |r| {
+    let rows = stmt.query_map((), |r| {
         Ok((
             r.get::<_, String>(0)?,
             SealedRow {
@@ -438,7 +441,7 @@ fn all_values(c: &Connection, key: &MasterKey) -> Job<Values> {
     Ok(Ok(values))
 }
 
-fn secret_exists(c: &Connection, name: &str) -> rusqlite::Result<bool> {
+fn secret_exists(c: &Conn<'_>, name: &str) -> crate::store::Result<bool> {
     c.query_row("SELECT 1 FROM secrets WHERE name = ?1", [name], |_| Ok(()))
         .optional()
         .map(|found| found.is_some())

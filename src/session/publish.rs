@@ -113,11 +113,12 @@ pub struct GithubPublisher {
 }
 
 /// Reads the agent's latest finding on a thread, in a read transaction.
-pub type FindingReader = fn(&rusqlite::Connection, &str) -> rusqlite::Result<Option<String>>;
+pub type FindingReader = fn(&crate::store::Conn<'_>, &str) -> crate::store::Result<Option<String>>;
 /// Reads the first `limit` gated calls of a thread (oldest first) and their count.
-pub type CallsReader = fn(&rusqlite::Connection, &str, usize) -> rusqlite::Result<ThreadCalls>;
+pub type CallsReader =
+    fn(&crate::store::Conn<'_>, &str, usize) -> crate::store::Result<ThreadCalls>;
 /// Reads what the model cost on a thread.
-pub type CostReader = fn(&rusqlite::Connection, &str) -> rusqlite::Result<SessionCost>;
+pub type CostReader = fn(&crate::store::Conn<'_>, &str) -> crate::store::Result<SessionCost>;
 
 /// One gated call of the thread, as its pull request lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -322,9 +323,9 @@ fn more(total: usize, listed: usize) -> String {
 
 /// The Plain workspace and title of the thread, from its latest event.
 fn thread_of(
-    c: &rusqlite::Connection,
+    c: &crate::store::Conn<'_>,
     thread: &str,
-) -> rusqlite::Result<(Option<String>, Option<String>)> {
+) -> crate::store::Result<(Option<String>, Option<String>)> {
     let body = crate::webhook::store::latest_body(c, thread)?;
     let event = body.and_then(|b| serde_json::from_str::<Value>(&b).ok());
     let Some(event) = event else {

@@ -2,7 +2,7 @@
 //! sessions. (The events they apply belong to [`crate::webhook::store`]; the pause flag
 //! to [`crate::store::meta`].)
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::store::{Conn, OptionalExtension, params};
 use serde::Serialize;
 
 use crate::ids::{SessionId, ThreadId};
@@ -59,7 +59,7 @@ const COLUMNS: &str = "thread_id, session_id, agent, state, container_id, branch
      customer_id, customer_email, created_at_ms, updated_at_ms, last_event_ms, attempts, \
      last_error, stop_requested";
 
-fn row_to_session(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
+fn row_to_session(row: &crate::store::Row<'_>) -> crate::store::Result<SessionRow> {
     Ok(SessionRow {
         thread_id: row.get(0)?,
         session_id: row.get(1)?,
@@ -80,7 +80,7 @@ fn row_to_session(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
 }
 
 /// The session of `thread_id`, if it ever had one.
-pub fn get(conn: &Connection, thread_id: &ThreadId) -> rusqlite::Result<Option<SessionRow>> {
+pub fn get(conn: &Conn<'_>, thread_id: &ThreadId) -> crate::store::Result<Option<SessionRow>> {
     conn.query_row(
         &format!("SELECT {COLUMNS} FROM sessions WHERE thread_id = ?1"),
         [thread_id],
@@ -90,28 +90,31 @@ pub fn get(conn: &Connection, thread_id: &ThreadId) -> rusqlite::Result<Option<S
 }
 
 /// Every session, newest first.
-pub fn list(conn: &Connection) -> rusqlite::Result<Vec<SessionRow>> {
+pub fn list(conn: &Conn<'_>) -> crate::store::Result<Vec<SessionRow>> {
     let mut stmt = conn.prepare(&format!(
         "SELECT {COLUMNS} FROM sessions ORDER BY created_at_ms DESC, thread_id"
     ))?;
-    let rows = stmt.query_map([], row_to_session)?;
+    let rows = stmt.query_map((), row_to_session)?;
     rows.collect()
 }
 
 /// Sessions in one of `states`, oldest update first (the order queued sessions start in).
-pub fn in_states(conn: &Connection, states: &[SessionState]) -> rusqlite::Result<Vec<SessionRow>> {
+pub fn in_states(
+    conn: &Conn<'_>,
+    states: &[SessionState],
+) -> crate::store::Result<Vec<SessionRow>> {
     let names: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
     let mut stmt = conn.prepare(&format!(
         "SELECT {COLUMNS} FROM sessions WHERE state IN ({}) ORDER BY updated_at_ms, thread_id",
         names.join(",")
     ))?;
-    let rows = stmt.query_map([], row_to_session)?;
+    let rows = stmt.query_map((), row_to_session)?;
     rows.collect()
 }
 
 /// Creates the session of a thread in state `queued`, under the thread's lease: a
 /// stale owner's insert changes nothing and is [`Lease::lost`].
-pub fn insert(conn: &Connection, lease: &Lease, row: &SessionRow) -> rusqlite::Result<()> {
+pub fn insert(conn: &Conn<'_>, lease: &Lease, row: &SessionRow) -> crate::store::Result<()> {
     let changed = conn.execute(
         &format!(
             "INSERT INTO sessions ({COLUMNS}) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
@@ -143,7 +146,7 @@ pub fn insert(conn: &Connection, lease: &Lease, row: &SessionRow) -> rusqlite::R
 
 /// A fenced statement changed `changed` rows: none because the lease is no longer
 /// held is [`Lease::lost`]; none because there was no row to change is fine.
-fn refused_unless_held(conn: &Connection, lease: &Lease, changed: usize) -> rusqlite::Result<()> {
+fn refused_unless_held(conn: &Conn<'_>, lease: &Lease, changed: usize) -> crate::store::Result<()> {
     if changed == 0 {
         leases::fence(conn, lease)?;
     }
@@ -154,12 +157,12 @@ fn refused_unless_held(conn: &Connection, lease: &Lease, changed: usize) -> rusq
 /// lease: every statement's `WHERE` carries the fence, so a stale owner's transition
 /// changes nothing and is [`Lease::lost`].
 pub fn set_state(
-    conn: &Connection,
+    conn: &Conn<'_>,
     lease: &Lease,
     state: SessionState,
     container_id: Option<&str>,
     now_ms: i64,
-) -> rusqlite::Result<()> {
+) -> crate::store::Result<()> {
     let fence = fence_clause(1, 5, 6);
     let changed = conn.execute(
         &format!(
@@ -202,11 +205,11 @@ pub fn set_state(
 /// Records a failed start: the session goes back to `queued` and is retried later.
 /// Fenced by the thread's lease.
 pub fn record_failure(
-    conn: &Connection,
+    conn: &Conn<'_>,
     lease: &Lease,
     error: &str,
     now_ms: i64,
-) -> rusqlite::Result<()> {
+) -> crate::store::Result<()> {
     let changed = conn.execute(
         &format!(
             "UPDATE sessions SET state = 'queued', container_id = NULL, attempts = attempts + 1, \
@@ -219,7 +222,7 @@ pub fn record_failure(
 }
 
 /// Records where the session's worktree is. Fenced by the thread's lease.
-pub fn set_worktree(conn: &Connection, lease: &Lease, worktree: &str) -> rusqlite::Result<()> {
+pub fn set_worktree(conn: &Conn<'_>, lease: &Lease, worktree: &str) -> crate::store::Result<()> {
     let changed = conn.execute(
         &format!(
             "UPDATE sessions SET worktree = ?4 WHERE thread_id = ?1 AND {}",
@@ -233,7 +236,7 @@ pub fn set_worktree(conn: &Connection, lease: &Lease, worktree: &str) -> rusqlit
 /// Sessions that should be live (starting or running) but whose lease no one holds at
 /// `now_ms` (never had one, released, or expired with its owner gone): the sessions
 /// another instance must take over. Oldest update first.
-pub fn unowned_live(conn: &Connection, now_ms: i64) -> rusqlite::Result<Vec<SessionRow>> {
+pub fn unowned_live(conn: &Conn<'_>, now_ms: i64) -> crate::store::Result<Vec<SessionRow>> {
     let columns: Vec<String> = COLUMNS.split(", ").map(|c| format!("s.{c}")).collect();
     let mut stmt = conn.prepare(&format!(
         "SELECT {} FROM sessions s LEFT JOIN session_leases l ON l.thread_id = s.thread_id \
@@ -248,7 +251,7 @@ pub fn unowned_live(conn: &Connection, now_ms: i64) -> rusqlite::Result<Vec<Sess
 
 /// Asks the running server to stop a thread's session (`threadgate sessions stop`).
 /// Returns false when the thread has no session.
-pub fn request_stop(conn: &Connection, thread_id: &ThreadId) -> rusqlite::Result<bool> {
+pub fn request_stop(conn: &Conn<'_>, thread_id: &ThreadId) -> crate::store::Result<bool> {
     let changed = conn.execute(
         "UPDATE sessions SET stop_requested = 1 WHERE thread_id = ?1 AND state != 'ended'",
         [thread_id],
@@ -258,7 +261,7 @@ pub fn request_stop(conn: &Connection, thread_id: &ThreadId) -> rusqlite::Result
 
 /// Withdraws a stop request (a customer wrote after the thread's DONE). Fenced by the
 /// thread's lease.
-pub fn cancel_stop(conn: &Connection, lease: &Lease) -> rusqlite::Result<()> {
+pub fn cancel_stop(conn: &Conn<'_>, lease: &Lease) -> crate::store::Result<()> {
     let changed = conn.execute(
         &format!(
             "UPDATE sessions SET stop_requested = 0 WHERE thread_id = ?1 AND {}",
@@ -270,19 +273,19 @@ pub fn cancel_stop(conn: &Connection, lease: &Lease) -> rusqlite::Result<()> {
 }
 
 /// Threads whose session must stop: an operator asked, or the thread is DONE.
-pub fn stop_requests(conn: &Connection) -> rusqlite::Result<Vec<ThreadId>> {
+pub fn stop_requests(conn: &Conn<'_>) -> crate::store::Result<Vec<ThreadId>> {
     let mut stmt = conn.prepare("SELECT thread_id FROM sessions WHERE stop_requested = 1")?;
-    let rows = stmt.query_map([], |r| r.get(0))?;
+    let rows = stmt.query_map((), |r| r.get(0))?;
     rows.collect()
 }
 
 /// Threads whose session must stop and that `owner` may act on at `now_ms`: it holds
 /// their lease, or no one does (another instance's are ended by that instance).
 pub fn stop_requests_for(
-    conn: &Connection,
+    conn: &Conn<'_>,
     owner: &str,
     now_ms: i64,
-) -> rusqlite::Result<Vec<ThreadId>> {
+) -> crate::store::Result<Vec<ThreadId>> {
     let mut stmt = conn.prepare(
         "SELECT s.thread_id FROM sessions s \
          LEFT JOIN session_leases l ON l.thread_id = s.thread_id \
@@ -294,24 +297,24 @@ pub fn stop_requests_for(
 }
 
 /// Whether new sessions are paused (webhooks are still stored and acknowledged).
-pub fn paused(conn: &Connection) -> rusqlite::Result<bool> {
+pub fn paused(conn: &Conn<'_>) -> crate::store::Result<bool> {
     Ok(meta::get(conn, meta::PAUSED)?.as_deref() == Some("1"))
 }
 
 /// Sets or lifts the global pause.
-pub fn set_paused(conn: &Connection, paused: bool) -> rusqlite::Result<()> {
+pub fn set_paused(conn: &Conn<'_>, paused: bool) -> crate::store::Result<()> {
     meta::set(conn, meta::PAUSED, if paused { "1" } else { "0" })
 }
 
 /// Records the newest event time applied to a session and who the customer is.
 /// Fenced by the thread's lease.
 pub fn note_event(
-    conn: &Connection,
+    conn: &Conn<'_>,
     lease: &Lease,
     occurred_at_ms: i64,
     customer_id: Option<&str>,
     customer_email: Option<&str>,
-) -> rusqlite::Result<()> {
+) -> crate::store::Result<()> {
     let changed = conn.execute(
         &format!(
             "UPDATE sessions SET last_event_ms = CASE WHEN last_event_ms > ?4 THEN last_event_ms \
@@ -332,9 +335,9 @@ pub fn note_event(
 }
 
 /// How many sessions are in each state (states without one are absent).
-pub fn count_by_state(conn: &Connection) -> rusqlite::Result<Vec<(String, i64)>> {
+pub fn count_by_state(conn: &Conn<'_>) -> crate::store::Result<Vec<(String, i64)>> {
     let mut stmt = conn.prepare("SELECT state, count(*) FROM sessions GROUP BY state")?;
-    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let rows = stmt.query_map((), |r| Ok((r.get(0)?, r.get(1)?)))?;
     rows.collect()
 }
 
@@ -431,7 +434,7 @@ mod tests {
                      occurred_at_ms, received_at_ms, body) \
                      VALUES ('pEv_s', 'thread.email_received', 'customer', 'th_s', \
                      'customer', 3000, 3000, '{}')",
-                    [],
+                    (),
                 )?;
                 Ok(lease)
             })
@@ -497,7 +500,7 @@ mod tests {
             .read(|c| {
                 c.query_row(
                     "SELECT count(*) FROM events WHERE applied_at_ms IS NULL",
-                    [],
+                    (),
                     |r| r.get(0),
                 )
             })

@@ -255,7 +255,7 @@ impl Harness {
                      customer_email, actor, occurred_at_ms, received_at_ms, body) \
                      VALUES (?1, 'thread.email_received', ?2, ?3, 'c_1', 'a@example.com', \
                      'customer', ?4, ?4, '{}')",
-                    rusqlite::params![format!("pEv_{n}"), class, thread_owned, occurred_at_ms],
+                    crate::store::params![format!("pEv_{n}"), class, thread_owned, occurred_at_ms],
                 )
             })
             .await
@@ -353,7 +353,7 @@ async fn done_is_remembered_until_the_session_has_ended_and_a_newer_message_canc
                 "INSERT INTO events (event_id, event_type, class, thread_id, actor, \
                  occurred_at_ms, received_at_ms, body) \
                  VALUES (?1, 'thread.email_received', ?2, 'th_1', 'customer', ?3, ?3, '{}')",
-                rusqlite::params![id, class, at],
+                crate::store::params![id, class, at],
             )?;
         }
         Ok(())
@@ -373,7 +373,7 @@ async fn done_is_remembered_until_the_session_has_ended_and_a_newer_message_canc
              occurred_at_ms, received_at_ms, body) \
              VALUES ('pEv_done2', 'thread.thread_status_transitioned', 'done', 'th_1', \
              'user', 4000, 4000, '{}')",
-            [],
+            (),
         )?;
         Ok(())
     })
@@ -399,7 +399,7 @@ async fn a_stop_while_the_container_is_starting_ends_the_session_once_started() 
              occurred_at_ms, received_at_ms, body) \
              VALUES ('pEv_1', 'thread.thread_created', 'customer', 'th_1', 'system', \
              1000, 1000, '{}')",
-            [],
+            (),
         )
     })
     .await

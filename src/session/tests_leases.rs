@@ -98,7 +98,7 @@ async fn store_event(db: &Db, event: &str, thread: &str, at: i64) {
              customer_email, actor, occurred_at_ms, received_at_ms, body) \
              VALUES (?1, 'thread.email_received', 'customer', ?2, 'c_1', 'a@example.com', \
              'customer', ?3, ?3, '{}')",
-            rusqlite::params![event, thread, at],
+            crate::store::params![event, thread, at],
         )
     })
     .await
@@ -162,14 +162,14 @@ async fn events_stored_anywhere_are_applied_once_by_the_owner_and_each_thread_ru
         a.db.read(|c| {
             let pending = c.query_row(
                 "SELECT count(*) FROM events WHERE applied_at_ms IS NULL",
-                [],
+                (),
                 |r| r.get(0),
             )?;
             let mut stmt = c.prepare(
                 "SELECT thread_id, thread_pos FROM events ORDER BY thread_id, thread_pos",
             )?;
-            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-            Ok((pending, rows.collect::<rusqlite::Result<Vec<_>>>()?))
+            let rows = stmt.query_map((), |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok((pending, rows.collect::<crate::store::Result<Vec<_>>>()?))
         })
         .await
         .expect("read events");

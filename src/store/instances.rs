@@ -7,7 +7,7 @@
 //! other's containers: registration is refused while another boot of the same id has a
 //! heartbeat fresher than the lease time.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::store::{Conn, OptionalExtension, params};
 
 /// What [`register`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,12 +25,12 @@ pub enum Registration {
 /// before `stale_before_ms` (its process is gone) is taken; any other is refused. One
 /// conditional statement, so two processes starting at once with one id get one winner.
 pub fn register(
-    conn: &Connection,
+    conn: &Conn<'_>,
     instance_id: &str,
     (nonce, previous): (&str, Option<&str>),
     now_ms: i64,
     stale_before_ms: i64,
-) -> rusqlite::Result<Registration> {
+) -> crate::store::Result<Registration> {
     let mut stmt = conn.prepare(
         "INSERT INTO instances (instance_id, boot_nonce, started_at_ms, heartbeat_at_ms) \
          VALUES (?1, ?2, ?3, ?3) \
@@ -67,11 +67,11 @@ pub fn register(
 /// Renews this boot's heartbeat. `false`: the id is no longer this boot's (another
 /// process took it after this one's heartbeat went stale).
 pub fn heartbeat(
-    conn: &Connection,
+    conn: &Conn<'_>,
     instance_id: &str,
     nonce: &str,
     now_ms: i64,
-) -> rusqlite::Result<bool> {
+) -> crate::store::Result<bool> {
     let changed = conn
         .prepare_cached(
             "UPDATE instances SET heartbeat_at_ms = ?3 \
@@ -82,7 +82,7 @@ pub fn heartbeat(
 }
 
 /// Marks this boot stopped (a clean shutdown): its id may be registered again at once.
-pub fn deregister(conn: &Connection, instance_id: &str, nonce: &str) -> rusqlite::Result<()> {
+pub fn deregister(conn: &Conn<'_>, instance_id: &str, nonce: &str) -> crate::store::Result<()> {
     conn.execute(
         "UPDATE instances SET heartbeat_at_ms = 0 WHERE instance_id = ?1 AND boot_nonce = ?2",
         params![instance_id, nonce],
@@ -92,10 +92,10 @@ pub fn deregister(conn: &Connection, instance_id: &str, nonce: &str) -> rusqlite
 
 /// Every registered instance with its last heartbeat (`threadgate` operators' view and
 /// tests).
-pub fn list(conn: &Connection) -> rusqlite::Result<Vec<(String, i64)>> {
+pub fn list(conn: &Conn<'_>) -> crate::store::Result<Vec<(String, i64)>> {
     let mut stmt =
         conn.prepare("SELECT instance_id, heartbeat_at_ms FROM instances ORDER BY instance_id")?;
-    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let rows = stmt.query_map((), |r| Ok((r.get(0)?, r.get(1)?)))?;
     rows.collect()
 }
 

@@ -12,7 +12,7 @@
 //! SQL is kept portable (SQLite and Postgres): `ON CONFLICT`, `RETURNING`, numbered
 //! parameters, no functions of one engine.
 
-use rusqlite::{Connection, params};
+use crate::store::{Conn, params};
 
 use crate::ids::ThreadId;
 
@@ -38,12 +38,12 @@ pub struct LeaseLost {
 
 impl Lease {
     /// The error a fenced statement returns when the database refused it.
-    pub fn lost(&self) -> rusqlite::Error {
-        rusqlite::Error::ToSqlConversionFailure(Box::new(LeaseLost {
+    pub fn lost(&self) -> crate::store::SqlError {
+        crate::store::SqlError::other(LeaseLost {
             thread_id: self.thread_id.clone(),
             owner: self.owner.clone(),
             token: self.token,
-        }))
+        })
     }
 }
 
@@ -56,8 +56,8 @@ pub fn is_lost(err: &super::StoreError) -> bool {
 }
 
 /// Whether `err` is a write refused by its lease's fence.
-pub fn is_lost_sql(err: &rusqlite::Error) -> bool {
-    matches!(err, rusqlite::Error::ToSqlConversionFailure(inner) if inner.is::<LeaseLost>())
+pub fn is_lost_sql(err: &crate::store::SqlError) -> bool {
+    matches!(err, crate::store::SqlError::Other(inner) if inner.is::<LeaseLost>())
 }
 
 /// The condition a fenced statement adds to its `WHERE`: the lease named by the
@@ -75,12 +75,12 @@ pub fn fence_clause(thread: usize, owner: usize, token: usize) -> String {
 /// instance holds an unexpired lease (or `owner` does, under a token it must already
 /// know).
 pub fn acquire(
-    conn: &Connection,
+    conn: &Conn<'_>,
     thread: &ThreadId,
     owner: &str,
     now_ms: i64,
     lease_ms: i64,
-) -> rusqlite::Result<Option<Lease>> {
+) -> crate::store::Result<Option<Lease>> {
     let mut stmt = conn.prepare_cached(
         "INSERT INTO session_leases (thread_id, owner, token, expires_at_ms) \
          VALUES (?1, ?2, 1, ?3) \
@@ -108,11 +108,11 @@ pub fn acquire(
 /// Extends `lease` to `now_ms + lease_ms` if it is still the thread's current one.
 /// `false`: it is not (taken over or released); the holder must drop the session.
 pub fn renew(
-    conn: &Connection,
+    conn: &Conn<'_>,
     lease: &Lease,
     now_ms: i64,
     lease_ms: i64,
-) -> rusqlite::Result<bool> {
+) -> crate::store::Result<bool> {
     let changed = conn
         .prepare_cached(
             "UPDATE session_leases SET expires_at_ms = ?4 \
@@ -129,7 +129,7 @@ pub fn renew(
 
 /// Gives `lease` up: it expires now (its row and token stay, so the next owner's token
 /// is larger). `false`: it was not held any more.
-pub fn release(conn: &Connection, lease: &Lease) -> rusqlite::Result<bool> {
+pub fn release(conn: &Conn<'_>, lease: &Lease) -> crate::store::Result<bool> {
     let changed = conn
         .prepare_cached(
             "UPDATE session_leases SET expires_at_ms = 0 \
@@ -144,11 +144,11 @@ pub fn release(conn: &Connection, lease: &Lease) -> rusqlite::Result<bool> {
 /// once the instance registry has shown that no other live process has this id, so
 /// the sessions this instance left running are adopted rather than taken over.
 pub fn reclaim(
-    conn: &Connection,
+    conn: &Conn<'_>,
     owner: &str,
     now_ms: i64,
     lease_ms: i64,
-) -> rusqlite::Result<Vec<Lease>> {
+) -> crate::store::Result<Vec<Lease>> {
     let mut stmt = conn.prepare(
         "UPDATE session_leases SET token = token + 1, expires_at_ms = ?2 \
          WHERE owner = ?1 AND expires_at_ms > 0 RETURNING thread_id, token",
@@ -167,7 +167,7 @@ pub fn reclaim(
 /// one. It is itself a write of the lease row (a no-op update), so on a database with
 /// row locks a takeover waits for this transaction to commit; on SQLite the writer's
 /// transaction already excludes every other writer. Returns [`Lease::lost`] when refused.
-pub fn fence(conn: &Connection, lease: &Lease) -> rusqlite::Result<()> {
+pub fn fence(conn: &Conn<'_>, lease: &Lease) -> crate::store::Result<()> {
     let changed = conn
         .prepare_cached(
             "UPDATE session_leases SET token = token \
@@ -183,11 +183,11 @@ pub fn fence(conn: &Connection, lease: &Lease) -> rusqlite::Result<()> {
 /// The owner of `thread`'s lease and whether it is unexpired at `now_ms`, if the thread
 /// ever had one.
 pub fn holder(
-    conn: &Connection,
+    conn: &Conn<'_>,
     thread: &ThreadId,
     now_ms: i64,
-) -> rusqlite::Result<Option<(String, i64, bool)>> {
-    use rusqlite::OptionalExtension as _;
+) -> crate::store::Result<Option<(String, i64, bool)>> {
+    use crate::store::OptionalExtension as _;
     conn.query_row(
         "SELECT owner, token, expires_at_ms FROM session_leases WHERE thread_id = ?1",
         [thread],

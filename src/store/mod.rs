@@ -1,4 +1,5 @@
-//! Durable state: one SQLite database in the data directory.
+//! Durable state: one SQLite database in the data directory, or one Postgres database
+//! shared by several instances (`[store] url`).
 //!
 //! Every write goes through a single writer thread that batches concurrent writes into
 //! one transaction and one fsync (group commit): a caller's `write` future resolves only
@@ -6,16 +7,22 @@
 //! separate connections, which WAL lets run beside the writer. WAL checkpoints run on
 //! their own thread (`checkpoint`), never inside a caller's commit.
 //!
-//! Domain modules own their SQL and run it through [`Db::write`] and [`Db::read`];
-//! the schema lives in `migrations/`, applied in order at open. To move to Postgres for
-//! several instances, this module and the domain queries are what changes; the
-//! orchestrator only sees domain functions.
+//! On Postgres (`pg`) a write is one SERIALIZABLE transaction of its own, run again
+//! when it loses a race with another instance, and a read is a READ ONLY REPEATABLE READ
+//! snapshot; both on the blocking pool, over a small bounded pool of connections.
+//!
+//! Domain modules own their SQL and run it through [`Db::write`] and [`Db::read`] on a
+//! [`Conn`] (`sql`), the one API over both backends; the schema lives in `migrations/`
+//! (and `migrations/postgres/`), applied in order at open.
 
 mod checkpoint;
 pub mod instances;
 pub mod leases;
 pub mod meta;
 mod migrations;
+mod pg;
+mod sql;
+pub mod testing;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
@@ -24,7 +31,13 @@ use std::thread;
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::oneshot;
 
+pub use pg::redact;
 pub use rusqlite;
+pub(crate) use sql::params;
+pub use sql::{
+    Conn, Dialect, FromSql, OptionalExtension, Params, Result, Row, RowIndex, Rows, SqlError,
+    Statement, ToSql, Value,
+};
 
 /// The most writes folded into one transaction.
 const MAX_BATCH: usize = 512;
@@ -44,8 +57,27 @@ pub enum StoreError {
     Migration {
         name: &'static str,
         #[source]
-        source: rusqlite::Error,
+        source: SqlError,
     },
+    /// `[store] url` is not a connection string.
+    #[error("invalid database url {url}: {reason}")]
+    BadUrl { url: String, reason: String },
+    /// Nothing answered at the database's address.
+    #[error("cannot reach the database at {url}: {reason}")]
+    Unreachable { url: String, reason: String },
+    /// The server refused the user name or password.
+    #[error(
+        "the database at {url} refused the credentials of user {user:?} (wrong user name or password)"
+    )]
+    Credentials { url: String, user: String },
+    /// The server answered but cannot be used (no such database, no permission, …).
+    #[error("cannot use the database at {url}: {reason}")]
+    Connect { url: String, reason: String },
+    #[error("no database connection came free in time (all {size} in use)")]
+    PoolExhausted { size: usize },
+    /// A write kept losing races with other instances' writes.
+    #[error("a database write lost {attempts} races with other writes in a row")]
+    Contention { attempts: u32 },
     /// The database's schema is of a later threadgate than this one.
     #[error(
         "the database's schema is version {found}, newer than this threadgate knows ({known}): \
@@ -64,7 +96,7 @@ pub enum StoreError {
         source: std::io::Error,
     },
     #[error("database error: {0}")]
-    Sql(#[from] rusqlite::Error),
+    Sql(#[from] SqlError),
     #[error("database commit failed: {0}")]
     Commit(String),
     #[error("the database writer has stopped")]
@@ -99,7 +131,12 @@ type Job = Box<dyn FnOnce(&Connection) -> (bool, Finish) + Send>;
 /// A handle on the database; cheap to clone.
 #[derive(Clone)]
 pub struct Db {
-    inner: Arc<Inner>,
+    inner: Arc<Backend>,
+}
+
+enum Backend {
+    Sqlite(Inner),
+    Postgres(Box<pg::PgStore>),
 }
 
 struct Inner {
@@ -126,9 +163,142 @@ impl Drop for Inner {
 }
 
 impl Db {
-    /// Opens (creating if needed) the database at `path`, applies pending migrations and
-    /// starts the writer thread.
+    /// Opens (creating if needed) the SQLite database at `path`, applies pending
+    /// migrations and starts the writer thread.
     pub fn open(path: &Path) -> Result<Db, StoreError> {
+        Ok(Db {
+            inner: Arc::new(Backend::Sqlite(Inner::open(path)?)),
+        })
+    }
+
+    /// Connects to the Postgres database at `url`, checks it and applies pending
+    /// migrations (under an advisory lock). Errors name what is wrong and never the
+    /// password.
+    pub fn connect(url: &str) -> Result<Db, StoreError> {
+        let store = off_runtime(|| pg::PgStore::connect(url))?;
+        Ok(Db {
+            inner: Arc::new(Backend::Postgres(Box::new(store))),
+        })
+    }
+
+    /// Postgres at `url` when one is given, else SQLite at `path`.
+    pub fn open_configured(url: Option<&str>, path: &Path) -> Result<Db, StoreError> {
+        match url {
+            Some(url) => Db::connect(url),
+            None => Db::open(path),
+        }
+    }
+
+    /// The SQLite database file (`None` on Postgres).
+    pub fn path(&self) -> Option<&Path> {
+        match &*self.inner {
+            Backend::Sqlite(inner) => Some(&inner.path),
+            Backend::Postgres(_) => None,
+        }
+    }
+
+    /// Where the data is, for messages: the file, or the URL without its password.
+    pub fn location(&self) -> String {
+        match &*self.inner {
+            Backend::Sqlite(inner) => inner.path.display().to_string(),
+            Backend::Postgres(pg) => pg.shown().to_owned(),
+        }
+    }
+
+    /// The SQL dialect of the backend.
+    pub fn dialect(&self) -> Dialect {
+        match &*self.inner {
+            Backend::Sqlite(_) => Dialect::Sqlite,
+            Backend::Postgres(_) => Dialect::Postgres,
+        }
+    }
+
+    /// Runs `f` inside a write transaction and resolves once that transaction is
+    /// durably committed. On SQLite `f` runs inside its own savepoint of a group
+    /// commit: if it returns an error, its changes are rolled back and the batch it
+    /// shares goes on. On Postgres it is a SERIALIZABLE transaction of its own, and `f`
+    /// runs again when the transaction loses a race with another writer: `f` must be
+    /// safe to run more than once (it is `Fn`).
+    pub async fn write<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: Fn(&Conn<'_>) -> sql::Result<R> + Send + 'static,
+    {
+        match &*self.inner {
+            Backend::Sqlite(inner) => {
+                let rx = inner.submit(f)?;
+                rx.await.map_err(|_| StoreError::WriterGone)?
+            }
+            Backend::Postgres(_) => {
+                let db = self.clone();
+                crate::tasks::Tasks::spawn_blocking(move || match &*db.inner {
+                    Backend::Postgres(pg) => pg.write(&f),
+                    Backend::Sqlite(_) => Err(StoreError::WriterGone),
+                })
+                .await
+                .map_err(|_| StoreError::WriterGone)?
+            }
+        }
+    }
+
+    /// Runs `f` on a read connection (a consistent snapshot) on the blocking pool.
+    pub async fn read<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Conn<'_>) -> sql::Result<R> + Send + 'static,
+    {
+        let db = self.clone();
+        crate::tasks::Tasks::spawn_blocking(move || db.read_blocking(f))
+            .await
+            .map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// Runs `f` on a read connection without the trip to the blocking pool that
+    /// [`Db::read`] takes: only for a few indexed lookups on a hot path (the gate's read
+    /// decision, the secrets' generation), where the trip costs more than the read. On
+    /// SQLite it runs on the calling thread; on Postgres, whose client must not block an
+    /// async worker, it runs in `block_in_place` (or on a thread of its own when the
+    /// runtime has a single thread).
+    pub fn read_inline<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send,
+        F: FnOnce(&Conn<'_>) -> sql::Result<R> + Send,
+    {
+        match &*self.inner {
+            Backend::Sqlite(inner) => inner.read(f),
+            Backend::Postgres(pg) => off_runtime(|| pg.read(f)),
+        }
+    }
+
+    /// Runs `f` on a read connection on this thread, which must not be an async worker.
+    fn read_blocking<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        F: FnOnce(&Conn<'_>) -> sql::Result<R>,
+    {
+        match &*self.inner {
+            Backend::Sqlite(inner) => inner.read(f),
+            Backend::Postgres(pg) => pg.read(f),
+        }
+    }
+}
+
+/// Runs blocking work from wherever the caller is: in `block_in_place` on a
+/// multi-threaded runtime's worker, on a scoped thread of its own on a single-threaded
+/// runtime (whose only worker it then holds for the work's time), else right here.
+fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        Ok(_) => std::thread::scope(|s| match s.spawn(f).join() {
+            Ok(value) => value,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }),
+        Err(_) => f(),
+    }
+}
+
+impl Inner {
+    fn open(path: &Path) -> Result<Inner, StoreError> {
         let open_err = |source| StoreError::Open {
             path: path.to_owned(),
             source,
@@ -157,72 +327,37 @@ impl Db {
             .name("threadgate-db-writer".into())
             .spawn(move || writer_loop(writer, rx, checkpointer))
             .map_err(|e| StoreError::Commit(format!("cannot start the writer thread: {e}")))?;
-        Ok(Db {
-            inner: Arc::new(Inner {
-                path: path.to_owned(),
-                jobs: Mutex::new(Some(tx)),
-                readers: Mutex::new(readers),
-                writer: Mutex::new(Some(writer)),
-            }),
+        Ok(Inner {
+            path: path.to_owned(),
+            jobs: Mutex::new(Some(tx)),
+            readers: Mutex::new(readers),
+            writer: Mutex::new(Some(writer)),
         })
     }
 
-    /// The database file.
-    pub fn path(&self) -> &Path {
-        &self.inner.path
-    }
-
-    /// Runs `f` inside a write transaction and resolves once that transaction is
-    /// durably committed. `f` runs inside its own savepoint: if it returns an error,
-    /// its changes are rolled back and the batch it shares goes on.
-    pub async fn write<R, F>(&self, f: F) -> Result<R, StoreError>
+    fn read<R, F>(&self, f: F) -> Result<R, StoreError>
     where
-        R: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<R> + Send + 'static,
-    {
-        let rx = self.submit(f)?;
-        rx.await.map_err(|_| StoreError::WriterGone)?
-    }
-
-    /// Runs `f` on a read connection (a consistent snapshot) on the blocking pool.
-    pub async fn read<R, F>(&self, f: F) -> Result<R, StoreError>
-    where
-        R: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<R> + Send + 'static,
-    {
-        let db = self.clone();
-        crate::tasks::Tasks::spawn_blocking(move || db.read_inline(f))
-            .await
-            .map_err(|_| StoreError::WriterGone)?
-    }
-
-    /// Runs `f` on a read connection on the calling thread, without the trip to the
-    /// blocking pool that [`Db::read`] takes: only for a few indexed lookups on a hot
-    /// path (the gate's read decision, the secrets' generation), where the trip costs
-    /// more than the read.
-    pub fn read_inline<R, F>(&self, f: F) -> Result<R, StoreError>
-    where
-        F: FnOnce(&Connection) -> rusqlite::Result<R>,
+        F: FnOnce(&Conn<'_>) -> sql::Result<R>,
     {
         let conn = self.take_reader()?;
-        let result = f(&conn).map_err(StoreError::from);
+        let result = f(&Conn::sqlite(&conn)).map_err(StoreError::from);
         self.return_reader(conn);
         result
     }
 
     fn take_reader(&self) -> Result<Connection, StoreError> {
-        let pooled = lock(&self.inner.readers).pop();
+        let pooled = lock(&self.readers).pop();
         match pooled {
             Some(conn) => Ok(conn),
-            None => open_reader(&self.inner.path).map_err(|source| StoreError::Open {
-                path: self.inner.path.clone(),
+            None => open_reader(&self.path).map_err(|source| StoreError::Open {
+                path: self.path.clone(),
                 source,
             }),
         }
     }
 
     fn return_reader(&self, conn: Connection) {
-        let mut readers = lock(&self.inner.readers);
+        let mut readers = lock(&self.readers);
         if readers.len() < READERS {
             readers.push(conn);
         }
@@ -231,11 +366,11 @@ impl Db {
     fn submit<R, F>(&self, f: F) -> Result<oneshot::Receiver<Result<R, StoreError>>, StoreError>
     where
         R: Send + 'static,
-        F: FnOnce(&Connection) -> rusqlite::Result<R> + Send + 'static,
+        F: Fn(&Conn<'_>) -> sql::Result<R> + Send + 'static,
     {
         let (reply, rx) = oneshot::channel();
         let job: Job = Box::new(move |conn| {
-            let outcome = f(conn);
+            let outcome = f(&Conn::sqlite(conn));
             let ok = outcome.is_ok();
             let finish: Finish = Box::new(move |committed| {
                 let result = match (outcome, committed) {
@@ -248,7 +383,7 @@ impl Db {
             });
             (ok, finish)
         });
-        let jobs = lock(&self.inner.jobs);
+        let jobs = lock(&self.jobs);
         let sender = jobs.as_ref().ok_or(StoreError::WriterGone)?;
         sender.send(job).map_err(|_| StoreError::WriterGone)?;
         Ok(rx)
@@ -264,28 +399,24 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Statements each connection keeps parsed (the gate's hot path uses about a dozen).
 const STATEMENT_CACHE: usize = 64;
 
-/// [`Connection::execute`] through the connection's statement cache: a statement on the
+/// [`Conn::execute`] through the connection's statement cache: a statement on the
 /// call path is parsed once per connection, not at every call.
-pub fn cached_execute<P: rusqlite::Params>(
-    conn: &Connection,
-    sql: &str,
-    params: P,
-) -> rusqlite::Result<usize> {
+pub fn cached_execute<P: Params>(conn: &Conn<'_>, sql: &str, params: P) -> sql::Result<usize> {
     conn.prepare_cached(sql)?.execute(params)
 }
 
-/// [`Connection::query_row`] through the connection's statement cache.
-pub fn cached_query_row<T, P, F>(
-    conn: &Connection,
-    sql: &str,
-    params: P,
-    f: F,
-) -> rusqlite::Result<T>
+/// [`Conn::query_row`] through the connection's statement cache.
+pub fn cached_query_row<T, P, F>(conn: &Conn<'_>, sql: &str, params: P, f: F) -> sql::Result<T>
 where
-    P: rusqlite::Params,
-    F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    P: Params,
+    F: FnOnce(&Row<'_>) -> sql::Result<T>,
 {
     conn.prepare_cached(sql)?.query_row(params, f)
+}
+
+/// A statement of the SQLite writer itself, through its statement cache.
+fn writer_execute(conn: &Connection, sql: &str) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute([])
 }
 
 fn configure(conn: &Connection) -> rusqlite::Result<()> {
@@ -327,22 +458,22 @@ fn writer_loop(
         // INVARIANT: a job runs only inside its own savepoint of an open transaction, so
         // a failing job never leaves partial changes in the batch. A job that cannot be
         // run is dropped, which its caller sees as `WriterGone`.
-        if cached_execute(&conn, "BEGIN IMMEDIATE", []).is_err() {
+        if writer_execute(&conn, "BEGIN IMMEDIATE").is_err() {
             continue;
         }
         for job in batch {
-            if cached_execute(&conn, "SAVEPOINT job", []).is_err() {
+            if writer_execute(&conn, "SAVEPOINT job").is_err() {
                 continue;
             }
             let (ok, finish) = job(&conn);
             let _ = if ok {
-                cached_execute(&conn, "RELEASE job", []).map(drop)
+                writer_execute(&conn, "RELEASE job").map(drop)
             } else {
                 conn.execute_batch("ROLLBACK TO job; RELEASE job")
             };
             finishers.push(finish);
         }
-        let committed = cached_execute(&conn, "COMMIT", []).map(drop).map_err(|e| {
+        let committed = writer_execute(&conn, "COMMIT").map(drop).map_err(|e| {
             let _ = conn.execute_batch("ROLLBACK");
             e.to_string()
         });
@@ -359,18 +490,17 @@ fn writer_loop(
 /// Reads column `idx` as the name of a `T` (an enum stored by its name, parsed with its
 /// `FromStr`). Unknown text is an error naming the type and the text, never a default
 /// state.
-pub fn named<T: std::str::FromStr>(row: &rusqlite::Row<'_>, idx: usize) -> rusqlite::Result<T> {
+pub fn named<T: std::str::FromStr>(row: &Row<'_>, idx: usize) -> sql::Result<T> {
     let text: String = row.get(idx)?;
     text.parse().map_err(|_| {
         let name = std::any::type_name::<T>()
             .rsplit("::")
             .next()
             .unwrap_or("value");
-        rusqlite::Error::FromSqlConversionFailure(
+        SqlError::Decode {
             idx,
-            rusqlite::types::Type::Text,
-            format!("unknown {name} {text:?} in the database").into(),
-        )
+            message: format!("unknown {name} {text:?} in the database"),
+        }
     })
 }
 

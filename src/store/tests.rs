@@ -9,11 +9,11 @@ fn open_temp() -> (tempfile::TempDir, Db) {
 #[tokio::test]
 async fn writes_are_visible_to_readers_after_commit() {
     let (_dir, db) = open_temp();
-    db.write(|c| c.execute("INSERT INTO meta (key, value) VALUES ('a', '1')", []))
+    db.write(|c| c.execute("INSERT INTO meta (key, value) VALUES ('a', '1')", ()))
         .await
         .expect("write");
     let value: String = db
-        .read(|c| c.query_row("SELECT value FROM meta WHERE key = 'a'", [], |r| r.get(0)))
+        .read(|c| c.query_row("SELECT value FROM meta WHERE key = 'a'", (), |r| r.get(0)))
         .await
         .expect("read");
     assert_eq!(value, "1");
@@ -22,7 +22,7 @@ async fn writes_are_visible_to_readers_after_commit() {
 #[tokio::test]
 async fn a_failing_write_rolls_back_alone_in_a_concurrent_batch() {
     let (_dir, db) = open_temp();
-    db.write(|c| c.execute("INSERT INTO meta (key, value) VALUES ('taken', '1')", []))
+    db.write(|c| c.execute("INSERT INTO meta (key, value) VALUES ('taken', '1')", ()))
         .await
         .expect("seed");
     let mut handles = Vec::new();
@@ -36,7 +36,7 @@ async fn a_failing_write_rolls_back_alone_in_a_concurrent_batch() {
                 )?;
                 if i % 10 == 0 {
                     // A duplicate key: this job's insert above must be rolled back too.
-                    c.execute("INSERT INTO meta (key, value) VALUES ('taken', 'dup')", [])?;
+                    c.execute("INSERT INTO meta (key, value) VALUES ('taken', 'dup')", ())?;
                 }
                 Ok(())
             })
@@ -51,7 +51,7 @@ async fn a_failing_write_rolls_back_alone_in_a_concurrent_batch() {
     }
     assert_eq!(failed, 20);
     let count: i64 = db
-        .read(|c| c.query_row("SELECT count(*) FROM meta", [], |r| r.get(0)))
+        .read(|c| c.query_row("SELECT count(*) FROM meta", (), |r| r.get(0)))
         .await
         .expect("count");
     assert_eq!(count, 181, "180 successful jobs plus the seed row");
@@ -63,13 +63,13 @@ async fn reopening_keeps_data_and_does_not_rerun_migrations() {
     let path = dir.path().join("state.db");
     {
         let db = Db::open(&path).expect("open");
-        db.write(|c| c.execute("INSERT INTO meta (key, value) VALUES ('a', '1')", []))
+        db.write(|c| c.execute("INSERT INTO meta (key, value) VALUES ('a', '1')", ()))
             .await
             .expect("write");
     }
     let db = Db::open(&path).expect("reopen");
     let value: String = db
-        .read(|c| c.query_row("SELECT value FROM meta WHERE key = 'a'", [], |r| r.get(0)))
+        .read(|c| c.query_row("SELECT value FROM meta WHERE key = 'a'", (), |r| r.get(0)))
         .await
         .expect("read");
     assert_eq!(value, "1");
@@ -79,7 +79,7 @@ async fn reopening_keeps_data_and_does_not_rerun_migrations() {
 async fn the_database_runs_with_full_sync_and_wal() {
     let (_dir, db) = open_temp();
     let mode: String = db
-        .read(|c| c.pragma_query_value(None, "journal_mode", |r| r.get(0)))
+        .read(|c| c.query_row("PRAGMA journal_mode", (), |r| r.get(0)))
         .await
         .expect("pragma");
     assert_eq!(mode, "wal");
@@ -115,7 +115,7 @@ async fn the_log_is_checkpointed_off_the_writer() {
             db.write(move |c| {
                 c.execute(
                     "INSERT INTO meta (key, value) VALUES (?1, ?2)",
-                    [format!("k{i}"), blob],
+                    [format!("k{i}"), blob.clone()],
                 )
             })
             .await
@@ -136,7 +136,7 @@ async fn the_log_is_checkpointed_off_the_writer() {
     }
     let count: i64 = db
         .read(|c| {
-            c.query_row("SELECT count(*) FROM meta WHERE key LIKE 'k%'", [], |r| {
+            c.query_row("SELECT count(*) FROM meta WHERE key LIKE 'k%'", (), |r| {
                 r.get(0)
             })
         })
@@ -180,4 +180,60 @@ fn a_schema_newer_than_the_binary_is_refused_by_name_and_left_untouched() {
         Db::open(&path).map(drop),
         Err(StoreError::SchemaNewer { found: -1, .. })
     ));
+}
+
+/// The basics on every backend (Postgres when `THREADGATE_TEST_DATABASE_URL` is set):
+/// a committed write is read back, a failing write leaves nothing, the meta counter
+/// counts, and values of every kind the domain stores come back as they went in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_backend_keeps_the_store_contract() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for backend in testing::each_backend(dir.path()) {
+        let db = backend.open().expect("open");
+        db.write(|c| meta::set(c, "a", "1")).await.expect("write");
+        let failed = db
+            .write(|c| {
+                meta::set(c, "b", "1")?;
+                c.execute("INSERT INTO meta (key, value) VALUES ('a', 'dup')", ())
+            })
+            .await;
+        assert!(failed.is_err(), "{:?}", db.dialect());
+        let b = db.read(|c| meta::get(c, "b")).await.expect("read");
+        assert_eq!(
+            b,
+            None,
+            "the failed write left nothing ({:?})",
+            db.dialect()
+        );
+        for _ in 0..3 {
+            db.write(|c| meta::increment(c, "n"))
+                .await
+                .expect("increment");
+        }
+        let n = db.read(|c| meta::get(c, "n")).await.expect("read");
+        assert_eq!(n.as_deref(), Some("3"), "{:?}", db.dialect());
+        let first = db
+            .write(|c| meta::get_or_insert(c, meta::INSTANCE_ID, "tg-first"))
+            .await
+            .expect("first");
+        let second = db
+            .write(|c| meta::get_or_insert(c, meta::INSTANCE_ID, "tg-second"))
+            .await
+            .expect("second");
+        assert_eq!((first.as_str(), second.as_str()), ("tg-first", "tg-first"));
+        let inline = db.read_inline(|c| meta::get(c, "a")).expect("read inline");
+        assert_eq!(inline.as_deref(), Some("1"));
+        let (count, missing, sum): (i64, Option<String>, i64) = db
+            .read(|c| {
+                c.query_row(
+                    "SELECT count(*), (SELECT value FROM meta WHERE key = ?1), \
+                     coalesce(sum(CAST(value AS BIGINT)), 0) FROM meta WHERE key IN ('a', 'n')",
+                    ["absent"],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
+            })
+            .await
+            .expect("aggregate");
+        assert_eq!((count, missing, sum), (2, None, 4), "{:?}", db.dialect());
+    }
 }

@@ -7,7 +7,7 @@
 //! These functions take a [`Connection`] so that they run inside [`crate::store::Db::write`]
 //! (one group-committed transaction) or [`crate::store::Db::read`].
 
-use rusqlite::{Connection, OptionalExtension, params};
+use crate::store::{Conn, OptionalExtension, params};
 
 use super::envelope::{Envelope, EventClass};
 
@@ -32,11 +32,11 @@ pub enum InsertOutcome {
 /// is when threadgate received it. The first delivery of an event wins: a retry's body
 /// (with its new attempt metadata) is not stored.
 pub fn insert(
-    conn: &Connection,
+    conn: &Conn<'_>,
     envelope: &Envelope,
     body: &str,
     received_at_ms: i64,
-) -> rusqlite::Result<InsertOutcome> {
+) -> crate::store::Result<InsertOutcome> {
     let mut statement = conn.prepare_cached(
         "INSERT INTO events (event_id, event_type, class, thread_id, thread_status, \
              customer_id, customer_email, actor, occurred_at_ms, received_at_ms, body) \
@@ -87,10 +87,10 @@ pub struct PendingEvent {
 /// Only threads `owner` may apply at `now_ms`: those whose session lease it holds or no
 /// one holds (another instance's threads are applied by that instance).
 pub fn threads_with_pending_events(
-    conn: &Connection,
+    conn: &Conn<'_>,
     owner: &str,
     now_ms: i64,
-) -> rusqlite::Result<Vec<ThreadId>> {
+) -> crate::store::Result<Vec<ThreadId>> {
     let mut stmt = conn.prepare(
         "SELECT e.thread_id FROM events e \
          LEFT JOIN session_leases l ON l.thread_id = e.thread_id \
@@ -113,9 +113,9 @@ pub fn threads_with_pending_events(
 
 /// A thread's unapplied events in the order they happened.
 pub fn pending_events(
-    conn: &Connection,
+    conn: &Conn<'_>,
     thread_id: &ThreadId,
-) -> rusqlite::Result<Vec<PendingEvent>> {
+) -> crate::store::Result<Vec<PendingEvent>> {
     let mut stmt = conn.prepare(
         "SELECT seq, class, occurred_at_ms, customer_id, customer_email FROM events \
          WHERE thread_id = ?1 AND applied_at_ms IS NULL AND class != 'ignored' \
@@ -138,12 +138,12 @@ pub fn pending_events(
 /// agent. A stale lease's statement changes nothing and is [`Lease::lost`]: each event
 /// is applied by the one instance holding its thread's lease.
 pub fn mark_applied(
-    conn: &Connection,
+    conn: &Conn<'_>,
     lease: &Lease,
     seq: i64,
     feed: bool,
     now_ms: i64,
-) -> rusqlite::Result<()> {
+) -> crate::store::Result<()> {
     let fence = fence_clause(3, 4, 5);
     let changed = if feed {
         conn.execute(
@@ -186,15 +186,15 @@ pub struct RawFeedEvent {
 /// limit bounds each event). Rows are read one at a time and reading stops at the
 /// budget, so a page never holds more than `max_bytes` plus one event.
 pub fn feed_page(
-    conn: &Connection,
+    conn: &Conn<'_>,
     thread_id: &str,
     after: i64,
     limit: i64,
     max_bytes: usize,
-) -> rusqlite::Result<Vec<RawFeedEvent>> {
+) -> crate::store::Result<Vec<RawFeedEvent>> {
     let mut stmt = conn.prepare(
         "SELECT thread_pos, event_id, event_type, occurred_at_ms, \
-                length(CAST(body AS BLOB)), body FROM events \
+                octet_length(body), body FROM events \
          WHERE thread_id = ?1 AND thread_pos > ?2 ORDER BY thread_pos LIMIT ?3",
     )?;
     let mut rows = stmt.query(params![thread_id, after, limit])?;
@@ -220,7 +220,7 @@ pub fn feed_page(
 }
 
 /// The body of the thread's latest stored event, if any.
-pub fn latest_body(conn: &Connection, thread_id: &str) -> rusqlite::Result<Option<String>> {
+pub fn latest_body(conn: &Conn<'_>, thread_id: &str) -> crate::store::Result<Option<String>> {
     conn.query_row(
         "SELECT body FROM events WHERE thread_id = ?1 ORDER BY seq DESC LIMIT 1",
         [thread_id],
@@ -231,12 +231,10 @@ pub fn latest_body(conn: &Connection, thread_id: &str) -> rusqlite::Result<Optio
 
 /// A stored class name as an [`EventClass`]; an unknown name is an error, never a
 /// guess.
-fn stored_class(name: &str) -> rusqlite::Result<EventClass> {
-    name.parse::<EventClass>().map_err(|_| {
-        rusqlite::Error::FromSqlConversionFailure(
-            1,
-            rusqlite::types::Type::Text,
-            format!("unknown event class {name:?} in the events table").into(),
-        )
-    })
+fn stored_class(name: &str) -> crate::store::Result<EventClass> {
+    name.parse::<EventClass>()
+        .map_err(|_| crate::store::SqlError::Decode {
+            idx: 1,
+            message: format!("unknown event class {name:?} in the events table"),
+        })
 }

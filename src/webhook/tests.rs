@@ -346,7 +346,7 @@ async fn pending_events_come_back_typed_and_an_unknown_class_is_an_error() {
     let classes: Vec<EventClass> = pending.iter().map(|e| e.class).collect();
     assert_eq!(classes, [EventClass::Customer, EventClass::Done]);
     let bogus = row("e3", "bogus");
-    db.write(move |c| c.execute(&bogus, []))
+    db.write(move |c| c.execute(&bogus, ()))
         .await
         .expect("insert");
     let err = db

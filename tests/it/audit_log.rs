@@ -245,7 +245,8 @@ async fn a_secret_in_any_field_is_stored_redacted() {
         })
     );
     assert_eq!(verify(&db).await.expect("verify"), 1);
-    let disk = std::fs::read(db.path().with_extension("db-wal")).expect("wal");
+    let disk =
+        std::fs::read(db.path().expect("a SQLite file").with_extension("db-wal")).expect("wal");
     assert!(!disk.windows(STRIPE.len()).any(|w| w == STRIPE.as_bytes()));
 }
 
@@ -255,22 +256,22 @@ async fn an_audit_row_commits_or_rolls_back_with_the_callers_change() {
     seed(&db).await;
     let failed = db
         .write(|c| {
-            c.execute("INSERT INTO meta (key, value) VALUES ('paused', '1')", [])?;
+            c.execute("INSERT INTO meta (key, value) VALUES ('paused', '1')", ())?;
             audit::append(
                 c,
                 &record(AuditEvent::Ran, "ex-9", "th-9"),
                 &Redactor::empty(),
             )?;
             // The state change fails after its audit row: both must go.
-            c.execute("INSERT INTO meta (key, value) VALUES ('paused', '2')", [])
+            c.execute("INSERT INTO meta (key, value) VALUES ('paused', '2')", ())
         })
         .await;
     assert!(failed.is_err());
     let (meta, audit_rows): (i64, i64) = db
         .read(|c| {
             Ok((
-                c.query_row("SELECT count(*) FROM meta", [], |r| r.get(0))?,
-                c.query_row("SELECT count(*) FROM audit", [], |r| r.get(0))?,
+                c.query_row("SELECT count(*) FROM meta", (), |r| r.get(0))?,
+                c.query_row("SELECT count(*) FROM audit", (), |r| r.get(0))?,
             ))
         })
         .await

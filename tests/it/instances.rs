@@ -211,7 +211,7 @@ async fn running_sessions(db: &Db) -> usize {
     db.read(|c| {
         c.query_row(
             "SELECT count(*) FROM sessions WHERE state = 'running'",
-            [],
+            (),
             |r| r.get::<_, i64>(0),
         )
     })
@@ -332,7 +332,7 @@ async fn two_instances_share_the_threads_and_one_takes_over_when_the_other_is_ki
         .collect();
     assert!(doubled.is_empty(), "two containers at once: {doubled:?}");
     let events: i64 = db
-        .read(|c| c.query_row("SELECT count(*) FROM events", [], |r| r.get(0)))
+        .read(|c| c.query_row("SELECT count(*) FROM events", (), |r| r.get(0)))
         .await
         .expect("count events");
     assert_eq!(events, THREADS as i64, "a delivery to both is stored once");

@@ -28,6 +28,7 @@ mod instances;
 mod mcp_e2e;
 mod model_proxy;
 mod ops_cli;
+mod pg_store;
 mod policy_cli;
 mod relay;
 mod review_cli;

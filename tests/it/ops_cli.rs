@@ -54,6 +54,8 @@ impl Setup {
             .env_remove("THREADGATE_DATA_DIR")
             .env_remove("THREADGATE_MASTER_KEY_FILE")
             .env_remove("THREADGATE_LOG_FORMAT")
+            .env_remove("THREADGATE_DATABASE_URL")
+            .env_remove("THREADGATE_STORE__URL")
             .env_remove("RUST_LOG");
         command
     }
@@ -383,4 +385,61 @@ fn a_log_file_gets_no_colours_and_names_the_connectors_without_values() {
         .expect("serve");
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("THREADGATE_LOG_FORMAT"));
+}
+
+/// `threadgate migrate` applies the schema and exits: SQLite in the data directory by
+/// default; `THREADGATE_DATABASE_URL` naming a database nothing answers for is an error
+/// that names the address and never the password.
+#[test]
+fn migrate_applies_the_schema_and_names_an_unreachable_database_without_its_password() {
+    let setup = Setup::new("");
+    let out = setup.run(&["migrate"], "");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("up to date"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(setup.data.join("threadgate.db").exists());
+
+    let out = setup
+        .command(&["migrate"])
+        .env(
+            "THREADGATE_DATABASE_URL",
+            "postgres://tg:fake_key_password@127.0.0.1:1/tg",
+        )
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("cannot reach the database at postgres://tg:***@127.0.0.1:1/tg"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("fake_key_password"), "{stderr}");
+}
+
+/// On Postgres (`THREADGATE_TEST_DATABASE_URL`), `threadgate migrate` migrates a fresh
+/// database and a second run finds nothing to do.
+#[test]
+fn migrate_on_postgres_is_idempotent() {
+    let Some(db) = threadgate::store::testing::TestDb::postgres_from_env() else {
+        eprintln!("migrate on postgres: THREADGATE_TEST_DATABASE_URL is not set: skipped");
+        return;
+    };
+    let setup = Setup::new("");
+    for _ in 0..2 {
+        let out = setup
+            .command(&["migrate"])
+            .env("THREADGATE_DATABASE_URL", db.url().expect("url"))
+            .output()
+            .expect("run");
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let stdout = text(&out.stdout);
+        assert!(stdout.contains("up to date"), "{stdout}");
+        assert!(
+            !stdout.contains(":threadgate@"),
+            "the password is not printed: {stdout}"
+        );
+    }
 }

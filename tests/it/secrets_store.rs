@@ -144,7 +144,7 @@ async fn a_ciphertext_moved_to_another_name_does_not_decrypt() {
             "UPDATE secrets SET nonce = (SELECT nonce FROM secrets WHERE name = 'stripe_key'),
                  ciphertext = (SELECT ciphertext FROM secrets WHERE name = 'stripe_key')
              WHERE name = 'plain_key'",
-            [],
+            (),
         )
     })
     .await
@@ -162,7 +162,7 @@ async fn a_flipped_bit_is_detected() {
     let f = fixture();
     f.store.set("k", STRIPE_KEY.into()).await.expect("set");
     f.db.write(|c| {
-        let mut ct: Vec<u8> = c.query_row("SELECT ciphertext FROM secrets", [], |r| r.get(0))?;
+        let mut ct: Vec<u8> = c.query_row("SELECT ciphertext FROM secrets", (), |r| r.get(0))?;
         ct[3] ^= 0x01;
         c.execute("UPDATE secrets SET ciphertext = ?1", [ct])
     })
@@ -484,7 +484,7 @@ async fn a_generation_that_is_not_a_number_is_an_error_not_zero() {
     f.db.write(|c| {
         c.execute(
             "UPDATE meta SET value = 'garbage' WHERE key = 'secrets_generation'",
-            [],
+            (),
         )
     })
     .await

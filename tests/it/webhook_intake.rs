@@ -312,7 +312,7 @@ async fn a_retry_with_a_new_body_and_signature_is_stored_and_notified_once() {
     assert_eq!(app.notifications().len(), 1);
     let stored: String = app
         .db
-        .read(|c| c.query_row("SELECT body FROM events", [], |r| r.get(0)))
+        .read(|c| c.query_row("SELECT body FROM events", (), |r| r.get(0)))
         .await
         .expect("body");
     assert_eq!(
@@ -448,7 +448,7 @@ async fn an_acknowledged_event_is_readable_from_a_fresh_open_of_the_file() {
     let fresh = Db::open(&app.db_path).expect("reopen");
     let (event_id, thread_id): (String, String) = fresh
         .read(|c| {
-            c.query_row("SELECT event_id, thread_id FROM events", [], |r| {
+            c.query_row("SELECT event_id, thread_id FROM events", (), |r| {
                 Ok((r.get(0)?, r.get(1)?))
             })
         })

@@ -27,12 +27,12 @@ pub(super) enum Want {
 /// stale owner applies nothing ([`Lease::lost`]) and each event is applied by one
 /// instance.
 pub(super) fn apply_events(
-    conn: &rusqlite::Connection,
+    conn: &crate::store::Conn<'_>,
     lease: &Lease,
     default_agent: &str,
     branch: &str,
     now: i64,
-) -> rusqlite::Result<Want> {
+) -> crate::store::Result<Want> {
     leases::fence(conn, lease)?;
     let thread = &lease.thread_id;
     let pending = event_store::pending_events(conn, thread)?;

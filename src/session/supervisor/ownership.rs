@@ -133,7 +133,7 @@ impl Supervisor {
     pub(super) async fn fenced<R, F>(&mut self, thread: &ThreadId, what: &str, f: F) -> Option<R>
     where
         R: Send + 'static,
-        F: FnOnce(&rusqlite::Connection, &Lease) -> rusqlite::Result<R> + Send + 'static,
+        F: Fn(&crate::store::Conn<'_>, &Lease) -> crate::store::Result<R> + Send + Sync + 'static,
     {
         let Some(lease) = self.held(thread) else {
             self.lease_lost(thread);
@@ -239,9 +239,9 @@ pub(super) fn spawn_renewal(
             let renewed = db
                 .write(move |c| {
                     let mut refused = Vec::new();
-                    for lease in leases {
-                        if !leases::renew(c, &lease, now, lease_ms)? {
-                            refused.push(lease);
+                    for lease in &leases {
+                        if !leases::renew(c, lease, now, lease_ms)? {
+                            refused.push(lease.clone());
                         }
                     }
                     Ok(refused)

@@ -144,7 +144,7 @@ async fn a_stale_tokens_fenced_write_changes_nothing() {
     let (_dir, db) = db();
     db.write(|c| {
         c.execute_batch("CREATE TABLE probe (thread_id TEXT PRIMARY KEY, value TEXT NOT NULL)")?;
-        c.execute("INSERT INTO probe VALUES ('th_f', 'start')", [])
+        c.execute("INSERT INTO probe VALUES ('th_f', 'start')", ())
     })
     .await
     .unwrap();
@@ -171,7 +171,7 @@ async fn a_stale_tokens_fenced_write_changes_nothing() {
     assert_eq!(write(new.clone(), "fresh").await, 1);
     assert_eq!(write(old, "stale again").await, 0);
     let value: String = db
-        .read(|c| c.query_row("SELECT value FROM probe", [], |r| r.get(0)))
+        .read(|c| c.query_row("SELECT value FROM probe", (), |r| r.get(0)))
         .await
         .unwrap();
     assert_eq!(value, "fresh");

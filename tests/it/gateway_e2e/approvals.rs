@@ -195,7 +195,7 @@ async fn a_decision_made_elsewhere_reaches_the_waiting_agent() {
                 "UPDATE executions SET status = 'denied', reviewer = 'bob', \
                  decision_message = 'decided on another instance' \
                  WHERE id = ?1 AND status = 'held'",
-                [row_id],
+                [row_id.clone()],
             )
         })
         .await

@@ -36,7 +36,7 @@ async fn put_off_notes(app: &TestApp) -> i64 {
             c.query_row(
                 "SELECT count(*) FROM note_outbox WHERE sent_at_ms IS NULL AND attempts > 0 \
                  AND last_error IS NOT NULL",
-                [],
+                (),
                 |r| r.get(0),
             )
         })

@@ -56,7 +56,7 @@ async fn twenty_concurrent_small_refunds_run_at_most_the_daily_limit() {
         .read(|c| {
             c.query_row(
                 "SELECT coalesce(sum(amount), 0) FROM limit_charges WHERE released = 0",
-                [],
+                (),
                 |r| r.get(0),
             )
         })
@@ -108,7 +108,7 @@ async fn a_refund_the_provider_refuses_gives_its_amount_back_to_the_limit() {
             c.query_row(
                 "SELECT coalesce(sum(amount) FILTER (WHERE released = 0), 0), \
                  coalesce(sum(amount) FILTER (WHERE released = 1), 0) FROM limit_charges",
-                [],
+                (),
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
         })

@@ -99,7 +99,7 @@ async fn sign_out_and_idle_time_end_the_session_server_side() {
     assert_eq!(web.get("/approvals").await.0, 401, "an old session ends");
     let left: i64 = app
         .db
-        .read(|c| c.query_row("SELECT count(*) FROM review_sessions", [], |r| r.get(0)))
+        .read(|c| c.query_row("SELECT count(*) FROM review_sessions", (), |r| r.get(0)))
         .await
         .expect("count");
     assert_eq!(left, 0, "ended sessions are deleted");

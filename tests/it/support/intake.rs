@@ -104,7 +104,7 @@ impl IntakeApp {
                     "SELECT event_id, event_type, class, thread_id, thread_status, customer_id, \
                      customer_email, actor FROM events ORDER BY seq",
                 )?;
-                let rows = s.query_map([], |r| {
+                let rows = s.query_map((), |r| {
                     Ok(EventRow {
                         event_id: r.get(0)?,
                         event_type: r.get(1)?,
@@ -125,7 +125,7 @@ impl IntakeApp {
     /// How many events are stored.
     pub async fn row_count(&self) -> i64 {
         self.db
-            .read(|c| c.query_row("SELECT count(*) FROM events", [], |r| r.get(0)))
+            .read(|c| c.query_row("SELECT count(*) FROM events", (), |r| r.get(0)))
             .await
             .expect("count")
     }

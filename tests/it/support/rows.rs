@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use threadgate::store::rusqlite;
 
 use super::app::TestApp;
 use super::wait::wait_for;
@@ -48,7 +47,7 @@ impl TestApp {
                     "SELECT id, tool, status, verdict, because, args, result, error, summary, \
                      session_id, decision_message FROM executions ORDER BY created_at_ms, id",
                 )?;
-                let rows = stmt.query_map([], |r| {
+                let rows = stmt.query_map((), |r| {
                     Ok(ExecRow {
                         id: r.get(0)?,
                         tool: r.get(1)?,
@@ -86,7 +85,7 @@ impl TestApp {
                     "SELECT event, execution_id, rule, args_redacted, outcome, reviewer \
                      FROM audit ORDER BY id",
                 )?;
-                let rows = stmt.query_map([], |r| {
+                let rows = stmt.query_map((), |r| {
                     Ok(AuditRow {
                         event: r.get(0)?,
                         execution_id: r.get(1)?,
@@ -114,13 +113,11 @@ impl TestApp {
 
     /// Checks the audit chain; returns its length.
     pub async fn verify_audit(&self) -> usize {
-        let path = self.db.path().to_owned();
-        tokio::task::spawn_blocking(move || {
-            let conn = rusqlite::Connection::open(path).expect("open db");
-            threadgate::audit::verify(&conn).expect("the audit chain verifies")
-        })
-        .await
-        .expect("verify task")
+        self.db
+            .read(|conn| Ok(threadgate::audit::verify(conn)))
+            .await
+            .expect("read")
+            .expect("the audit chain verifies")
     }
 
     /// The session row of a thread.
@@ -128,7 +125,7 @@ impl TestApp {
         let thread = thread.to_owned();
         self.db
             .read(move |c| {
-                use threadgate::store::rusqlite::OptionalExtension;
+                use threadgate::store::OptionalExtension;
                 c.query_row(
                     "SELECT state, container_id, session_id FROM sessions WHERE thread_id = ?1",
                     [&thread],
@@ -149,7 +146,7 @@ impl TestApp {
                      ORDER BY thread_id",
                 )?;
                 let rows =
-                    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+                    stmt.query_map((), |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
                 rows.collect()
             })
             .await

@@ -1,0 +1,535 @@
+//! The Postgres backend: a small bounded pool of `postgres` clients (the synchronous face
+//! of tokio-postgres), used only on blocking threads; write transactions at SERIALIZABLE,
+//! run again when they lose a race (40001, 40P01); reads in a READ ONLY REPEATABLE READ
+//! snapshot; migrations under an advisory lock.
+
+use std::cell::RefCell;
+use std::str::FromStr;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use postgres::types::{FromSql, IsNull, ToSql, Type};
+use postgres::{Client, IsolationLevel, NoTls};
+
+use super::sql::{Conn, Result, SqlError, StatementCache, Value};
+use super::{StoreError, lock};
+
+/// Connections one instance keeps open at most.
+const POOL_SIZE: usize = 16;
+/// How long a caller waits for a free connection before it is an error.
+const POOL_WAIT: Duration = Duration::from_secs(30);
+/// How many times a write transaction that lost a race is run in all.
+const MAX_ATTEMPTS: u32 = 40;
+/// How long connecting may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The Postgres side of a `Db`.
+pub(crate) struct PgStore {
+    config: postgres::Config,
+    /// The URL with its password replaced, for messages.
+    shown: String,
+    pool: Mutex<PoolState>,
+    freed: Condvar,
+}
+
+#[derive(Default)]
+struct PoolState {
+    idle: Vec<Pooled>,
+    open: usize,
+}
+
+struct Pooled {
+    client: Client,
+    cache: RefCell<StatementCache>,
+}
+
+/// A connection taken from the pool, given back when dropped.
+struct Lease<'p> {
+    store: &'p PgStore,
+    conn: Option<Pooled>,
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        let mut state = lock(&self.store.pool);
+        match self.conn.take() {
+            Some(conn) if !conn.client.is_closed() => state.idle.push(conn),
+            _ => state.open = state.open.saturating_sub(1),
+        }
+        drop(state);
+        self.store.freed.notify_one();
+    }
+}
+
+impl Drop for PgStore {
+    /// Closes the pooled clients on a thread of their own: closing blocks, and the last
+    /// handle may go on an async worker.
+    fn drop(&mut self) {
+        let idle = std::mem::take(&mut lock(&self.pool).idle);
+        if idle.is_empty() {
+            return;
+        }
+        let closing = std::thread::spawn(move || drop(idle));
+        if closing.join().is_err() {
+            tracing::warn!("closing the database connections panicked");
+        }
+    }
+}
+
+impl PgStore {
+    /// Connects once to check the URL and the credentials, then applies pending
+    /// migrations (under the advisory lock).
+    pub(crate) fn connect(url: &str) -> Result<PgStore, StoreError> {
+        let shown = redact(url);
+        let mut config = postgres::Config::from_str(url).map_err(|e| StoreError::BadUrl {
+            url: shown.clone(),
+            reason: e.to_string(),
+        })?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        config.application_name("threadgate");
+        let store = PgStore {
+            config,
+            shown,
+            pool: Mutex::new(PoolState::default()),
+            freed: Condvar::new(),
+        };
+        let mut client = store.open_client()?;
+        super::migrations::apply_postgres(&mut client, &store.shown)?;
+        lock(&store.pool).idle.push(Pooled {
+            client,
+            cache: RefCell::default(),
+        });
+        lock(&store.pool).open = 1;
+        Ok(store)
+    }
+
+    /// The URL without its password.
+    pub(crate) fn shown(&self) -> &str {
+        &self.shown
+    }
+
+    fn open_client(&self) -> Result<Client, StoreError> {
+        self.config
+            .connect(NoTls)
+            .map_err(|e| connect_error(&self.shown, &self.config, &e))
+    }
+
+    fn lease(&self) -> Result<Lease<'_>, StoreError> {
+        let deadline = Instant::now() + POOL_WAIT;
+        let mut state = lock(&self.pool);
+        loop {
+            if let Some(conn) = state.idle.pop() {
+                return Ok(Lease {
+                    store: self,
+                    conn: Some(conn),
+                });
+            }
+            if state.open < POOL_SIZE {
+                state.open += 1;
+                drop(state);
+                return match self.open_client() {
+                    Ok(client) => Ok(Lease {
+                        store: self,
+                        conn: Some(Pooled {
+                            client,
+                            cache: RefCell::default(),
+                        }),
+                    }),
+                    Err(e) => {
+                        lock(&self.pool).open -= 1;
+                        self.freed.notify_one();
+                        Err(e)
+                    }
+                };
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(StoreError::PoolExhausted { size: POOL_SIZE });
+            }
+            state = self
+                .freed
+                .wait_timeout(state, left)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// Runs `f` in a SERIALIZABLE transaction and commits it, running it again (up to
+    /// [`MAX_ATTEMPTS`] in all, after a short random pause) when it loses a race.
+    pub(crate) fn write<R>(&self, f: &dyn Fn(&Conn<'_>) -> Result<R>) -> Result<R, StoreError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let began = Instant::now();
+            match self.write_once(f) {
+                Ok(value) => {
+                    crate::metrics::db_commit(1, began.elapsed(), true);
+                    return Ok(value);
+                }
+                Err(Attempt::Lost) if attempt < MAX_ATTEMPTS => {
+                    let ceiling = 1u64 << attempt.min(6);
+                    std::thread::sleep(Duration::from_millis(rand::random_range(0..=ceiling)));
+                }
+                Err(Attempt::Lost) => {
+                    crate::metrics::db_commit(1, began.elapsed(), false);
+                    return Err(StoreError::Contention { attempts: attempt });
+                }
+                Err(Attempt::Failed(e)) => {
+                    crate::metrics::db_commit(1, began.elapsed(), false);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    fn write_once<R>(&self, f: &dyn Fn(&Conn<'_>) -> Result<R>) -> Result<R, Attempt> {
+        let mut lease = self.lease().map_err(Attempt::Failed)?;
+        let Some(Pooled { client, cache }) = lease.conn.as_mut() else {
+            return Err(Attempt::Failed(StoreError::WriterGone));
+        };
+        let tx = client
+            .build_transaction()
+            .isolation_level(IsolationLevel::Serializable)
+            .start()
+            .map_err(|e| Attempt::from_sql(SqlError::Postgres(e)))?;
+        let conn = Conn::postgres(tx, cache);
+        let outcome = f(&conn);
+        let Some((tx, lost)) = conn.into_postgres() else {
+            return Err(Attempt::Failed(StoreError::WriterGone));
+        };
+        match outcome {
+            _ if lost => Err(Attempt::Lost),
+            Err(e) => Err(Attempt::from_sql(e)),
+            Ok(value) => match tx.commit() {
+                Ok(()) => Ok(value),
+                Err(e) => {
+                    let e = SqlError::Postgres(e);
+                    if e.is_retryable() {
+                        Err(Attempt::Lost)
+                    } else {
+                        Err(Attempt::Failed(StoreError::Commit(e.to_string())))
+                    }
+                }
+            },
+        }
+    }
+
+    /// Runs `f` in a READ ONLY REPEATABLE READ transaction: one consistent snapshot.
+    pub(crate) fn read<R>(&self, f: impl FnOnce(&Conn<'_>) -> Result<R>) -> Result<R, StoreError> {
+        let mut lease = self.lease()?;
+        let Some(Pooled { client, cache }) = lease.conn.as_mut() else {
+            return Err(StoreError::WriterGone);
+        };
+        let tx = client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .map_err(|e| StoreError::Sql(SqlError::Postgres(e)))?;
+        let conn = Conn::postgres(tx, cache);
+        let value = f(&conn)?;
+        if let Some((tx, _)) = conn.into_postgres() {
+            tx.commit()
+                .map_err(|e| StoreError::Sql(SqlError::Postgres(e)))?;
+        }
+        Ok(value)
+    }
+}
+
+/// How one run of a write transaction ended when it did not commit.
+enum Attempt {
+    /// It lost a race with another transaction: run it again.
+    Lost,
+    Failed(StoreError),
+}
+
+impl Attempt {
+    fn from_sql(e: SqlError) -> Attempt {
+        if e.is_retryable() {
+            Attempt::Lost
+        } else {
+            Attempt::Failed(StoreError::Sql(e))
+        }
+    }
+}
+
+/// A connection error, named for what is wrong and never showing the password.
+fn connect_error(shown: &str, config: &postgres::Config, e: &postgres::Error) -> StoreError {
+    let url = shown.to_owned();
+    if let Some(db) = e.as_db_error() {
+        let code = db.code().code();
+        if code == "28P01" || code == "28000" {
+            return StoreError::Credentials {
+                url,
+                user: config.get_user().unwrap_or_default().to_owned(),
+            };
+        }
+        return StoreError::Connect {
+            url,
+            reason: format!("{} ({code})", db.message()),
+        };
+    }
+    let mut source: Option<&dyn std::error::Error> = std::error::Error::source(e);
+    let mut reason = e.to_string();
+    while let Some(s) = source {
+        reason = format!("{reason}: {s}");
+        source = s.source();
+    }
+    StoreError::Unreachable { url, reason }
+}
+
+/// `url` with any password replaced by `***`: the userinfo of a URL, a `password=` of
+/// a key/value string or of a URL's query.
+pub fn redact(url: &str) -> String {
+    let mut out = url.to_owned();
+    if let Some(scheme_end) = out.find("://") {
+        let rest_start = scheme_end + 3;
+        let authority_end = out
+            .get(rest_start..)
+            .and_then(|rest| rest.find(['/', '?']))
+            .map_or(out.len(), |i| rest_start + i);
+        if let Some(at) = out
+            .get(rest_start..authority_end)
+            .and_then(|a| a.rfind('@'))
+        {
+            let userinfo = rest_start..rest_start + at;
+            if let Some(colon) = out.get(userinfo.clone()).and_then(|u| u.find(':')) {
+                out.replace_range(rest_start + colon + 1..rest_start + at, "***");
+            }
+        }
+    }
+    let lower = out.to_ascii_lowercase();
+    if let Some(at) = lower.find("password=") {
+        let start = at + "password=".len();
+        let end = out
+            .get(start..)
+            .and_then(|rest| rest.find([' ', '&']))
+            .map_or(out.len(), |i| start + i);
+        out.replace_range(start..end, "***");
+    }
+    out
+}
+
+/// `?N` (and a bare `?`) placeholders as Postgres' `$N`, outside quoted text,
+/// quoted names and comments.
+pub(crate) fn placeholders(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut chars = sql.chars().peekable();
+    let mut next_bare = 0;
+    let mut quote: Option<char> = None;
+    while let Some(c) = chars.next() {
+        if let Some(q) = quote {
+            out.push(c);
+            if c == q {
+                quote = None;
+            }
+            continue;
+        }
+        match c {
+            '\'' | '"' => {
+                quote = Some(c);
+                out.push(c);
+            }
+            '-' if chars.peek() == Some(&'-') => {
+                out.push(c);
+                for c in chars.by_ref() {
+                    out.push(c);
+                    if c == '\n' {
+                        break;
+                    }
+                }
+            }
+            '?' => {
+                out.push('$');
+                let mut digits = false;
+                while let Some(d) = chars.peek().copied().filter(char::is_ascii_digit) {
+                    out.push(d);
+                    chars.next();
+                    digits = true;
+                }
+                if !digits {
+                    next_bare += 1;
+                    out.push_str(&next_bare.to_string());
+                }
+            }
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+type BoxError = Box<dyn std::error::Error + Sync + Send>;
+
+/// Writes `value` in the type Postgres inferred for its placeholder.
+pub(crate) fn bind(
+    value: &Value<'_>,
+    ty: &Type,
+    out: &mut bytes::BytesMut,
+) -> std::result::Result<IsNull, BoxError> {
+    match *value {
+        Value::Null => Ok(IsNull::Yes),
+        Value::Integer(i) => match *ty {
+            Type::INT8 => i.to_sql(ty, out),
+            Type::INT4 => i32::try_from(i)?.to_sql(ty, out),
+            Type::INT2 => i16::try_from(i)?.to_sql(ty, out),
+            Type::BOOL => (i != 0).to_sql(ty, out),
+            #[expect(clippy::cast_precision_loss, reason = "as SQLite compares them")]
+            Type::FLOAT8 => (i as f64).to_sql(ty, out),
+            Type::TEXT | Type::VARCHAR => i.to_string().to_sql(ty, out),
+            _ => Err(format!("an integer cannot go into a {ty} parameter").into()),
+        },
+        Value::Real(f) => match *ty {
+            Type::FLOAT8 => f.to_sql(ty, out),
+            _ => Err(format!("a real cannot go into a {ty} parameter").into()),
+        },
+        Value::Text(s) => match *ty {
+            Type::JSONB => {
+                out.extend_from_slice(&[1]);
+                out.extend_from_slice(s.as_bytes());
+                Ok(IsNull::No)
+            }
+            Type::JSON => {
+                out.extend_from_slice(s.as_bytes());
+                Ok(IsNull::No)
+            }
+            Type::INT8 => s.parse::<i64>()?.to_sql(ty, out),
+            _ => s.to_sql(&Type::TEXT, out),
+        },
+        Value::Blob(b) => match *ty {
+            Type::BYTEA => b.to_sql(ty, out),
+            _ => Err(format!("bytes cannot go into a {ty} parameter").into()),
+        },
+    }
+}
+
+/// Column `idx` of `row` as a [`Value`], read by the column's type.
+pub(crate) fn column<'r>(
+    row: &'r postgres::Row,
+    idx: usize,
+) -> std::result::Result<Value<'r>, String> {
+    let ty = row
+        .columns()
+        .get(idx)
+        .map(|c| c.type_().clone())
+        .ok_or_else(|| format!("no column {idx}"))?;
+    let err = |e: postgres::Error| e.to_string();
+    let value = match ty {
+        Type::INT8 => row
+            .try_get::<_, Option<i64>>(idx)
+            .map_err(err)?
+            .map(Value::Integer),
+        Type::INT4 => row
+            .try_get::<_, Option<i32>>(idx)
+            .map_err(err)?
+            .map(|i| Value::Integer(i.into())),
+        Type::INT2 => row
+            .try_get::<_, Option<i16>>(idx)
+            .map_err(err)?
+            .map(|i| Value::Integer(i.into())),
+        Type::BOOL => row
+            .try_get::<_, Option<bool>>(idx)
+            .map_err(err)?
+            .map(|b| Value::Integer(b.into())),
+        Type::FLOAT8 => row
+            .try_get::<_, Option<f64>>(idx)
+            .map_err(err)?
+            .map(Value::Real),
+        Type::FLOAT4 => row
+            .try_get::<_, Option<f32>>(idx)
+            .map_err(err)?
+            .map(|f| Value::Real(f.into())),
+        Type::NUMERIC => row
+            .try_get::<_, Option<Numeric>>(idx)
+            .map_err(err)?
+            .map(|n| n.0),
+        Type::BYTEA => row
+            .try_get::<_, Option<&[u8]>>(idx)
+            .map_err(err)?
+            .map(Value::Blob),
+        _ => row
+            .try_get::<_, Option<&str>>(idx)
+            .map_err(err)?
+            .map(Value::Text),
+    };
+    Ok(value.unwrap_or(Value::Null))
+}
+
+/// A `NUMERIC` (what `sum` of `BIGINT`s is) as an integer when it has no fraction,
+/// else as a real.
+struct Numeric(Value<'static>);
+
+impl<'a> FromSql<'a> for Numeric {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> std::result::Result<Numeric, BoxError> {
+        let word = |i: usize| -> std::result::Result<u16, BoxError> {
+            let bytes = raw.get(i * 2..i * 2 + 2).ok_or("short numeric")?;
+            Ok(u16::from_be_bytes(<[u8; 2]>::try_from(bytes)?))
+        };
+        let ndigits = usize::from(word(0)?);
+        let weight = i64::from(word(1)?.cast_signed());
+        let sign = word(2)?;
+        if sign == 0xC000 {
+            return Err("NaN".into());
+        }
+        let mut whole: i128 = 0;
+        let mut fraction = false;
+        for i in 0..ndigits {
+            let digit = i128::from(word(4 + i)?);
+            let position = weight - i64::try_from(i)?;
+            if position < 0 {
+                fraction |= digit != 0;
+                continue;
+            }
+            whole = whole
+                .checked_mul(10_000)
+                .and_then(|w| w.checked_add(digit))
+                .ok_or("numeric out of range")?;
+        }
+        let last = weight - i64::try_from(ndigits)? + 1;
+        for _ in 0..last.max(0) {
+            whole = whole.checked_mul(10_000).ok_or("numeric out of range")?;
+        }
+        if sign == 0x4000 {
+            whole = -whole;
+        }
+        if fraction {
+            return Err("a numeric with a fraction where an integer was expected".into());
+        }
+        Ok(Numeric(Value::Integer(i64::try_from(whole)?)))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::NUMERIC
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_become_dollars_outside_quotes() {
+        assert_eq!(
+            placeholders("SELECT '?1', \"a?\" FROM t WHERE a = ?1 AND b = ?12 -- ?3\n AND c = ?"),
+            "SELECT '?1', \"a?\" FROM t WHERE a = $1 AND b = $12 -- ?3\n AND c = $1"
+        );
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact("postgres://tg:fake_key_secret@db.test:5432/tg"),
+            "postgres://tg:***@db.test:5432/tg"
+        );
+        assert_eq!(redact("postgres://db.test/tg"), "postgres://db.test/tg");
+        assert_eq!(
+            redact("host=db user=tg password=fake_key_secret dbname=tg"),
+            "host=db user=tg password=*** dbname=tg"
+        );
+        assert_eq!(
+            redact("postgres://db.test/tg?user=a&password=fake_key_secret&x=1"),
+            "postgres://db.test/tg?user=a&password=***&x=1"
+        );
+    }
+}

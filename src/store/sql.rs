@@ -1,0 +1,709 @@
+//! The connection every domain function takes: one synchronous API over SQLite (a
+//! `rusqlite::Connection`) and Postgres (a `postgres::Transaction`), shaped like the
+//! part of rusqlite the domain modules use, so their SQL is written once.
+//!
+//! SQL is written with `?N` placeholders; on Postgres they become `$N` (outside quoted
+//! text) once per connection, with the prepared statement cached beside it. Values go in
+//! through [`ToSql`] and come out through [`FromSql`], both of threadgate's own: one
+//! value model (null, integer, real, text, bytes) that each backend binds and reads in
+//! its own types. Where the dialects truly differ, a site asks [`Conn::dialect`].
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+
+use postgres::types::Type;
+
+use crate::ids::{ExecutionId, SessionId, ThreadId};
+
+/// What a domain function returns: its value or the SQL error that stopped it.
+pub type Result<T, E = SqlError> = std::result::Result<T, E>;
+
+/// The two SQL dialects threadgate speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+/// An error from a statement, a row's value or a domain check inside a transaction.
+#[derive(Debug, thiserror::Error)]
+pub enum SqlError {
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("{}", pg_message(.0))]
+    Postgres(#[from] postgres::Error),
+    /// `query_row` found no row ([`OptionalExtension::optional`] turns it into `None`).
+    #[error("query returned no rows")]
+    NoRows,
+    /// A stored value that is not of the type asked for.
+    #[error("column {idx}: {message}")]
+    Decode { idx: usize, message: String },
+    /// A value that cannot be bound (an integer out of range).
+    #[error("cannot bind a value: {0}")]
+    Encode(String),
+    /// A domain error carried out of a transaction (it rolls the transaction back).
+    #[error(transparent)]
+    Other(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl SqlError {
+    /// Carries a domain error out of a transaction closure.
+    pub fn other(e: impl std::error::Error + Send + Sync + 'static) -> SqlError {
+        SqlError::Other(Box::new(e))
+    }
+
+    /// The Postgres SQLSTATE of the error, if it came from the server.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            SqlError::Postgres(e) => e.code().map(postgres::error::SqlState::code),
+            _ => None,
+        }
+    }
+
+    /// Whether the transaction lost a race with another one and is to be run again
+    /// (Postgres' serialization failure or deadlock).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.sqlstate(), Some("40001" | "40P01"))
+    }
+
+    /// Whether a unique or primary key refused the row.
+    pub fn is_unique_violation(&self) -> bool {
+        match self {
+            SqlError::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => {
+                e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+                    || e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+            }
+            other => other.sqlstate() == Some("23505"),
+        }
+    }
+}
+
+/// A Postgres error's whole message: the driver's `Display` says only "db error".
+fn pg_message(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{}: {} ({})", db.severity(), db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}
+
+/// `query_row`'s "no row" as `None`, as rusqlite's extension of the same name.
+pub trait OptionalExtension<T> {
+    fn optional(self) -> Result<Option<T>>;
+}
+
+impl<T> OptionalExtension<T> for Result<T> {
+    fn optional(self) -> Result<Option<T>> {
+        match self {
+            Ok(value) => Ok(Some(value)),
+            Err(SqlError::NoRows | SqlError::Sqlite(rusqlite::Error::QueryReturnedNoRows)) => {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// A value as bound to a statement or read from a row.
+#[derive(Debug, Clone, Copy)]
+pub enum Value<'a> {
+    Null,
+    Integer(i64),
+    Real(f64),
+    Text(&'a str),
+    Blob(&'a [u8]),
+}
+
+/// A value a statement can take as a parameter.
+pub trait ToSql {
+    fn to_value(&self) -> Result<Value<'_>>;
+}
+
+/// A value a row's column can be read as.
+pub trait FromSql: Sized {
+    fn from_value(value: Value<'_>) -> std::result::Result<Self, String>;
+}
+
+impl<T: ToSql + ?Sized> ToSql for &T {
+    fn to_value(&self) -> Result<Value<'_>> {
+        (**self).to_value()
+    }
+}
+
+impl<T: ToSql> ToSql for Option<T> {
+    fn to_value(&self) -> Result<Value<'_>> {
+        match self {
+            Some(v) => v.to_value(),
+            None => Ok(Value::Null),
+        }
+    }
+}
+
+impl<T: FromSql> FromSql for Option<T> {
+    fn from_value(value: Value<'_>) -> std::result::Result<Self, String> {
+        match value {
+            Value::Null => Ok(None),
+            other => T::from_value(other).map(Some),
+        }
+    }
+}
+
+macro_rules! integer {
+    ($($t:ty),*) => {$(
+        impl ToSql for $t {
+            fn to_value(&self) -> Result<Value<'_>> {
+                i64::try_from(*self)
+                    .map(Value::Integer)
+                    .map_err(|_| SqlError::Encode(format!("{} does not fit a 64-bit integer", self)))
+            }
+        }
+        impl FromSql for $t {
+            fn from_value(value: Value<'_>) -> std::result::Result<Self, String> {
+                match value {
+                    Value::Integer(i) => <$t>::try_from(i)
+                        .map_err(|_| format!("{i} is out of range for {}", stringify!($t))),
+                    other => Err(format!("expected an integer, found {}", kind(&other))),
+                }
+            }
+        }
+    )*};
+}
+
+integer!(i64, i32, i16, u8, u16, u32, u64, usize);
+
+impl ToSql for bool {
+    fn to_value(&self) -> Result<Value<'_>> {
+        Ok(Value::Integer(i64::from(*self)))
+    }
+}
+
+impl FromSql for bool {
+    fn from_value(value: Value<'_>) -> std::result::Result<Self, String> {
+        match value {
+            Value::Integer(i) => Ok(i != 0),
+            other => Err(format!("expected a boolean, found {}", kind(&other))),
+        }
+    }
+}
+
+impl ToSql for f64 {
+    fn to_value(&self) -> Result<Value<'_>> {
+        Ok(Value::Real(*self))
+    }
+}
+
+impl FromSql for f64 {
+    fn from_value(value: Value<'_>) -> std::result::Result<Self, String> {
+        match value {
+            Value::Real(f) => Ok(f),
+            #[expect(
+                clippy::cast_precision_loss,
+                reason = "SQLite itself reads an integer as a real this way"
+            )]
+            Value::Integer(i) => Ok(i as f64),
+            other => Err(format!("expected a real, found {}", kind(&other))),
+        }
+    }
+}
+
+impl ToSql for str {
+    fn to_value(&self) -> Result<Value<'_>> {
+        Ok(Value::Text(self))
+    }
+}
+
+impl ToSql for String {
+    fn to_value(&self) -> Result<Value<'_>> {
+        Ok(Value::Text(self))
+    }
+}
+
+impl FromSql for String {
+    fn from_value(value: Value<'_>) -> std::result::Result<Self, String> {
+        match value {
+            Value::Text(s) => Ok(s.to_owned()),
+            other => Err(format!("expected text, found {}", kind(&other))),
+        }
+    }
+}
+
+impl ToSql for [u8] {
+    fn to_value(&self) -> Result<Value<'_>> {
+        Ok(Value::Blob(self))
+    }
+}
+
+impl ToSql for Vec<u8> {
+    fn to_value(&self) -> Result<Value<'_>> {
+        Ok(Value::Blob(self))
+    }
+}
+
+impl<const N: usize> ToSql for [u8; N] {
+    fn to_value(&self) -> Result<Value<'_>> {
+        Ok(Value::Blob(self))
+    }
+}
+
+impl FromSql for Vec<u8> {
+    fn from_value(value: Value<'_>) -> std::result::Result<Self, String> {
+        match value {
+            Value::Blob(b) => Ok(b.to_vec()),
+            other => Err(format!("expected bytes, found {}", kind(&other))),
+        }
+    }
+}
+
+macro_rules! id_value {
+    ($($t:ty),*) => {$(
+        impl ToSql for $t {
+            fn to_value(&self) -> Result<Value<'_>> {
+                Ok(Value::Text(self.as_str()))
+            }
+        }
+        impl FromSql for $t {
+            fn from_value(value: Value<'_>) -> std::result::Result<Self, String> {
+                <$t>::parse(String::from_value(value)?).map_err(|e| e.to_string())
+            }
+        }
+    )*};
+}
+
+id_value!(ThreadId, SessionId, ExecutionId);
+
+fn kind(value: &Value<'_>) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Integer(_) => "an integer",
+        Value::Real(_) => "a real",
+        Value::Text(_) => "text",
+        Value::Blob(_) => "bytes",
+    }
+}
+
+/// A statement's parameters: `params![..]`, an array of one type, or `()` for none.
+pub trait Params {
+    fn values(&self) -> Result<Vec<Value<'_>>>;
+}
+
+impl Params for () {
+    fn values(&self) -> Result<Vec<Value<'_>>> {
+        Ok(Vec::new())
+    }
+}
+
+impl Params for &[&dyn ToSql] {
+    fn values(&self) -> Result<Vec<Value<'_>>> {
+        self.iter().map(|p| p.to_value()).collect()
+    }
+}
+
+impl Params for Vec<&dyn ToSql> {
+    fn values(&self) -> Result<Vec<Value<'_>>> {
+        self.iter().map(|p| p.to_value()).collect()
+    }
+}
+
+impl<T: ToSql, const N: usize> Params for [T; N] {
+    fn values(&self) -> Result<Vec<Value<'_>>> {
+        self.iter().map(ToSql::to_value).collect()
+    }
+}
+
+impl<T: ToSql, const N: usize> Params for &[T; N] {
+    fn values(&self) -> Result<Vec<Value<'_>>> {
+        self.iter().map(ToSql::to_value).collect()
+    }
+}
+
+/// A statement's parameters of different types, as rusqlite's macro of the same name.
+macro_rules! params {
+    () => {
+        &[] as &[&dyn $crate::store::ToSql]
+    };
+    ($($param:expr),+ $(,)?) => {
+        &[$(&$param as &dyn $crate::store::ToSql),+] as &[&dyn $crate::store::ToSql]
+    };
+}
+pub(crate) use params;
+
+impl rusqlite::ToSql for Value<'_> {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        use rusqlite::types::{ToSqlOutput, ValueRef};
+        Ok(ToSqlOutput::Borrowed(match *self {
+            Value::Null => ValueRef::Null,
+            Value::Integer(i) => ValueRef::Integer(i),
+            Value::Real(f) => ValueRef::Real(f),
+            Value::Text(s) => ValueRef::Text(s.as_bytes()),
+            Value::Blob(b) => ValueRef::Blob(b),
+        }))
+    }
+}
+
+/// One row of a result.
+#[derive(Clone, Copy)]
+pub struct Row<'a>(RowInner<'a>);
+
+#[derive(Clone, Copy)]
+enum RowInner<'a> {
+    Sqlite(&'a rusqlite::Row<'a>),
+    Postgres(&'a postgres::Row),
+}
+
+/// A column's position (columns are read by index, as everywhere in threadgate).
+pub trait RowIndex {
+    fn index(self) -> usize;
+}
+
+impl RowIndex for usize {
+    fn index(self) -> usize {
+        self
+    }
+}
+
+impl Row<'_> {
+    /// Column `idx` as a `T`.
+    pub fn get<I: RowIndex, T: FromSql>(&self, idx: I) -> Result<T> {
+        let idx = idx.index();
+        let decode = |message: String| SqlError::Decode { idx, message };
+        match self.0 {
+            RowInner::Sqlite(row) => {
+                use rusqlite::types::ValueRef;
+                let value = match row.get_ref(idx)? {
+                    ValueRef::Null => Value::Null,
+                    ValueRef::Integer(i) => Value::Integer(i),
+                    ValueRef::Real(f) => Value::Real(f),
+                    ValueRef::Text(t) => Value::Text(
+                        std::str::from_utf8(t).map_err(|e| decode(format!("not UTF-8: {e}")))?,
+                    ),
+                    ValueRef::Blob(b) => Value::Blob(b),
+                };
+                T::from_value(value).map_err(decode)
+            }
+            RowInner::Postgres(row) => {
+                let value = crate::store::pg::column(row, idx).map_err(decode)?;
+                T::from_value(value).map_err(decode)
+            }
+        }
+    }
+}
+
+/// A transaction's connection, on either backend.
+pub struct Conn<'a>(ConnInner<'a>);
+
+enum ConnInner<'a> {
+    Sqlite(&'a rusqlite::Connection),
+    Postgres(PgTx<'a>),
+}
+
+/// A Postgres transaction with its connection's statement cache.
+pub(crate) struct PgTx<'a> {
+    pub(crate) tx: RefCell<postgres::Transaction<'a>>,
+    pub(crate) cache: &'a RefCell<StatementCache>,
+    /// Set when a statement lost a race (40001/40P01): the whole transaction is run
+    /// again, whatever the closure made of the error.
+    pub(crate) retry: Cell<bool>,
+}
+
+/// Statements prepared on one Postgres connection, by their `?N` text.
+#[derive(Default)]
+pub(crate) struct StatementCache(HashMap<String, postgres::Statement>);
+
+/// Statements kept prepared per Postgres connection; past it the cache starts again.
+const PG_STATEMENT_CACHE: usize = 512;
+
+impl<'a> Conn<'a> {
+    /// A SQLite connection (a transaction is open on it or it is a reader).
+    pub fn sqlite(conn: &'a rusqlite::Connection) -> Conn<'a> {
+        Conn(ConnInner::Sqlite(conn))
+    }
+
+    pub(crate) fn postgres(
+        tx: postgres::Transaction<'a>,
+        cache: &'a RefCell<StatementCache>,
+    ) -> Conn<'a> {
+        Conn(ConnInner::Postgres(PgTx {
+            tx: RefCell::new(tx),
+            cache,
+            retry: Cell::new(false),
+        }))
+    }
+
+    /// The Postgres transaction back, to commit it, and whether it lost a race.
+    pub(crate) fn into_postgres(self) -> Option<(postgres::Transaction<'a>, bool)> {
+        match self.0 {
+            ConnInner::Postgres(pg) => Some((pg.tx.into_inner(), pg.retry.get())),
+            ConnInner::Sqlite(_) => None,
+        }
+    }
+
+    /// Marks the transaction as having lost a race with another writer (a row it could
+    /// not see under its snapshot refused it): on Postgres it is then run again whatever
+    /// the closure makes of the error. Nothing on SQLite, whose writer is alone.
+    pub fn retry_later(&self) {
+        if let ConnInner::Postgres(pg) = &self.0 {
+            pg.retry.set(true);
+        }
+    }
+
+    /// The SQL dialect of the connection.
+    pub fn dialect(&self) -> Dialect {
+        match self.0 {
+            ConnInner::Sqlite(_) => Dialect::Sqlite,
+            ConnInner::Postgres(_) => Dialect::Postgres,
+        }
+    }
+
+    /// The SQLite connection under this one, for SQLite's own statements (PRAGMA).
+    pub fn as_sqlite(&self) -> Option<&rusqlite::Connection> {
+        match self.0 {
+            ConnInner::Sqlite(c) => Some(c),
+            ConnInner::Postgres(_) => None,
+        }
+    }
+
+    /// Runs one statement, returning how many rows it changed.
+    pub fn execute<P: Params>(&self, sql: &str, params: P) -> Result<usize> {
+        self.prepare(sql)?.execute(params)
+    }
+
+    /// Runs several statements without parameters.
+    pub fn execute_batch(&self, sql: &str) -> Result<()> {
+        match &self.0 {
+            ConnInner::Sqlite(c) => Ok(c.execute_batch(sql)?),
+            ConnInner::Postgres(pg) => {
+                let result = pg.tx.borrow_mut().batch_execute(sql);
+                pg.check(result)
+            }
+        }
+    }
+
+    /// The first row of a query through `f`; no row is [`SqlError::NoRows`].
+    pub fn query_row<T, P, F>(&self, sql: &str, params: P, f: F) -> Result<T>
+    where
+        P: Params,
+        F: FnOnce(&Row<'_>) -> Result<T>,
+    {
+        self.prepare(sql)?.query_row(params, f)
+    }
+
+    /// A statement to run (on SQLite parsed now; on Postgres prepared once per
+    /// connection and cached).
+    pub fn prepare(&self, sql: &str) -> Result<Statement<'_>> {
+        match &self.0 {
+            ConnInner::Sqlite(c) => Ok(Statement(StmtInner::Sqlite(SqliteStmt::Plain(
+                c.prepare(sql)?,
+            )))),
+            ConnInner::Postgres(pg) => Ok(Statement(StmtInner::Postgres {
+                pg,
+                statement: pg.statement(sql)?,
+            })),
+        }
+    }
+
+    /// [`Conn::prepare`] through SQLite's statement cache (Postgres caches every
+    /// statement).
+    pub fn prepare_cached(&self, sql: &str) -> Result<Statement<'_>> {
+        match &self.0 {
+            ConnInner::Sqlite(c) => Ok(Statement(StmtInner::Sqlite(SqliteStmt::Cached(
+                c.prepare_cached(sql)?,
+            )))),
+            ConnInner::Postgres(_) => self.prepare(sql),
+        }
+    }
+}
+
+/// What a statement runs on Postgres (a trait so a statement's borrow of the
+/// transaction need not name the transaction's own lifetime).
+trait PgRun {
+    fn query(
+        &self,
+        statement: &postgres::Statement,
+        values: &[Value<'_>],
+    ) -> Result<Vec<postgres::Row>>;
+    fn execute(&self, statement: &postgres::Statement, values: &[Value<'_>]) -> Result<usize>;
+}
+
+impl PgRun for PgTx<'_> {
+    fn query(
+        &self,
+        statement: &postgres::Statement,
+        values: &[Value<'_>],
+    ) -> Result<Vec<postgres::Row>> {
+        let refs: Vec<&(dyn postgres::types::ToSql + Sync)> = values
+            .iter()
+            .map(|v| v as &(dyn postgres::types::ToSql + Sync))
+            .collect();
+        let result = self.tx.borrow_mut().query(statement, &refs);
+        self.check(result)
+    }
+
+    fn execute(&self, statement: &postgres::Statement, values: &[Value<'_>]) -> Result<usize> {
+        let refs: Vec<&(dyn postgres::types::ToSql + Sync)> = values
+            .iter()
+            .map(|v| v as &(dyn postgres::types::ToSql + Sync))
+            .collect();
+        let result = self.tx.borrow_mut().execute(statement, &refs);
+        let changed = self.check(result)?;
+        Ok(usize::try_from(changed).unwrap_or(usize::MAX))
+    }
+}
+
+impl PgTx<'_> {
+    /// Notes a lost race before handing the error on.
+    fn check<T>(&self, result: std::result::Result<T, postgres::Error>) -> Result<T> {
+        result.map_err(|e| {
+            let e = SqlError::Postgres(e);
+            if e.is_retryable() {
+                self.retry.set(true);
+            }
+            e
+        })
+    }
+
+    fn statement(&self, sql: &str) -> Result<postgres::Statement> {
+        if let Some(found) = self.cache.borrow().0.get(sql) {
+            return Ok(found.clone());
+        }
+        let text = crate::store::pg::placeholders(sql);
+        let prepared = self.tx.borrow_mut().prepare(&text);
+        let prepared = self.check(prepared)?;
+        let mut cache = self.cache.borrow_mut();
+        if cache.0.len() >= PG_STATEMENT_CACHE {
+            cache.0.clear();
+        }
+        cache.0.insert(sql.to_owned(), prepared.clone());
+        Ok(prepared)
+    }
+}
+
+/// A prepared statement.
+pub struct Statement<'c>(StmtInner<'c>);
+
+enum StmtInner<'c> {
+    Sqlite(SqliteStmt<'c>),
+    Postgres {
+        pg: &'c (dyn PgRun + 'c),
+        statement: postgres::Statement,
+    },
+}
+
+enum SqliteStmt<'c> {
+    Plain(rusqlite::Statement<'c>),
+    Cached(rusqlite::CachedStatement<'c>),
+}
+
+impl<'c> SqliteStmt<'c> {
+    fn get(&mut self) -> &mut rusqlite::Statement<'c> {
+        match self {
+            SqliteStmt::Plain(s) => s,
+            SqliteStmt::Cached(s) => s,
+        }
+    }
+}
+
+/// Rows of a query, read one at a time.
+pub struct Rows<'s>(RowsInner<'s>);
+
+enum RowsInner<'s> {
+    Sqlite(rusqlite::Rows<'s>),
+    Postgres(std::vec::IntoIter<postgres::Row>, Option<postgres::Row>),
+}
+
+impl Rows<'_> {
+    /// The next row, or `None` after the last.
+    #[expect(
+        clippy::should_implement_trait,
+        reason = "a row borrows the rows it came from: a lending iterator, as rusqlite's"
+    )]
+    pub fn next(&mut self) -> Result<Option<Row<'_>>> {
+        match &mut self.0 {
+            RowsInner::Sqlite(rows) => Ok(rows.next()?.map(|r| Row(RowInner::Sqlite(r)))),
+            RowsInner::Postgres(rest, current) => {
+                *current = rest.next();
+                Ok(current.as_ref().map(|r| Row(RowInner::Postgres(r))))
+            }
+        }
+    }
+}
+
+impl Statement<'_> {
+    /// Runs the statement, returning how many rows it changed.
+    pub fn execute<P: Params>(&mut self, params: P) -> Result<usize> {
+        let values = params.values()?;
+        match &mut self.0 {
+            StmtInner::Sqlite(s) => {
+                Ok(s.get().execute(rusqlite::params_from_iter(values.iter()))?)
+            }
+            StmtInner::Postgres { pg, statement } => pg.execute(statement, &values),
+        }
+    }
+
+    /// The rows of the query, to read one at a time.
+    pub fn query<P: Params>(&mut self, params: P) -> Result<Rows<'_>> {
+        let values = params.values()?;
+        match &mut self.0 {
+            StmtInner::Sqlite(s) => Ok(Rows(RowsInner::Sqlite(
+                s.get().query(rusqlite::params_from_iter(values.iter()))?,
+            ))),
+            StmtInner::Postgres { pg, statement } => {
+                let rows = pg.query(statement, &values)?;
+                Ok(Rows(RowsInner::Postgres(rows.into_iter(), None)))
+            }
+        }
+    }
+
+    /// Every row of the query through `f`.
+    pub fn query_map<T, P, F>(
+        &mut self,
+        params: P,
+        mut f: F,
+    ) -> Result<std::vec::IntoIter<Result<T>>>
+    where
+        P: Params,
+        F: FnMut(&Row<'_>) -> Result<T>,
+    {
+        let mut rows = self.query(params)?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next()? {
+            out.push(f(&row));
+        }
+        Ok(out.into_iter())
+    }
+
+    /// The first row through `f`; no row is [`SqlError::NoRows`].
+    pub fn query_row<T, P, F>(&mut self, params: P, f: F) -> Result<T>
+    where
+        P: Params,
+        F: FnOnce(&Row<'_>) -> Result<T>,
+    {
+        let mut rows = self.query(params)?;
+        match rows.next()? {
+            Some(row) => f(&row),
+            None => Err(SqlError::NoRows),
+        }
+    }
+
+    /// Whether the query has a row.
+    pub fn exists<P: Params>(&mut self, params: P) -> Result<bool> {
+        Ok(self.query(params)?.next()?.is_some())
+    }
+}
+
+/// Binds a value in the type the server inferred for its placeholder: the same
+/// integer goes to a `BIGINT`, an `INTEGER` or a `BOOLEAN`, text to `TEXT` or `JSONB`.
+impl postgres::types::ToSql for Value<'_> {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut bytes::BytesMut,
+    ) -> std::result::Result<postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>>
+    {
+        crate::store::pg::bind(self, ty, out)
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    postgres::types::to_sql_checked!();
+}

@@ -1,0 +1,340 @@
+//! The store's guarantees on Postgres with several instances: each test makes a fresh
+//! database on the server `THREADGATE_TEST_DATABASE_URL` names (scripts/test.sh starts
+//! one with scripts/postgres-up.sh) and opens two `Db` handles on it, two pools as two
+//! instances would have. Without the variable each test says so and passes.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use threadgate::executions::store::{self as exec_store, Execution, OutboxNote, Status};
+use threadgate::ids::{ExecutionId, SessionId, ThreadId};
+use threadgate::secrets::{MasterKey, SecretStore, SecretString};
+use threadgate::store::testing::{TestDb, test_database_url};
+use threadgate::store::{Db, StoreError};
+use threadgate::webhook::Envelope;
+use threadgate::webhook::store::{self as events, InsertOutcome};
+
+use crate::support::plain::example;
+
+/// A fresh database and two handles on it, or `None` (said on stderr) without a server.
+fn two_instances(test: &str) -> Option<(TestDb, Db, Db)> {
+    let Some(db) = TestDb::postgres_from_env() else {
+        eprintln!("{test}: THREADGATE_TEST_DATABASE_URL is not set: skipped");
+        return None;
+    };
+    let a = db.open().expect("first instance");
+    let b = db.open().expect("second instance");
+    Some((db, a, b))
+}
+
+fn execution(id: &str, status: Status) -> Execution {
+    Execution {
+        id: ExecutionId::parse(id).expect("execution id"),
+        session_id: SessionId::parse("s1").expect("session id"),
+        thread_id: ThreadId::parse("th_1").expect("thread id"),
+        agent: "support".into(),
+        tool: "stripe.refund".into(),
+        args: "{}".into(),
+        account: String::new(),
+        binding_hash: format!("b-{id}"),
+        diagnosis: None,
+        verdict: "hold".into(),
+        because: "test".into(),
+        rule_line: None,
+        policy_hash: String::new(),
+        status,
+        summary: None,
+        expires_at_ms: None,
+        reviewer: None,
+        decision_message: None,
+        decided_at_ms: None,
+        result: None,
+        error: None,
+        attempts: 0,
+        created_at_ms: 1,
+        finished_at_ms: None,
+    }
+}
+
+fn handle(i: usize, a: &Db, b: &Db) -> Db {
+    if i.is_multiple_of(2) {
+        a.clone()
+    } else {
+        b.clone()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delivery_is_stored_once_when_two_instances_insert_it_at_once() {
+    let Some((_db, a, b)) = two_instances("dedupe") else {
+        return;
+    };
+    let mut template: serde_json::Value =
+        serde_json::from_slice(&example("email-received.json")).expect("example");
+    let mut tasks = Vec::new();
+    for event in 0..30 {
+        template["id"] = serde_json::json!(format!("pEv_{event}"));
+        let body = serde_json::to_string(&template).expect("json");
+        let envelope = Envelope::parse(body.as_bytes()).expect("envelope");
+        for copy in 0..4 {
+            let (db, envelope, body) = (handle(copy, &a, &b), envelope.clone(), body.clone());
+            tasks.push(tokio::spawn(async move {
+                db.write(move |c| events::insert(c, &envelope, &body, 1))
+                    .await
+                    .expect("insert")
+            }));
+        }
+    }
+    let mut inserted = 0;
+    for task in tasks {
+        if matches!(task.await.expect("join"), InsertOutcome::Inserted { .. }) {
+            inserted += 1;
+        }
+    }
+    assert_eq!(inserted, 30, "each event inserted exactly once");
+    let rows: i64 = a
+        .read(|c| c.query_row("SELECT count(*) FROM events", (), |r| r.get(0)))
+        .await
+        .expect("count");
+    assert_eq!(rows, 30);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_of_two_instances_wins_each_approval_step() {
+    let Some((_db, a, b)) = two_instances("approval steps") else {
+        return;
+    };
+    for round in 0..20 {
+        let id = format!("ex_{round}");
+        let exec = execution(&id, Status::Held);
+        a.write(move |c| exec_store::insert(c, &exec))
+            .await
+            .expect("insert");
+        for (from, to) in [
+            (Status::Held, Status::Approved),
+            (Status::Approved, Status::Running),
+        ] {
+            let mut tasks = Vec::new();
+            for i in 0..6 {
+                let (db, id) = (handle(i, &a, &b), id.clone());
+                tasks.push(tokio::spawn(async move {
+                    db.write(move |c| exec_store::transition(c, &id, from, to))
+                        .await
+                        .expect("transition")
+                }));
+            }
+            let mut won = 0;
+            for task in tasks {
+                won += usize::from(task.await.expect("join"));
+            }
+            assert_eq!(won, 1, "round {round}: {from:?} -> {to:?} won once");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_deciding_at_once_never_overspend_a_limit() {
+    let Some((_db, a, b)) = two_instances("limits") else {
+        return;
+    };
+    const LIMIT: i64 = 100;
+    const AMOUNT: i64 = 30;
+    let mut tasks = Vec::new();
+    for i in 0..24 {
+        let db = handle(i, &a, &b);
+        tasks.push(tokio::spawn(async move {
+            db.write(move |c| {
+                // What `Gate::decide` does in its one transaction: read the key's total
+                // (`SqlHistory`), decide, record the execution and its charge.
+                let total = exec_store::charged_total(c, "refunds", 0)?;
+                if total + AMOUNT > LIMIT {
+                    return Ok(false);
+                }
+                let exec = execution(&format!("ex_{i}"), Status::Running);
+                exec_store::insert(c, &exec)?;
+                exec_store::charge(c, exec.id.as_str(), "refunds", AMOUNT, 1)?;
+                Ok(true)
+            })
+            .await
+            .expect("decide")
+        }));
+    }
+    let mut ran = 0;
+    for task in tasks {
+        ran += usize::from(task.await.expect("join"));
+    }
+    assert_eq!(ran, 3, "three calls of 30 fit a limit of 100");
+    let total = b
+        .read(|c| exec_store::charged_total(c, "refunds", 0))
+        .await
+        .expect("total");
+    assert_eq!(total, 90);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_drainers_never_take_the_same_note() {
+    let Some((_db, a, b)) = two_instances("outbox") else {
+        return;
+    };
+    a.write(|c| {
+        for i in 0..40 {
+            let exec = execution(&format!("ex_{i}"), Status::Held);
+            exec_store::insert(c, &exec)?;
+            let note = OutboxNote {
+                execution_id: exec.id.clone(),
+                thread_id: ThreadId::parse(format!("th_{}", i % 7)).expect("thread"),
+                marker: format!("m{i}"),
+                text: "held".into(),
+                markdown: "held".into(),
+                attempts: 0,
+            };
+            exec_store::enqueue_note(c, &note, 10)?;
+        }
+        Ok(())
+    })
+    .await
+    .expect("seed");
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let db = handle(i, &a, &b);
+        tasks.push(tokio::spawn(async move {
+            let mut taken = Vec::new();
+            loop {
+                let round = db
+                    .write(|c| exec_store::claim_notes(c, 100, (2, 5), 1_000_000))
+                    .await
+                    .expect("claim");
+                if round.is_empty() {
+                    return taken;
+                }
+                taken.extend(round.into_iter().map(|n| n.execution_id.to_string()));
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.expect("join"));
+    }
+    let unique: HashSet<_> = all.iter().cloned().collect();
+    assert_eq!(all.len(), 40, "every note taken once: {all:?}");
+    assert_eq!(unique.len(), 40);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn several_instances_append_one_audit_chain() {
+    let Some((_db, a, b)) = two_instances("audit") else {
+        return;
+    };
+    let mut tasks = Vec::new();
+    for i in 0..60 {
+        let db = handle(i, &a, &b);
+        tasks.push(tokio::spawn(async move {
+            db.write(move |c| {
+                let record =
+                    threadgate::audit::AuditRecord::new(threadgate::audit::AuditEvent::Requested);
+                threadgate::audit::append(c, &record, &threadgate::secrets::Redactor::empty())
+            })
+            .await
+            .expect("append")
+        }));
+    }
+    let mut ids = HashSet::new();
+    for task in tasks {
+        assert!(ids.insert(task.await.expect("join")));
+    }
+    let verified = b
+        .read(|c| Ok(threadgate::audit::verify(c)))
+        .await
+        .expect("read")
+        .expect("the chain verifies");
+    assert_eq!(verified, 60);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_written_on_one_instance_moves_the_generation_on_another() {
+    let Some((_db, a, b)) = two_instances("secrets generation") else {
+        return;
+    };
+    let key = Arc::new(MasterKey::generate());
+    let on_a = SecretStore::new(a, Arc::clone(&key));
+    let on_b = SecretStore::new(b, key);
+    let before = on_b.generation().await.expect("generation");
+    on_a.set(
+        "stripe_key",
+        SecretString::from("fake_key_0123456789abcdef".to_owned()),
+    )
+    .await
+    .expect("set");
+    let after = on_b.generation().await.expect("generation");
+    assert!(after > before, "{before} -> {after}");
+    let value = on_b.get("stripe_key").await.expect("get");
+    use threadgate::secrets::ExposeSecret as _;
+    assert_eq!(value.expose_secret(), "fake_key_0123456789abcdef");
+}
+
+#[test]
+fn an_unreachable_database_is_named_without_its_password() {
+    let err = Db::connect("postgres://tg:fake_key_pw@127.0.0.1:1/tg")
+        .err()
+        .expect("nothing listens on port 1");
+    let text = err.to_string();
+    assert!(matches!(err, StoreError::Unreachable { .. }), "{text}");
+    assert!(text.contains("127.0.0.1:1/tg"), "{text}");
+    assert!(!text.contains("fake_key_pw"), "{text}");
+    let err = Db::connect("postgres://tg:fake_key_pw@127.0.0.1:notaport/tg")
+        .err()
+        .expect("a bad port");
+    assert!(!err.to_string().contains("fake_key_pw"), "{err}");
+}
+
+#[test]
+fn wrong_credentials_are_named_without_the_password() {
+    let Some(url) = test_database_url() else {
+        eprintln!("credentials: THREADGATE_TEST_DATABASE_URL is not set: skipped");
+        return;
+    };
+    let scheme_end = url.find("://").expect("a URL") + 3;
+    let at = url.find('@').expect("a user in the URL");
+    let user = url[scheme_end..at].split(':').next().expect("user");
+    let wrong = format!("{}{user}:fake_key_wrong{}", &url[..scheme_end], &url[at..]);
+    let err = Db::connect(&wrong).err().expect("a wrong password");
+    let text = err.to_string();
+    assert!(matches!(err, StoreError::Credentials { .. }), "{text}");
+    assert!(text.contains(user), "{text}");
+    assert!(!text.contains("fake_key_wrong"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_newer_than_the_binary_is_refused_by_name() {
+    let Some((db, a, b)) = two_instances("schema newer") else {
+        return;
+    };
+    a.write(|c| c.execute("UPDATE threadgate_schema SET version = 999", ()))
+        .await
+        .expect("bump");
+    drop((a, b));
+    let err = db.open().err().expect("a newer schema");
+    assert!(
+        matches!(err, StoreError::SchemaNewer { found: 999, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("999"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_starting_at_once_migrate_once() {
+    let Some(db) = TestDb::postgres_from_env() else {
+        eprintln!("migrate: THREADGATE_TEST_DATABASE_URL is not set: skipped");
+        return;
+    };
+    let url = db.url().expect("url").to_owned();
+    let opens: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || Db::connect(&url).map(drop))
+        })
+        .collect();
+    for open in opens {
+        open.join().expect("join").expect("open");
+    }
+}
