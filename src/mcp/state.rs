@@ -14,8 +14,8 @@
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use rand::Rng as _;
 use crate::store::{Conn, OptionalExtension as _, params};
+use rand::Rng as _;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 

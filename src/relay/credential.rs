@@ -169,6 +169,12 @@ fn unreachable_length() -> ! {
     unreachable!("HKDF and HMAC accept these fixed lengths")
 }
 
+impl crate::sandbox::RelayMinter for RelayCredentials {
+    fn mint(&self, session: &SessionId) -> SecretString {
+        RelayCredentials::mint(self, session)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,11 +245,5 @@ mod tests {
     fn the_debug_output_shows_no_key() {
         let text = format!("{:?}", credentials(0));
         assert!(text.contains("[redacted]"), "{text}");
-    }
-}
-
-impl crate::sandbox::RelayMinter for RelayCredentials {
-    fn mint(&self, session: &SessionId) -> SecretString {
-        RelayCredentials::mint(self, session)
     }
 }
