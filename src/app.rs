@@ -284,6 +284,7 @@ impl Foundation {
             clock: self.clock.clone(),
             supervisor,
             max_pending_holds: settings.sessions.max_pending_holds,
+            instance_id: self.instance_id.clone(),
         }))
     }
 }
@@ -600,8 +601,12 @@ impl Application {
         let approvals = Approvals::new(gate.clone(), tasks.clone());
         // Before the supervisor can open a session socket: only calls a previous run
         // left behind are recovered, never one a session makes now.
+        let alive_after_ms = base
+            .clock
+            .now_ms()
+            .saturating_sub(settings.sessions.lease_ms());
         let leftovers = approvals
-            .leftovers()
+            .leftovers(alive_after_ms)
             .await
             .context("cannot read the calls a previous run left approved or running")?;
         let model = model_proxy(&settings, &base.secrets, gate.clone()).await?;

@@ -141,10 +141,11 @@ impl Approvals {
         let redactor = self.gate.current_redactor();
         let now = self.gate.now();
         let id_owned = id.clone();
+        let runner = self.gate.runner();
         let claimed = self
             .gate
             .db()
-            .write(move |conn| claim(conn, &loaded, &catalog, &redactor, &id_owned, now))
+            .write(move |conn| claim(conn, &loaded, &catalog, &redactor, &id_owned, now, &runner))
             .await;
         let (exec, run) = match claimed {
             Ok(Some(c)) => c,
@@ -200,19 +201,25 @@ impl Approvals {
     /// before any session socket opens: a call a session makes after that is never a
     /// leftover, so recovery cannot re-send or mark one that is running now.
     ///
+    /// With several instances on one database, the running calls taken are this
+    /// instance's own (its earlier boot's), those with no runner recorded, and those of
+    /// an instance whose heartbeat is not newer than `alive_after_ms`: never a call
+    /// another live instance is sending now. Approved calls are all taken: running one
+    /// claims it (`approved` to `running`), so of two instances one runs it.
+    ///
     /// A failed read is an error, not an empty list: an approved call that is never
     /// read back would never run, so threadgate does not start without knowing them.
-    pub async fn leftovers(&self) -> Result<Leftovers, crate::store::StoreError> {
-        let read = |status| async move {
-            self.gate
-                .db()
-                .read(move |c| store::with_status(c, status))
-                .await
-        };
-        Ok(Leftovers {
-            approved: read(Status::Approved).await?,
-            running: read(Status::Running).await?,
-        })
+    pub async fn leftovers(
+        &self,
+        alive_after_ms: i64,
+    ) -> Result<Leftovers, crate::store::StoreError> {
+        let db = self.gate.db();
+        let approved = db.read(|c| store::with_status(c, Status::Approved)).await?;
+        let me = self.gate.runner();
+        let running = db
+            .read(move |c| store::leftover_running(c, &me, alive_after_ms))
+            .await?;
+        Ok(Leftovers { approved, running })
     }
 
     /// After a restart: runs approved calls that had not run, re-sends calls whose
@@ -332,6 +339,7 @@ fn claim(
     redactor: &Redactor,
     id: &str,
     now: i64,
+    runner: &str,
 ) -> crate::store::Result<Option<(Execution, bool)>> {
     let Some(exec) = store::get(conn, id)? else {
         return Ok(None);
@@ -359,6 +367,7 @@ fn claim(
         return Ok(Some((exec, false)));
     }
     store::transition(conn, id, Status::Approved, Status::Running)?;
+    store::set_runner(conn, &exec.id, runner)?;
     executions::audit(conn, redactor, &exec, recheck.outcome(Some("run")))?;
     Ok(Some((exec, true)))
 }

@@ -204,6 +204,35 @@ pub fn with_status(conn: &Conn<'_>, status: Status) -> crate::store::Result<Vec<
     rows.collect()
 }
 
+/// Records that `runner` (an instance id) sends the running call `id`: in the
+/// transaction that made it running, so recovery knows whose it is.
+pub fn set_runner(conn: &Conn<'_>, id: &ExecutionId, runner: &str) -> crate::store::Result<()> {
+    conn.execute(
+        "UPDATE executions SET runner = ?2 WHERE id = ?1 AND status = 'running'",
+        params![id, runner],
+    )?;
+    Ok(())
+}
+
+/// The running calls a restart of instance `me` must recover: those its earlier boot
+/// was sending, those of an instance whose heartbeat is not newer than `alive_after_ms`
+/// (it died), and those with no runner (written before runners were recorded). A call
+/// another live instance is sending now is never among them.
+pub fn leftover_running(
+    conn: &Conn<'_>,
+    me: &str,
+    alive_after_ms: i64,
+) -> crate::store::Result<Vec<Execution>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS} FROM executions WHERE status = 'running' AND (runner IS NULL \
+         OR runner = ?1 OR NOT EXISTS (SELECT 1 FROM instances \
+         WHERE instances.instance_id = executions.runner AND instances.heartbeat_at_ms > ?2)) \
+         ORDER BY created_at_ms, id"
+    ))?;
+    let rows = stmt.query_map(params![me, alive_after_ms], row_to_execution)?;
+    rows.collect()
+}
+
 /// Which held calls the review queue shows, and in which order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HeldFilter {
@@ -687,6 +716,80 @@ pub fn outbox_backlog(conn: &Conn<'_>) -> crate::store::Result<i64> {
 #[cfg(test)]
 mod tests {
     use super::Status;
+    use crate::store::testing::each_backend;
+
+    /// Of the running calls, a restart of `me` recovers its own, a dead instance's and
+    /// those with no runner; never one a live instance is sending. On every backend.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restart_recovers_no_call_another_live_instance_is_sending() {
+        let dir = tempfile::tempdir().unwrap();
+        for backend in each_backend(dir.path()) {
+            let db = backend.open().unwrap();
+            db.write(|c| {
+                for (id, status) in [
+                    ("ex_mine", "running"),
+                    ("ex_live", "running"),
+                    ("ex_dead", "running"),
+                    ("ex_old", "running"),
+                    ("ex_gone", "running"),
+                    ("ex_done", "succeeded"),
+                ] {
+                    c.execute(
+                        "INSERT INTO executions (id, session_id, thread_id, agent, tool, args, \
+                         account, binding_hash, verdict, because, policy_hash, status, \
+                         created_at_ms) VALUES (?1, 's_1', 'th_1', 'support', \
+                         'stripe.create_refund', '{}', 'default', 'h', 'run', 'rule', 'p', ?2, 1)",
+                        crate::store::params![id, status],
+                    )?;
+                }
+                for (id, runner) in [
+                    ("ex_mine", "me"),
+                    ("ex_live", "live"),
+                    ("ex_dead", "dead"),
+                    ("ex_gone", "deregistered"),
+                    ("ex_done", "live"),
+                ] {
+                    let id = crate::ids::ExecutionId::parse(id).unwrap();
+                    super::set_runner(c, &id, runner)?;
+                }
+                for (instance, heartbeat) in [("me", 10_000), ("live", 9_500), ("dead", 2_000)] {
+                    c.execute(
+                        "INSERT INTO instances (instance_id, boot_nonce, started_at_ms, \
+                         heartbeat_at_ms) VALUES (?1, 'n', 0, ?2)",
+                        crate::store::params![instance, heartbeat],
+                    )?;
+                }
+                Ok(())
+            })
+            .await
+            .unwrap();
+            // Alive: a heartbeat newer than 5,000 (now 10,000, lease 5,000).
+            let left = db
+                .read(|c| super::leftover_running(c, "me", 5_000))
+                .await
+                .unwrap();
+            let mut ids: Vec<String> = left.iter().map(|e| e.id.to_string()).collect();
+            ids.sort();
+            let kind = if backend.url().is_some() {
+                "postgres"
+            } else {
+                "sqlite"
+            };
+            assert_eq!(ids, ["ex_dead", "ex_gone", "ex_mine", "ex_old"], "{kind}");
+            // The runner is only ever set on a running call.
+            let done_runner: Option<String> = db
+                .read(|c| {
+                    c.query_row(
+                        "SELECT runner FROM executions WHERE id = 'ex_done'",
+                        (),
+                        |r| r.get(0),
+                    )
+                })
+                .await
+                .unwrap();
+            assert_eq!(done_runner, None);
+        }
+    }
 
     #[test]
     fn statuses_round_trip_and_unknown_text_is_an_error() {

@@ -67,6 +67,8 @@ pub(super) struct Context {
     pub now: i64,
     /// The approval link without the execution id.
     pub url_prefix: String,
+    /// This instance: the runner of a call decided `run`.
+    pub runner: Arc<str>,
 }
 
 impl Context {
@@ -79,6 +81,7 @@ impl Context {
             scope: scope.clone(),
             now: gate.now(),
             url_prefix: gate.approval_url(""),
+            runner: gate.runner(),
         }
     }
 }
@@ -209,6 +212,9 @@ fn record(
     let summary = super::summary::held_summary(&call.tool, &redacted, &rule_text);
     let exec = frozen(cx, call, &v, summary);
     exec_store::insert(conn, &exec)?;
+    if exec.status == Status::Running {
+        exec_store::set_runner(conn, &exec.id, &cx.runner)?;
+    }
     let audit = |event| executions::audit(conn, &cx.redactor, &exec, AuditRecord::new(event));
     audit(AuditEvent::Requested)?;
     match v.verdict {

@@ -112,6 +112,9 @@ pub struct GateParts {
     /// Calls of one session waiting for a person at most (`[sessions]
     /// max_pending_holds`; 0: no limit).
     pub max_pending_holds: usize,
+    /// This instance's id: recorded on every call it sends, so a restart recovers only
+    /// its own calls and those of instances no longer alive.
+    pub instance_id: String,
 }
 
 /// Everything the gate needs; shared by the sandbox API, MCP, the model proxy and the
@@ -140,6 +143,8 @@ pub struct Gate {
     /// Calls of one session waiting for a person at most (`[sessions]
     /// max_pending_holds`; 0: no limit).
     pub(super) max_pending_holds: usize,
+    /// This instance's id, recorded as the runner of the calls it sends.
+    runner: Arc<str>,
 }
 
 impl Gate {
@@ -169,7 +174,13 @@ impl Gate {
             supervisor: parts.supervisor,
             holds: Arc::default(),
             max_pending_holds: parts.max_pending_holds,
+            runner: Arc::from(parts.instance_id),
         }
+    }
+
+    /// This instance's id, as recorded on the calls it sends.
+    pub fn runner(&self) -> Arc<str> {
+        self.runner.clone()
     }
 
     /// The time by the gate's clock, in unix milliseconds.

@@ -89,6 +89,11 @@ const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/0014_leases.sql"),
         postgres: include_str!("migrations/postgres/0014_leases.sql"),
     },
+    Migration {
+        name: "0015_execution_runner",
+        sql: include_str!("migrations/0015_execution_runner.sql"),
+        postgres: include_str!("migrations/postgres/0015_execution_runner.sql"),
+    },
 ];
 
 /// Applies every migration newer than the database's `user_version`, each in its own

@@ -70,7 +70,9 @@ fn free_port() -> u16 {
 }
 
 /// The config file of an instance of `world` (its repository, data directory, instance
-/// id and secrets root) on the shared database.
+/// id and secrets root) on the shared database. Warm pools are off: this suite counts a
+/// thread's containers by their thread label, which a parked sandbox adopted later never
+/// carries (Docker cannot relabel a container); `sessions_docker_pool` tests the pool.
 fn write_config(
     world: &DockerWorld,
     shared: &Shared,
@@ -104,7 +106,8 @@ fn write_config(
          reconcile_every = \"2s\"\n\
          lease_time = \"{lease}s\"\n\
          workspace_bytes = 0\n\
-         disk_reserve_bytes = 0\n",
+         disk_reserve_bytes = 0\n\
+         pool_size = 0\n",
         data = q(&dir.join("data")),
         db = q(&shared.database),
         policy = q(&crate_dir.join("policies/support.yaml")),

@@ -438,8 +438,13 @@ async fn a_thousand_anonymous_starts_from_one_address_lock_no_one_out() {
 async fn a_sign_in_started_on_one_instance_finishes_on_another() {
     let (world, _provider) = world_with_provider(|_| {}).await;
     let a = world.start().await;
+    // Another instance: its own data directory, the same database and master key.
+    let b_dir = tempfile::tempdir().expect("tempdir");
     let mut b_settings = world.settings.clone();
     b_settings.listen = ([127, 0, 0, 1], 0).into();
+    b_settings.database_file = world.settings.database_path();
+    b_settings.master_key_file = world.settings.master_key_path();
+    b_settings.data_dir = b_dir.path().join("data");
     let b = crate::support::app::spawn_app(
         b_settings,
         Overrides {
