@@ -13,6 +13,7 @@ pub mod label_outbox;
 pub mod outbox;
 pub mod pull;
 mod pump;
+mod rounds;
 pub mod stop;
 pub mod trail_outbox;
 

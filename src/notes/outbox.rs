@@ -11,7 +11,7 @@
 //! and tried again at the next wake-up; it is never taken for "nothing is due".
 
 use super::Outbox;
-use super::pump::{Round, in_rounds};
+use super::rounds::{Round, in_rounds};
 use crate::connectors::HelpdeskConnector;
 use crate::executions::store::{self, OutboxNote};
 use crate::store::{Dialect, StoreError};

@@ -10,7 +10,7 @@
 //! cannot be read is an error for the caller to log; it is never "nothing is due".
 
 use super::Outbox;
-use super::pump::{Round, in_rounds};
+use super::rounds::{Round, in_rounds};
 use crate::connectors::HelpdeskConnector;
 use crate::connectors::helpdesk::{EventPosted, ThreadEvent};
 use crate::executions::trail::{self, TrailEvent};

@@ -18,12 +18,20 @@ use axum::response::{IntoResponse as _, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
-use super::listener::RelayParts;
 use crate::api_error::ApiError;
 use crate::gateway::SessionService;
 use crate::secrets::ExposeSecret as _;
 use crate::server::LimitedRouter;
 use crate::session::SessionScope;
+
+/// What the relay listener serves from (its control routes read it too).
+#[derive(Clone)]
+pub struct RelayParts {
+    pub credentials: Arc<super::credential::RelayCredentials>,
+    pub sessions: Arc<crate::gateway::SocketHost>,
+    pub agents: Arc<crate::session::AgentBook>,
+    pub secrets: Arc<dyn crate::session::SecretSource>,
+}
 
 /// `POST /relay/v1/renew`'s path.
 pub const RENEW_PATH: &str = "/relay/v1/renew";

@@ -21,25 +21,15 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tracing::Instrument as _;
 
-use super::control;
-use super::credential::{CredentialError, RelayCredentials};
+use super::control::{self, RelayParts};
+use super::credential::CredentialError;
 use super::settings::RelaySettings;
 use super::wire::{self, Purpose, Refused};
-use crate::gateway::{SessionService, SocketHost};
-use crate::session::{AgentBook, SecretSource};
+use crate::gateway::SessionService;
 use crate::tasks::Tasks;
 
 /// Pause after a failed accept (e.g. out of file descriptors), so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
-
-/// What the relay listener serves from.
-#[derive(Clone)]
-pub struct RelayParts {
-    pub credentials: Arc<RelayCredentials>,
-    pub sessions: Arc<SocketHost>,
-    pub agents: Arc<AgentBook>,
-    pub secrets: Arc<dyn SecretSource>,
-}
 
 /// Binds the relay listener when `[relay] listen` is set and serves it in `tasks` until
 /// shutdown; answers the bound address. Missing or unusable certificate files are an

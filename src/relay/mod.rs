@@ -25,6 +25,7 @@ pub mod tls;
 pub mod wire;
 
 pub use client::{Relay, RelayOptions};
+pub use control::RelayParts;
 pub use credential::{CredentialError, RelayCredentials, Verified};
-pub use listener::{RelayParts, start};
+pub use listener::start;
 pub use settings::RelaySettings;

@@ -1,7 +1,7 @@
 //! What a thread's branch changed: the paths of its tip's tree that differ from the
 //! default branch's tip (what an engineer reviews in the pull request).
 
-use super::{Settings, WorkspaceError, prepare};
+use super::{Settings, WorkspaceError, refs};
 use crate::ids::ThreadId;
 
 /// How one path differs between the default branch and the thread's branch.
@@ -40,7 +40,7 @@ pub(super) fn changed_files(
 ) -> Result<ChangedFiles, WorkspaceError> {
     let thread_ref = settings.thread_ref(thread_id)?;
     let repo = settings.open_repository()?;
-    let Some(tip) = prepare::branch_tip(&repo, thread_id, &thread_ref)? else {
+    let Some(tip) = refs::branch_tip(&repo, thread_id, &thread_ref)? else {
         return Ok(ChangedFiles::default());
     };
     let tree_of = |id: git2::Oid| repo.find_commit(id).and_then(|c| c.tree());

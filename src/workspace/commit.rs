@@ -3,11 +3,11 @@
 use std::fmt::Write as _;
 use std::io::Write as _;
 
-use git2::{ErrorCode, Repository, Signature};
+use git2::{Repository, Signature};
 use rustix::fs::{CWD, Mode, OFlags};
 
 use crate::ids::ThreadId;
-use crate::workspace::prepare::branch_tip;
+use crate::workspace::refs::{branch_tip, move_branch};
 use crate::workspace::snapshot::{SecretScanner, Snapshot};
 use crate::workspace::{CommitOutcome, Settings, SkippedFile, WorkspaceError};
 
@@ -109,28 +109,6 @@ fn write_pack(
         thread_id,
         "clearing the in-memory pack",
     ))
-}
-
-/// Moves exactly `thread_ref` from `old` to `new`, failing if it no longer points at
-/// `old` (libgit2 checks under the ref's lock file).
-pub(crate) fn move_branch(
-    repo: &Repository,
-    thread_id: &ThreadId,
-    thread_ref: &str,
-    old: git2::Oid,
-    new: git2::Oid,
-) -> Result<(), WorkspaceError> {
-    let log = format!("threadgate: commit work of thread {thread_id}");
-    match repo.reference_matching(thread_ref, new, true, old, &log) {
-        Ok(_) => Ok(()),
-        Err(e) if matches!(e.code(), ErrorCode::Modified | ErrorCode::Locked) => {
-            Err(WorkspaceError::BranchMoved {
-                thread_id: thread_id.to_owned(),
-                branch: thread_ref.to_owned(),
-            })
-        }
-        Err(e) => Err(WorkspaceError::git(thread_id, "moving the branch")(e)),
-    }
 }
 
 /// Opens the worktree root without following a symlink in its place.

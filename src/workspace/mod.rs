@@ -51,6 +51,7 @@ mod commit;
 mod error;
 mod names;
 mod prepare;
+mod refs;
 mod remote;
 mod remove;
 mod snapshot;
@@ -301,7 +302,7 @@ impl Workspaces {
     pub fn has_changes(&self, thread_id: &ThreadId) -> Result<bool, WorkspaceError> {
         let thread_ref = self.settings.thread_ref(thread_id)?;
         let repo = self.settings.open_repository()?;
-        let Some(tip) = prepare::branch_tip(&repo, thread_id, &thread_ref)? else {
+        let Some(tip) = refs::branch_tip(&repo, thread_id, &thread_ref)? else {
             return Ok(false);
         };
         let base = repo

@@ -19,6 +19,7 @@ use git2::{ErrorCode, Oid, Repository, RepositoryInitOptions, Tree};
 
 use crate::ids::ThreadId;
 use crate::workspace::names::{self, NameProblem};
+use crate::workspace::refs::branch_tip;
 use crate::workspace::{MAX_DEPTH, Settings, WorkspaceError, Worktree, remote};
 
 /// Distinguishes temporary directories made by this process.
@@ -102,26 +103,6 @@ fn ensure_branch(
             .ok_or_else(|| WorkspaceError::git(thread_id, "creating the branch")(e)),
         Err(e) => Err(WorkspaceError::git(thread_id, "creating the branch")(e)),
     }
-}
-
-/// The commit a thread's branch points at, or `None` if the branch does not exist.
-/// A symbolic ref in its place is an error, never followed.
-pub(crate) fn branch_tip(
-    repo: &Repository,
-    thread_id: &ThreadId,
-    thread_ref: &str,
-) -> Result<Option<Oid>, WorkspaceError> {
-    let reference = match repo.find_reference(thread_ref) {
-        Ok(reference) => reference,
-        Err(e) if e.code() == ErrorCode::NotFound => return Ok(None),
-        Err(e) => return Err(WorkspaceError::git(thread_id, "reading the branch")(e)),
-    };
-    let Some(target) = reference.target() else {
-        return Err(WorkspaceError::git(thread_id, "reading the branch")(
-            git2::Error::from_str("the branch is a symbolic reference"),
-        ));
-    };
-    Ok(Some(target))
 }
 
 /// Writes the tip's tree into `dir` and gives it its own standalone `.git`.

@@ -16,8 +16,8 @@ use git2::{AutotagOption, Direction, ErrorCode, FetchOptions, Oid, PushOptions, 
 use git2::{RemoteCallbacks, Repository};
 
 use crate::ids::ThreadId;
-use crate::workspace::commit::move_branch;
-use crate::workspace::prepare::branch_tip;
+use crate::workspace::refs::branch_tip;
+use crate::workspace::refs::move_branch;
 use crate::workspace::{Settings, WorkspaceError, names, remove, volume};
 
 /// The namespace, outside `refs/heads/`, where a local tip that diverged from the

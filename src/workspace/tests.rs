@@ -55,7 +55,7 @@ fn branch_update_is_a_compare_and_swap() {
         .commit(None, &sig, &sig, "c", &tree, &[&parent])
         .unwrap();
 
-    let err = super::commit::move_branch(
+    let err = super::refs::move_branch(
         &repo,
         &crate::ids::ThreadId::parse("th").unwrap(),
         name,
@@ -72,7 +72,7 @@ fn branch_update_is_a_compare_and_swap() {
         a,
         "a stale expectation moves nothing"
     );
-    super::commit::move_branch(
+    super::refs::move_branch(
         &repo,
         &crate::ids::ThreadId::parse("th").unwrap(),
         name,

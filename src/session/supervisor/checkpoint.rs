@@ -18,79 +18,19 @@
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
-use tokio::sync::oneshot;
-
+use super::checkpoint_answer::Reply;
+pub use super::checkpoint_answer::{Checkpoint, CheckpointError, PushState};
 use super::handle::{Msg, Outcome};
 use super::lifecycle::commit_worktree;
 use super::parts::SupervisorParts;
 use super::{Supervisor, SupervisorHandle};
 use crate::ids::ThreadId;
 use crate::session::store::{SessionRow, SessionState};
+use tokio::sync::oneshot;
 
 /// The agent may ask for a checkpoint at most this often (each one walks the worktree
 /// and may push): one sooner is refused with the time to wait.
 pub const MIN_AGENT_GAP_MS: i64 = 10_000;
-
-/// What a checkpoint did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Checkpoint {
-    /// The thread's branch, e.g. `threadgate/th_…`.
-    pub branch: String,
-    /// The new commit, or `None` when the worktree matches the branch tip.
-    pub commit: Option<String>,
-    /// How many files were left out of the commit (a secret, a cap; the server's log
-    /// names them).
-    pub left_out: usize,
-    /// What became of the push.
-    pub push: PushState,
-}
-
-/// What became of a checkpoint's push.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
-#[strum(serialize_all = "snake_case")]
-pub enum PushState {
-    /// The remote has the branch's tip.
-    Pushed,
-    /// Nothing new to push (no commit, and the last push went through).
-    NotNeeded,
-    /// No remote is configured; the branch stays on this instance.
-    NoRemote,
-    /// The push failed; it is tried again at the next checkpoint.
-    Failed,
-}
-
-impl PushState {
-    /// The state's name on the wire, e.g. `not_needed`.
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
-}
-
-/// Why a checkpoint was not taken.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CheckpointError {
-    /// The session has no running container (starting, idle, queued, ended).
-    #[error("the session is not running")]
-    NotRunning,
-    /// Another operation on the session (start, stop, checkpoint) is in flight.
-    #[error("the session's workspace is busy (starting, stopping or checkpointing); try again")]
-    Busy,
-    /// The agent asked again sooner than [`MIN_AGENT_GAP_MS`] after the last one.
-    #[error("a checkpoint was taken less than 10 s ago; try again in {retry_after_ms} ms")]
-    TooSoon {
-        /// How long to wait.
-        retry_after_ms: i64,
-    },
-    /// The commit failed (logged).
-    #[error("the checkpoint failed")]
-    Failed,
-    /// The supervisor has stopped.
-    #[error("the supervisor has stopped")]
-    Stopped,
-}
-
-/// Who asked for a checkpoint, and where its answer goes.
-pub(super) type Reply = oneshot::Sender<Result<Checkpoint, CheckpointError>>;
 
 /// The actor's memory of checkpoints, of the threads holding a slot only (per instance:
 /// a new owner starts afresh, and the session's stop pushes whatever is left).

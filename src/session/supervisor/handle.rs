@@ -36,7 +36,7 @@ pub(super) enum Msg {
     /// The agent asks for a checkpoint of its session (`checkpoint.rs`).
     Checkpoint {
         thread: ThreadId,
-        reply: super::checkpoint::Reply,
+        reply: super::checkpoint_answer::Reply,
     },
     /// Answer once no operation is in flight and no message is waiting.
     WhenQuiet(oneshot::Sender<()>),
@@ -63,7 +63,7 @@ pub(super) enum Outcome {
     StopFailed(String),
     /// A checkpoint finished; `push` is `None` when its commit failed.
     Checkpointed {
-        push: Option<super::checkpoint::PushState>,
+        push: Option<super::checkpoint_answer::PushState>,
     },
     /// The thread's lease went to another instance: this instance's containers of it
     /// are stopped, and nothing was written.

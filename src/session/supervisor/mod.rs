@@ -12,6 +12,7 @@
 //! carries the lease's fencing token, so the database refuses a stale owner's write.
 
 mod checkpoint;
+mod checkpoint_answer;
 mod events;
 mod handle;
 mod inbox;
