@@ -264,12 +264,14 @@ async fn a_session_whose_owner_died_is_taken_over_in_a_fresh_container() {
     let now = Arc::new(AtomicI64::new(START_MS));
     let lease = Duration::from_secs(15);
     let a = instance(dir.path(), "inst-a", &now, lease);
-    let b = instance(dir.path(), "inst-b", &now, lease);
     store_event(&a.db, "pEv_1", "th_1", 1_000).await;
     a.handle.thread_changed(&tid("th_1"));
     a.settle().await;
     assert_eq!(a.running_soon("th_1", 1).await, 1);
     let old_container = session_row(&a.db, "th_1").await.container_id;
+    // inst-b starts once inst-a owns the thread (started before, its tick could win the
+    // unowned thread itself, which the race test above covers).
+    let b = instance(dir.path(), "inst-b", &now, lease);
 
     // inst-a dies: its actor and its lease renewal stop at once.
     a.tasks.shutdown(Duration::ZERO).await;
