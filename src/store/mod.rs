@@ -21,8 +21,10 @@ pub mod leases;
 pub mod meta;
 mod migrations;
 mod pg;
+mod pg_value;
 mod sql;
 pub mod testing;
+mod value;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
