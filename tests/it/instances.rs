@@ -10,20 +10,19 @@
 //! Needs `scripts/docker-up.sh` and the sandbox image, like `sessions_docker`.
 
 use std::collections::HashMap;
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use threadgate::sandbox::{LABEL_INSTANCE, LABEL_THREAD};
 use threadgate::secrets::MasterKey;
-use threadgate::store::Db;
 
 use crate::support;
-use support::docker::docker;
+use support::instances::{
+    Serve, Shared, SharedDb, command, containers_per_thread, free_port, lease_owners,
+    running_sessions, running_threads, serve, write_config,
+};
 use support::plain::{event_id, plain_event, thread_id};
 use support::sessions::DockerWorld;
 use support::wait::wait_for;
@@ -32,197 +31,6 @@ use support::wait::wait_for;
 const LEASE: Duration = Duration::from_secs(3);
 const THREADS: usize = 10;
 const WAIT: Duration = Duration::from_secs(120);
-
-/// What every instance shares: the database file, the master key, the signing secret.
-struct Shared {
-    database: PathBuf,
-    master_key: PathBuf,
-    signing_secret: String,
-}
-
-/// One running `threadgate serve`.
-struct Serve {
-    child: Child,
-    addr: String,
-    instance: String,
-    log: PathBuf,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Serve {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
-/// The config file of an instance of `world` (its repository, data directory, instance
-/// id and secrets root) on the shared database. Warm pools are off: this suite counts a
-/// thread's containers by their thread label, which a parked sandbox adopted later never
-/// carries (Docker cannot relabel a container); `sessions_docker_pool` tests the pool.
-fn write_config(
-    world: &DockerWorld,
-    shared: &Shared,
-    dir: &Path,
-    port: u16,
-    instance: &str,
-) -> PathBuf {
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let q = |p: &Path| format!("{:?}", p.display().to_string());
-    let text = format!(
-        "data_dir = {data}\n\
-         database_file = {db}\n\
-         instance_id = {instance:?}\n\
-         listen = \"127.0.0.1:{port}\"\n\
-         public_url = \"http://127.0.0.1:{port}\"\n\
-         policy_file = {policy}\n\
-         agents_dir = {agents}\n\
-         skills_dir = {skills}\n\
-         master_key_file = {key}\n\
-         [repo]\n\
-         path = {repo}\n\
-         default_branch = \"main\"\n\
-         [sandbox]\n\
-         image = {image:?}\n\
-         memory_bytes = {memory}\n\
-         nano_cpus = 250000000\n\
-         pids = 128\n\
-         secrets_root = {secrets}\n\
-         [sessions]\n\
-         max_live = 16\n\
-         reconcile_every = \"2s\"\n\
-         lease_time = \"{lease}s\"\n\
-         workspace_bytes = 0\n\
-         disk_reserve_bytes = 0\n\
-         pool_size = 0\n",
-        data = q(&dir.join("data")),
-        db = q(&shared.database),
-        policy = q(&crate_dir.join("policies/support.yaml")),
-        agents = q(&crate_dir.join("agents")),
-        skills = q(&crate_dir.join("skills")),
-        key = q(&shared.master_key),
-        repo = q(&world.repo_path()),
-        image = support::docker::image(),
-        memory = 192u64 << 20,
-        secrets = q(&world.secrets_root),
-        lease = LEASE.as_secs(),
-    );
-    let path = dir.join(format!("{instance}.toml"));
-    std::fs::write(&path, text).expect("write config");
-    path
-}
-
-fn command(config: &Path, shared: &Shared, log: &Path) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_threadgate"));
-    command
-        .arg("--config")
-        .arg(config)
-        .arg("serve")
-        .env("THREADGATE_PLAIN_SIGNING_SECRET", &shared.signing_secret)
-        .env("RUST_LOG", "info")
-        .env_remove("THREADGATE_MASTER_KEY")
-        .env_remove("THREADGATE_DATA_DIR")
-        .env_remove("THREADGATE_INSTANCE_ID")
-        .env_remove("THREADGATE_LOG_FORMAT")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).expect("log file"));
-    command
-}
-
-/// Starts an instance of `world` and waits until it answers `/healthz`.
-async fn serve(world: &DockerWorld, shared: &Shared, instance: &str, tag: &str) -> Serve {
-    let dir = world.root.path().join(tag);
-    std::fs::create_dir_all(&dir).expect("dir");
-    let port = free_port();
-    let config = write_config(world, shared, &dir, port, instance);
-    let log = dir.join("serve.log");
-    let child = command(&config, shared, &log).spawn().expect("spawn serve");
-    let mut serve = Serve {
-        child,
-        addr: format!("127.0.0.1:{port}"),
-        instance: instance.to_owned(),
-        log,
-    };
-    let http = reqwest::Client::new();
-    let up = wait_for(Duration::from_secs(60), || {
-        let url = format!("http://{}/healthz", serve.addr);
-        let http = http.clone();
-        async move {
-            let ok = http
-                .get(url)
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success());
-            ok.then_some(())
-        }
-    })
-    .await;
-    if up.is_none() || serve.child.try_wait().expect("try_wait").is_some() {
-        panic!("instance {tag} did not start: {}", serve.log());
-    }
-    serve
-}
-
-/// The threads of the running containers labelled with `instance`.
-fn running_threads(instance: &str) -> Vec<String> {
-    let filter = format!("label={LABEL_INSTANCE}={instance}");
-    let format = format!("{{{{.Label \"{LABEL_THREAD}\"}}}}");
-    let (code, out, err) = docker(&["ps", "--filter", &filter, "--format", &format]);
-    assert_eq!(code, 0, "docker ps: {err}");
-    out.lines().map(str::to_owned).collect()
-}
-
-/// Running containers per thread across `instances`.
-fn containers_per_thread(instances: &[&str]) -> HashMap<String, usize> {
-    let mut count = HashMap::new();
-    for instance in instances {
-        for thread in running_threads(instance) {
-            *count.entry(thread).or_insert(0) += 1;
-        }
-    }
-    count
-}
-
-/// The owner of each thread's lease, as the shared database says.
-async fn lease_owners(db: &Db) -> HashMap<String, String> {
-    let now = Utc::now().timestamp_millis();
-    db.read(move |c| {
-        let mut stmt =
-            c.prepare("SELECT thread_id, owner FROM session_leases WHERE expires_at_ms > ?1")?;
-        let rows = stmt.query_map([now], |r| Ok((r.get(0)?, r.get(1)?)))?;
-        rows.collect()
-    })
-    .await
-    .expect("read leases")
-}
-
-async fn running_sessions(db: &Db) -> usize {
-    db.read(|c| {
-        c.query_row(
-            "SELECT count(*) FROM sessions WHERE state = 'running'",
-            (),
-            |r| r.get::<_, i64>(0),
-        )
-    })
-    .await
-    .map(|n| usize::try_from(n).expect("a count"))
-    .expect("read sessions")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_share_the_threads_and_one_takes_over_when_the_other_is_killed() {
     if support::docker::skip() {
@@ -230,7 +38,8 @@ async fn two_instances_share_the_threads_and_one_takes_over_when_the_other_is_ki
     }
     let (world_a, world_b) = (DockerWorld::new(), DockerWorld::new());
     let shared = Shared {
-        database: world_a.root.path().join("shared.db"),
+        database: SharedDb::File(world_a.root.path().join("shared.db")),
+        lease: LEASE,
         master_key: world_a.root.path().join("master.key"),
         signing_secret: world_a.signing_secret.clone(),
     };
@@ -240,7 +49,7 @@ async fn two_instances_share_the_threads_and_one_takes_over_when_the_other_is_ki
     let (id_a, id_b) = (world_a.instance.clone(), world_b.instance.clone());
     let a = serve(&world_a, &shared, &id_a, "a").await;
     let b = serve(&world_b, &shared, &id_b, "b").await;
-    let db = Db::open(&shared.database).expect("open the shared database");
+    let db = shared.database.open();
 
     // Watch the engine the whole time both are alive: never two running containers of
     // one thread.

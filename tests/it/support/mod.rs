@@ -9,6 +9,8 @@
 //!   sandbox) and a session driven over its unix socket.
 //! - [`sessions`]: the Docker sessions' world (a real repository, the sandbox image).
 //! - [`agent`]: the agent's world (real Docker sessions and a scripted model).
+//! - [`instances`]: real `threadgate serve` processes on one shared database (SQLite file
+//!   or Postgres) and one Docker engine.
 //! - [`intake`]: the webhook intake router alone, with a fixed clock.
 //! - [`plain`]: Plain's example deliveries, ids and the shared directory; deliveries are
 //!   signed by the library's own `threadgate::webhook::sign`.
@@ -21,6 +23,7 @@ pub mod app;
 pub mod clock;
 pub mod docker;
 pub mod github_stub;
+pub mod instances;
 pub mod intake;
 pub mod localstripe;
 pub mod logs;
