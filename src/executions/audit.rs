@@ -79,6 +79,11 @@ mod tests {
             agent: "support".into(),
             customer_id: None,
             customer_email: None,
+            lease: crate::store::leases::Lease {
+                thread_id: crate::ids::ThreadId::parse("th_1").expect("id"),
+                owner: "inst".into(),
+                token: 1,
+            },
         };
         let args = r#"{"amount":500,"charge":"ch_1"}"#.to_owned();
         let mut exec = Execution::by_threadgate(

@@ -120,6 +120,7 @@ impl From<Refusal> for ApiError {
                 definite: false, ..
             } => StatusCode::BAD_GATEWAY,
             Refusal::TooManyHolds { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Refusal::SessionMoved => StatusCode::CONFLICT,
             Refusal::Internal => return ApiError::internal(),
         };
         let code = refusal.code();
@@ -167,6 +168,7 @@ mod tests {
                 "lookup_failed",
             ),
             (Refusal::TooManyHolds { limit: 3 }, 429, "too_many_holds"),
+            (Refusal::SessionMoved, 409, "session_moved"),
             (Refusal::Internal, 500, "internal"),
         ];
         for (refusal, status, code) in cases {

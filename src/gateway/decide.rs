@@ -18,6 +18,7 @@ use crate::notes::stop::StopNote;
 use crate::policy::{Catalog, LimitCharge, LimitHistory, Verdict};
 use crate::secrets::Redactor;
 use crate::session::SessionScope;
+use crate::store::leases;
 
 /// What the deciding transaction found.
 pub(super) enum Decided {
@@ -98,6 +99,9 @@ impl Gate {
         let max_holds = self.max_pending_holds;
         self.db
             .write(move |conn| {
+                // Refused (and nothing below written) once another instance has taken
+                // the session's thread over.
+                leases::fence(conn, &cx.scope.lease)?;
                 if let Some(found) = earlier_binding(conn, &cx, &call)? {
                     return Ok(found);
                 }

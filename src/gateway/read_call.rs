@@ -28,6 +28,7 @@ use crate::executions::{Execution, store as exec_store};
 use crate::policy::{LimitHistory, Verdict};
 use crate::session::SessionScope;
 use crate::store::StoreError;
+use crate::store::leases;
 
 /// What the snapshot decided of a read.
 pub(super) enum ReadDecision {
@@ -102,7 +103,16 @@ impl Gate {
 
     /// Runs a read decided on a snapshot, then commits its execution row, decision and
     /// outcome in one transaction, and answers only once that is on disk.
-    pub(super) async fn run_read(&self, exec: Box<Execution>, started: Instant) -> CallReply {
+    /// The commit carries the session's lease: once another instance has taken the
+    /// thread over it is refused, nothing is written and the result is dropped (the
+    /// read itself was sent: a read changes nothing at the provider).
+    pub(super) async fn run_read(
+        &self,
+        scope: &SessionScope,
+        exec: Box<Execution>,
+        started: Instant,
+    ) -> CallReply {
+        let (lease, scope_lease) = (scope.lease.clone(), scope.lease.clone());
         let ran = self.run_decided(&exec).await;
         let redactor = self.current_redactor();
         let now = self.now();
@@ -112,6 +122,7 @@ impl Gate {
         let written = self
             .db
             .write(move |conn| {
+                leases::fence(conn, &lease)?;
                 write_finished(conn, &redactor, (*exec).clone(), &record, duration, now)
             })
             .await;
@@ -119,6 +130,12 @@ impl Gate {
             Ok(()) => {
                 self.notify(&id);
                 ran.reply
+            }
+            Err(e) if leases::is_lost(&e) => {
+                // INVARIANT: as below, the result is dropped: the thread's new owner
+                // holds no record of this read, so the agent never sees it.
+                self.lease_refused(&scope_lease);
+                CallReply::Refused(Refusal::SessionMoved)
             }
             Err(e) => {
                 // INVARIANT: the result is dropped; the agent never sees a read the audit

@@ -35,6 +35,14 @@ pub enum Refusal {
          session stops; a person takes over the thread"
     )]
     TooManyHolds { limit: usize },
+    /// The session's thread was taken over by another instance (this instance's lease
+    /// is stale): the database refused the call's record, so nothing of it was written
+    /// and nothing was sent.
+    #[error(
+        "this session's thread was taken over by another threadgate instance; the call \
+         was not recorded or sent, and this session stops here"
+    )]
+    SessionMoved,
     /// The call could not be recorded.
     #[error("internal error")]
     Internal,
@@ -51,6 +59,7 @@ impl Refusal {
             Refusal::OutOfScope(_) => "out_of_scope",
             Refusal::LookupFailed { .. } => "lookup_failed",
             Refusal::TooManyHolds { .. } => "too_many_holds",
+            Refusal::SessionMoved => "session_moved",
             Refusal::Internal => "internal",
         }
     }

@@ -16,6 +16,7 @@ use crate::connectors::{CallContext, Connector, ConnectorError};
 use crate::executions::Execution;
 use crate::secrets::Redactor;
 use crate::session::SessionScope;
+use crate::store::leases;
 
 impl Gate {
     /// Decides and, when allowed, runs one call of a session: prepares it (the checks
@@ -31,7 +32,7 @@ impl Gate {
         if !prepared.is_write && prepared.forced_hold.is_none() {
             // A read runs before its one commit (see `read_call`).
             match self.decide_read(scope, prepared).await {
-                Ok(ReadDecision::Run(exec)) => return self.run_read(exec, started).await,
+                Ok(ReadDecision::Run(exec)) => return self.run_read(scope, exec, started).await,
                 Ok(ReadDecision::Undecided(back)) => prepared = back,
                 Err(e) => {
                     tracing::error!(error = %e, "cannot decide a read");
@@ -41,6 +42,14 @@ impl Gate {
         }
         let decided = match self.decide(scope, prepared).await {
             Ok(d) => d,
+            Err(e) if leases::is_lost(&e) => {
+                tracing::warn!(
+                    token = scope.lease.token,
+                    "the session's lease is stale; call refused"
+                );
+                self.lease_refused(&scope.lease);
+                return CallReply::Refused(Refusal::SessionMoved);
+            }
             Err(e) => {
                 tracing::error!(error = %e, "cannot record a call");
                 return CallReply::Refused(Refusal::Internal);
@@ -76,6 +85,12 @@ impl Gate {
                 CallReply::Refused(Refusal::TooManyHolds { limit })
             }
         }
+    }
+
+    /// A write for a session was refused by its lease's fence: the supervisor drops
+    /// the session here at once (the thread belongs to another instance now).
+    pub(super) fn lease_refused(&self, lease: &crate::store::leases::Lease) {
+        self.supervisor.lease_refused(lease);
     }
 
     /// Posts the stop note already queued and stops the session, off this call: a

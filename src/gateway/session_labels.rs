@@ -9,15 +9,16 @@ use std::sync::{Arc, Mutex};
 
 use super::Gate;
 use crate::executions::labels;
-use crate::ids::{SessionId, ThreadId};
+use crate::ids::SessionId;
 use crate::session::{SessionApi, SessionScope};
+use crate::store::leases::{self, Lease};
 
 /// Wraps the sockets' [`SessionApi`], recording whether each thread's session runs.
 pub struct LabelledSessions {
     inner: Arc<dyn SessionApi>,
     gate: Arc<Gate>,
-    /// The thread of each open session.
-    threads: Mutex<HashMap<SessionId, ThreadId>>,
+    /// The lease (and so the thread) each open session is served under.
+    threads: Mutex<HashMap<SessionId, Lease>>,
 }
 
 impl LabelledSessions {
@@ -38,16 +39,25 @@ impl LabelledSessions {
             .is_some_and(|h| !h.state_labels().configured().is_empty())
     }
 
-    async fn record(&self, thread_id: ThreadId, working: bool) {
+    /// Records the wanted label under the session's lease: a session dropped here
+    /// because its thread went to another instance writes nothing (the new owner's
+    /// session is the one working).
+    async fn record(&self, lease: Lease, working: bool) {
         let now = self.gate.now();
-        let thread = thread_id.clone();
+        let thread_id = lease.thread_id.clone();
         let written = self
             .gate
             .db()
-            .write(move |c| labels::set_working(c, &thread, working, now))
+            .write(move |c| {
+                leases::fence(c, &lease)?;
+                labels::set_working(c, &lease.thread_id, working, now)
+            })
             .await;
         match written {
             Ok(()) => self.gate.outbox().wake(),
+            Err(e) if leases::is_lost(&e) => {
+                tracing::info!(thread = %thread_id, "the thread went to another instance; its label is the new owner's to write");
+            }
             Err(e) => {
                 tracing::error!(thread = %thread_id, error = %e, "cannot record the thread's agent-working label");
             }
@@ -62,28 +72,28 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[async_trait::async_trait]
 impl SessionApi for LabelledSessions {
     async fn open(&self, scope: SessionScope, socket_dir: PathBuf) -> anyhow::Result<()> {
-        let thread_id = scope.thread_id.clone();
+        let lease = scope.lease.clone();
         let session_id = scope.session_id.clone();
         // Before the socket serves a call: reads rely on the hold marks, and the
         // session's holds may have been made on another instance.
         self.gate.load_session_holds(&session_id).await?;
         self.inner.open(scope, socket_dir).await?;
         let first = lock(&self.threads)
-            .insert(session_id, thread_id.clone())
-            .is_none();
+            .insert(session_id, lease.clone())
+            .is_none_or(|earlier| earlier != lease);
         if first && self.labels_configured() {
-            self.record(thread_id, true).await;
+            self.record(lease, true).await;
         }
         Ok(())
     }
 
     async fn close(&self, session_id: &str) {
         self.inner.close(session_id).await;
-        let thread_id = lock(&self.threads).remove(session_id);
-        if let Some(thread_id) = thread_id
+        let lease = lock(&self.threads).remove(session_id);
+        if let Some(lease) = lease
             && self.labels_configured()
         {
-            self.record(thread_id, false).await;
+            self.record(lease, false).await;
         }
     }
 }

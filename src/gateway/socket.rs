@@ -107,9 +107,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[async_trait::async_trait]
 impl SessionApi for SocketHost {
     async fn open(&self, scope: SessionScope, socket_dir: PathBuf) -> anyhow::Result<()> {
-        if self.is_open(&scope.session_id) {
+        let same = lock(&self.listeners)
+            .get(&scope.session_id)
+            .is_some_and(|l| !l.task.is_finished() && l.service.scope == scope);
+        if same {
             return Ok(());
         }
+        // A listener still open under another scope (the thread's lease was lost and
+        // taken back, so its token changed): closed first, so nothing is served under
+        // the stale token.
+        SessionApi::close(self, &scope.session_id).await;
         let listener = bind_private(&socket_dir)?;
         let app = first_request_logged(self.routes.router(scope.clone()), &scope.session_id);
         let service = SessionService {

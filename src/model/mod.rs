@@ -37,4 +37,6 @@ pub use proxy::{ModelProxy, ProxyError};
 pub use upstream::Upstream;
 
 #[cfg(test)]
+mod fence_tests;
+#[cfg(test)]
 mod tests;

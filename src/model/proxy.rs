@@ -30,6 +30,7 @@ use crate::audit::{self, AuditEvent, AuditRecord};
 use crate::gateway::Gate;
 use crate::notes::stop::StopNote;
 use crate::session::{AgentDefinition, SessionScope};
+use crate::store::leases;
 
 /// Why a model call was refused or failed; each maps to a status and error code of
 /// the socket's contract.
@@ -49,6 +50,14 @@ pub enum ProxyError {
     Upstream(String),
     #[error("{0}")]
     Malformed(String),
+    /// The session's thread was taken over by another instance: the write that would
+    /// have counted the call (or stored what it sent) was refused, nothing was written
+    /// and nothing went upstream.
+    #[error(
+        "this session's thread was taken over by another threadgate instance; nothing was \
+         recorded or sent, and this session stops here"
+    )]
+    SessionMoved,
     #[error("internal error")]
     Internal,
 }
@@ -56,6 +65,20 @@ pub enum ProxyError {
 fn internal(e: impl std::fmt::Display) -> ProxyError {
     tracing::error!(error = %e, "model proxy");
     ProxyError::Internal
+}
+
+/// A fenced write's failure: [`ProxyError::SessionMoved`] when the session's lease
+/// refused it (the supervisor is told, and drops the session here), else internal.
+fn fenced_failed(gate: &Gate, scope: &SessionScope, e: crate::store::StoreError) -> ProxyError {
+    if leases::is_lost(&e) {
+        tracing::warn!(
+            token = scope.lease.token,
+            "the session's lease is stale; model write refused"
+        );
+        gate.supervisor().lease_refused(&scope.lease);
+        return ProxyError::SessionMoved;
+    }
+    internal(e)
 }
 
 /// Serves every session's model calls.
@@ -144,12 +167,21 @@ impl ModelProxy {
             self.stop(scope, budget_note::budget(&why)).await?;
             return Err(ProxyError::BudgetExhausted(why));
         }
-        let (s, t) = (scope.session_id.clone(), scope.thread_id.clone());
+        // The turn is counted under the session's lease: a stale owner's call is refused
+        // here, before it goes upstream and before anything is written.
+        let (s, t, lease) = (
+            scope.session_id.clone(),
+            scope.thread_id.clone(),
+            scope.lease.clone(),
+        );
         self.gate
             .db()
-            .write(move |c| model_store::add_turn(c, &s, &t))
+            .write(move |c| {
+                leases::fence(c, &lease)?;
+                model_store::add_turn(c, &s, &t)
+            })
             .await
-            .map_err(internal)?;
+            .map_err(|e| fenced_failed(&self.gate, scope, e))?;
         self.gate.supervisor().touch(&scope.thread_id);
         let started = Instant::now();
         let sent = self.upstream.send(wire, &redactor).await;
@@ -343,9 +375,12 @@ impl ModelProxy {
         let first = self
             .gate
             .db()
-            .write(move |c| budget_note::queue(c, &scope_w, &note, now, &redactor))
+            .write(move |c| {
+                leases::fence(c, &scope_w.lease)?;
+                budget_note::queue(c, &scope_w, &note, now, &redactor)
+            })
             .await
-            .map_err(internal)?;
+            .map_err(|e| fenced_failed(&self.gate, scope, e))?;
         if first {
             tracing::info!(session = %scope.session_id, thread = %scope.thread_id, outcome, "session stopped by the model proxy");
             self.gate.outbox().wake();

@@ -226,14 +226,23 @@ async fn put_transcript(State(s): State<Scoped>, body: Result<Bytes, BytesReject
     }
     s.proxy.gate.supervisor().touch(&s.scope.thread_id);
     let (session, now) = (s.scope.session_id.clone(), s.proxy.gate.now());
+    let lease = s.scope.lease.clone();
     let written = s
         .proxy
         .gate
         .db()
-        .write(move |c| model_store::put_transcript(c, &session, &stored, now))
+        .write(move |c| {
+            // A stale owner's transcript would overwrite the new owner's.
+            crate::store::leases::fence(c, &lease)?;
+            model_store::put_transcript(c, &session, &stored, now)
+        })
         .await;
     match written {
         Ok(()) => Json(json!({"status": "ok"})).into_response(),
+        Err(e) if crate::store::leases::is_lost(&e) => {
+            s.proxy.gate.supervisor().lease_refused(&s.scope.lease);
+            ApiError::from(ProxyError::SessionMoved).into_response()
+        }
         Err(e) => {
             tracing::error!(error = %e, "cannot store a transcript");
             ApiError::internal().into_response()
@@ -251,6 +260,7 @@ impl From<ProxyError> for ApiError {
             ProxyError::TooManyCalls(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_calls"),
             ProxyError::Upstream(_) => (StatusCode::BAD_GATEWAY, "upstream_error"),
             ProxyError::Malformed(_) => (StatusCode::BAD_GATEWAY, "upstream_malformed"),
+            ProxyError::SessionMoved => (StatusCode::CONFLICT, "session_moved"),
             ProxyError::Internal => return ApiError::internal(),
         };
         ApiError::new(status, code, e.to_string())

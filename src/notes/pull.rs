@@ -107,7 +107,10 @@ impl PullNotes for OutboxPullNotes {
         let first = self
             .outbox
             .db
-            .write(move |c| queue(c, &scope, &repo, &pull, now, &redactor))
+            .write(move |c| {
+                crate::store::leases::fence(c, &scope.lease)?;
+                queue(c, &scope, &repo, &pull, now, &redactor)
+            })
             .await?;
         if first {
             self.outbox.wake();

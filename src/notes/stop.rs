@@ -162,7 +162,11 @@ impl StopNotes for OutboxStopNotes {
         let first = self
             .outbox
             .db
-            .write(move |c| queue(c, &scope, &note, now, &redactor))
+            .write(move |c| {
+                // Only the thread's owner notes why its session stopped.
+                crate::store::leases::fence(c, &scope.lease)?;
+                queue(c, &scope, &note, now, &redactor)
+            })
             .await?;
         if first {
             self.outbox.wake();

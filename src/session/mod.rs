@@ -56,6 +56,11 @@ pub struct SessionScope {
     pub agent: String,
     pub customer_id: Option<String>,
     pub customer_email: Option<String>,
+    /// The thread's lease under which this instance serves the session: every write the
+    /// gate and the model proxy make for the session carries it
+    /// ([`crate::store::leases::fence`]), so once another instance has taken the thread
+    /// over the database refuses them (`session_moved`), whatever this process believes.
+    pub lease: crate::store::leases::Lease,
 }
 
 /// Serves the sandbox API on a session's own unix socket.

@@ -42,7 +42,8 @@ pub(super) enum Msg {
     WhenQuiet(oneshot::Sender<()>),
     Tick,
     Reconcile,
-    /// The renewal task found this lease refused by the database.
+    /// The renewal task (or a fenced write of the gate or the model proxy) found this
+    /// lease refused by the database.
     LeaseLost(Lease),
     /// Stop serving; containers stay and are adopted by the next start.
     Shutdown,
@@ -124,6 +125,13 @@ impl SupervisorHandle {
     /// that the decision has come.
     pub fn resume(&self, thread_id: &ThreadId) {
         let _ = self.tx.send(Msg::Resume(thread_id.clone()));
+    }
+
+    /// A write made for a session under `lease` was refused by the lease's fence: the
+    /// thread went to another instance, and the session is dropped here (as when a
+    /// renewal is refused) without waiting for the next renewal.
+    pub fn lease_refused(&self, lease: &Lease) {
+        let _ = self.tx.send(Msg::LeaseLost(lease.clone()));
     }
 
     /// Runs a reconciliation now.

@@ -12,11 +12,13 @@ use crate::secrets::SecretString;
 use crate::session::publish::MAX_LISTED_FILES;
 use crate::session::store::SessionRow;
 use crate::session::{BranchPublisher, CommitReport, SessionScope, WorkspaceOps};
+use crate::store::leases::Lease;
 use crate::workspace::ChangedFiles;
 use crate::workspace::volume;
 
-pub(super) fn scope_of(row: &SessionRow) -> SessionScope {
+pub(super) fn scope_of(row: &SessionRow, lease: Lease) -> SessionScope {
     SessionScope {
+        lease,
         session_id: row.session_id.clone(),
         thread_id: row.thread_id.clone(),
         agent: row.agent.clone(),
@@ -29,6 +31,7 @@ pub(super) fn scope_of(row: &SessionRow) -> SessionScope {
 pub(super) async fn start_session(
     parts: &SupervisorParts,
     row: &SessionRow,
+    lease: Lease,
 ) -> anyhow::Result<(String, String)> {
     let agent = parts
         .agents
@@ -48,7 +51,10 @@ pub(super) async fn start_session(
     }
     let socket_dir = parts.sockets_dir.join(&row.session_id);
     std::fs::create_dir_all(&socket_dir)?;
-    parts.api.open(scope_of(row), socket_dir.clone()).await?;
+    parts
+        .api
+        .open(scope_of(row, lease), socket_dir.clone())
+        .await?;
     let spec = SandboxSpec {
         session_id: row.session_id.clone(),
         thread_id: row.thread_id.clone(),
@@ -121,6 +127,7 @@ pub(super) async fn stop_session(
     parts: &SupervisorParts,
     row: &SessionRow,
     end: bool,
+    lease: Option<Lease>,
 ) -> anyhow::Result<()> {
     if let Some(container) = &row.container_id {
         match parts.sandbox.stop(container).await {
@@ -176,7 +183,24 @@ pub(super) async fn stop_session(
     })
     .await??;
     if let (Some((message, files)), Some(publisher)) = (published, &parts.publisher) {
-        publish(publisher.as_ref(), row, message.as_deref(), &files).await;
+        match lease {
+            Some(lease) => {
+                let scope = scope_of(row, lease);
+                publish(
+                    publisher.as_ref(),
+                    &scope,
+                    &row.branch,
+                    message.as_deref(),
+                    &files,
+                )
+                .await;
+            }
+            // Not the thread's owner any more: the pushed branch is published by the
+            // owner's next end of the session.
+            None => {
+                tracing::warn!(thread = %row.thread_id, "no lease on the thread; its pull request is left to its owner")
+            }
+        }
     }
     Ok(())
 }
@@ -226,22 +250,20 @@ fn push_checkpoint(workspaces: &dyn WorkspaceOps, thread: &ThreadId) {
 /// end of the thread's session updates the same pull request.
 async fn publish(
     publisher: &dyn BranchPublisher,
-    row: &SessionRow,
+    scope: &SessionScope,
+    branch: &str,
     message: Option<&str>,
     files: &ChangedFiles,
 ) {
-    match publisher
-        .publish(&scope_of(row), &row.branch, message, files)
-        .await
-    {
+    match publisher.publish(scope, branch, message, files).await {
         Ok(pull) => tracing::info!(
-            thread = %row.thread_id,
+            thread = %scope.thread_id,
             number = pull.number,
             created = pull.created,
             "published the session's draft pull request"
         ),
         Err(e) => tracing::error!(
-            thread = %row.thread_id,
+            thread = %scope.thread_id,
             error = %e,
             "cannot open the session's draft pull request"
         ),

@@ -36,6 +36,7 @@ pub use self::parts::SupervisorParts;
 use crate::ids::ThreadId;
 use crate::session::SessionError;
 use crate::session::store::{self, SessionRow, SessionState};
+use crate::store::leases::Lease;
 use crate::webhook::store as event_store;
 use crate::workspace::volume;
 
@@ -302,10 +303,10 @@ impl Supervisor {
     /// cannot be queued is logged; the stop goes ahead (a full disk must not keep a
     /// session running).
     async fn note_stop(&self, row: &SessionRow, reason: &super::StopReason) {
-        let Some(notes) = &self.parts.notes else {
+        let (Some(notes), Some(lease)) = (&self.parts.notes, self.held(&row.thread_id)) else {
             return;
         };
-        if let Err(e) = notes.stopped(&scope_of(row), reason).await {
+        if let Err(e) = notes.stopped(&scope_of(row, lease), reason).await {
             let thread = &row.thread_id;
             tracing::warn!(thread = %thread, error = %e, "cannot queue the note for a stopped session");
         }
@@ -332,9 +333,9 @@ impl Supervisor {
             return;
         }
         let fresh = self.held(&thread).is_none();
-        if self.lease_for(&thread).await.is_none() {
+        let Some(lease) = self.lease_for(&thread).await else {
             return;
-        }
+        };
         // A lease just acquired: the row was read before it, and another owner may have
         // moved the session on meanwhile.
         let row = if fresh {
@@ -371,7 +372,7 @@ impl Supervisor {
         let span = tracing::info_span!("session_start", thread_id = %row.thread_id, session_id = %row.session_id);
         let start = async move {
             let began = std::time::Instant::now();
-            let outcome = match start_session(&parts, &row).await {
+            let outcome = match start_session(&parts, &row, lease).await {
                 Ok((container_id, worktree)) => Outcome::Started {
                     container_id,
                     worktree,
@@ -418,6 +419,7 @@ impl Supervisor {
     }
 
     fn spawn_stop(&mut self, mut row: SessionRow, end: bool) {
+        let lease = self.held(&row.thread_id);
         if !self.slots.contains(&row.thread_id) {
             // Not a container this instance runs (a session taken over from an owner
             // that died): nothing of it is here to stop.
@@ -429,7 +431,7 @@ impl Supervisor {
         let span = tracing::info_span!("session_stop", thread_id = %row.thread_id, session_id = %row.session_id, end);
         let stop = async move {
             let began = std::time::Instant::now();
-            let outcome = match stop_session(&parts, &row, end).await {
+            let outcome = match stop_session(&parts, &row, end, lease).await {
                 Ok(()) => Outcome::Stopped { ended: end },
                 Err(e) => Outcome::StopFailed(format!("{e:#}")),
             };
@@ -657,16 +659,18 @@ impl Supervisor {
                     && r.container_id.as_deref() == Some(c.container_id.as_str())
             });
             let leased = match owner {
-                Some(row) if ours && c.running => self.lease_for(&row.thread_id).await.is_some(),
-                _ => false,
+                Some(row) if ours && c.running => self.lease_for(&row.thread_id).await,
+                _ => None,
             };
-            if leased && let Some(row) = owner {
+            if let Some(lease) = leased
+                && let Some(row) = owner
+            {
                 // The session's own row names the thread (its container's label says
                 // the same: both were written from it).
                 adopted.insert(row.thread_id.clone());
                 if self.slots.insert(row.thread_id.clone()) {
                     crate::metrics::reconcile("adopted", 1);
-                    self.reopen_api(row).await;
+                    self.reopen_api(row, lease).await;
                     self.touch(&row.thread_id);
                 }
                 continue;
@@ -717,9 +721,9 @@ impl Supervisor {
         self.release_unused().await;
     }
 
-    async fn reopen_api(&self, row: &SessionRow) {
+    async fn reopen_api(&self, row: &SessionRow, lease: Lease) {
         let dir = self.parts.sockets_dir.join(&row.session_id);
-        if let Err(e) = self.parts.api.open(scope_of(row), dir).await {
+        if let Err(e) = self.parts.api.open(scope_of(row, lease), dir).await {
             tracing::error!(thread = %row.thread_id, error = %e, "cannot reopen the session's socket");
         }
     }
