@@ -13,6 +13,8 @@ mod adapters;
 mod budget;
 #[path = "model_proxy/failures.rs"]
 mod failures;
+#[path = "model_proxy/lease_fence.rs"]
+mod lease_fence;
 #[path = "model_proxy/limits.rs"]
 mod limits;
 #[path = "model_proxy/memory.rs"]
