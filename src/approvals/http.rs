@@ -48,9 +48,9 @@ pub fn router(approvals: Approvals, hasher: Arc<Hasher>) -> Router {
         .route("/api/approvals", get(list))
         .route("/api/approvals/{id}", get(show).post(decide))
         .with_state(Api {
+            throttle: Arc::new(Throttle::new(approvals.gate.db().clone(), "approvals_api")),
             approvals,
             hasher,
-            throttle: Arc::new(Throttle::default()),
         })
 }
 
@@ -62,7 +62,7 @@ async fn checked(
 ) -> Result<Reviewer, Response> {
     let key = request_client_key(ext);
     let now = api.approvals.gate.now();
-    if let Err(wait) = api.throttle.check(&[&key], now) {
+    if let Err(wait) = api.throttle.check(&[&key], now).await {
         return Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "throttled",
@@ -74,7 +74,7 @@ async fn checked(
     if let Err(r) = &result
         && r.status() == StatusCode::UNAUTHORIZED
     {
-        api.throttle.fail(&[&key], now);
+        api.throttle.fail(&[&key], now).await;
     }
     result
 }

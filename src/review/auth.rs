@@ -333,7 +333,7 @@ pub async fn login(
     let name = form.name.trim();
     let keys = SignInKeys::new(name, &request_client_key(&ext));
     let now = state.approvals.gate.now();
-    if let Err(wait) = state.throttle.check_sign_in(&keys, now) {
+    if let Err(wait) = state.throttle.check_sign_in(&keys, now).await {
         let text = format!(
             "Too many failed sign-ins for this name or from this address. Try again in {}.",
             wait_text(wait)
@@ -350,11 +350,11 @@ pub async fn login(
     match reviewers::verify_password(state.approvals.gate.db(), &state.hasher, name, password).await
     {
         Ok(Some(reviewer)) => {
-            state.throttle.clear_sign_in(&keys);
+            state.throttle.clear_sign_in(&keys).await;
             start_session(&state, reviewer, &form.next).await
         }
         Ok(None) => {
-            state.throttle.fail_sign_in(&keys, now);
+            state.throttle.fail_sign_in(&keys, now).await;
             login_page(
                 &state,
                 StatusCode::UNAUTHORIZED,

@@ -37,6 +37,9 @@ pub const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self'; \
     form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
 /// What the page's handlers share.
+/// The failure throttle's namespace of the review page's sign-ins.
+pub const SIGN_IN_THROTTLE: &str = "review_sign_in";
+
 #[derive(Clone)]
 pub struct ReviewState {
     /// Decisions and the executions table.
@@ -62,10 +65,11 @@ impl ReviewState {
         public_url: &str,
         thread_url: Option<String>,
     ) -> Self {
+        let throttle = Throttle::new(approvals.gate.db().clone(), SIGN_IN_THROTTLE);
         ReviewState {
             hasher,
             approvals,
-            throttle: Arc::new(Throttle::default()),
+            throttle: Arc::new(throttle),
             secure_cookies: is_https(public_url),
             thread_url,
             oidc: None,
@@ -82,7 +86,7 @@ impl ReviewState {
     /// (`[server] sign_in_backoff_max`).
     pub fn with_sign_in_backoff_max(mut self, max: std::time::Duration) -> Self {
         let max_ms = crate::clock::ms(max);
-        self.throttle = Arc::new(Throttle::default().with_backoff_max(max_ms));
+        self.throttle = Arc::new((*self.throttle).clone().with_backoff_max(max_ms));
         self
     }
 
