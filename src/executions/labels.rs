@@ -48,12 +48,15 @@ pub fn set_working(
     now_ms: i64,
 ) -> crate::store::Result<()> {
     touch(conn, thread_id, now_ms)?;
-    cached_execute(
-        conn,
-        "UPDATE thread_label_state SET agent_working = ?2, \
-         handed_to_person = CASE WHEN ?2 <> 0 THEN 0 ELSE handed_to_person END WHERE thread_id = ?1",
-        params![thread_id, working],
-    )?;
+    // Two statements rather than one parameter used both as the column's value and in
+    // a comparison with a literal: Postgres deduces two types for such a parameter.
+    let statement = if working {
+        "UPDATE thread_label_state SET agent_working = 1, handed_to_person = 0 \
+         WHERE thread_id = ?1"
+    } else {
+        "UPDATE thread_label_state SET agent_working = 0 WHERE thread_id = ?1"
+    };
+    cached_execute(conn, statement, [thread_id])?;
     Ok(())
 }
 
@@ -81,6 +84,7 @@ pub fn due(conn: &Conn<'_>, now_ms: i64, limit: i64) -> crate::store::Result<Vec
                    AND e.status = 'held') \
          FROM thread_label_state s \
          WHERE s.version > s.synced_version AND s.next_attempt_ms <= ?1 \
+           AND s.claimed_until_ms <= ?1 \
          ORDER BY s.next_attempt_ms, s.thread_id LIMIT ?2",
     )?;
     let rows = stmt.query_map(params![now_ms, limit], |r| {
@@ -99,13 +103,39 @@ pub fn due(conn: &Conn<'_>, now_ms: i64, limit: i64) -> crate::store::Result<Vec
     rows.collect()
 }
 
+/// Takes the syncs [`due`] names for one drainer until `until_ms`: another instance
+/// sharing the database does not sync those threads meanwhile (two syncs of one thread
+/// at once could leave Plain with the older version's labels). A thread another
+/// drainer claimed first (its transaction committed first) is left out. A drainer that
+/// dies mid-sync leaves its claim to expire.
+pub fn claim(
+    conn: &Conn<'_>,
+    now_ms: i64,
+    limit: i64,
+    until_ms: i64,
+) -> crate::store::Result<Vec<LabelSync>> {
+    let mut claimed = Vec::new();
+    for sync in due(conn, now_ms, limit)? {
+        let took = cached_execute(
+            conn,
+            "UPDATE thread_label_state SET claimed_until_ms = ?2 \
+             WHERE thread_id = ?1 AND claimed_until_ms <= ?3",
+            params![sync.thread_id, until_ms, now_ms],
+        )?;
+        if took == 1 {
+            claimed.push(sync);
+        }
+    }
+    Ok(claimed)
+}
+
 /// Records that Plain carries the labels of `version` (a later change stays due).
 pub fn synced(conn: &Conn<'_>, thread_id: &str, version: i64) -> crate::store::Result<()> {
     cached_execute(
         conn,
         "UPDATE thread_label_state SET synced_version = \
          CASE WHEN synced_version > ?2 THEN synced_version ELSE ?2 END, \
-         last_error = NULL WHERE thread_id = ?1",
+         last_error = NULL, claimed_until_ms = 0 WHERE thread_id = ?1",
         params![thread_id, version],
     )?;
     Ok(())
@@ -121,7 +151,7 @@ pub fn sync_failed(
     cached_execute(
         conn,
         "UPDATE thread_label_state SET last_error = ?2, next_attempt_ms = ?3, \
-         attempts = attempts + 1 WHERE thread_id = ?1",
+         attempts = attempts + 1, claimed_until_ms = 0 WHERE thread_id = ?1",
         params![thread_id, error, next_attempt_ms],
     )?;
     Ok(())

@@ -223,6 +223,32 @@ pub fn due(
     rows.collect()
 }
 
+/// Takes the events [`due`] names for one drainer: each one's next attempt moves to
+/// `until_ms`, so no other instance sharing the database posts it meanwhile (and a
+/// later event of its thread waits behind it, as behind one put off). An event another
+/// drainer took first (its transaction committed first) is left out; one whose drainer
+/// died mid-send is due again after `until_ms` (Plain takes its external id once).
+pub fn claim(
+    conn: &Conn<'_>,
+    now_ms: i64,
+    (per_thread, limit): (i64, i64),
+    until_ms: i64,
+) -> crate::store::Result<Vec<TrailEvent>> {
+    let mut claimed = Vec::new();
+    for event in due(conn, now_ms, per_thread, limit)? {
+        let took = cached_execute(
+            conn,
+            "UPDATE thread_event_outbox SET next_attempt_ms = ?2 \
+             WHERE external_id = ?1 AND sent_at_ms IS NULL AND next_attempt_ms <= ?3",
+            params![event.external_id, until_ms, now_ms],
+        )?;
+        if took == 1 {
+            claimed.push(event);
+        }
+    }
+    Ok(claimed)
+}
+
 /// Records that Plain has the event.
 pub fn sent(conn: &Conn<'_>, external_id: &str, now_ms: i64) -> crate::store::Result<()> {
     cached_execute(

@@ -12,6 +12,9 @@ use crate::store::StoreError;
 
 /// Threads synced in one round at most.
 const SYNCS_PER_ROUND: i64 = 50;
+/// How long a drainer holds the threads it took: another instance syncs one again only
+/// after this, or once the sync is recorded.
+const CLAIM_MS: i64 = 60_000;
 
 /// Syncs every due thread's labels once; returns how many threads Plain now matches.
 pub async fn drain(outbox: &Outbox) -> Result<usize, StoreError> {
@@ -22,9 +25,19 @@ pub async fn drain(outbox: &Outbox) -> Result<usize, StoreError> {
         return Ok(0);
     }
     let now = outbox.now();
-    let due = outbox
+    let until = now.saturating_add(CLAIM_MS);
+    // A read first: nothing due costs no write. Then the round is claimed, so no other
+    // instance sharing the database syncs these threads meanwhile.
+    let seen = outbox
         .db
         .read(move |c| labels::due(c, now, SYNCS_PER_ROUND))
+        .await?;
+    if seen.is_empty() {
+        return Ok(0);
+    }
+    let due = outbox
+        .db
+        .write(move |c| labels::claim(c, now, SYNCS_PER_ROUND, until))
         .await?;
     let mut synced = 0;
     for sync in due {

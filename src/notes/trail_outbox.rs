@@ -8,6 +8,8 @@
 //! [`EVENTS_PER_THREAD`] of each thread's due events, in the order they happened, and
 //! an event waits while an earlier one of its thread is put off. A round whose events
 //! cannot be read is an error for the caller to log; it is never "nothing is due".
+//! Instances sharing the database each drain: a round's events are claimed in one write
+//! ([`trail::claim`]), so no two instances post the same event at once.
 
 use super::Outbox;
 use super::rounds::{Round, in_rounds};
@@ -20,6 +22,9 @@ use crate::store::StoreError;
 pub const EVENTS_PER_THREAD: i64 = 2;
 /// Events in one round at most.
 const EVENTS_PER_ROUND: i64 = 50;
+/// How long a drainer holds the events it took: another instance takes one again only
+/// after this (Plain takes an external id once, so a re-sent event shows once).
+const CLAIM_MS: i64 = 60_000;
 
 /// Sends every due event, round by round, until none is due; returns how many reached
 /// Plain (or were already there).
@@ -29,9 +34,20 @@ pub async fn drain(outbox: &Outbox) -> Result<usize, StoreError> {
     };
     let due = || {
         let now = outbox.now();
-        outbox
-            .db
-            .read(move |c| trail::due(c, now, EVENTS_PER_THREAD, EVENTS_PER_ROUND))
+        let until = now.saturating_add(CLAIM_MS);
+        let db = outbox.db.clone();
+        async move {
+            // A read first: nothing due costs no write.
+            let seen = db
+                .read(move |c| trail::due(c, now, EVENTS_PER_THREAD, EVENTS_PER_ROUND))
+                .await?;
+            if seen.is_empty() {
+                return Ok(seen);
+            }
+            // Several instances may drain: each round's events are claimed in a write.
+            db.write(move |c| trail::claim(c, now, (EVENTS_PER_THREAD, EVENTS_PER_ROUND), until))
+                .await
+        }
     };
     in_rounds(due, |round| send_round(outbox, &helpdesk, round)).await
 }

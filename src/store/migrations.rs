@@ -99,6 +99,11 @@ const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/0016_auth_failures.sql"),
         postgres: include_str!("migrations/postgres/0016_auth_failures.sql"),
     },
+    Migration {
+        name: "0017_label_claims",
+        sql: include_str!("migrations/0017_label_claims.sql"),
+        postgres: include_str!("migrations/postgres/0017_label_claims.sql"),
+    },
 ];
 
 /// Applies every migration newer than the database's `user_version`, each in its own

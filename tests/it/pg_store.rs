@@ -338,3 +338,136 @@ async fn instances_starting_at_once_migrate_once() {
         open.join().expect("join").expect("open");
     }
 }
+
+/// Eight drainers on two instances post the held calls' thread events: each event is
+/// taken by one drainer once, and a thread's later event only once its earlier one was
+/// sent (claimed events hold their thread's next ones back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_never_take_the_same_thread_event() {
+    use threadgate::executions::trail::{self, TrailEvent};
+    let Some((_db, a, b)) = two_instances("thread events") else {
+        return;
+    };
+    a.write(|c| {
+        for i in 0..40 {
+            let event = TrailEvent {
+                external_id: format!("ex_{i}:held"),
+                thread_id: ThreadId::parse(format!("th_{}", i % 7)).expect("thread"),
+                title: "held".into(),
+                body: "held".into(),
+                link: None,
+                attempts: 0,
+            };
+            trail::enqueue(c, &event, 10)?;
+        }
+        Ok(())
+    })
+    .await
+    .expect("seed");
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let db = handle(i, &a, &b);
+        tasks.push(tokio::spawn(async move {
+            let mut taken = Vec::new();
+            loop {
+                let round = db
+                    .write(|c| trail::claim(c, 100, (2, 5), 1_000_000))
+                    .await
+                    .expect("claim");
+                if round.is_empty() {
+                    // Another drainer may hold a thread's earlier event: look again
+                    // once nothing at all is left unsent.
+                    let left: i64 = db
+                        .read(|c| {
+                            c.query_row(
+                                "SELECT count(*) FROM thread_event_outbox WHERE sent_at_ms IS NULL",
+                                (),
+                                |r| r.get(0),
+                            )
+                        })
+                        .await
+                        .expect("left");
+                    if left == 0 {
+                        return taken;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    continue;
+                }
+                for event in round {
+                    let id = event.external_id.clone();
+                    db.write(move |c| trail::sent(c, &id, 100))
+                        .await
+                        .expect("sent");
+                    taken.push(event.external_id);
+                }
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.expect("join"));
+    }
+    let unique: HashSet<_> = all.iter().cloned().collect();
+    assert_eq!(all.len(), 40, "every event taken once: {all:?}");
+    assert_eq!(unique.len(), 40);
+}
+
+/// Eight drainers on two instances sync the threads' state labels: each thread's sync
+/// is taken by one drainer at a time; once recorded, a later change is taken again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_never_sync_one_threads_labels_at_once() {
+    use threadgate::executions::labels;
+    let Some((_db, a, b)) = two_instances("labels") else {
+        return;
+    };
+    a.write(|c| {
+        for i in 0..30 {
+            labels::set_working(c, &format!("th_{i}"), true, 10)?;
+        }
+        Ok(())
+    })
+    .await
+    .expect("seed");
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let db = handle(i, &a, &b);
+        tasks.push(tokio::spawn(async move {
+            let mut taken = Vec::new();
+            loop {
+                let round = db
+                    .write(|c| labels::claim(c, 100, 4, 1_000_000))
+                    .await
+                    .expect("claim");
+                if round.is_empty() {
+                    return taken;
+                }
+                taken.extend(round.into_iter().map(|s| (s.thread_id, s.version)));
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.expect("join"));
+    }
+    let unique: HashSet<_> = all.iter().cloned().collect();
+    assert_eq!(all.len(), 30, "every thread taken once: {all:?}");
+    assert_eq!(unique.len(), 30);
+    // Nothing is due while claimed; a recorded sync frees the thread, and its next
+    // change is taken at once.
+    let (_, version) = all
+        .iter()
+        .find(|(t, _)| t == "th_0")
+        .cloned()
+        .unwrap_or_default();
+    let again = b
+        .write(move |c| {
+            labels::set_working(c, "th_0", false, 200)?;
+            let held = labels::claim(c, 200, 50, 2_000_000)?;
+            labels::synced(c, "th_0", version)?;
+            let freed = labels::claim(c, 200, 50, 2_000_000)?;
+            Ok((held.len(), freed.len()))
+        })
+        .await
+        .expect("again");
+    assert_eq!(again, (0, 1));
+}

@@ -96,12 +96,13 @@ async fn an_event_sent_again_after_a_lost_answer_shows_once() {
     .await;
 
     // As if threadgate crashed after Plain made the event but before the outbox wrote
-    // it down (or a second instance sent it too): the row is due again.
+    // it down, and the crashed drainer's claim has expired: the row is due again.
     let row = external_id.clone();
     app.db
         .write(move |c| {
             c.execute(
-                "UPDATE thread_event_outbox SET sent_at_ms = NULL WHERE external_id = ?1",
+                "UPDATE thread_event_outbox SET sent_at_ms = NULL, next_attempt_ms = 0 \
+                 WHERE external_id = ?1",
                 [&row],
             )
         })
