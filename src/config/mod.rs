@@ -173,7 +173,11 @@ impl Settings {
 
     /// Opens the configured store: Postgres at `[store] url`, else the SQLite file.
     pub fn open_store(&self) -> Result<crate::store::Db, crate::store::StoreError> {
-        crate::store::Db::open_configured(self.store.postgres_url(), &self.database_path())
+        crate::store::Db::open_configured(
+            self.store.postgres_url(),
+            self.store.pool_size,
+            &self.database_path(),
+        )
     }
 
     /// Where session worktrees are checked out.

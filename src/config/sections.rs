@@ -185,13 +185,34 @@ impl Default for SandboxSettings {
 }
 
 /// Where the state lives (`[store]`).
-#[derive(Clone, Default, Deserialize, Serialize)]
+#[derive(Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreSettings {
     /// A Postgres URL (`postgres://user:password@host:port/database`) shared by several
     /// instances. Empty (the default): SQLite, `threadgate.db` in `data_dir`. Shown only
-    /// without its password.
+    /// without its password. Its `sslmode` (`disable`, `prefer`, `require`, `verify-ca`,
+    /// `verify-full`) and `sslrootcert` (a PEM file) say how TLS is used.
     pub url: String,
+    /// Postgres connections one instance keeps open at most (at least 1).
+    #[serde(deserialize_with = "pool_size")]
+    pub pool_size: usize,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        StoreSettings {
+            url: String::new(),
+            pool_size: crate::store::DEFAULT_POOL_SIZE,
+        }
+    }
+}
+
+fn pool_size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    let n = usize::deserialize(d)?;
+    if n == 0 {
+        return Err(serde::de::Error::custom("pool_size must be at least 1"));
+    }
+    Ok(n)
 }
 
 impl StoreSettings {
@@ -205,6 +226,7 @@ impl std::fmt::Debug for StoreSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StoreSettings")
             .field("url", &crate::store::redact(&self.url))
+            .field("pool_size", &self.pool_size)
             .finish()
     }
 }

@@ -21,6 +21,7 @@ pub mod leases;
 pub mod meta;
 mod migrations;
 mod pg;
+mod pg_tls;
 mod pg_value;
 mod sql;
 pub mod testing;
@@ -64,6 +65,10 @@ pub enum StoreError {
     /// `[store] url` is not a connection string.
     #[error("invalid database url {url}: {reason}")]
     BadUrl { url: String, reason: String },
+    /// TLS to the database failed as the URL's `sslmode`/`sslrootcert` asked (a
+    /// certificate refused, a server without TLS).
+    #[error("cannot connect to the database at {url} over TLS: {reason}")]
+    TlsRefused { url: String, reason: String },
     /// Nothing answered at the database's address.
     #[error("cannot reach the database at {url}: {reason}")]
     Unreachable { url: String, reason: String },
@@ -130,6 +135,10 @@ fn restrict_files(path: &Path) -> std::io::Result<()> {
 type Finish = Box<dyn FnOnce(Result<(), String>) + Send>;
 type Job = Box<dyn FnOnce(&Connection) -> (bool, Finish) + Send>;
 
+/// Postgres connections one instance keeps open at most, unless `[store] pool_size`
+/// says otherwise.
+pub const DEFAULT_POOL_SIZE: usize = 16;
+
 /// A handle on the database; cheap to clone.
 #[derive(Clone)]
 pub struct Db {
@@ -177,16 +186,26 @@ impl Db {
     /// migrations (under an advisory lock). Errors name what is wrong and never the
     /// password.
     pub fn connect(url: &str) -> Result<Db, StoreError> {
-        let store = off_runtime(|| pg::PgStore::connect(url))?;
+        Db::connect_pooled(url, DEFAULT_POOL_SIZE)
+    }
+
+    /// As [`Db::connect`], keeping at most `pool_size` connections open (`[store]
+    /// pool_size`).
+    pub fn connect_pooled(url: &str, pool_size: usize) -> Result<Db, StoreError> {
+        let store = off_runtime(|| pg::PgStore::connect(url, pool_size))?;
         Ok(Db {
             inner: Arc::new(Backend::Postgres(Box::new(store))),
         })
     }
 
     /// Postgres at `url` when one is given, else SQLite at `path`.
-    pub fn open_configured(url: Option<&str>, path: &Path) -> Result<Db, StoreError> {
+    pub fn open_configured(
+        url: Option<&str>,
+        pool_size: usize,
+        path: &Path,
+    ) -> Result<Db, StoreError> {
         match url {
-            Some(url) => Db::connect(url),
+            Some(url) => Db::connect_pooled(url, pool_size),
             None => Db::open(path),
         }
     }

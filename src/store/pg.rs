@@ -8,13 +8,11 @@ use std::str::FromStr;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use postgres::{Client, IsolationLevel, NoTls};
+use postgres::{Client, IsolationLevel};
 
 use super::sql::{Conn, Result, SqlError, StatementCache};
 use super::{StoreError, lock};
 
-/// Connections one instance keeps open at most.
-const POOL_SIZE: usize = 16;
 /// How long a caller waits for a free connection before it is an error.
 const POOL_WAIT: Duration = Duration::from_secs(30);
 /// How many times a write transaction that lost a race is run in all.
@@ -25,6 +23,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The Postgres side of a `Db`.
 pub(crate) struct PgStore {
     config: postgres::Config,
+    /// The TLS the URL asks for (`pg_tls`).
+    tls: super::pg_tls::Tls,
+    /// Connections kept open at most (`[store] pool_size`).
+    pool_size: usize,
     /// The URL with its password replaced, for messages.
     shown: String,
     pool: Mutex<PoolState>,
@@ -78,9 +80,10 @@ impl Drop for PgStore {
 impl PgStore {
     /// Connects once to check the URL and the credentials, then applies pending
     /// migrations (under the advisory lock).
-    pub(crate) fn connect(url: &str) -> Result<PgStore, StoreError> {
+    pub(crate) fn connect(url: &str, pool_size: usize) -> Result<PgStore, StoreError> {
         let shown = redact(url);
-        let mut config = postgres::Config::from_str(url).map_err(|e| StoreError::BadUrl {
+        let (url, tls) = super::pg_tls::from_url(url, &shown)?;
+        let mut config = postgres::Config::from_str(&url).map_err(|e| StoreError::BadUrl {
             url: shown.clone(),
             reason: e.to_string(),
         })?;
@@ -88,8 +91,11 @@ impl PgStore {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
         config.application_name("threadgate");
+        config.ssl_mode(tls.mode.ssl_mode());
         let store = PgStore {
             config,
+            tls,
+            pool_size: pool_size.max(1),
             shown,
             pool: Mutex::new(PoolState::default()),
             freed: Condvar::new(),
@@ -110,9 +116,11 @@ impl PgStore {
     }
 
     fn open_client(&self) -> Result<Client, StoreError> {
-        self.config
-            .connect(NoTls)
-            .map_err(|e| connect_error(&self.shown, &self.config, &e))
+        self.config.connect(self.tls.connector()).map_err(|e| {
+            self.tls
+                .explain(&self.shown, &e)
+                .unwrap_or_else(|| connect_error(&self.shown, &self.config, &e))
+        })
     }
 
     fn lease(&self) -> Result<Lease<'_>, StoreError> {
@@ -125,7 +133,7 @@ impl PgStore {
                     conn: Some(conn),
                 });
             }
-            if state.open < POOL_SIZE {
+            if state.open < self.pool_size {
                 state.open += 1;
                 drop(state);
                 return match self.open_client() {
@@ -145,7 +153,9 @@ impl PgStore {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(StoreError::PoolExhausted { size: POOL_SIZE });
+                return Err(StoreError::PoolExhausted {
+                    size: self.pool_size,
+                });
             }
             state = self
                 .freed
