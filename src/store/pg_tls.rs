@@ -92,8 +92,15 @@ impl Tls {
     /// stricter. `None`: not a TLS failure.
     pub(crate) fn explain(&self, shown: &str, e: &postgres::Error) -> Option<StoreError> {
         let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+        let mut no_tls = false;
         while let Some(s) = source {
-            if let Some(rustls::Error::InvalidCertificate(why)) = s.downcast_ref::<rustls::Error>()
+            // rustls' error travels inside an io::Error, whose source skips it.
+            let inner = s
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|i| i.downcast_ref::<rustls::Error>());
+            if let Some(rustls::Error::InvalidCertificate(why)) =
+                s.downcast_ref::<rustls::Error>().or(inner)
             {
                 return Some(StoreError::TlsRefused {
                     url: shown.to_owned(),
@@ -104,19 +111,16 @@ impl Tls {
                     ),
                 });
             }
+            no_tls |= s.to_string().contains("server does not support TLS");
             source = s.source();
         }
-        let text = e.to_string();
-        if text.contains("server does not support TLS") {
-            return Some(StoreError::TlsRefused {
-                url: shown.to_owned(),
-                reason: format!(
-                    "the server does not offer TLS, which sslmode={} requires",
-                    self.mode.as_str()
-                ),
-            });
-        }
-        None
+        no_tls.then(|| StoreError::TlsRefused {
+            url: shown.to_owned(),
+            reason: format!(
+                "the server does not offer TLS, which sslmode={} requires",
+                self.mode.as_str()
+            ),
+        })
     }
 
     fn roots_said(&self) -> String {

@@ -29,6 +29,7 @@ mod mcp_e2e;
 mod model_proxy;
 mod ops_cli;
 mod pg_store;
+mod pg_tls;
 mod policy_cli;
 mod relay;
 mod review_cli;
