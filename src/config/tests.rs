@@ -299,6 +299,11 @@ fn a_wrong_value_names_the_key_and_its_source() {
             "t.toml:2: mcp.max_redeemed_per_session: max_redeemed_per_session must be at least 1",
         ),
         (
+            Some("[store]\npool_size = 0\n"),
+            &[],
+            "t.toml:2: store.pool_size: pool_size must be at least 1",
+        ),
+        (
             Some("[github]\non_done = \"merge\"\n"),
             &[],
             "t.toml:2: github.on_done: must be one of draft, ready, close",

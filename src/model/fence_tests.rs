@@ -184,9 +184,11 @@ async fn a_stale_owners_gated_calls_are_refused_and_leave_no_row() {
 }
 
 fn proxy(gate: Arc<Gate>) -> Arc<ModelProxy> {
-    let mut settings = ModelSettings::default();
     // Never reached: a stale owner's call is refused before it goes upstream.
-    settings.base_url = "http://127.0.0.1:1/v1".into();
+    let settings = ModelSettings {
+        base_url: "http://127.0.0.1:1/v1".into(),
+        ..ModelSettings::default()
+    };
     let upstream = Upstream::new(settings.clone(), Credential::new("fake_key_model")).unwrap();
     Arc::new(ModelProxy::new(gate, settings, upstream))
 }
