@@ -164,17 +164,26 @@ pub fn reclaim(
 }
 
 /// Refuses the rest of a write transaction unless `lease` is still the thread's current
-/// one. It is itself a write of the lease row (a no-op update), so on a database with
-/// row locks a takeover waits for this transaction to commit; on SQLite the writer's
-/// transaction already excludes every other writer. Returns [`Lease::lost`] when refused.
+/// one. Returns [`Lease::lost`] when refused.
+///
+/// It only reads the lease row. On SQLite the writer's transaction excludes every other
+/// writer. On Postgres every write runs SERIALIZABLE: a takeover or renewal committed
+/// while this transaction runs makes this one serialize before it (harmless: the write
+/// lands as if just before the takeover), and any new owner's transaction that missed
+/// this one's rows closes a cycle that Postgres aborts. A no-op `UPDATE` of the row did
+/// the same job but made two gated calls of one session, and each renewal, conflict on
+/// the row and retry.
 pub fn fence(conn: &Conn<'_>, lease: &Lease) -> crate::store::Result<()> {
-    let changed = conn
+    use crate::store::OptionalExtension as _;
+    let current = conn
         .prepare_cached(
-            "UPDATE session_leases SET token = token \
-             WHERE thread_id = ?1 AND owner = ?2 AND token = ?3",
+            "SELECT 1 FROM session_leases WHERE thread_id = ?1 AND owner = ?2 AND token = ?3",
         )?
-        .execute(params![lease.thread_id, lease.owner, lease.token])?;
-    if changed == 0 {
+        .query_row(params![lease.thread_id, lease.owner, lease.token], |r| {
+            r.get::<_, i64>(0)
+        })
+        .optional()?;
+    if current.is_none() {
         return Err(lease.lost());
     }
     Ok(())
