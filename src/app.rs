@@ -238,9 +238,12 @@ impl Foundation {
                 DockerRuntime::connect(&instance_id, settings.sandbox.secrets_root.clone()).await?,
             ),
             (None, Backend::Kubernetes) => Arc::new(
-                KubeRuntime::connect(&instance_id, settings.sandbox.kubernetes.clone())
-                    .await?
-                    .with_minter(relay_credentials.clone()),
+                KubeRuntime::connect(
+                    &instance_id,
+                    settings.sandbox.kubernetes.clone(),
+                    relay_credentials.clone(),
+                )
+                .await?,
             ),
         };
         let workspaces = Workspaces::open(RepoConfig {
@@ -645,6 +648,7 @@ impl Application {
             &settings.relay,
             RelayParts {
                 credentials: base.relay_credentials.clone(),
+                pod_tokens: base.sandbox.pod_token_verifier(),
                 sessions: sockets.clone(),
                 agents: base.agents.clone(),
                 secrets: Arc::new(base.secrets.clone()),

@@ -28,6 +28,9 @@ use crate::session::SessionScope;
 #[derive(Clone)]
 pub struct RelayParts {
     pub credentials: Arc<super::credential::RelayCredentials>,
+    /// Verifies claimed pods' service-account tokens (Kubernetes with agent-sandbox);
+    /// without one only minted credentials are accepted.
+    pub pod_tokens: Option<Arc<dyn crate::sandbox::PodTokenVerifier>>,
     pub sessions: Arc<crate::gateway::SocketHost>,
     pub agents: Arc<crate::session::AgentBook>,
     pub secrets: Arc<dyn crate::session::SecretSource>,

@@ -22,7 +22,10 @@ use tokio_rustls::TlsAcceptor;
 use tracing::Instrument as _;
 
 use super::control::{self, RelayParts};
-use super::credential::CredentialError;
+use super::credential::{CredentialError, is_minted};
+use crate::ids::SessionId;
+use crate::sandbox::PodTokenError;
+use crate::secrets::{ExposeSecret as _, SecretString};
 use super::settings::RelaySettings;
 use super::wire::{self, Purpose, Refused};
 use crate::gateway::SessionService;
@@ -190,22 +193,40 @@ impl Listener {
             refuse(&mut stream, Refused::Malformed, &peer).await;
             return Ok(None);
         };
-        let verified = match self.parts.credentials.verify(&credential) {
-            Ok(verified) => verified,
-            Err(e) => {
-                let why = match e {
-                    CredentialError::Invalid => Refused::Invalid,
-                    CredentialError::Expired => Refused::Expired,
-                };
+        let session_id = match self.session_of(&credential).await {
+            Ok(session_id) => session_id,
+            Err(why) => {
                 refuse(&mut stream, why, &peer).await;
                 return Ok(None);
             }
         };
-        let Some(service) = self.parts.sessions.service(&verified.session_id) else {
+        let Some(service) = self.parts.sessions.service(&session_id) else {
             refuse(&mut stream, Refused::Stopped, &peer).await;
             return Ok(None);
         };
         Ok(Some((stream, purpose, service)))
+    }
+}
+
+impl Listener {
+    /// The session `credential` reaches: a minted credential names it; a claimed pod's
+    /// service-account token reaches the session its pod was adopted for (when a
+    /// verifier is configured).
+    async fn session_of(&self, credential: &SecretString) -> Result<SessionId, Refused> {
+        let pod_tokens = match &self.parts.pod_tokens {
+            Some(verifier) if !is_minted(credential.expose_secret()) => verifier,
+            _ => {
+                return match self.parts.credentials.verify(credential) {
+                    Ok(verified) => Ok(verified.session_id),
+                    Err(CredentialError::Invalid) => Err(Refused::Invalid),
+                    Err(CredentialError::Expired) => Err(Refused::Expired),
+                };
+            }
+        };
+        pod_tokens.session_of(credential).await.map_err(|e| match e {
+            PodTokenError::Invalid | PodTokenError::Unknown => Refused::Invalid,
+            PodTokenError::Unavailable => Refused::Unavailable,
+        })
     }
 }
 
@@ -225,7 +246,7 @@ async fn refuse(stream: &mut Relayed, why: Refused, peer: &SocketAddr) {
         Refused::Malformed | Refused::Invalid => {
             tracing::debug!(%peer, reason = %why, "relay connection refused");
         }
-        Refused::Expired | Refused::Stopped | Refused::Busy => {
+        Refused::Expired | Refused::Stopped | Refused::Busy | Refused::Unavailable => {
             tracing::info!(%peer, reason = %why, "relay connection refused");
         }
     }

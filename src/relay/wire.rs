@@ -15,10 +15,16 @@
 use tokio::io::{AsyncBufRead, AsyncBufReadExt as _, AsyncReadExt as _};
 
 use super::credential::MAX_CREDENTIAL_LEN;
+use crate::sandbox::MAX_POD_TOKEN_LEN;
 use crate::secrets::{ExposeSecret as _, SecretString};
 
-/// The longest greeting or answer line, newline included.
-pub const MAX_LINE: usize = MAX_CREDENTIAL_LEN + 32;
+/// The longest greeting or answer line, newline included: room for a minted credential
+/// or a pod's service-account token.
+pub const MAX_LINE: usize = if MAX_CREDENTIAL_LEN > MAX_POD_TOKEN_LEN {
+    MAX_CREDENTIAL_LEN
+} else {
+    MAX_POD_TOKEN_LEN
+} + 32;
 const VERSION: &str = "TGR1";
 
 /// What a relayed connection is for.
@@ -53,6 +59,9 @@ pub enum Refused {
     Stopped,
     /// The session has as many relayed connections open as it may.
     Busy,
+    /// The credential cannot be checked now (a pod token, and the API server that
+    /// reviews it cannot be reached): refused, try again later.
+    Unavailable,
 }
 
 impl Refused {
