@@ -203,7 +203,8 @@ impl TokenReviewer {
             },
             ..Default::default()
         };
-        let asking = self.reviews.create(&PostParams::default(), &asked);
+        let params = PostParams::default();
+        let asking = self.reviews.create(&params, &asked);
         let answered = match tokio::time::timeout(REVIEW_TIMEOUT, asking).await {
             Ok(Ok(answered)) => answered,
             Ok(Err(e)) => {
