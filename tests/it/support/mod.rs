@@ -35,6 +35,7 @@ pub mod relay;
 pub mod rows;
 pub mod sandbox;
 pub mod sessions;
+pub mod token_review;
 pub mod unix_http;
 pub mod wait;
 pub mod world;
