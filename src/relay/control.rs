@@ -34,6 +34,9 @@ pub struct RelayParts {
     pub sessions: Arc<crate::gateway::SocketHost>,
     pub agents: Arc<crate::session::AgentBook>,
     pub secrets: Arc<dyn crate::session::SecretSource>,
+    /// Sends a relay whose session runs on another instance there; without it such a
+    /// relay is refused `stopped`.
+    pub redirects: Option<super::redirect::Redirects>,
 }
 
 /// `POST /relay/v1/renew`'s path.

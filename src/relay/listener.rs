@@ -201,7 +201,19 @@ impl Listener {
             }
         };
         let Some(service) = self.parts.sessions.service(&session_id) else {
-            refuse(&mut stream, Refused::Stopped, &peer).await;
+            let owner = match &self.parts.redirects {
+                Some(redirects) => redirects.owner_of(&session_id).await,
+                None => None,
+            };
+            match owner {
+                Some(addr) => {
+                    tracing::info!(%peer, session = %session_id, owner = %addr, "relay sent to its session's owner");
+                    let _ = stream.write_all(wire::redirect(addr).as_bytes()).await;
+                    let _ = stream.flush().await;
+                    let _ = stream.shutdown().await;
+                }
+                None => refuse(&mut stream, Refused::Stopped, &peer).await,
+            }
             return Ok(None);
         };
         Ok(Some((stream, purpose, service)))

@@ -94,6 +94,11 @@ const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/0015_execution_runner.sql"),
         postgres: include_str!("migrations/postgres/0015_execution_runner.sql"),
     },
+    Migration {
+        name: "0016_relay_addr",
+        sql: include_str!("migrations/0016_relay_addr.sql"),
+        postgres: include_str!("migrations/postgres/0016_relay_addr.sql"),
+    },
 ];
 
 /// Applies every migration newer than the database's `user_version`, each in its own
