@@ -90,6 +90,30 @@ impl RunningRelay {
         setup: RelaySetup<'_>,
     ) -> RunningRelay {
         let relay_addr = app.relay_addr.expect("the relay listener is on");
+        RunningRelay::start_at(relay_addr, dir, name, setup).await
+    }
+
+    /// The usual relay of a test: `session`'s, greeted with a credential `app` minted for
+    /// it, trusting the world's CA, no secrets directory, the default connection cap;
+    /// named after the session.
+    pub async fn minted(app: &TestApp, world: &World, tls: &TlsFiles, session: &Session) -> RunningRelay {
+        let id = threadgate::ids::SessionId::parse(session.id.as_str()).expect("session id");
+        let setup = RelaySetup {
+            ca_file: &tls.ca_file,
+            credential: app.relay_credentials.mint(&id),
+            secrets_dir: None,
+            max_connections: 32,
+        };
+        RunningRelay::start(app, world.dir.path(), session.id.as_str(), setup).await
+    }
+
+    /// As [`RunningRelay::start`], dialling `relay_addr` (as `localhost`).
+    pub async fn start_at(
+        relay_addr: std::net::SocketAddr,
+        dir: &Path,
+        name: &str,
+        setup: RelaySetup<'_>,
+    ) -> RunningRelay {
         let token_file = dir.join(format!("{name}.token"));
         std::fs::write(&token_file, setup.credential.expose_secret()).expect("write token");
         let socket = dir.join(format!("{name}.sock"));
@@ -155,7 +179,19 @@ pub async fn greet(
     String,
     BufReader<tokio_rustls::client::TlsStream<TcpStream>>,
 ) {
-    let mut stream = tls_connect(app, ca_file)
+    greet_at(app.relay_addr.expect("relay listener"), ca_file, greeting).await
+}
+
+/// As [`greet`], to the relay listener at `addr`.
+pub async fn greet_at(
+    addr: std::net::SocketAddr,
+    ca_file: &Path,
+    greeting: &str,
+) -> (
+    String,
+    BufReader<tokio_rustls::client::TlsStream<TcpStream>>,
+) {
+    let mut stream = tls_connect_at(addr, ca_file)
         .await
         .expect("TLS to the relay listener");
     stream
@@ -173,8 +209,16 @@ pub async fn tls_connect(
     app: &TestApp,
     ca_file: &Path,
 ) -> std::io::Result<BufReader<tokio_rustls::client::TlsStream<TcpStream>>> {
+    tls_connect_at(app.relay_addr.expect("relay listener"), ca_file).await
+}
+
+/// TLS to the relay listener at `addr` (as `localhost`), trusting `ca_file`.
+pub async fn tls_connect_at(
+    addr: std::net::SocketAddr,
+    ca_file: &Path,
+) -> std::io::Result<BufReader<tokio_rustls::client::TlsStream<TcpStream>>> {
     let config = threadgate::relay::tls::client_config(ca_file).expect("client config");
-    let tcp = TcpStream::connect(app.relay_addr.expect("relay listener")).await?;
+    let tcp = TcpStream::connect(addr).await?;
     let tls = TlsConnector::from(Arc::clone(&config))
         .connect(ServerName::try_from("localhost").expect("name"), tcp)
         .await?;
