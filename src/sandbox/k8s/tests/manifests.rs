@@ -283,6 +283,20 @@ fn threadgate_runs_replicated_on_postgres_unprivileged() {
         .first()
         .and_then(|c| c.env.clone())
         .unwrap_or_default();
+    // Each replica advertises its pod IP as its relay address (redirects go there).
+    let pod_ip = env.iter().position(|e| e.name == "POD_IP").expect("POD_IP");
+    let field = env[pod_ip]
+        .value_from
+        .as_ref()
+        .and_then(|v| v.field_ref.as_ref())
+        .map(|f| f.field_path.as_str());
+    assert_eq!(field, Some("status.podIP"));
+    let advertise = env
+        .iter()
+        .position(|e| e.name == "THREADGATE_RELAY__ADVERTISE")
+        .expect("THREADGATE_RELAY__ADVERTISE");
+    assert!(pod_ip < advertise, "POD_IP is defined before it is used");
+    assert_eq!(env[advertise].value.as_deref(), Some("$(POD_IP):8443"));
     let database = env
         .iter()
         .find(|e| e.name == "THREADGATE_DATABASE_URL")
