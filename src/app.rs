@@ -334,9 +334,7 @@ async fn advertise_relay(
     let (id, nonce) = (base.instance_id.clone(), base.boot_nonce.clone());
     let text = advertised.map(|a| a.to_string());
     base.db
-        .write(move |c| {
-            crate::store::instances::set_relay_addr(c, &id, &nonce, text.as_deref())
-        })
+        .write(move |c| crate::store::instances::set_relay_addr(c, &id, &nonce, text.as_deref()))
         .await
         .context("cannot record the relay address in the instance registry")?;
     if let Some(addr) = advertised {

@@ -23,12 +23,12 @@ use tracing::Instrument as _;
 
 use super::control::{self, RelayParts};
 use super::credential::{CredentialError, is_minted};
-use crate::ids::SessionId;
-use crate::sandbox::PodTokenError;
-use crate::secrets::{ExposeSecret as _, SecretString};
 use super::settings::RelaySettings;
 use super::wire::{self, Purpose, Refused};
 use crate::gateway::SessionService;
+use crate::ids::SessionId;
+use crate::sandbox::PodTokenError;
+use crate::secrets::{ExposeSecret as _, SecretString};
 use crate::tasks::Tasks;
 
 /// Pause after a failed accept (e.g. out of file descriptors), so the loop does not spin.
@@ -235,10 +235,13 @@ impl Listener {
                 };
             }
         };
-        pod_tokens.session_of(credential).await.map_err(|e| match e {
-            PodTokenError::Invalid | PodTokenError::Unknown => Refused::Invalid,
-            PodTokenError::Unavailable => Refused::Unavailable,
-        })
+        pod_tokens
+            .session_of(credential)
+            .await
+            .map_err(|e| match e {
+                PodTokenError::Invalid | PodTokenError::Unknown => Refused::Invalid,
+                PodTokenError::Unavailable => Refused::Unavailable,
+            })
     }
 }
 

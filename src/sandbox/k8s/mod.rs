@@ -46,8 +46,8 @@ pub use crd::{
     API_VERSION as AGENT_SANDBOX_API_VERSION, SandboxClaim, SandboxTemplate, SandboxWarmPool,
 };
 pub use objects::{object_name, pod_spec, relay_args, template_pod_spec};
-pub use settings::{Backend, ClaimMode, KubernetesSettings};
 pub use review::{Adopted, Adoptions, TokenReviewer};
+pub use settings::{Backend, ClaimMode, KubernetesSettings};
 
 use super::{
     LABEL_INSTANCE, RelayMinter, SandboxError, SandboxHandle, SandboxInfo, SandboxRuntime,
@@ -542,7 +542,8 @@ impl SandboxRuntime for KubeRuntime {
 
     fn pod_token_verifier(&self) -> Option<Arc<dyn super::PodTokenVerifier>> {
         // Only a claimed pod's relay presents its service-account token.
-        (self.kind == Kind::Claims).then(|| Arc::new(self.token_reviewer()) as Arc<dyn super::PodTokenVerifier>)
+        (self.kind == Kind::Claims)
+            .then(|| Arc::new(self.token_reviewer()) as Arc<dyn super::PodTokenVerifier>)
     }
 
     async fn check_ready(&self, _image: &str) -> Result<(), SandboxError> {

@@ -41,10 +41,8 @@ async fn a_credential_reaches_its_own_session_and_no_other() {
         world.dir.path(),
         "ada",
         RelaySetup {
-            ca_file: &tls.ca_file,
             credential: minted.clone(),
-            secrets_dir: None,
-            max_connections: 32,
+            ..RelaySetup::minted(&app, &tls.ca_file, &ada.session)
         },
     )
     .await;
@@ -137,10 +135,8 @@ async fn expired_tampered_foreign_and_stopped_credentials_reach_no_session() {
         world.dir.path(),
         "expired",
         RelaySetup {
-            ca_file: &tls.ca_file,
             credential: expired.clone(),
-            secrets_dir: None,
-            max_connections: 32,
+            ..RelaySetup::minted(&app, &tls.ca_file, &ada.session)
         },
     )
     .await;
@@ -196,10 +192,8 @@ async fn the_relay_renews_its_credential_before_it_expires() {
         world.dir.path(),
         "ada",
         RelaySetup {
-            ca_file: &tls.ca_file,
             credential: minted.clone(),
-            secrets_dir: None,
-            max_connections: 32,
+            ..RelaySetup::minted(&app, &tls.ca_file, &ada.session)
         },
     )
     .await;

@@ -62,10 +62,8 @@ async fn a_relay_that_reaches_another_instance_is_sent_to_its_sessions_owner() {
         world.dir.path(),
         "ada",
         RelaySetup {
-            ca_file: &tls.ca_file,
             credential: credential.clone(),
-            secrets_dir: None,
-            max_connections: 32,
+            ..RelaySetup::minted(&owner, &tls.ca_file, &ada.session)
         },
     )
     .await;
@@ -101,11 +99,9 @@ async fn a_relay_that_reaches_another_instance_is_sent_to_its_sessions_owner() {
 async fn a_relay_follows_a_bounded_number_of_redirects() {
     let dir = tempfile::tempdir().expect("dir");
     let tls = TlsFiles::make(dir.path(), "loop");
-    let config = threadgate::relay::tls::server_config(
-        ("cert", &tls.cert_file),
-        ("key", &tls.key_file),
-    )
-    .expect("tls");
+    let config =
+        threadgate::relay::tls::server_config(("cert", &tls.cert_file), ("key", &tls.key_file))
+            .expect("tls");
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -158,6 +154,9 @@ async fn a_relay_follows_a_bounded_number_of_redirects() {
             .is_some_and(|m| m.contains("more than 3 times")),
         "{body}"
     );
-    assert!(greeted.load(Ordering::SeqCst) >= 4, "a dial and three redirects");
+    assert!(
+        greeted.load(Ordering::SeqCst) >= 4,
+        "a dial and three redirects"
+    );
     relay.stop().await;
 }

@@ -26,11 +26,13 @@ async fn an_adopted_pods_token_reaches_its_session_and_no_other_token_does() {
     let reviews = FakeTokenReview::start().await;
     let adoptions = Adoptions::default();
     let mut world = World::new().await;
-    world.sandbox.set_pod_token_verifier(Arc::new(TokenReviewer::new(
-        reviews.client(),
-        "threadgate",
-        adoptions.clone(),
-    )));
+    world
+        .sandbox
+        .set_pod_token_verifier(Arc::new(TokenReviewer::new(
+            reviews.client(),
+            "threadgate",
+            adoptions.clone(),
+        )));
     let tls = world.use_relay();
     let app = world.start().await;
     let ada = world
@@ -58,10 +60,8 @@ async fn an_adopted_pods_token_reaches_its_session_and_no_other_token_does() {
         world.dir.path(),
         "ada",
         RelaySetup {
-            ca_file: &tls.ca_file,
             credential: ada_token.clone(),
-            secrets_dir: None,
-            max_connections: 32,
+            ..RelaySetup::minted(&app, &tls.ca_file, &ada.session)
         },
     )
     .await;

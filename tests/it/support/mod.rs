@@ -22,6 +22,7 @@ pub mod agent;
 pub mod app;
 pub mod clock;
 pub mod docker;
+pub mod figures;
 pub mod github_stub;
 pub mod instances;
 pub mod intake;

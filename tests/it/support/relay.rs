@@ -80,6 +80,21 @@ pub struct RelaySetup<'a> {
     pub max_connections: usize,
 }
 
+impl<'a> RelaySetup<'a> {
+    /// The usual setup: a credential `app` minted for `session`, trusting `ca_file`, no
+    /// secrets directory, the session socket's default connection cap. A test changes
+    /// what it is about with `RelaySetup { field, ..RelaySetup::minted(..) }`.
+    pub fn minted(app: &TestApp, ca_file: &'a Path, session: &Session) -> RelaySetup<'a> {
+        let id = threadgate::ids::SessionId::parse(session.id.as_str()).expect("session id");
+        RelaySetup {
+            ca_file,
+            credential: app.relay_credentials.mint(&id),
+            secrets_dir: None,
+            max_connections: 32,
+        }
+    }
+}
+
 impl RunningRelay {
     /// Starts a relay for `session` carrying to `app`'s relay listener, and waits until
     /// its socket exists.
@@ -91,20 +106,6 @@ impl RunningRelay {
     ) -> RunningRelay {
         let relay_addr = app.relay_addr.expect("the relay listener is on");
         RunningRelay::start_at(relay_addr, dir, name, setup).await
-    }
-
-    /// The usual relay of a test: `session`'s, greeted with a credential `app` minted for
-    /// it, trusting the world's CA, no secrets directory, the default connection cap;
-    /// named after the session.
-    pub async fn minted(app: &TestApp, world: &World, tls: &TlsFiles, session: &Session) -> RunningRelay {
-        let id = threadgate::ids::SessionId::parse(session.id.as_str()).expect("session id");
-        let setup = RelaySetup {
-            ca_file: &tls.ca_file,
-            credential: app.relay_credentials.mint(&id),
-            secrets_dir: None,
-            max_connections: 32,
-        };
-        RunningRelay::start(app, world.dir.path(), session.id.as_str(), setup).await
     }
 
     /// As [`RunningRelay::start`], dialling `relay_addr` (as `localhost`).

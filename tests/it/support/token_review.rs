@@ -120,7 +120,10 @@ async fn review(State(reviews): State<Arc<Reviews>>, body: axum::body::Bytes) ->
     }
     let asked: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let token = asked["spec"]["token"].as_str().unwrap_or_default();
-    let audiences = asked["spec"]["audiences"].as_array().cloned().unwrap_or_default();
+    let audiences = asked["spec"]["audiences"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let issued = reviews
         .issued
         .lock()

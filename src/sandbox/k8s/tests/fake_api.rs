@@ -264,7 +264,10 @@ impl FakeApi {
         let pod_meta = &object["spec"]["additionalPodMetadata"];
         let mut labels = pod_meta["labels"].clone();
         labels["app.kubernetes.io/name"] = json!("threadgate-sandbox");
-        let name = format!("threadgate-sandbox-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let name = format!(
+            "threadgate-sandbox-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
         self.insert(
             "pods",
             json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name,
@@ -430,7 +433,11 @@ fn token_review(fake: &FakeApi, body: &Bytes) -> Response {
         let token = asked["spec"]["token"].as_str().unwrap_or_default();
         let audiences: Vec<String> = asked["spec"]["audiences"]
             .as_array()
-            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
             .unwrap_or_default();
         let issued = store
             .tokens

@@ -154,9 +154,7 @@ fn parse_all() -> Parsed {
             "SandboxTemplate" => parsed.templates.push(round_trip(&file, &value)),
             "SandboxWarmPool" => parsed.pools.push(round_trip(&file, &value)),
             "Kustomization" => parsed.kustomization = Some(round_trip(&file, &value)),
-            other => panic!(
-                "{file}: kind {other:?} is not checked by this test"
-            ),
+            other => panic!("{file}: kind {other:?} is not checked by this test"),
         }
     }
     parsed
@@ -385,7 +383,10 @@ fn rbac_is_the_least_threadgate_needs_in_its_namespace() {
         panic!("one ClusterRoleBinding");
     };
     assert_eq!(cluster_binding.role_ref.kind, "ClusterRole");
-    assert_eq!(Some(&cluster_binding.role_ref.name), cluster_role.metadata.name.as_ref());
+    assert_eq!(
+        Some(&cluster_binding.role_ref.name),
+        cluster_role.metadata.name.as_ref()
+    );
     let subjects = cluster_binding.subjects.clone().unwrap_or_default();
     assert_eq!(subjects.len(), 1);
     assert_eq!(

@@ -174,7 +174,10 @@ async fn a_claim_session_takes_a_sandbox_from_the_warm_pool() {
     assert_eq!(pod_meta.labels["threadgate.instance"], INSTANCE);
     assert_eq!(pod_meta.annotations["threadgate.thread"], "th_s2");
     assert!(
-        !fake.requests().iter().any(|r| r.starts_with("POST /api/v1/")),
+        !fake
+            .requests()
+            .iter()
+            .any(|r| r.starts_with("POST /api/v1/")),
         "the controller makes the pod, threadgate no pod and no Secret"
     );
     assert!(!object.to_string().contains("fake_key_granted_secret"));

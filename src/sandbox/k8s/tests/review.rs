@@ -6,7 +6,9 @@
 
 use super::fake_api::{FakeApi, IssuedToken};
 use super::{runtime, settings, spec};
-use crate::sandbox::{MAX_POD_TOKEN_LEN, PodTokenError, PodTokenVerifier as _, SandboxRuntime as _};
+use crate::sandbox::{
+    MAX_POD_TOKEN_LEN, PodTokenError, PodTokenVerifier as _, SandboxRuntime as _,
+};
 use crate::secrets::SecretString;
 
 fn reviews(fake: &FakeApi) -> usize {
@@ -106,10 +108,17 @@ async fn the_adopted_pods_token_reaches_its_session_and_nothing_else_does() {
         "x".repeat(MAX_POD_TOKEN_LEN + 1),
     ] {
         assert!(
-            reviewer.session_of(&SecretString::from(junk)).await.is_err()
+            reviewer
+                .session_of(&SecretString::from(junk))
+                .await
+                .is_err()
         );
     }
-    assert_eq!(reviews(&fake), before + 1, "only the forged token was reviewed");
+    assert_eq!(
+        reviews(&fake),
+        before + 1,
+        "only the forged token was reviewed"
+    );
 
     // A stopped session's pod is forgotten: its cached token reaches nothing.
     let name_a = crate::sandbox::k8s::object_name(super::INSTANCE, "ca");
@@ -135,7 +144,10 @@ async fn an_unreachable_api_server_fails_closed() {
     );
     assert_eq!(reviewer.cached(), 0, "a failure is never cached");
     fake.fail_reviews(false);
-    assert_eq!(reviewer.session_of(&fresh).await.expect("ok").as_str(), "cc");
+    assert_eq!(
+        reviewer.session_of(&fresh).await.expect("ok").as_str(),
+        "cc"
+    );
 
     // No API server at all (a closed port): refused too.
     let closed = {
@@ -144,8 +156,7 @@ async fn an_unreachable_api_server_fails_closed() {
     };
     let url = format!("http://{closed}").parse().expect("url");
     let client = kube::Client::try_from(kube::Config::new(url)).expect("client");
-    let unreachable =
-        crate::sandbox::k8s::TokenReviewer::new(client, "threadgate", rt.adoptions());
+    let unreachable = crate::sandbox::k8s::TokenReviewer::new(client, "threadgate", rt.adoptions());
     let again = token(&fake, &pod);
     assert_eq!(
         unreachable.session_of(&again).await,
