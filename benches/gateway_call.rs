@@ -30,7 +30,7 @@
 #[path = "../tests/it/support/mod.rs"]
 pub mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::json;
 use support::figures::{Series, load_average};
