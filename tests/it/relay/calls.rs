@@ -14,12 +14,7 @@ async fn a_call_through_the_relay_is_answered_as_on_the_unix_socket() {
     let mut world = World::new().await;
     let tls = world.use_relay();
     let app = world.start().await;
-    let ada = world
-        .customer_session(&app, "ada@example.com", &[5000])
-        .await;
-    let bob = world
-        .customer_session(&app, "bob@example.com", &[700])
-        .await;
+    let (ada, bob) = world.ada_and_bob(&app).await;
     let relay = RunningRelay::start(
         &app,
         world.dir.path(),

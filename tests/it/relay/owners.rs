@@ -57,14 +57,12 @@ async fn a_relay_that_reaches_another_instance_is_sent_to_its_sessions_owner() {
     assert_eq!(answer, "OK\n");
 
     // A relay given the other instance's address carries the agent's calls to the owner.
-    let relay = RunningRelay::start(
+    let relay = RunningRelay::presenting(
         &other,
         world.dir.path(),
         "ada",
-        RelaySetup {
-            credential: credential.clone(),
-            ..RelaySetup::minted(&owner, &tls.ca_file, &ada.session)
-        },
+        &tls.ca_file,
+        credential.clone(),
     )
     .await;
     let pod = relay.session(&ada.session);

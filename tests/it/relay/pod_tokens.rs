@@ -13,7 +13,7 @@ use threadgate::sandbox::k8s::{Adopted, Adoptions, TokenReviewer};
 use threadgate::secrets::ExposeSecret as _;
 
 use crate::support::logs::captured_text;
-use crate::support::relay::{RelaySetup, RunningRelay, greet};
+use crate::support::relay::{RunningRelay, greet};
 use crate::support::token_review::{FakeTokenReview, PodToken};
 use crate::support::world::World;
 
@@ -35,12 +35,7 @@ async fn an_adopted_pods_token_reaches_its_session_and_no_other_token_does() {
         )));
     let tls = world.use_relay();
     let app = world.start().await;
-    let ada = world
-        .customer_session(&app, "ada@example.com", &[5000])
-        .await;
-    let bob = world
-        .customer_session(&app, "bob@example.com", &[700])
-        .await;
+    let (ada, bob) = world.ada_and_bob(&app).await;
     let adopt = |pod: &str, uid: &str, session: &str| {
         adoptions.record(
             uid.to_owned(),
@@ -55,14 +50,12 @@ async fn an_adopted_pods_token_reaches_its_session_and_no_other_token_does() {
     let ada_token = reviews.issue(PodToken::sandbox("pool-ada", "uid-ada"));
 
     // The relay of Ada's pod, greeted with the pod's token: Ada's thread, not Bob's.
-    let relay = RunningRelay::start(
+    let relay = RunningRelay::presenting(
         &app,
         world.dir.path(),
         "ada",
-        RelaySetup {
-            credential: ada_token.clone(),
-            ..RelaySetup::minted(&app, &tls.ca_file, &ada.session)
-        },
+        &tls.ca_file,
+        ada_token.clone(),
     )
     .await;
     let pod = relay.session(&ada.session);

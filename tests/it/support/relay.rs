@@ -17,7 +17,7 @@ use tokio_rustls::rustls::pki_types::ServerName;
 
 use super::app::TestApp;
 use super::wait::wait_for;
-use super::world::{Session, World};
+use super::world::{Customer, Session, World};
 
 /// A CA and a gateway certificate it signed, written as PEM files in `dir`.
 pub struct TlsFiles {
@@ -59,6 +59,16 @@ impl World {
         self.settings.relay.cert_file = Some(tls.cert_file.clone());
         self.settings.relay.key_file = Some(tls.key_file.clone());
         tls
+    }
+}
+
+impl World {
+    /// Ada (one 50.00 charge) and Bob (one 7.00 charge), each with a running session on
+    /// `app`: the two customers the relay tests keep apart.
+    pub async fn ada_and_bob(&self, app: &TestApp) -> (Customer, Customer) {
+        let ada = self.customer_session(app, "ada@example.com", &[5000]).await;
+        let bob = self.customer_session(app, "bob@example.com", &[700]).await;
+        (ada, bob)
     }
 }
 
@@ -106,6 +116,24 @@ impl RunningRelay {
     ) -> RunningRelay {
         let relay_addr = app.relay_addr.expect("the relay listener is on");
         RunningRelay::start_at(relay_addr, dir, name, setup).await
+    }
+
+    /// A relay to `app` that presents `credential` (one minted elsewhere, expired, a
+    /// pod's token), trusting `ca_file`, otherwise as [`RelaySetup::minted`].
+    pub async fn presenting(
+        app: &TestApp,
+        dir: &Path,
+        name: &str,
+        ca_file: &Path,
+        credential: SecretString,
+    ) -> RunningRelay {
+        let setup = RelaySetup {
+            ca_file,
+            credential,
+            secrets_dir: None,
+            max_connections: 32,
+        };
+        RunningRelay::start(app, dir, name, setup).await
     }
 
     /// As [`RunningRelay::start`], dialling `relay_addr` (as `localhost`).
