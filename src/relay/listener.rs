@@ -7,7 +7,11 @@
 //! credential of an open session gets that session's [`SessionService`] (the router its
 //! unix socket serves, so the same scope, grants, secrets and refusals), counted against
 //! that session's relayed connections cap; anything else is answered `NO <reason>` and
-//! closed before any session is reached. A connection ends when its peer closes it, when
+//! closed before any session is reached. A greeting that carries no minted credential
+//! is a claimed pod's service-account token when the runtime offers a verifier
+//! (`sandbox::PodTokenVerifier`): it reaches the session its pod was adopted for. An
+//! authentic credential of a session open on another instance is answered `GO
+//! <address>` (`relay::redirect`) and closed. A connection ends when its peer closes it, when
 //! its session closes (its open request drains first) or at shutdown.
 
 use std::net::SocketAddr;

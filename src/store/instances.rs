@@ -222,4 +222,37 @@ mod tests {
             .unwrap();
         assert_eq!(successor, Registration::Registered);
     }
+
+    /// A relay address is this boot's to set, and is given out only while its
+    /// heartbeat is fresh.
+    #[tokio::test]
+    async fn a_relay_address_is_read_only_while_its_instance_lives() {
+        let (_dir, db) = db();
+        db.write(|c| register(c, "tg-a", ("boot1", None), 1_000, 0))
+            .await
+            .unwrap();
+        assert!(
+            db.write(|c| set_relay_addr(c, "tg-a", "boot1", Some("10.0.0.5:8443")))
+                .await
+                .unwrap()
+        );
+        assert!(
+            !db.write(|c| set_relay_addr(c, "tg-a", "boot0", Some("10.6.6.6:1")))
+                .await
+                .unwrap(),
+            "another boot's nonce sets nothing"
+        );
+        let read = |after: i64| db.read(move |c| relay_addr(c, "tg-a", after));
+        assert_eq!(read(999).await.unwrap().as_deref(), Some("10.0.0.5:8443"));
+        assert_eq!(read(1_000).await.unwrap(), None, "heartbeat too old");
+        assert_eq!(
+            db.read(|c| relay_addr(c, "tg-b", 0)).await.unwrap(),
+            None,
+            "no such instance"
+        );
+        db.write(|c| set_relay_addr(c, "tg-a", "boot1", None))
+            .await
+            .unwrap();
+        assert_eq!(read(0).await.unwrap(), None, "cleared");
+    }
 }
