@@ -204,57 +204,6 @@ impl KubeRuntime {
         Api::namespaced(self.client.clone(), &self.settings.namespace)
     }
 
-    /// Records the pod of every claim of this instance again (after a restart): the
-    /// pods carry the claim's labels and the session's annotation.
-    async fn restore_adoptions(&self) -> Result<(), SandboxError> {
-        let params =
-            ListParams::default().labels(&instance_selector(&self.instance_id, COMPONENT_SANDBOX));
-        let pods = self
-            .pods()
-            .list(&params)
-            .await
-            .map_err(|e| kube_err("list", "claimed sandbox pods", e))?;
-        for pod in pods {
-            if let Some((uid, adopted)) = adopted_pod(&pod) {
-                self.adoptions.record(uid, adopted);
-            }
-        }
-        Ok(())
-    }
-
-    /// Finds the pod the controller bound to `spec`'s claim (it carries the claim's
-    /// labels and the session's annotation) and records it: only that pod's token
-    /// reaches the session.
-    async fn adopt_claimed_pod(&self, spec: &SandboxSpec, name: &str) -> Result<(), SandboxError> {
-        let selector = format!(
-            "{},{}={}",
-            instance_selector(&self.instance_id, COMPONENT_SANDBOX),
-            super::LABEL_SESSION,
-            objects::label_value(&spec.session_id)
-        );
-        let pods = self
-            .pods()
-            .list(&ListParams::default().labels(&selector))
-            .await
-            .map_err(|e| kube_err("list", "the claimed sandbox's pod", e))?;
-        let mut found: Vec<(String, Adopted)> = pods
-            .iter()
-            .filter(|pod| pod.metadata.deletion_timestamp.is_none())
-            .filter_map(adopted_pod)
-            .filter(|(_, adopted)| adopted.session == spec.session_id)
-            .collect();
-        let (Some((uid, adopted)), None) = (found.pop(), found.pop()) else {
-            return Err(SandboxError::Cluster {
-                reason: format!(
-                    "claim {name:?} is ready but not exactly one pod carries its session's labels"
-                ),
-            });
-        };
-        tracing::info!(pod = %adopted.pod_name, "claimed sandbox pod recorded for its session");
-        self.adoptions.record(uid, adopted);
-        Ok(())
-    }
-
     fn validate(&self, spec: &SandboxSpec) -> Result<(), SandboxError> {
         let invalid = |reason: String| SandboxError::InvalidSpec {
             session: spec.session_id.to_string(),
@@ -617,15 +566,6 @@ fn info_of(
         thread_id: annotation(ANNOTATION_THREAD),
         running,
     })
-}
-
-/// A pod's uid and what it was adopted for, read from its labels and annotations.
-fn adopted_pod(pod: &Pod) -> Option<(String, Adopted)> {
-    let uid = pod.metadata.uid.clone()?;
-    let pod_name = pod.metadata.name.clone()?;
-    let session = pod.annotations().get(ANNOTATION_SESSION)?;
-    let session = crate::ids::SessionId::parse(session.as_str()).ok()?;
-    Some((uid, Adopted { pod_name, session }))
 }
 
 /// The owner reference to a created pod (its uid is the server's).

@@ -1,5 +1,6 @@
-//! Claimed pods' relays: their projected service-account token, checked with the API
-//! server's TokenReview and against the pod recorded when the claim was bound.
+//! Claimed pods' relays: the pod recorded when a claim is bound ([`Adoptions`], kept by
+//! the runtime), and the relay's projected service-account token, checked with the API
+//! server's TokenReview against it.
 //!
 //! A pod drawn from a warm pool was started before any thread existed, so it cannot
 //! carry a session credential. Its relay presents the token the kubelet projects for
@@ -34,8 +35,17 @@ use kube::{Api, Client};
 use sha2::{Digest as _, Sha256};
 use tokio::sync::Semaphore;
 
-use super::objects::{RELAY_AUDIENCE, SANDBOX_SERVICE_ACCOUNT};
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt as _;
+use kube::api::ListParams;
+
+use super::objects::{
+    ANNOTATION_SESSION, COMPONENT_SANDBOX, RELAY_AUDIENCE, SANDBOX_SERVICE_ACCOUNT,
+    instance_selector,
+};
+use super::{SandboxError, kube_err};
 use crate::ids::SessionId;
+use crate::sandbox::SandboxSpec;
 use crate::sandbox::{MAX_POD_TOKEN_LEN, PodTokenError, PodTokenVerifier};
 use crate::secrets::{ExposeSecret as _, SecretString};
 
@@ -100,6 +110,72 @@ impl Adoptions {
         // Every statement leaves the map whole: a panic elsewhere half-writes nothing.
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+impl super::KubeRuntime {
+    /// Records the pod of every claim of this instance again (after a restart): the
+    /// pods carry the claim's labels and the session's annotation.
+    pub(super) async fn restore_adoptions(&self) -> Result<(), SandboxError> {
+        let params =
+            ListParams::default().labels(&instance_selector(&self.instance_id, COMPONENT_SANDBOX));
+        let pods = self
+            .pods()
+            .list(&params)
+            .await
+            .map_err(|e| kube_err("list", "claimed sandbox pods", e))?;
+        for pod in pods {
+            if let Some((uid, adopted)) = adopted_pod(&pod) {
+                self.adoptions.record(uid, adopted);
+            }
+        }
+        Ok(())
+    }
+
+    /// Finds the pod the controller bound to `spec`'s claim (it carries the claim's
+    /// labels and the session's annotation) and records it: only that pod's token
+    /// reaches the session.
+    pub(super) async fn adopt_claimed_pod(
+        &self,
+        spec: &SandboxSpec,
+        name: &str,
+    ) -> Result<(), SandboxError> {
+        let selector = format!(
+            "{},{}={}",
+            instance_selector(&self.instance_id, COMPONENT_SANDBOX),
+            crate::sandbox::LABEL_SESSION,
+            super::objects::label_value(&spec.session_id)
+        );
+        let pods = self
+            .pods()
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|e| kube_err("list", "the claimed sandbox's pod", e))?;
+        let mut found: Vec<(String, Adopted)> = pods
+            .iter()
+            .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+            .filter_map(adopted_pod)
+            .filter(|(_, adopted)| adopted.session == spec.session_id)
+            .collect();
+        let (Some((uid, adopted)), None) = (found.pop(), found.pop()) else {
+            return Err(SandboxError::Cluster {
+                reason: format!(
+                    "claim {name:?} is ready but not exactly one pod carries its session's labels"
+                ),
+            });
+        };
+        tracing::info!(pod = %adopted.pod_name, "claimed sandbox pod recorded for its session");
+        self.adoptions.record(uid, adopted);
+        Ok(())
+    }
+}
+
+/// A pod's uid and what it was adopted for, read from its labels and annotations.
+fn adopted_pod(pod: &Pod) -> Option<(String, Adopted)> {
+    let uid = pod.metadata.uid.clone()?;
+    let pod_name = pod.metadata.name.clone()?;
+    let session = pod.annotations().get(ANNOTATION_SESSION)?;
+    let session = crate::ids::SessionId::parse(session.as_str()).ok()?;
+    Some((uid, Adopted { pod_name, session }))
 }
 
 /// A review the API server gave: the pod it vouched for, until when it is trusted.
