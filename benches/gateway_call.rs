@@ -30,9 +30,10 @@
 #[path = "../tests/it/support/mod.rs"]
 pub mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::json;
+use support::figures::{Series, load_average};
 
 const WARM_UP: usize = 20;
 const WEBHOOK_SECRET: &str = "whsec_bench_0123456789";
@@ -47,56 +48,6 @@ policies:
   - match: "stripe.get_*"
     action: always_run
 "#;
-
-#[expect(
-    clippy::cast_possible_truncation,
-    reason = "a rank in a sorted sample, rounded and within its length"
-)]
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i]
-}
-
-fn micros(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(", "))
-        .unwrap_or_else(|_| "unknown".into())
-}
-
-/// Latencies of one kind of call, sorted when reported.
-struct Series {
-    label: &'static str,
-    times: Vec<Duration>,
-}
-
-impl Series {
-    fn new(label: &'static str, n: usize) -> Series {
-        Series {
-            label,
-            times: Vec::with_capacity(n),
-        }
-    }
-
-    fn median_p99(&mut self) -> (f64, f64) {
-        self.times.sort();
-        (
-            micros(percentile(&self.times, 0.5)),
-            micros(percentile(&self.times, 0.99)),
-        )
-    }
-
-    fn print(&mut self) {
-        let (p50, p99) = self.median_p99();
-        println!(
-            "  {:<44} median {p50:8.0} us   p99 {p99:8.0} us",
-            self.label
-        );
-    }
-}
 
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` runs the harness with no

@@ -28,6 +28,7 @@ pub mod support;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use support::figures::{Series, load_average};
 use support::relay::{RelaySetup, RunningRelay};
 use support::world::Session;
 
@@ -42,56 +43,6 @@ policies:
   - match: "stripe.get_*"
     action: always_run
 "#;
-
-#[expect(
-    clippy::cast_possible_truncation,
-    reason = "a rank in a sorted sample, rounded and within its length"
-)]
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i]
-}
-
-fn micros(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(", "))
-        .unwrap_or_else(|_| "unknown".into())
-}
-
-/// Latencies of one kind of call.
-struct Series {
-    label: &'static str,
-    times: Vec<Duration>,
-}
-
-impl Series {
-    fn new(label: &'static str, n: usize) -> Series {
-        Series {
-            label,
-            times: Vec::with_capacity(n),
-        }
-    }
-
-    fn median_p99(&mut self) -> (f64, f64) {
-        self.times.sort();
-        (
-            micros(percentile(&self.times, 0.5)),
-            micros(percentile(&self.times, 0.99)),
-        )
-    }
-
-    fn print(&mut self) {
-        let (p50, p99) = self.median_p99();
-        println!(
-            "  {:<40} median {p50:8.0} us   p99 {p99:8.0} us",
-            self.label
-        );
-    }
-}
 
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test --benches` only needs it to build.
@@ -138,17 +89,11 @@ async fn run() {
         .customer_session(&app, "ada@example.com", &[4900])
         .await;
     let charge = ada.charges[0].clone();
-    let id = threadgate::ids::SessionId::parse(ada.session.id.as_str()).expect("id");
     let relay = RunningRelay::start(
         &app,
         world.dir.path(),
         "bench",
-        RelaySetup {
-            ca_file: &tls.ca_file,
-            credential: app.relay_credentials.mint(&id),
-            secrets_dir: None,
-            max_connections: 32,
-        },
+        RelaySetup::minted(&app, &tls.ca_file, &ada.session),
     )
     .await;
     let (socket, pod) = (ada.session.clone(), relay.session(&ada.session));

@@ -238,9 +238,12 @@ impl Foundation {
                 DockerRuntime::connect(&instance_id, settings.sandbox.secrets_root.clone()).await?,
             ),
             (None, Backend::Kubernetes) => Arc::new(
-                KubeRuntime::connect(&instance_id, settings.sandbox.kubernetes.clone())
-                    .await?
-                    .with_minter(relay_credentials.clone()),
+                KubeRuntime::connect(
+                    &instance_id,
+                    settings.sandbox.kubernetes.clone(),
+                    relay_credentials.clone(),
+                )
+                .await?,
             ),
         };
         let workspaces = Workspaces::open(RepoConfig {
@@ -312,6 +315,32 @@ fn readiness(settings: &Settings, base: &Foundation, gate: &Arc<Gate>) -> crate:
         timeout: settings.telemetry.ready_timeout,
         clock: base.clock.clone(),
     }
+}
+
+/// Records in the instance registry where the other instances send a relay whose
+/// session runs here: `[relay] advertise`, else the bound relay address unless it is
+/// unspecified; none (no relay listener, or `0.0.0.0` without `advertise`) clears it.
+async fn advertise_relay(
+    settings: &Settings,
+    base: &Foundation,
+    bound: Option<SocketAddr>,
+) -> anyhow::Result<()> {
+    let advertised = bound.and_then(|bound| {
+        settings
+            .relay
+            .advertise
+            .or((!bound.ip().is_unspecified()).then_some(bound))
+    });
+    let (id, nonce) = (base.instance_id.clone(), base.boot_nonce.clone());
+    let text = advertised.map(|a| a.to_string());
+    base.db
+        .write(move |c| crate::store::instances::set_relay_addr(c, &id, &nonce, text.as_deref()))
+        .await
+        .context("cannot record the relay address in the instance registry")?;
+    if let Some(addr) = advertised {
+        tracing::info!(%addr, "relay address advertised to the other instances");
+    }
+    Ok(())
 }
 
 /// Binds the metrics listener and serves `GET /metrics` on it in the background.
@@ -645,13 +674,21 @@ impl Application {
             &settings.relay,
             RelayParts {
                 credentials: base.relay_credentials.clone(),
+                pod_tokens: base.sandbox.pod_token_verifier(),
                 sessions: sockets.clone(),
                 agents: base.agents.clone(),
                 secrets: Arc::new(base.secrets.clone()),
+                redirects: Some(crate::relay::Redirects {
+                    db: base.db.clone(),
+                    instance_id: base.instance_id.clone(),
+                    lease_time: settings.sessions.lease_time,
+                    clock: base.clock.clone(),
+                }),
             },
             &tasks,
         )
         .await?;
+        advertise_relay(&settings, &base, relay_addr).await?;
         let listener = TcpListener::bind(settings.listen)
             .await
             .with_context(|| format!("cannot listen on {}", settings.listen))?;

@@ -612,6 +612,10 @@ fn the_kubernetes_configmap_holds_a_valid_settings_file() {
         settings.sandbox.kubernetes.runtime_class.as_deref(),
         Some("gvisor")
     );
+    assert_eq!(
+        settings.relay.listen,
+        Some("0.0.0.0:8443".parse().expect("addr"))
+    );
 }
 
 /// `[store] url` selects Postgres, from the file, `THREADGATE_STORE__URL` or

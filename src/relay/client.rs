@@ -13,6 +13,11 @@
 //! - One greeted connection is kept ready (at most [`WARM_MAX_AGE`] old, checked still
 //!   open when taken), so an agent's connection usually skips TCP, TLS and the greeting;
 //!   it counts against the session's relayed connections cap like any other.
+//! - A gateway instance that does not run the session answers `GO <address>`: the relay
+//!   dials that address instead (its session's owner, taken from the gateway's
+//!   instance registry), still checking the certificate against the `--gateway` host,
+//!   at most [`MAX_REDIRECTS`] times per connection. It keeps dialling the owner
+//!   directly until that fails, then goes through `--gateway` again.
 //! - With `--secrets-dir`, the session's granted secrets are fetched before the socket
 //!   is opened and written there as read-only files (a memory-backed volume). Neither a
 //!   credential nor a secret is ever logged.
@@ -54,6 +59,8 @@ const DRAIN_UNREAD: Duration = Duration::from_secs(1);
 /// The oldest a warm connection is used: well under the gateway's header deadline
 /// (`server.header_timeout`, 10 s by default), after which it closes an idle connection.
 const WARM_MAX_AGE: Duration = Duration::from_secs(4);
+/// Redirects followed for one connection before giving up.
+pub const MAX_REDIRECTS: usize = 3;
 /// The shortest wait between renewals, and the first wait after a failed one.
 const MIN_RENEW_WAIT: Duration = Duration::from_secs(1);
 
@@ -92,6 +99,17 @@ struct Dialer {
     warm: Mutex<Option<Warm>>,
     /// Tells the warmer its connection was taken.
     warm_taken: Notify,
+    /// The session's owner, learnt from a redirect: dialled first while it answers.
+    owner: Mutex<Option<std::net::SocketAddr>>,
+}
+
+/// Where one dial goes.
+#[derive(Debug, Clone, Copy)]
+enum Target {
+    /// `--gateway` (a Service in front of every instance).
+    Gateway,
+    /// The instance a redirect named.
+    Owner(std::net::SocketAddr),
 }
 
 /// A greeted connection waiting for an agent's connection.
@@ -111,6 +129,10 @@ pub enum DialError {
     Timeout,
     #[error("the gateway answered the greeting with something else")]
     Garbled,
+    #[error("the gateway sent the relay to {0}")]
+    Redirected(std::net::SocketAddr),
+    #[error("the gateway sent the relay on more than {MAX_REDIRECTS} times")]
+    TooManyRedirects,
 }
 
 /// A connection to the gateway after its `OK`.
@@ -138,6 +160,7 @@ impl Relay {
             credential: Mutex::new(credential),
             warm: Mutex::new(None),
             warm_taken: Notify::new(),
+            owner: Mutex::new(None),
         };
         Ok(Relay {
             options,
@@ -304,11 +327,42 @@ impl Dialer {
         }
     }
 
-    /// TLS to the gateway, the greeting, and its answer.
+    /// A greeted connection to the session's owner: the owner learnt before, else the
+    /// gateway, following its redirects (at most [`MAX_REDIRECTS`]). When the learnt
+    /// owner fails, it is forgotten and the gateway is dialled.
     async fn dial(&self, purpose: Purpose) -> Result<Upstream, DialError> {
+        let learnt = *self.owner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut target = learnt.map_or(Target::Gateway, Target::Owner);
+        let mut redirects = 0;
+        loop {
+            match self.dial_at(purpose, target).await {
+                Err(DialError::Redirected(addr)) => {
+                    redirects += 1;
+                    if redirects > MAX_REDIRECTS {
+                        return Err(DialError::TooManyRedirects);
+                    }
+                    tracing::debug!(owner = %addr, "the gateway sent the relay to its session's owner");
+                    *self.owner.lock().unwrap_or_else(|p| p.into_inner()) = Some(addr);
+                    target = Target::Owner(addr);
+                }
+                Err(e) if matches!(target, Target::Owner(_)) && redirects == 0 => {
+                    tracing::debug!(error = %e, "the session's owner did not take the relay; dialling the gateway");
+                    *self.owner.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    target = Target::Gateway;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// TLS to `target`, the greeting, and its answer.
+    async fn dial_at(&self, purpose: Purpose, target: Target) -> Result<Upstream, DialError> {
         let greeting = wire::greeting(purpose, &self.current());
         let dialled = async {
-            let tcp = TcpStream::connect((self.host.as_str(), self.port)).await?;
+            let tcp = match target {
+                Target::Gateway => TcpStream::connect((self.host.as_str(), self.port)).await?,
+                Target::Owner(addr) => TcpStream::connect(addr).await?,
+            };
             let _ = tcp.set_nodelay(true);
             let tls = self
                 .connector
@@ -320,6 +374,9 @@ impl Dialer {
                 .await?;
             stream.flush().await?;
             let line = wire::read_line(&mut stream).await?;
+            if let Some(addr) = line.as_deref().and_then(wire::parse_redirect) {
+                return Err(DialError::Redirected(addr));
+            }
             match line.as_deref().and_then(wire::parse_answer) {
                 Some(Ok(())) => Ok(stream),
                 Some(Err(why)) => Err(DialError::Refused(why)),

@@ -28,9 +28,15 @@ use crate::session::SessionScope;
 #[derive(Clone)]
 pub struct RelayParts {
     pub credentials: Arc<super::credential::RelayCredentials>,
+    /// Verifies claimed pods' service-account tokens (Kubernetes with agent-sandbox);
+    /// without one only minted credentials are accepted.
+    pub pod_tokens: Option<Arc<dyn crate::sandbox::PodTokenVerifier>>,
     pub sessions: Arc<crate::gateway::SocketHost>,
     pub agents: Arc<crate::session::AgentBook>,
     pub secrets: Arc<dyn crate::session::SecretSource>,
+    /// Sends a relay whose session runs on another instance there; without it such a
+    /// relay is refused `stopped`.
+    pub redirects: Option<super::redirect::Redirects>,
 }
 
 /// `POST /relay/v1/renew`'s path.

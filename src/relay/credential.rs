@@ -37,6 +37,13 @@ use crate::secrets::{ExposeSecret as _, MasterKey, SecretString};
 pub const CREDENTIAL_INFO: &[u8] = b"threadgate relay credential v1";
 /// The version tag every credential starts with.
 const PREFIX: &str = "tgr1";
+
+/// Whether `text` has the shape of a minted credential (and not of a pod's
+/// service-account token): the listener picks the check by it.
+pub fn is_minted(text: &str) -> bool {
+    text.strip_prefix(PREFIX)
+        .is_some_and(|rest| rest.starts_with('.'))
+}
 /// The longest credential accepted: a session id (128) and the fixed fields, with room.
 pub const MAX_CREDENTIAL_LEN: usize = 320;
 /// Random bytes of the nonce: two credentials minted in the same millisecond differ.

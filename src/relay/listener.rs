@@ -7,7 +7,11 @@
 //! credential of an open session gets that session's [`SessionService`] (the router its
 //! unix socket serves, so the same scope, grants, secrets and refusals), counted against
 //! that session's relayed connections cap; anything else is answered `NO <reason>` and
-//! closed before any session is reached. A connection ends when its peer closes it, when
+//! closed before any session is reached. A greeting that carries no minted credential
+//! is a claimed pod's service-account token when the runtime offers a verifier
+//! (`sandbox::PodTokenVerifier`): it reaches the session its pod was adopted for. An
+//! authentic credential of a session open on another instance is answered `GO
+//! <address>` (`relay::redirect`) and closed. A connection ends when its peer closes it, when
 //! its session closes (its open request drains first) or at shutdown.
 
 use std::net::SocketAddr;
@@ -22,10 +26,13 @@ use tokio_rustls::TlsAcceptor;
 use tracing::Instrument as _;
 
 use super::control::{self, RelayParts};
-use super::credential::CredentialError;
+use super::credential::{CredentialError, is_minted};
 use super::settings::RelaySettings;
 use super::wire::{self, Purpose, Refused};
 use crate::gateway::SessionService;
+use crate::ids::SessionId;
+use crate::sandbox::PodTokenError;
+use crate::secrets::{ExposeSecret as _, SecretString};
 use crate::tasks::Tasks;
 
 /// Pause after a failed accept (e.g. out of file descriptors), so the loop does not spin.
@@ -190,22 +197,55 @@ impl Listener {
             refuse(&mut stream, Refused::Malformed, &peer).await;
             return Ok(None);
         };
-        let verified = match self.parts.credentials.verify(&credential) {
-            Ok(verified) => verified,
-            Err(e) => {
-                let why = match e {
-                    CredentialError::Invalid => Refused::Invalid,
-                    CredentialError::Expired => Refused::Expired,
-                };
+        let session_id = match self.session_of(&credential).await {
+            Ok(session_id) => session_id,
+            Err(why) => {
                 refuse(&mut stream, why, &peer).await;
                 return Ok(None);
             }
         };
-        let Some(service) = self.parts.sessions.service(&verified.session_id) else {
-            refuse(&mut stream, Refused::Stopped, &peer).await;
+        let Some(service) = self.parts.sessions.service(&session_id) else {
+            let owner = match &self.parts.redirects {
+                Some(redirects) => redirects.owner_of(&session_id).await,
+                None => None,
+            };
+            match owner {
+                Some(addr) => {
+                    tracing::info!(%peer, session = %session_id, owner = %addr, "relay sent to its session's owner");
+                    let _ = stream.write_all(wire::redirect(addr).as_bytes()).await;
+                    let _ = stream.flush().await;
+                    let _ = stream.shutdown().await;
+                }
+                None => refuse(&mut stream, Refused::Stopped, &peer).await,
+            }
             return Ok(None);
         };
         Ok(Some((stream, purpose, service)))
+    }
+}
+
+impl Listener {
+    /// The session `credential` reaches: a minted credential names it; a claimed pod's
+    /// service-account token reaches the session its pod was adopted for (when a
+    /// verifier is configured).
+    async fn session_of(&self, credential: &SecretString) -> Result<SessionId, Refused> {
+        let pod_tokens = match &self.parts.pod_tokens {
+            Some(verifier) if !is_minted(credential.expose_secret()) => verifier,
+            _ => {
+                return match self.parts.credentials.verify(credential) {
+                    Ok(verified) => Ok(verified.session_id),
+                    Err(CredentialError::Invalid) => Err(Refused::Invalid),
+                    Err(CredentialError::Expired) => Err(Refused::Expired),
+                };
+            }
+        };
+        pod_tokens
+            .session_of(credential)
+            .await
+            .map_err(|e| match e {
+                PodTokenError::Invalid | PodTokenError::Unknown => Refused::Invalid,
+                PodTokenError::Unavailable => Refused::Unavailable,
+            })
     }
 }
 
@@ -225,7 +265,7 @@ async fn refuse(stream: &mut Relayed, why: Refused, peer: &SocketAddr) {
         Refused::Malformed | Refused::Invalid => {
             tracing::debug!(%peer, reason = %why, "relay connection refused");
         }
-        Refused::Expired | Refused::Stopped | Refused::Busy => {
+        Refused::Expired | Refused::Stopped | Refused::Busy | Refused::Unavailable => {
             tracing::info!(%peer, reason = %why, "relay connection refused");
         }
     }

@@ -13,6 +13,8 @@
 //!   connection is served by the very router the session's unix socket serves
 //!   (`gateway::SocketHost::service`), so scope, grants, secrets and refusals are the
 //!   same; `control`: the relay's own renewal and secrets routes.
+//! - `redirect`: a relay that reached an instance not running its session is sent to
+//!   the session's lease owner's advertised address.
 //! - `client`: relay mode, the sidecar; `wire`: the one-line greeting both speak;
 //!   `tls`: rustls configs from PEM files.
 
@@ -20,6 +22,7 @@ pub mod client;
 pub mod control;
 pub mod credential;
 pub mod listener;
+pub mod redirect;
 pub mod settings;
 pub mod tls;
 pub mod wire;
@@ -28,4 +31,5 @@ pub use client::{Relay, RelayOptions};
 pub use control::RelayParts;
 pub use credential::{CredentialError, RelayCredentials, Verified};
 pub use listener::start;
+pub use redirect::Redirects;
 pub use settings::RelaySettings;

@@ -12,6 +12,12 @@ use serde::{Deserialize, Serialize};
 pub struct RelaySettings {
     /// Where relays connect (`0.0.0.0:7443`); none (the default) serves no relay.
     pub listen: Option<SocketAddr>,
+    /// Where the other instances send a relay whose session this instance runs
+    /// (`10.0.3.7:8443`; on Kubernetes the pod's IP, through the downward API). Unset:
+    /// the bound address, unless it is unspecified (`0.0.0.0`), in which case no relay
+    /// is sent here by another instance. The certificate must hold the name relays dial
+    /// (`sandbox.kubernetes.gateway_url`'s host), which they keep checking.
+    pub advertise: Option<SocketAddr>,
     /// The listener's certificate chain (PEM); required with `listen`.
     pub cert_file: Option<PathBuf>,
     /// The listener's private key (PEM); required with `listen`.
@@ -31,6 +37,7 @@ impl Default for RelaySettings {
     fn default() -> Self {
         RelaySettings {
             listen: None,
+            advertise: None,
             cert_file: None,
             key_file: None,
             credential_ttl: Duration::from_secs(15 * 60),

@@ -4,6 +4,7 @@
 //! ```text
 //! relay   → gateway   TGR1 stream <credential>\n     (or `control`)
 //! gateway → relay     OK\n                           (or `NO <reason>\n`, then close)
+//!                     GO <ip:port>\n                 (the session runs there: dial it)
 //! ```
 //!
 //! After `OK` the connection is HTTP/1.1: for `stream`, the agent's own bytes, served by
@@ -15,10 +16,16 @@
 use tokio::io::{AsyncBufRead, AsyncBufReadExt as _, AsyncReadExt as _};
 
 use super::credential::MAX_CREDENTIAL_LEN;
+use crate::sandbox::MAX_POD_TOKEN_LEN;
 use crate::secrets::{ExposeSecret as _, SecretString};
 
-/// The longest greeting or answer line, newline included.
-pub const MAX_LINE: usize = MAX_CREDENTIAL_LEN + 32;
+/// The longest greeting or answer line, newline included: room for a minted credential
+/// or a pod's service-account token.
+pub const MAX_LINE: usize = if MAX_CREDENTIAL_LEN > MAX_POD_TOKEN_LEN {
+    MAX_CREDENTIAL_LEN
+} else {
+    MAX_POD_TOKEN_LEN
+} + 32;
 const VERSION: &str = "TGR1";
 
 /// What a relayed connection is for.
@@ -53,6 +60,9 @@ pub enum Refused {
     Stopped,
     /// The session has as many relayed connections open as it may.
     Busy,
+    /// The credential cannot be checked now (a pod token, and the API server that
+    /// reviews it cannot be reached): refused, try again later.
+    Unavailable,
 }
 
 impl Refused {
@@ -118,6 +128,16 @@ pub fn parse_greeting(line: String) -> Option<(Purpose, SecretString)> {
     Some((purpose, SecretString::from(credential.to_owned())))
 }
 
+/// The gateway's answer sending the relay to `addr` (its session's owner).
+pub fn redirect(addr: std::net::SocketAddr) -> String {
+    format!("GO {addr}\n")
+}
+
+/// The address of a redirect answer line, if it is one.
+pub fn parse_redirect(line: &str) -> Option<std::net::SocketAddr> {
+    line.strip_prefix("GO ")?.parse().ok()
+}
+
 /// Parses the gateway's answer line.
 pub fn parse_answer(line: &str) -> Option<Result<(), Refused>> {
     if line == "OK" {
@@ -164,6 +184,12 @@ mod tests {
             assert_eq!(parse_answer(line.trim_end()), Some(outcome));
         }
         assert_eq!(parse_answer("NO what"), None);
+        let owner: std::net::SocketAddr = "10.0.3.7:8443".parse().expect("addr");
+        let line = redirect(owner);
+        assert_eq!(parse_redirect(line.trim_end()), Some(owner));
+        assert_eq!(parse_answer(line.trim_end()), None);
+        assert_eq!(parse_redirect("GO threadgate.example:1"), None);
+        assert_eq!(parse_redirect("OK"), None);
         assert_eq!(parse_answer("HTTP/1.1 200 OK"), None);
     }
 }

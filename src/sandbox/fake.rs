@@ -54,9 +54,21 @@ struct FakeState {
     adopted: BTreeSet<String>,
     fail_next_park: Option<SandboxError>,
     fail_next_adopt: Option<SandboxError>,
+    /// What [`SandboxRuntime::pod_token_verifier`] answers.
+    pod_tokens: PodTokens,
     /// What `park` reports as a sandbox's creation time.
     now_ms: i64,
     parks: usize,
+}
+
+/// The verifier a test hands the fake runtime.
+#[derive(Default, Clone)]
+struct PodTokens(Option<std::sync::Arc<dyn super::PodTokenVerifier>>);
+
+impl std::fmt::Debug for PodTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "Some(..)" } else { "None" })
+    }
 }
 
 /// An in-memory sandbox runtime. Cheap to create; share it behind an `Arc`.
@@ -77,6 +89,12 @@ impl FakeRuntime {
         let fake = Self::default();
         fake.lock().pool = true;
         fake
+    }
+
+    /// Makes [`SandboxRuntime::pod_token_verifier`] answer `verifier`, as a runtime
+    /// whose sandboxes' relays present pod tokens does.
+    pub fn set_pod_token_verifier(&self, verifier: std::sync::Arc<dyn super::PodTokenVerifier>) {
+        self.lock().pod_tokens = PodTokens(Some(verifier));
     }
 
     /// Sets the creation time `park` reports from now on.
@@ -171,6 +189,10 @@ impl FakeRuntime {
 
 #[async_trait]
 impl SandboxRuntime for FakeRuntime {
+    fn pod_token_verifier(&self) -> Option<std::sync::Arc<dyn super::PodTokenVerifier>> {
+        self.lock().pod_tokens.0.clone()
+    }
+
     async fn check_ready(&self, image: &str) -> Result<(), SandboxError> {
         if self.lock().missing_images.contains(image) {
             return Err(SandboxError::ImageMissing {

@@ -137,6 +137,13 @@ pub trait SandboxRuntime: Send + Sync {
     async fn list_parked(&self) -> Result<Vec<ParkedSandbox>, SandboxError> {
         Ok(Vec::new())
     }
+
+    /// The verifier of the tokens this runtime's sandboxes' relays present in place of a
+    /// minted credential (claimed pods' service-account tokens); none for a runtime
+    /// whose sandboxes all carry a minted credential or no relay.
+    fn pod_token_verifier(&self) -> Option<std::sync::Arc<dyn PodTokenVerifier>> {
+        None
+    }
 }
 
 /// What a parked sandbox runs: everything of a sandbox that belongs to no thread.
@@ -182,6 +189,38 @@ pub struct ParkedSandbox {
 pub trait RelayMinter: Send + Sync {
     /// A fresh credential for `session`, useless for any other session.
     fn mint(&self, session: &SessionId) -> crate::secrets::SecretString;
+}
+
+/// The longest pod token a relay may present (a projected service-account token is a
+/// JWT of one to two kilobytes).
+pub const MAX_POD_TOKEN_LEN: usize = 4096;
+
+/// Why a pod's token reaches no session. Says nothing of the token's text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PodTokenError {
+    /// Not a token the API server vouches for with the relay's audience and the
+    /// sandbox service account, or not a pod-bound one.
+    #[error("the pod token is not valid")]
+    Invalid,
+    /// Authentic (or not yet asked), but of no pod adopted for a session here.
+    #[error("the pod token is of no pod adopted for a session here")]
+    Unknown,
+    /// The API server could not be asked: refused, never taken as valid.
+    #[error("the API server cannot review the pod token now")]
+    Unavailable,
+}
+
+/// Verifies the token a claimed sandbox's relay presents (the pod-bound service-account
+/// token the kubelet projects, as no per-session credential can be in a warm pod): the
+/// one session its pod was adopted for. Implemented by the Kubernetes backend's
+/// `TokenReviewer`, handed to the gateway's relay listener.
+#[async_trait::async_trait]
+pub trait PodTokenVerifier: Send + Sync {
+    /// The session `token`'s pod was adopted for.
+    async fn session_of(
+        &self,
+        token: &crate::secrets::SecretString,
+    ) -> Result<SessionId, PodTokenError>;
 }
 
 /// Everything needed to start one session's container.

@@ -89,6 +89,19 @@ pub fn get(conn: &Conn<'_>, thread_id: &ThreadId) -> crate::store::Result<Option
     .optional()
 }
 
+/// The thread of the session `session_id` while it has not ended.
+pub fn live_thread_of(
+    conn: &Conn<'_>,
+    session_id: &crate::ids::SessionId,
+) -> crate::store::Result<Option<ThreadId>> {
+    conn.query_row(
+        "SELECT thread_id FROM sessions WHERE session_id = ?1 AND state <> 'ended'",
+        [session_id],
+        |r| r.get(0),
+    )
+    .optional()
+}
+
 /// Every session, newest first.
 pub fn list(conn: &Conn<'_>) -> crate::store::Result<Vec<SessionRow>> {
     let mut stmt = conn.prepare(&format!(

@@ -90,6 +90,38 @@ pub fn deregister(conn: &Conn<'_>, instance_id: &str, nonce: &str) -> crate::sto
     Ok(())
 }
 
+/// Records where this boot's relay listener is reached (`None`: it takes no redirects).
+/// `false`: the id is no longer this boot's.
+pub fn set_relay_addr(
+    conn: &Conn<'_>,
+    instance_id: &str,
+    nonce: &str,
+    relay_addr: Option<&str>,
+) -> crate::store::Result<bool> {
+    let changed = conn.execute(
+        "UPDATE instances SET relay_addr = ?3 WHERE instance_id = ?1 AND boot_nonce = ?2",
+        params![instance_id, nonce, relay_addr],
+    )?;
+    Ok(changed > 0)
+}
+
+/// The relay address `instance_id` advertised, if it has one and its heartbeat is later
+/// than `alive_after_ms` (a stopped or dead instance is sent no relay).
+pub fn relay_addr(
+    conn: &Conn<'_>,
+    instance_id: &str,
+    alive_after_ms: i64,
+) -> crate::store::Result<Option<String>> {
+    let addr: Option<Option<String>> = conn
+        .query_row(
+            "SELECT relay_addr FROM instances WHERE instance_id = ?1 AND heartbeat_at_ms > ?2",
+            params![instance_id, alive_after_ms],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok(addr.flatten())
+}
+
 /// Every registered instance with its last heartbeat (`threadgate` operators' view and
 /// tests).
 pub fn list(conn: &Conn<'_>) -> crate::store::Result<Vec<(String, i64)>> {
@@ -189,5 +221,38 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(successor, Registration::Registered);
+    }
+
+    /// A relay address is this boot's to set, and is given out only while its
+    /// heartbeat is fresh.
+    #[tokio::test]
+    async fn a_relay_address_is_read_only_while_its_instance_lives() {
+        let (_dir, db) = db();
+        db.write(|c| register(c, "tg-a", ("boot1", None), 1_000, 0))
+            .await
+            .unwrap();
+        assert!(
+            db.write(|c| set_relay_addr(c, "tg-a", "boot1", Some("10.0.0.5:8443")))
+                .await
+                .unwrap()
+        );
+        assert!(
+            !db.write(|c| set_relay_addr(c, "tg-a", "boot0", Some("10.6.6.6:1")))
+                .await
+                .unwrap(),
+            "another boot's nonce sets nothing"
+        );
+        let read = |after: i64| db.read(move |c| relay_addr(c, "tg-a", after));
+        assert_eq!(read(999).await.unwrap().as_deref(), Some("10.0.0.5:8443"));
+        assert_eq!(read(1_000).await.unwrap(), None, "heartbeat too old");
+        assert_eq!(
+            db.read(|c| relay_addr(c, "tg-b", 0)).await.unwrap(),
+            None,
+            "no such instance"
+        );
+        db.write(|c| set_relay_addr(c, "tg-a", "boot1", None))
+            .await
+            .unwrap();
+        assert_eq!(read(0).await.unwrap(), None, "cleared");
     }
 }

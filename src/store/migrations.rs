@@ -104,6 +104,11 @@ const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/0017_label_claims.sql"),
         postgres: include_str!("migrations/postgres/0017_label_claims.sql"),
     },
+    Migration {
+        name: "0018_relay_addr",
+        sql: include_str!("migrations/0018_relay_addr.sql"),
+        postgres: include_str!("migrations/postgres/0018_relay_addr.sql"),
+    },
 ];
 
 /// Applies every migration newer than the database's `user_version`, each in its own

@@ -16,6 +16,10 @@ mod calls;
 mod caps;
 #[path = "relay/credentials.rs"]
 mod credentials;
+#[path = "relay/owners.rs"]
+mod owners;
+#[path = "relay/pod_tokens.rs"]
+mod pod_tokens;
 #[path = "relay/secrets.rs"]
 mod secrets;
 

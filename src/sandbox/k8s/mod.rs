@@ -8,11 +8,14 @@
 //! and the session, labelled with both and the thread, and carries the full ids in
 //! annotations. [`SandboxHandle::container_id`] is the object's name.
 //!
-//! A plain pod's relay authenticates with a token of its own session, in a Secret
-//! owned by the pod (garbage-collected with it) and mounted only into the relay. A
-//! claimed pod comes from a shared template, which cannot name a per-session Secret:
-//! its relay presents the pod-bound service account token the kubelet projects and
-//! rotates (see `deploy/kubernetes/sandbox-template.yaml`).
+//! A plain pod's relay authenticates with a credential of its own session (minted by
+//! the gateway's [`RelayMinter`]), in a Secret owned by the pod (garbage-collected with
+//! it) and mounted only into the relay. A claimed pod comes from a shared template,
+//! which cannot name a per-session Secret: its relay presents the pod-bound service
+//! account token the kubelet projects and rotates (see
+//! `deploy/kubernetes/sandbox-template.yaml`), which the gateway checks with the API
+//! server's TokenReview against the pod recorded when the claim was bound
+//! ([`Adoptions`], `review.rs`).
 //!
 //! The contract is the Docker runtime's: `start` returns once the pod is ready and
 //! leaves nothing behind when it fails (a 409 is [`SandboxError::AlreadyExists`]);
@@ -22,8 +25,8 @@
 
 mod crd;
 mod objects;
+mod review;
 mod settings;
-mod tokens;
 mod wait;
 
 #[cfg(test)]
@@ -43,8 +46,8 @@ pub use crd::{
     API_VERSION as AGENT_SANDBOX_API_VERSION, SandboxClaim, SandboxTemplate, SandboxWarmPool,
 };
 pub use objects::{object_name, pod_spec, relay_args, template_pod_spec};
+pub use review::{Adopted, Adoptions, TokenReviewer};
 pub use settings::{Backend, ClaimMode, KubernetesSettings};
-pub use tokens::RelayTokens;
 
 use super::{
     LABEL_INSTANCE, RelayMinter, SandboxError, SandboxHandle, SandboxInfo, SandboxRuntime,
@@ -53,7 +56,7 @@ use super::{
 use crate::secrets::ExposeSecret as _;
 use objects::{
     ANNOTATION_SESSION, ANNOTATION_THREAD, COMPONENT_CREDENTIAL, COMPONENT_SANDBOX, GRACE_SECONDS,
-    TOKEN_KEY, credential_name, instance_selector,
+    credential_name, instance_selector,
 };
 use wait::NotReady;
 
@@ -73,10 +76,13 @@ pub struct KubeRuntime {
     settings: KubernetesSettings,
     instance_id: String,
     kind: Kind,
-    tokens: RelayTokens,
-    /// Mints the relay credentials the gateway's relay listener verifies; without one
-    /// (tests of this module alone) the runtime's own [`RelayTokens`] are issued.
-    minter: Option<Arc<dyn RelayMinter>>,
+    /// Mints the credential a plain pod's relay presents (the gateway's relay
+    /// credentials, so the relay listener of any instance sharing the master key
+    /// accepts it).
+    minter: Arc<dyn RelayMinter>,
+    /// The pods bound to this instance's claims, by uid: what a claimed pod's token is
+    /// checked against.
+    adoptions: Adoptions,
     ca_pem: Vec<u8>,
 }
 
@@ -96,6 +102,7 @@ impl KubeRuntime {
     pub async fn connect(
         instance_id: &str,
         settings: KubernetesSettings,
+        minter: Arc<dyn RelayMinter>,
     ) -> Result<Self, SandboxError> {
         let Some(ca_file) = settings.ca_file.clone() else {
             return Err(SandboxError::Cluster {
@@ -112,17 +119,19 @@ impl KubeRuntime {
         let client = Client::try_default()
             .await
             .map_err(|e| kube_err("connect to", "the cluster", e))?;
-        Self::with_client(client, instance_id, settings, ca_pem).await
+        Self::with_client(client, instance_id, settings, ca_pem, minter).await
     }
 
     /// Sets up on `client`: checks the instance id can be a label value, finds out
-    /// whether claims are served (unless `settings.claims` says), and takes back the
-    /// tokens of this instance's credential Secrets (adopting after a restart).
+    /// whether claims are served (unless `settings.claims` says), and (claims) records
+    /// the pods bound to this instance's claims again (adopting after a restart).
+    /// `minter` mints the credential each plain pod's relay presents.
     pub async fn with_client(
         client: Client,
         instance_id: &str,
         settings: KubernetesSettings,
         ca_pem: Vec<u8>,
+        minter: Arc<dyn RelayMinter>,
     ) -> Result<Self, SandboxError> {
         if instance_id.is_empty() || !objects::is_label_value(instance_id) {
             return Err(SandboxError::InvalidInstance {
@@ -151,11 +160,13 @@ impl KubeRuntime {
             settings,
             instance_id: instance_id.to_string(),
             kind,
-            tokens: RelayTokens::default(),
-            minter: None,
+            minter,
+            adoptions: Adoptions::default(),
             ca_pem,
         };
-        runtime.restore_tokens().await?;
+        if kind == Kind::Claims {
+            runtime.restore_adoptions().await?;
+        }
         tracing::info!(namespace = %runtime.settings.namespace, kind = ?kind, "kubernetes sandbox runtime ready");
         Ok(runtime)
     }
@@ -165,17 +176,20 @@ impl KubeRuntime {
         self.kind
     }
 
-    /// Credentials for the pods' relays come from `minter` (the gateway's relay
-    /// credentials), so the relay listener of any instance sharing the master key
-    /// accepts them.
-    pub fn with_minter(mut self, minter: Arc<dyn RelayMinter>) -> Self {
-        self.minter = Some(minter);
-        self
+    /// The pods bound to this instance's claims: what the gateway's
+    /// [`TokenReviewer`] checks a claimed pod's relay against.
+    pub fn adoptions(&self) -> Adoptions {
+        self.adoptions.clone()
     }
 
-    /// The tokens the gateway's relay listener checks.
-    pub fn relay_tokens(&self) -> RelayTokens {
-        self.tokens.clone()
+    /// The verifier of claimed pods' relay tokens: TokenReview on this runtime's
+    /// cluster, checked against its [`Adoptions`].
+    pub fn token_reviewer(&self) -> TokenReviewer {
+        TokenReviewer::new(
+            self.client.clone(),
+            &self.settings.namespace,
+            self.adoptions.clone(),
+        )
     }
 
     fn pods(&self) -> Api<Pod> {
@@ -188,31 +202,6 @@ impl KubeRuntime {
 
     fn secrets(&self) -> Api<Secret> {
         Api::namespaced(self.client.clone(), &self.settings.namespace)
-    }
-
-    /// Registers the token of every credential Secret of this instance.
-    async fn restore_tokens(&self) -> Result<(), SandboxError> {
-        let params = ListParams::default()
-            .labels(&instance_selector(&self.instance_id, COMPONENT_CREDENTIAL));
-        let secrets = self
-            .secrets()
-            .list(&params)
-            .await
-            .map_err(|e| kube_err("list", "credential secrets", e))?;
-        for secret in secrets {
-            let session = secret.annotations().get(ANNOTATION_SESSION).cloned();
-            let token = secret.data.as_ref().and_then(|d| d.get(TOKEN_KEY));
-            let (Some(session), Some(token)) = (session, token) else {
-                continue;
-            };
-            match crate::ids::SessionId::parse(session) {
-                Ok(session) => self.tokens.register(&session, &token.0),
-                Err(e) => {
-                    tracing::warn!(secret = %secret.name_any(), error = %e, "credential secret with a bad session annotation")
-                }
-            }
-        }
-        Ok(())
     }
 
     fn validate(&self, spec: &SandboxSpec) -> Result<(), SandboxError> {
@@ -247,18 +236,13 @@ impl KubeRuntime {
             .map_err(|e| create_err(name, e))?;
         let result = async {
             let owner = owner_of(&created, name)?;
-            let token = match &self.minter {
-                Some(minter) => crate::secrets::secret_bytes(
-                    minter.mint(&spec.session_id).expose_secret().as_bytes(),
-                ),
-                None => self.tokens.issue(&spec.session_id),
-            };
+            let token = self.minter.mint(&spec.session_id);
             let secret = objects::credential(
                 &self.settings,
                 &self.instance_id,
                 spec,
                 owner,
-                token.expose_secret(),
+                token.expose_secret().as_bytes(),
                 &self.ca_pem,
             );
             self.create_credential(&secret).await?;
@@ -283,7 +267,11 @@ impl KubeRuntime {
             .create(&PostParams::default(), &claim)
             .await
             .map_err(|e| create_err(name, e))?;
-        let result = self.wait(self.claims(), name, wait::claim_state).await;
+        let result = async {
+            self.wait(self.claims(), name, wait::claim_state).await?;
+            self.adopt_claimed_pod(spec, name).await
+        }
+        .await;
         if result.is_err() {
             self.undo(name, &spec.session_id).await;
         }
@@ -346,7 +334,7 @@ impl KubeRuntime {
     /// Removes what a failed start made; failures are logged (the reaper and the
     /// garbage collector get what this misses).
     async fn undo(&self, name: &str, session: &crate::ids::SessionId) {
-        self.tokens.revoke(session);
+        self.adoptions.forget_session(session);
         if let Err(e) = self.delete_object(name).await {
             tracing::error!(%name, error = %e, "cannot remove a sandbox whose start failed");
         }
@@ -463,7 +451,7 @@ impl SandboxRuntime for KubeRuntime {
             .unwrap_or_default()
             .remove(ANNOTATION_SESSION);
         if let Some(Ok(session)) = session.map(crate::ids::SessionId::parse) {
-            self.tokens.revoke(&session);
+            self.adoptions.forget_session(&session);
         }
         tracing::info!("sandbox stopped");
         Ok(())
@@ -496,16 +484,15 @@ impl SandboxRuntime for KubeRuntime {
                 continue;
             }
             delete_quietly(&self.secrets(), &name, &now()).await?;
-            if let Some(Ok(session)) = secret
-                .annotations()
-                .get(ANNOTATION_SESSION)
-                .map(|s| crate::ids::SessionId::parse(s.as_str()))
-            {
-                self.tokens.revoke(&session);
-            }
             removed += 1;
         }
         Ok(removed)
+    }
+
+    fn pod_token_verifier(&self) -> Option<Arc<dyn super::PodTokenVerifier>> {
+        // Only a claimed pod's relay presents its service-account token.
+        (self.kind == Kind::Claims)
+            .then(|| Arc::new(self.token_reviewer()) as Arc<dyn super::PodTokenVerifier>)
     }
 
     async fn check_ready(&self, _image: &str) -> Result<(), SandboxError> {

@@ -115,7 +115,7 @@ pub(crate) fn is_label_value(value: &str) -> bool {
 
 /// An id as a label value: itself when it is one, else `h-` and a hash of it (the full
 /// id is in an annotation).
-fn label_value(id: &str) -> String {
+pub(crate) fn label_value(id: &str) -> String {
     if is_label_value(id) {
         return id.to_string();
     }

@@ -4,7 +4,6 @@
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use threadgate::ids::SessionId;
 
 use super::stable;
 use crate::support::relay::{RelaySetup, RunningRelay};
@@ -15,23 +14,12 @@ async fn a_call_through_the_relay_is_answered_as_on_the_unix_socket() {
     let mut world = World::new().await;
     let tls = world.use_relay();
     let app = world.start().await;
-    let ada = world
-        .customer_session(&app, "ada@example.com", &[5000])
-        .await;
-    let bob = world
-        .customer_session(&app, "bob@example.com", &[700])
-        .await;
-    let session_id = SessionId::parse(ada.session.id.as_str()).expect("session id");
+    let (ada, bob) = world.ada_and_bob(&app).await;
     let relay = RunningRelay::start(
         &app,
         world.dir.path(),
         "ada",
-        RelaySetup {
-            ca_file: &tls.ca_file,
-            credential: app.relay_credentials.mint(&session_id),
-            secrets_dir: None,
-            max_connections: 32,
-        },
+        RelaySetup::minted(&app, &tls.ca_file, &ada.session),
     )
     .await;
     let (socket, pod) = (&ada.session, relay.session(&ada.session));
@@ -112,17 +100,11 @@ async fn a_warm_connection_the_gateway_closed_does_not_carry_a_call() {
     let ada = world
         .customer_session(&app, "ada@example.com", &[5000])
         .await;
-    let session_id = SessionId::parse(ada.session.id.as_str()).expect("session id");
     let relay = RunningRelay::start(
         &app,
         world.dir.path(),
         "ada",
-        RelaySetup {
-            ca_file: &tls.ca_file,
-            credential: app.relay_credentials.mint(&session_id),
-            secrets_dir: None,
-            max_connections: 32,
-        },
+        RelaySetup::minted(&app, &tls.ca_file, &ada.session),
     )
     .await;
     let pod = relay.session(&ada.session);

@@ -47,16 +47,13 @@ async fn the_relay_caps_the_agents_connections() {
     let ada = world
         .customer_session(&app, "ada@example.com", &[5000])
         .await;
-    let id = SessionId::parse(ada.session.id.as_str()).expect("id");
     let relay = RunningRelay::start(
         &app,
         world.dir.path(),
         "ada",
         RelaySetup {
-            ca_file: &tls.ca_file,
-            credential: app.relay_credentials.mint(&id),
-            secrets_dir: None,
             max_connections: 3,
+            ..RelaySetup::minted(&app, &tls.ca_file, &ada.session)
         },
     )
     .await;
@@ -162,17 +159,11 @@ async fn a_relay_refuses_a_gateway_its_ca_did_not_sign() {
         .customer_session(&app, "ada@example.com", &[5000])
         .await;
     let other = TlsFiles::make(world.dir.path(), "other");
-    let id = SessionId::parse(ada.session.id.as_str()).expect("id");
     let relay = RunningRelay::start(
         &app,
         world.dir.path(),
         "ada",
-        RelaySetup {
-            ca_file: &other.ca_file,
-            credential: app.relay_credentials.mint(&id),
-            secrets_dir: None,
-            max_connections: 32,
-        },
+        RelaySetup::minted(&app, &other.ca_file, &ada.session),
     )
     .await;
     let (status, body) = relay

@@ -12,7 +12,7 @@ use threadgate::secrets::{ExposeSecret as _, MasterKey};
 use tokio::io::AsyncReadExt as _;
 
 use crate::support::logs::captured_text;
-use crate::support::relay::{RelaySetup, RunningRelay, greet};
+use crate::support::relay::{RunningRelay, greet};
 use crate::support::wait::eventually;
 use crate::support::world::World;
 
@@ -29,25 +29,10 @@ async fn a_credential_reaches_its_own_session_and_no_other() {
     let mut world = World::new().await;
     let tls = world.use_relay();
     let app = world.start().await;
-    let ada = world
-        .customer_session(&app, "ada@example.com", &[5000])
-        .await;
-    let bob = world
-        .customer_session(&app, "bob@example.com", &[700])
-        .await;
+    let (ada, bob) = world.ada_and_bob(&app).await;
     let minted = app.relay_credentials.mint(&session_id(&ada.session.id));
-    let relay = RunningRelay::start(
-        &app,
-        world.dir.path(),
-        "ada",
-        RelaySetup {
-            ca_file: &tls.ca_file,
-            credential: minted.clone(),
-            secrets_dir: None,
-            max_connections: 32,
-        },
-    )
-    .await;
+    let relay =
+        RunningRelay::presenting(&app, world.dir.path(), "ada", &tls.ca_file, minted.clone()).await;
     let pod = relay.session(&ada.session);
 
     // The feed through the relay is Ada's thread's, not Bob's.
@@ -132,16 +117,12 @@ async fn expired_tampered_foreign_and_stopped_credentials_reach_no_session() {
 
     // A relay holding an expired credential answers its agent with a 502 and reaches
     // nothing of the session.
-    let relay = RunningRelay::start(
+    let relay = RunningRelay::presenting(
         &app,
         world.dir.path(),
         "expired",
-        RelaySetup {
-            ca_file: &tls.ca_file,
-            credential: expired.clone(),
-            secrets_dir: None,
-            max_connections: 32,
-        },
+        &tls.ca_file,
+        expired.clone(),
     )
     .await;
     let (status, body) = relay
@@ -191,18 +172,8 @@ async fn the_relay_renews_its_credential_before_it_expires() {
         .customer_session(&app, "ada@example.com", &[5000])
         .await;
     let minted = app.relay_credentials.mint(&session_id(&ada.session.id));
-    let relay = RunningRelay::start(
-        &app,
-        world.dir.path(),
-        "ada",
-        RelaySetup {
-            ca_file: &tls.ca_file,
-            credential: minted.clone(),
-            secrets_dir: None,
-            max_connections: 32,
-        },
-    )
-    .await;
+    let relay =
+        RunningRelay::presenting(&app, world.dir.path(), "ada", &tls.ca_file, minted.clone()).await;
     let pod = relay.session(&ada.session);
     let args = json!({"charge": ada.charges[0]});
     let (status, body) = pod.call("stripe.get_charge", args.clone(), None).await;

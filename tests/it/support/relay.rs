@@ -17,7 +17,7 @@ use tokio_rustls::rustls::pki_types::ServerName;
 
 use super::app::TestApp;
 use super::wait::wait_for;
-use super::world::{Session, World};
+use super::world::{Customer, Session, World};
 
 /// A CA and a gateway certificate it signed, written as PEM files in `dir`.
 pub struct TlsFiles {
@@ -62,6 +62,16 @@ impl World {
     }
 }
 
+impl World {
+    /// Ada (one 50.00 charge) and Bob (one 7.00 charge), each with a running session on
+    /// `app`: the two customers the relay tests keep apart.
+    pub async fn ada_and_bob(&self, app: &TestApp) -> (Customer, Customer) {
+        let ada = self.customer_session(app, "ada@example.com", &[5000]).await;
+        let bob = self.customer_session(app, "bob@example.com", &[700]).await;
+        (ada, bob)
+    }
+}
+
 /// A relay run in-process for one session; stopped when dropped.
 pub struct RunningRelay {
     /// The socket it serves: what the agent in the pod connects to.
@@ -80,6 +90,21 @@ pub struct RelaySetup<'a> {
     pub max_connections: usize,
 }
 
+impl<'a> RelaySetup<'a> {
+    /// The usual setup: a credential `app` minted for `session`, trusting `ca_file`, no
+    /// secrets directory, the session socket's default connection cap. A test changes
+    /// what it is about with `RelaySetup { field, ..RelaySetup::minted(..) }`.
+    pub fn minted(app: &TestApp, ca_file: &'a Path, session: &Session) -> RelaySetup<'a> {
+        let id = threadgate::ids::SessionId::parse(session.id.as_str()).expect("session id");
+        RelaySetup {
+            ca_file,
+            credential: app.relay_credentials.mint(&id),
+            secrets_dir: None,
+            max_connections: 32,
+        }
+    }
+}
+
 impl RunningRelay {
     /// Starts a relay for `session` carrying to `app`'s relay listener, and waits until
     /// its socket exists.
@@ -90,6 +115,34 @@ impl RunningRelay {
         setup: RelaySetup<'_>,
     ) -> RunningRelay {
         let relay_addr = app.relay_addr.expect("the relay listener is on");
+        RunningRelay::start_at(relay_addr, dir, name, setup).await
+    }
+
+    /// A relay to `app` that presents `credential` (one minted elsewhere, expired, a
+    /// pod's token), trusting `ca_file`, otherwise as [`RelaySetup::minted`].
+    pub async fn presenting(
+        app: &TestApp,
+        dir: &Path,
+        name: &str,
+        ca_file: &Path,
+        credential: SecretString,
+    ) -> RunningRelay {
+        let setup = RelaySetup {
+            ca_file,
+            credential,
+            secrets_dir: None,
+            max_connections: 32,
+        };
+        RunningRelay::start(app, dir, name, setup).await
+    }
+
+    /// As [`RunningRelay::start`], dialling `relay_addr` (as `localhost`).
+    pub async fn start_at(
+        relay_addr: std::net::SocketAddr,
+        dir: &Path,
+        name: &str,
+        setup: RelaySetup<'_>,
+    ) -> RunningRelay {
         let token_file = dir.join(format!("{name}.token"));
         std::fs::write(&token_file, setup.credential.expose_secret()).expect("write token");
         let socket = dir.join(format!("{name}.sock"));
@@ -155,7 +208,19 @@ pub async fn greet(
     String,
     BufReader<tokio_rustls::client::TlsStream<TcpStream>>,
 ) {
-    let mut stream = tls_connect(app, ca_file)
+    greet_at(app.relay_addr.expect("relay listener"), ca_file, greeting).await
+}
+
+/// As [`greet`], to the relay listener at `addr`.
+pub async fn greet_at(
+    addr: std::net::SocketAddr,
+    ca_file: &Path,
+    greeting: &str,
+) -> (
+    String,
+    BufReader<tokio_rustls::client::TlsStream<TcpStream>>,
+) {
+    let mut stream = tls_connect_at(addr, ca_file)
         .await
         .expect("TLS to the relay listener");
     stream
@@ -173,8 +238,16 @@ pub async fn tls_connect(
     app: &TestApp,
     ca_file: &Path,
 ) -> std::io::Result<BufReader<tokio_rustls::client::TlsStream<TcpStream>>> {
+    tls_connect_at(app.relay_addr.expect("relay listener"), ca_file).await
+}
+
+/// TLS to the relay listener at `addr` (as `localhost`), trusting `ca_file`.
+pub async fn tls_connect_at(
+    addr: std::net::SocketAddr,
+    ca_file: &Path,
+) -> std::io::Result<BufReader<tokio_rustls::client::TlsStream<TcpStream>>> {
     let config = threadgate::relay::tls::client_config(ca_file).expect("client config");
-    let tcp = TcpStream::connect(app.relay_addr.expect("relay listener")).await?;
+    let tcp = TcpStream::connect(addr).await?;
     let tls = TlsConnector::from(Arc::clone(&config))
         .connect(ServerName::try_from("localhost").expect("name"), tcp)
         .await?;

@@ -4,8 +4,13 @@
 //! lines, `Status` bodies with 404, 409, 410 and 422), checks every created object
 //! against its type (the agent-sandbox kinds refuse unknown fields), and plays the
 //! kubelet and the agent-sandbox controller: a created pod or claim becomes ready after
-//! a delay, never, or fails to pull its image. Faults are switched on per test: watches
-//! closed as soon as they open, watches answered 410 Gone.
+//! a delay, never, or fails to pull its image; a claim made ready is bound to a pod the
+//! "controller" makes with the claim's labels and annotations, owned by the claim.
+//! `POST /apis/authentication.k8s.io/v1/tokenreviews` reviews the pod-bound tokens it
+//! issued ([`FakeApi::pod_token`]) as the real server does (audiences intersected,
+//! the service account as the user, the pod in `extra`). Faults are switched on per
+//! test: watches closed as soon as they open, watches answered 410 Gone, reviews
+//! answered 503.
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -50,6 +55,19 @@ struct Store {
     forbid_watches: bool,
     /// `METHOD path?query` of every request.
     requests: Vec<String>,
+    /// Issued pod tokens: token to (pod name, pod uid, service account, audience).
+    tokens: HashMap<String, IssuedToken>,
+    /// Token reviews are answered 503, as an API server that cannot be reached.
+    fail_reviews: bool,
+}
+
+/// What the fake API server issued a pod token for.
+#[derive(Debug, Clone)]
+pub(crate) struct IssuedToken {
+    pub(crate) pod_name: String,
+    pub(crate) pod_uid: String,
+    pub(crate) service_account: String,
+    pub(crate) audience: String,
 }
 
 /// The fake API server, serving until dropped with its runtime.
@@ -73,6 +91,8 @@ impl FakeApi {
             gone_watches: 0,
             forbid_watches: false,
             requests: Vec::new(),
+            tokens: HashMap::new(),
+            fail_reviews: false,
         }));
         let (changed, _) = tokio::sync::watch::channel(100);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -115,6 +135,38 @@ impl FakeApi {
 
     pub(crate) fn forbid_watches(&self) {
         self.lock().forbid_watches = true;
+    }
+
+    /// Token reviews answer 503 (`true`) or are served again (`false`).
+    pub(crate) fn fail_reviews(&self, fail: bool) {
+        self.lock().fail_reviews = fail;
+    }
+
+    /// A pod-bound token as the kubelet projects it (a JWT whose payload names the pod),
+    /// which this server's TokenReview vouches for.
+    pub(crate) fn pod_token(&self, issued: IssuedToken) -> String {
+        use base64::Engine as _;
+        let b64 = |v: &Value| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string().as_bytes())
+        };
+        let exp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("time")
+            .as_secs()
+            + 600;
+        let payload = json!({"aud": [issued.audience], "exp": exp, "iss": "https://kubernetes.default.svc",
+            "kubernetes.io": {"namespace": "threadgate",
+                "pod": {"name": issued.pod_name, "uid": issued.pod_uid},
+                "serviceaccount": {"name": issued.service_account, "uid": "sa-uid"}},
+            "sub": format!("system:serviceaccount:threadgate:{}", issued.service_account)});
+        let token = format!(
+            "{}.{}.{}",
+            b64(&json!({"alg": "RS256", "kid": "fake"})),
+            b64(&payload),
+            uuid::Uuid::new_v4().simple()
+        );
+        self.lock().tokens.insert(token.clone(), issued);
+        token
     }
 
     pub(crate) fn requests(&self) -> Vec<String> {
@@ -187,6 +239,9 @@ impl FakeApi {
                 }
                 Kubelet::ReadyAfter(delay) => {
                     tokio::time::sleep(delay).await;
+                    if plural == "sandboxclaims" {
+                        fake.bind_claim(&name);
+                    }
                     let ready = if plural == "pods" {
                         json!({"phase": "Running", "conditions": [condition("True")]})
                     } else {
@@ -196,6 +251,32 @@ impl FakeApi {
                 }
             }
         });
+    }
+}
+
+impl FakeApi {
+    /// Plays the agent-sandbox controller binding a claim: a running pod from the warm
+    /// pool, given the claim's pod labels and annotations and owned by the claim.
+    fn bind_claim(&self, claim: &str) {
+        let Some(object) = self.objects("sandboxclaims").remove(claim) else {
+            return;
+        };
+        let pod_meta = &object["spec"]["additionalPodMetadata"];
+        let mut labels = pod_meta["labels"].clone();
+        labels["app.kubernetes.io/name"] = json!("threadgate-sandbox");
+        let name = format!(
+            "threadgate-sandbox-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
+        self.insert(
+            "pods",
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name,
+                "labels": labels, "annotations": pod_meta["annotations"].clone(),
+                "ownerReferences": [{"apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+                    "kind": "SandboxClaim", "name": claim, "uid": object["metadata"]["uid"].clone()}]},
+                "spec": {"serviceAccountName": "threadgate-sandbox", "containers": [{"name": "agent"}]},
+                "status": {"phase": "Running"}}),
+        );
     }
 }
 
@@ -254,6 +335,9 @@ async fn handle(
         (store.claims_served, store.forbid_watches)
     };
     let path = uri.path().to_string();
+    if path == "/apis/authentication.k8s.io/v1/tokenreviews" && method == Method::POST {
+        return token_review(&fake, &body);
+    }
     if path == "/version" {
         return axum::Json(json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0",
             "gitCommit": "0", "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
@@ -338,6 +422,48 @@ async fn handle(
             format!("{method} not served"),
         ),
     }
+}
+
+/// TokenReview as the API server answers it: authenticated only for a token it issued
+/// whose audience is among those asked, with the intersection as `audiences`.
+fn token_review(fake: &FakeApi, body: &Bytes) -> Response {
+    let (issued, fail) = {
+        let store = fake.lock();
+        let asked: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let token = asked["spec"]["token"].as_str().unwrap_or_default();
+        let audiences: Vec<String> = asked["spec"]["audiences"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let issued = store
+            .tokens
+            .get(token)
+            .filter(|t| audiences.contains(&t.audience))
+            .cloned();
+        (issued, store.fail_reviews)
+    };
+    if fail {
+        return status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            "the server is currently unable to handle the request".into(),
+        );
+    }
+    let status_ = match issued {
+        Some(t) => json!({"authenticated": true, "audiences": [t.audience],
+            "user": {"username": format!("system:serviceaccount:threadgate:{}", t.service_account),
+                "uid": "sa-uid", "groups": ["system:serviceaccounts"],
+                "extra": {"authentication.kubernetes.io/pod-name": [t.pod_name],
+                          "authentication.kubernetes.io/pod-uid": [t.pod_uid]}}}),
+        None => json!({"authenticated": false, "user": {}, "error": "invalid bearer token"}),
+    };
+    let review = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+        "metadata": {"creationTimestamp": null}, "spec": {}, "status": status_});
+    (StatusCode::CREATED, axum::Json(review)).into_response()
 }
 
 fn not_found(plural: &str, name: &str) -> Response {

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PodSpec, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -120,6 +120,8 @@ struct Parsed {
     policies: Vec<NetworkPolicy>,
     roles: Vec<Role>,
     bindings: Vec<RoleBinding>,
+    cluster_roles: Vec<ClusterRole>,
+    cluster_bindings: Vec<ClusterRoleBinding>,
     config_maps: Vec<ConfigMap>,
     templates: Vec<SandboxTemplate>,
     pools: Vec<SandboxWarmPool>,
@@ -147,12 +149,12 @@ fn parse_all() -> Parsed {
             "NetworkPolicy" => parsed.policies.push(round_trip(&file, &value)),
             "Role" => parsed.roles.push(round_trip(&file, &value)),
             "RoleBinding" => parsed.bindings.push(round_trip(&file, &value)),
+            "ClusterRole" => parsed.cluster_roles.push(round_trip(&file, &value)),
+            "ClusterRoleBinding" => parsed.cluster_bindings.push(round_trip(&file, &value)),
             "SandboxTemplate" => parsed.templates.push(round_trip(&file, &value)),
             "SandboxWarmPool" => parsed.pools.push(round_trip(&file, &value)),
             "Kustomization" => parsed.kustomization = Some(round_trip(&file, &value)),
-            other => panic!(
-                "{file}: kind {other:?} is not checked by this test (a ClusterRole is not allowed)"
-            ),
+            other => panic!("{file}: kind {other:?} is not checked by this test"),
         }
     }
     parsed
@@ -279,6 +281,20 @@ fn threadgate_runs_replicated_on_postgres_unprivileged() {
         .first()
         .and_then(|c| c.env.clone())
         .unwrap_or_default();
+    // Each replica advertises its pod IP as its relay address (redirects go there).
+    let pod_ip = env.iter().position(|e| e.name == "POD_IP").expect("POD_IP");
+    let field = env[pod_ip]
+        .value_from
+        .as_ref()
+        .and_then(|v| v.field_ref.as_ref())
+        .map(|f| f.field_path.as_str());
+    assert_eq!(field, Some("status.podIP"));
+    let advertise = env
+        .iter()
+        .position(|e| e.name == "THREADGATE_RELAY__ADVERTISE")
+        .expect("THREADGATE_RELAY__ADVERTISE");
+    assert!(pod_ip < advertise, "POD_IP is defined before it is used");
+    assert_eq!(env[advertise].value.as_deref(), Some("$(POD_IP):8443"));
     let database = env
         .iter()
         .find(|e| e.name == "THREADGATE_DATABASE_URL")
@@ -300,7 +316,7 @@ fn threadgate_runs_replicated_on_postgres_unprivileged() {
 fn rbac_is_the_least_threadgate_needs_in_its_namespace() {
     let parsed = parse_all();
     let [role] = parsed.roles.as_slice() else {
-        panic!("one Role (and no ClusterRole)");
+        panic!("one Role");
     };
     assert_eq!(role.metadata.namespace.as_deref(), Some("threadgate"));
     let allowed: BTreeMap<&str, &[&str]> = BTreeMap::from([
@@ -344,6 +360,38 @@ fn rbac_is_the_least_threadgate_needs_in_its_namespace() {
             .iter()
             .all(|s| s.name != objects::SANDBOX_SERVICE_ACCOUNT),
         "the sandboxes' account is bound to nothing"
+    );
+
+    // The one cluster-wide grant: `create` on `tokenreviews` (a claimed sandbox's relay
+    // token is reviewed), bound to threadgate's account only.
+    let [cluster_role] = parsed.cluster_roles.as_slice() else {
+        panic!("one ClusterRole");
+    };
+    let rules = cluster_role.rules.clone().unwrap_or_default();
+    assert_eq!(rules.len(), 1, "{rules:?}");
+    assert_eq!(
+        rules[0].api_groups.as_deref(),
+        Some(&["authentication.k8s.io".to_string()][..])
+    );
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&["tokenreviews".to_string()][..])
+    );
+    assert_eq!(rules[0].verbs, ["create"]);
+    assert!(rules[0].resource_names.is_none() && rules[0].non_resource_urls.is_none());
+    let [cluster_binding] = parsed.cluster_bindings.as_slice() else {
+        panic!("one ClusterRoleBinding");
+    };
+    assert_eq!(cluster_binding.role_ref.kind, "ClusterRole");
+    assert_eq!(
+        Some(&cluster_binding.role_ref.name),
+        cluster_role.metadata.name.as_ref()
+    );
+    let subjects = cluster_binding.subjects.clone().unwrap_or_default();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(
+        (subjects[0].name.as_str(), subjects[0].namespace.as_deref()),
+        ("threadgate", Some("threadgate"))
     );
 }
 

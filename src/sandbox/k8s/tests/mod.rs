@@ -5,6 +5,7 @@
 
 mod fake_api;
 mod manifests;
+mod review;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -47,9 +48,13 @@ fn spec(session: &str) -> SandboxSpec {
 }
 
 async fn runtime(fake: &FakeApi, settings: KubernetesSettings) -> KubeRuntime {
-    KubeRuntime::with_client(fake.client(), INSTANCE, settings, CA.to_vec())
+    KubeRuntime::with_client(fake.client(), INSTANCE, settings, CA.to_vec(), minter())
         .await
         .expect("runtime")
+}
+
+fn minter() -> std::sync::Arc<dyn crate::sandbox::RelayMinter> {
+    std::sync::Arc::new(NamingMinter)
 }
 
 fn pod_of(fake: &FakeApi, name: &str) -> Pod {
@@ -131,14 +136,7 @@ async fn a_pod_session_starts_locked_down_with_a_credential_only_its_relay_sees(
     assert_eq!(Some(&owner[0].uid), pod.metadata.uid.as_ref());
     let data = secret.data.clone().expect("data");
     assert_eq!(data["ca.crt"].0, CA);
-    let token = data["token"].0.clone();
-    assert_eq!(token.len(), 64);
-    let session = rt
-        .relay_tokens()
-        .session_of(&token)
-        .expect("the token opens");
-    assert_eq!(session.as_str(), "s1");
-    assert_eq!(rt.relay_tokens().session_of(b"some other token"), None);
+    assert_eq!(data["token"].0, b"minted-for-s1", "the minter's credential");
 
     let listed = rt.list().await.expect("list");
     assert_eq!(listed.len(), 1);
@@ -149,7 +147,6 @@ async fn a_pod_session_starts_locked_down_with_a_credential_only_its_relay_sees(
     rt.stop(&handle.container_id).await.expect("stop");
     assert!(fake.objects("pods").is_empty());
     assert!(fake.objects("secrets").is_empty());
-    assert_eq!(rt.relay_tokens().session_of(&token), None, "revoked");
     rt.stop(&handle.container_id)
         .await
         .expect("stop is idempotent");
@@ -177,16 +174,27 @@ async fn a_claim_session_takes_a_sandbox_from_the_warm_pool() {
     assert_eq!(pod_meta.labels["threadgate.instance"], INSTANCE);
     assert_eq!(pod_meta.annotations["threadgate.thread"], "th_s2");
     assert!(
-        fake.objects("pods").is_empty(),
-        "the controller makes the pod"
+        !fake
+            .requests()
+            .iter()
+            .any(|r| r.starts_with("POST /api/v1/")),
+        "the controller makes the pod, threadgate no pod and no Secret"
     );
     assert!(!object.to_string().contains("fake_key_granted_secret"));
+    // The pod the claim was bound to is recorded for the session.
+    let pods = fake.objects("pods");
+    let (pod_name, pod) = pods.iter().next().expect("the bound pod");
+    let uid = pod["metadata"]["uid"].as_str().expect("uid");
+    let adopted = rt.adoptions().get(uid).expect("recorded");
+    assert_eq!(&adopted.pod_name, pod_name);
+    assert_eq!(adopted.session.as_str(), "s2");
 
     let listed = rt.list().await.expect("list");
     assert_eq!(listed.len(), 1);
     assert!(listed[0].running);
     rt.stop(&handle.name).await.expect("stop");
     assert!(fake.objects("sandboxclaims").is_empty());
+    assert!(rt.adoptions().is_empty(), "forgotten at stop");
     rt.stop(&handle.name).await.expect("idempotent");
 }
 
@@ -197,7 +205,7 @@ async fn the_claims_setting_overrides_discovery() {
         claims: ClaimMode::Always,
         ..settings()
     };
-    let err = KubeRuntime::with_client(without.client(), INSTANCE, always, CA.to_vec())
+    let err = KubeRuntime::with_client(without.client(), INSTANCE, always, CA.to_vec(), minter())
         .await
         .expect_err("no CRDs");
     assert!(matches!(err, SandboxError::Cluster { .. }), "{err}");
@@ -210,19 +218,18 @@ async fn the_claims_setting_overrides_discovery() {
     };
     assert_eq!(runtime(&with, never).await.kind(), Kind::Pods);
 
-    let bad = KubeRuntime::with_client(with.client(), "bad id!", settings(), CA.to_vec()).await;
+    let bad =
+        KubeRuntime::with_client(with.client(), "bad id!", settings(), CA.to_vec(), minter()).await;
     assert!(matches!(bad, Err(SandboxError::InvalidInstance { .. })));
 }
 
-/// A new process (same instance) finds its sessions by label and takes their relay
-/// tokens back from their Secrets.
+/// A new process (same instance) finds its sessions by label; with claims it records
+/// their bound pods again, so their relays' tokens keep reaching their sessions.
 #[tokio::test]
-async fn a_restarted_instance_adopts_its_pods_and_their_tokens() {
+async fn a_restarted_instance_adopts_its_pods() {
     let fake = FakeApi::start(false).await;
     let first = runtime(&fake, settings()).await;
     let handle = first.start(&spec("s3")).await.expect("start");
-    let secret = secret_of(&fake, &format!("{}-relay", handle.name));
-    let token = secret.data.expect("data")["token"].0.clone();
     drop(first);
 
     let second = runtime(&fake, settings()).await;
@@ -230,10 +237,18 @@ async fn a_restarted_instance_adopts_its_pods_and_their_tokens() {
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].container_id, handle.container_id);
     assert_eq!(listed[0].session_id, "s3");
-    let session = second.relay_tokens().session_of(&token).expect("restored");
-    assert_eq!(session.as_str(), "s3");
     second.stop(&listed[0].container_id).await.expect("stop");
-    assert!(second.relay_tokens().is_empty());
+
+    let claims = FakeApi::start(true).await;
+    let first = runtime(&claims, settings()).await;
+    first.start(&spec("c3")).await.expect("start");
+    let recorded: Vec<_> = claims.objects("pods").into_values().collect();
+    assert_eq!(recorded.len(), 1);
+    drop(first);
+    let second = runtime(&claims, settings()).await;
+    let uid = recorded[0]["metadata"]["uid"].as_str().expect("uid");
+    let adopted = second.adoptions().get(uid).expect("recorded again");
+    assert_eq!(adopted.session.as_str(), "c3");
 }
 
 /// Reconcile's part: this instance's objects whose session is not live are stopped,
@@ -312,8 +327,7 @@ async fn conflicts_on_create() {
         .await
         .expect("start over a stale credential");
     let secret = secret_of(&fake, &format!("{name}-relay"));
-    assert_ne!(secret.data.expect("data")["token"].0, b"stale");
-    assert_eq!(rt.relay_tokens().session_of(b"stale"), None);
+    assert_eq!(secret.data.expect("data")["token"].0, b"minted-for-s5");
 }
 
 /// Watches that end at once and a 410 Gone in the middle of the wait: the start still
@@ -377,7 +391,6 @@ async fn a_pod_that_never_becomes_ready_is_undone() {
     assert!(err.to_string().contains("not ready in time"), "{err}");
     assert!(fake.objects("pods").is_empty());
     assert!(fake.objects("secrets").is_empty());
-    assert!(rt.relay_tokens().is_empty());
 }
 
 #[tokio::test]
@@ -506,7 +519,7 @@ async fn a_start_that_times_out_says_why_the_watch_failed() {
 /// before it reaches for a cluster.
 #[tokio::test]
 async fn connect_needs_the_relay_ca_and_names_the_key() {
-    let err = KubeRuntime::connect(INSTANCE, KubernetesSettings::default())
+    let err = KubeRuntime::connect(INSTANCE, KubernetesSettings::default(), minter())
         .await
         .expect_err("no CA");
     assert!(
@@ -517,7 +530,7 @@ async fn connect_needs_the_relay_ca_and_names_the_key() {
         ca_file: Some(PathBuf::from("/nonexistent/ca.crt")),
         ..KubernetesSettings::default()
     };
-    let err = KubeRuntime::connect(INSTANCE, missing)
+    let err = KubeRuntime::connect(INSTANCE, missing, minter())
         .await
         .expect_err("unreadable CA");
     assert!(
@@ -535,19 +548,4 @@ impl crate::sandbox::RelayMinter for NamingMinter {
     fn mint(&self, session: &crate::ids::SessionId) -> crate::secrets::SecretString {
         crate::secrets::SecretString::from(format!("minted-for-{session}"))
     }
-}
-
-#[tokio::test]
-async fn with_a_minter_the_pods_credential_is_the_minted_one() {
-    let fake = FakeApi::start(false).await;
-    let rt = runtime(&fake, settings())
-        .await
-        .with_minter(std::sync::Arc::new(NamingMinter));
-    let handle = rt.start(&spec("s2")).await.expect("start");
-    let secret = secret_of(&fake, &format!("{}-relay", handle.name));
-    let data = secret.data.clone().expect("data");
-    assert_eq!(data["token"].0, b"minted-for-s2");
-    // The runtime's own tokens were not issued: the gateway verifies the minted one.
-    assert_eq!(rt.relay_tokens().session_of(b"minted-for-s2"), None);
-    rt.stop(&handle.container_id).await.expect("stop");
 }

@@ -1,0 +1,364 @@
+//! Claimed pods' relays: the pod recorded when a claim is bound ([`Adoptions`], kept by
+//! the runtime), and the relay's projected service-account token, checked with the API
+//! server's TokenReview against it.
+//!
+//! A pod drawn from a warm pool was started before any thread existed, so it cannot
+//! carry a session credential. Its relay presents the token the kubelet projects for
+//! the `threadgate-sandbox` service account with the audience [`RELAY_AUDIENCE`]
+//! (`deploy/kubernetes/sandbox-template.yaml`), bound to the pod and rotated. A token
+//! reaches a session only when:
+//!
+//! 1. it names (unverified, read only to skip the API call for junk) a pod recorded in
+//!    [`Adoptions`]: a pod this instance adopted for a session, by uid;
+//! 2. the API server's TokenReview, asked with the relay audience, says it is
+//!    authenticated for that audience, as `system:serviceaccount:<namespace>:
+//!    threadgate-sandbox`, and its `extra` names that same pod (name and uid);
+//! 3. the recorded pod's name is the reviewed one.
+//!
+//! The session is then the recorded one: a token of a pod adopted for another session
+//! reaches only that session. A positive review is cached for at most
+//! [`REVIEW_CACHE_TTL`] (and never past the token's expiry), keyed by the token's
+//! digest, in at most [`REVIEW_CACHE_MAX`] entries; the adoption is looked up on every
+//! connection, so a stopped session is refused at once. When the API server cannot be
+//! asked in [`REVIEW_TIMEOUT`] the token is refused ([`PodTokenError::Unavailable`]),
+//! never accepted. At most [`MAX_REVIEWS_IN_FLIGHT`] reviews run at once.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use kube::api::PostParams;
+use kube::{Api, Client};
+use sha2::{Digest as _, Sha256};
+use tokio::sync::Semaphore;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt as _;
+use kube::api::ListParams;
+
+use super::objects::{
+    ANNOTATION_SESSION, COMPONENT_SANDBOX, RELAY_AUDIENCE, SANDBOX_SERVICE_ACCOUNT,
+    instance_selector,
+};
+use super::{SandboxError, kube_err};
+use crate::ids::SessionId;
+use crate::sandbox::SandboxSpec;
+use crate::sandbox::{MAX_POD_TOKEN_LEN, PodTokenError, PodTokenVerifier};
+use crate::secrets::{ExposeSecret as _, SecretString};
+
+/// How long a positive review is trusted without asking again.
+pub(crate) const REVIEW_CACHE_TTL: Duration = Duration::from_secs(30);
+/// Positive reviews kept at most (one per live claimed pod, and a rotation's overlap).
+pub(crate) const REVIEW_CACHE_MAX: usize = 4096;
+/// TokenReviews asked at once at most; more wait (within the listener's handshake time).
+pub(crate) const MAX_REVIEWS_IN_FLIGHT: usize = 8;
+/// How long one review may take (the client retries a 503 with backoff meanwhile);
+/// within the relay listener's handshake time.
+pub(crate) const REVIEW_TIMEOUT: Duration = Duration::from_secs(3);
+/// The `extra` keys the API server puts in a pod-bound token's review.
+const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
+const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
+
+/// A pod adopted for a session: its name, and the session it serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Adopted {
+    pub pod_name: String,
+    pub session: SessionId,
+}
+
+/// The pods this instance adopted for its sessions, by pod uid: recorded when a claim
+/// is bound (and again from the pods' labels after a restart), forgotten when the
+/// session's sandbox is stopped.
+#[derive(Debug, Clone, Default)]
+pub struct Adoptions {
+    inner: Arc<Mutex<HashMap<String, Adopted>>>,
+}
+
+impl Adoptions {
+    /// Records that the pod `uid` serves `adopted.session`, replacing any earlier pod of
+    /// the same session.
+    pub fn record(&self, uid: String, adopted: Adopted) {
+        let mut pods = self.lock();
+        pods.retain(|_, a| a.session != adopted.session);
+        pods.insert(uid, adopted);
+    }
+
+    /// Forgets the pod of `session`: its token reaches nothing from now on.
+    pub fn forget_session(&self, session: &SessionId) {
+        self.lock().retain(|_, a| &a.session != session);
+    }
+
+    /// The adoption of the pod `uid`.
+    pub fn get(&self, uid: &str) -> Option<Adopted> {
+        self.lock().get(uid).cloned()
+    }
+
+    /// How many pods are adopted.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Adopted>> {
+        // Every statement leaves the map whole: a panic elsewhere half-writes nothing.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl super::KubeRuntime {
+    /// Records the pod of every claim of this instance again (after a restart): the
+    /// pods carry the claim's labels and the session's annotation.
+    pub(super) async fn restore_adoptions(&self) -> Result<(), SandboxError> {
+        let params =
+            ListParams::default().labels(&instance_selector(&self.instance_id, COMPONENT_SANDBOX));
+        let pods = self
+            .pods()
+            .list(&params)
+            .await
+            .map_err(|e| kube_err("list", "claimed sandbox pods", e))?;
+        for pod in pods {
+            if let Some((uid, adopted)) = adopted_pod(&pod) {
+                self.adoptions.record(uid, adopted);
+            }
+        }
+        Ok(())
+    }
+
+    /// Finds the pod the controller bound to `spec`'s claim (it carries the claim's
+    /// labels and the session's annotation) and records it: only that pod's token
+    /// reaches the session.
+    pub(super) async fn adopt_claimed_pod(
+        &self,
+        spec: &SandboxSpec,
+        name: &str,
+    ) -> Result<(), SandboxError> {
+        let selector = format!(
+            "{},{}={}",
+            instance_selector(&self.instance_id, COMPONENT_SANDBOX),
+            crate::sandbox::LABEL_SESSION,
+            super::objects::label_value(&spec.session_id)
+        );
+        let pods = self
+            .pods()
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|e| kube_err("list", "the claimed sandbox's pod", e))?;
+        let mut found: Vec<(String, Adopted)> = pods
+            .iter()
+            .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+            .filter_map(adopted_pod)
+            .filter(|(_, adopted)| adopted.session == spec.session_id)
+            .collect();
+        let (Some((uid, adopted)), None) = (found.pop(), found.pop()) else {
+            return Err(SandboxError::Cluster {
+                reason: format!(
+                    "claim {name:?} is ready but not exactly one pod carries its session's labels"
+                ),
+            });
+        };
+        tracing::info!(pod = %adopted.pod_name, "claimed sandbox pod recorded for its session");
+        self.adoptions.record(uid, adopted);
+        Ok(())
+    }
+}
+
+/// A pod's uid and what it was adopted for, read from its labels and annotations.
+fn adopted_pod(pod: &Pod) -> Option<(String, Adopted)> {
+    let uid = pod.metadata.uid.clone()?;
+    let pod_name = pod.metadata.name.clone()?;
+    let session = pod.annotations().get(ANNOTATION_SESSION)?;
+    let session = crate::ids::SessionId::parse(session.as_str()).ok()?;
+    Some((uid, Adopted { pod_name, session }))
+}
+
+/// A review the API server gave: the pod it vouched for, until when it is trusted.
+#[derive(Debug, Clone)]
+struct Reviewed {
+    pod_uid: String,
+    pod_name: String,
+    until: Instant,
+}
+
+/// Checks claimed pods' tokens (see the module's text).
+pub struct TokenReviewer {
+    reviews: Api<TokenReview>,
+    username: String,
+    adoptions: Adoptions,
+    cache: Mutex<HashMap<[u8; 32], Reviewed>>,
+    in_flight: Semaphore,
+}
+
+impl std::fmt::Debug for TokenReviewer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenReviewer")
+            .field("username", &self.username)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TokenReviewer {
+    /// Reviews on `client`'s cluster, for sandboxes in `namespace`, against `adoptions`.
+    pub fn new(client: Client, namespace: &str, adoptions: Adoptions) -> TokenReviewer {
+        TokenReviewer {
+            reviews: Api::all(client),
+            username: format!("system:serviceaccount:{namespace}:{SANDBOX_SERVICE_ACCOUNT}"),
+            adoptions,
+            cache: Mutex::new(HashMap::new()),
+            in_flight: Semaphore::new(MAX_REVIEWS_IN_FLIGHT),
+        }
+    }
+
+    /// Positive reviews held now (tests, and the cap's check).
+    pub fn cached(&self) -> usize {
+        self.cache_lock().len()
+    }
+
+    fn cache_lock(&self) -> MutexGuard<'_, HashMap<[u8; 32], Reviewed>> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The pod `token` belongs to, from the cache or a fresh review.
+    async fn reviewed_pod(&self, token: &str) -> Result<Reviewed, PodTokenError> {
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let now = Instant::now();
+        if let Some(hit) = self.cache_lock().get(&digest).filter(|r| r.until > now) {
+            return Ok(hit.clone());
+        }
+        let claims = peek_claims(token).ok_or(PodTokenError::Invalid)?;
+        if self.adoptions.get(&claims.pod_uid).is_none() {
+            return Err(PodTokenError::Unknown);
+        }
+        let _permit = self
+            .in_flight
+            .acquire()
+            .await
+            .map_err(|_| PodTokenError::Unavailable)?;
+        let (pod_name, pod_uid) = self.review(token).await?;
+        // The review vouched for the token, so its claims are the issuer's.
+        if pod_uid != claims.pod_uid {
+            return Err(PodTokenError::Invalid);
+        }
+        let left = claims
+            .expires_at
+            .and_then(|exp| {
+                let now_s = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .ok()?
+                    .as_secs();
+                Some(Duration::from_secs(exp.saturating_sub(now_s)))
+            })
+            .unwrap_or(REVIEW_CACHE_TTL);
+        let reviewed = Reviewed {
+            pod_uid,
+            pod_name,
+            until: now + left.min(REVIEW_CACHE_TTL),
+        };
+        let mut cache = self.cache_lock();
+        if cache.len() >= REVIEW_CACHE_MAX {
+            cache.retain(|_, r| r.until > now);
+        }
+        if cache.len() < REVIEW_CACHE_MAX {
+            cache.insert(digest, reviewed.clone());
+        }
+        Ok(reviewed)
+    }
+
+    /// One TokenReview: the pod (name, uid) the API server vouches for.
+    async fn review(&self, token: &str) -> Result<(String, String), PodTokenError> {
+        let asked = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_owned()),
+                audiences: Some(vec![RELAY_AUDIENCE.to_owned()]),
+            },
+            ..Default::default()
+        };
+        let params = PostParams::default();
+        let asking = self.reviews.create(&params, &asked);
+        let answered = match tokio::time::timeout(REVIEW_TIMEOUT, asking).await {
+            Ok(Ok(answered)) => answered,
+            Ok(Err(e)) => {
+                // The error names the request, never the token (it is in the body).
+                tracing::warn!(error = %e, "cannot review a claimed pod's relay token");
+                return Err(PodTokenError::Unavailable);
+            }
+            Err(_) => {
+                tracing::warn!(waited = ?REVIEW_TIMEOUT, "the API server did not review a claimed pod's relay token in time");
+                return Err(PodTokenError::Unavailable);
+            }
+        };
+        let status = answered.status.unwrap_or_default();
+        if status.authenticated != Some(true) {
+            return Err(PodTokenError::Invalid);
+        }
+        let audience_ok = status
+            .audiences
+            .as_ref()
+            .is_some_and(|a| a.iter().any(|a| a == RELAY_AUDIENCE));
+        let user = status.user.unwrap_or_default();
+        if !audience_ok || user.username.as_deref() != Some(self.username.as_str()) {
+            return Err(PodTokenError::Invalid);
+        }
+        let extra = user.extra.unwrap_or_default();
+        let one = |key: &str| match extra.get(key).map(Vec::as_slice) {
+            Some([value]) if !value.is_empty() => Some(value.clone()),
+            _ => None,
+        };
+        match (one(EXTRA_POD_NAME), one(EXTRA_POD_UID)) {
+            (Some(name), Some(uid)) => Ok((name, uid)),
+            _ => Err(PodTokenError::Invalid),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl PodTokenVerifier for TokenReviewer {
+    async fn session_of(&self, token: &SecretString) -> Result<SessionId, PodTokenError> {
+        let token = token.expose_secret();
+        if token.is_empty() || token.len() > MAX_POD_TOKEN_LEN {
+            return Err(PodTokenError::Invalid);
+        }
+        let reviewed = self.reviewed_pod(token).await?;
+        // Looked up on every connection: a stopped session's pod is forgotten at once.
+        match self.adoptions.get(&reviewed.pod_uid) {
+            Some(adopted) if adopted.pod_name == reviewed.pod_name => Ok(adopted.session),
+            _ => Err(PodTokenError::Unknown),
+        }
+    }
+}
+
+/// What a token says of itself before anyone vouched for it.
+struct Claims {
+    pod_uid: String,
+    expires_at: Option<u64>,
+}
+
+/// The pod uid and expiry a JWT's payload claims (`kubernetes.io.pod.uid`, `exp`),
+/// unverified: only used to skip reviewing a token of no adopted pod, and (after the
+/// review vouched for the token) to bound the cache by its expiry.
+fn peek_claims(token: &str) -> Option<Claims> {
+    let mut parts = token.split('.');
+    let (Some(_header), Some(payload), Some(_signature), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return None;
+    };
+    let bytes = URL_SAFE_NO_PAD.decode(payload).ok()?;
+    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let pod_uid = claims
+        .get("kubernetes.io")?
+        .get("pod")?
+        .get("uid")?
+        .as_str()?
+        .to_owned();
+    Some(Claims {
+        pod_uid,
+        expires_at: claims.get("exp").and_then(serde_json::Value::as_u64),
+    })
+}
