@@ -62,6 +62,8 @@ pub mod volume;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_handoff;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
