@@ -31,6 +31,8 @@ pub struct RelayParts {
     pub sessions: Arc<crate::gateway::SocketHost>,
     pub agents: Arc<crate::session::AgentBook>,
     pub secrets: Arc<dyn crate::session::SecretSource>,
+    /// The sessions' workspaces in pods (`relay::pod_workspace`).
+    pub pod_workspaces: Arc<super::pod_workspace::PodWorkspaces>,
 }
 
 /// `POST /relay/v1/renew`'s path.
@@ -75,7 +77,11 @@ pub(super) fn router(service: &SessionService, parts: &RelayParts) -> LimitedRou
         .with_state(Arc::new(Control {
             scope: service.scope.clone(),
             parts: parts.clone(),
-        }));
+        }))
+        .merge(super::pod_workspace::routes(
+            &service.scope,
+            &parts.pod_workspaces,
+        ));
     LimitedRouter::new(router, service.router.limits())
 }
 

@@ -12,7 +12,8 @@
 //! - `listener`: the gateway's TLS listener (`[relay]`, off by default); a verified
 //!   connection is served by the very router the session's unix socket serves
 //!   (`gateway::SocketHost::service`), so scope, grants, secrets and refusals are the
-//!   same; `control`: the relay's own renewal and secrets routes.
+//!   same; `control`: the relay's own renewal and secrets routes; `pod_workspace`: the
+//!   session's workspace carried into its pod and its work back.
 //! - `client`: relay mode, the sidecar; `wire`: the one-line greeting both speak;
 //!   `tls`: rustls configs from PEM files.
 
@@ -20,6 +21,7 @@ pub mod client;
 pub mod control;
 pub mod credential;
 pub mod listener;
+pub mod pod_workspace;
 pub mod settings;
 pub mod tls;
 pub mod wire;
@@ -28,4 +30,5 @@ pub use client::{Relay, RelayOptions};
 pub use control::RelayParts;
 pub use credential::{CredentialError, RelayCredentials, Verified};
 pub use listener::start;
+pub use pod_workspace::PodWorkspaces;
 pub use settings::RelaySettings;

@@ -89,6 +89,18 @@ impl RunningRelay {
         name: &str,
         setup: RelaySetup<'_>,
     ) -> RunningRelay {
+        RunningRelay::start_with(app, dir, name, setup, None).await
+    }
+
+    /// [`RunningRelay::start`] with the session's workspace carried in and out through
+    /// `workspace` (the pod's volume and the relay's git directory).
+    pub async fn start_with(
+        app: &TestApp,
+        dir: &Path,
+        name: &str,
+        setup: RelaySetup<'_>,
+        workspace: Option<threadgate::workspace::PodWorkspace>,
+    ) -> RunningRelay {
         let relay_addr = app.relay_addr.expect("the relay listener is on");
         let token_file = dir.join(format!("{name}.token"));
         std::fs::write(&token_file, setup.credential.expose_secret()).expect("write token");
@@ -100,6 +112,7 @@ impl RunningRelay {
             ca_file: setup.ca_file.to_owned(),
             secrets_dir: setup.secrets_dir,
             max_connections: setup.max_connections,
+            workspace,
         })
         .expect("the relay starts");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
