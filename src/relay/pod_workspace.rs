@@ -308,3 +308,160 @@ fn json(value: &impl Serialize) -> Response {
         Err(_) => ApiError::internal().into_response(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workspace::{CommitLimits, RepoConfig};
+    use axum::http::Request;
+    use tower::ServiceExt as _;
+
+    struct Setup {
+        _dir: tempfile::TempDir,
+        pods: Arc<PodWorkspaces>,
+        router: Router,
+        session: SessionId,
+    }
+
+    fn setup(wait: Duration) -> Setup {
+        setup_with(wait, BundleLimits::default())
+    }
+
+    fn setup_with(wait: Duration, limits: BundleLimits) -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let repo_path = dir.path().join("repo");
+        let repo = git2::Repository::init(&repo_path).unwrap();
+        let sig = git2::Signature::now("t", "t@example.invalid").unwrap();
+        let mut root = repo.treebuilder(None).unwrap();
+        root.insert("README", repo.blob(b"hello\n").unwrap(), 0o100644)
+            .unwrap();
+        let tree = repo.find_tree(root.write().unwrap()).unwrap();
+        repo.commit(Some("refs/heads/main"), &sig, &sig, "init", &tree, &[])
+            .unwrap();
+        let workspaces = Workspaces::open(RepoConfig {
+            repo_path,
+            default_branch: Some("main".into()),
+            worktrees_dir: dir.path().join("worktrees"),
+            remote: None,
+            commit_limits: CommitLimits::default(),
+        })
+        .unwrap();
+        let thread = crate::ids::ThreadId::parse("th_1").unwrap();
+        workspaces.prepare(&thread).unwrap();
+        let session = SessionId::parse("s_1").unwrap();
+        let pods = Arc::new(PodWorkspaces::new(workspaces, limits, wait));
+        let scope = SessionScope {
+            session_id: session.clone(),
+            thread_id: thread,
+            agent: "support".into(),
+            customer_id: None,
+            customer_email: None,
+        };
+        let router = routes(&scope, &pods);
+        Setup {
+            _dir: dir,
+            pods,
+            router,
+            session,
+        }
+    }
+
+    async fn send(router: &Router, method: &str, uri: &str, body: Vec<u8>) -> (u16, Vec<u8>) {
+        let request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Body::from(body))
+            .unwrap();
+        let response = router.clone().oneshot(request).await.unwrap();
+        let status = response.status().as_u16();
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, body.to_vec())
+    }
+
+    #[tokio::test]
+    async fn a_session_whose_relay_never_asked_has_nothing_to_pull() {
+        let s = setup(Duration::from_secs(60));
+        assert!(!s.pods.pull(&s.session).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_relay_that_does_not_answer_fails_the_pull_in_time() {
+        let s = setup(Duration::from_millis(100));
+        let (status, _) = send(&s.router, "GET", WORKSPACE_PATH, Vec::new()).await;
+        assert_eq!(status, 200);
+        let e = s.pods.pull(&s.session).await.unwrap_err().to_string();
+        assert!(e.contains("did not send its workspace"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_refused_bundle_fails_the_pull_and_one_not_asked_for_is_409() {
+        let s = setup(Duration::from_secs(30));
+        let (status, handed) = send(&s.router, "GET", WORKSPACE_PATH, Vec::new()).await;
+        assert_eq!(status, 200);
+        assert!(handed.starts_with(b"# v2 git bundle\n"));
+        // Nothing asked yet: a bundle is refused unread.
+        let (status, _) = send(&s.router, "PUT", "/relay/v1/workspace?seq=1", b"x".to_vec()).await;
+        assert_eq!(status, 409);
+
+        let pods = s.pods.clone();
+        let session = s.session.clone();
+        let pulling = tokio::spawn(async move { pods.pull(&session).await });
+        let (status, wanted) = send(
+            &s.router,
+            "GET",
+            &format!("{WANTED_PATH}?after=0"),
+            Vec::new(),
+        )
+        .await;
+        assert_eq!(status, 200);
+        let wanted: Wanted = serde_json::from_slice(&wanted).unwrap();
+        assert_eq!(wanted.seq, 1);
+        let (status, answer) = send(
+            &s.router,
+            "PUT",
+            "/relay/v1/workspace?seq=1",
+            b"garbage".to_vec(),
+        )
+        .await;
+        assert_eq!(status, 422, "{}", String::from_utf8_lossy(&answer));
+        let e = pulling.await.unwrap().unwrap_err().to_string();
+        assert!(e.contains("refused") && e.contains("not one"), "{e}");
+        // Answered: the same request cannot be answered again.
+        let (status, _) = send(&s.router, "PUT", "/relay/v1/workspace?seq=1", handed).await;
+        assert_eq!(status, 409);
+    }
+
+    #[tokio::test]
+    async fn an_oversize_body_is_refused_while_it_is_read() {
+        let limits = BundleLimits {
+            max_bytes: 1024,
+            ..BundleLimits::default()
+        };
+        let s = setup_with(Duration::from_secs(30), limits);
+        send(&s.router, "GET", WORKSPACE_PATH, Vec::new()).await;
+        let pods = s.pods.clone();
+        let session = s.session.clone();
+        let pulling = tokio::spawn(async move { pods.pull(&session).await });
+        send(
+            &s.router,
+            "GET",
+            &format!("{WANTED_PATH}?after=0"),
+            Vec::new(),
+        )
+        .await;
+        let (status, answer) = send(
+            &s.router,
+            "PUT",
+            "/relay/v1/workspace?seq=1",
+            vec![b'x'; 4096],
+        )
+        .await;
+        assert_eq!(status, 422);
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.contains("larger than 1024 bytes"), "{answer}");
+        let e = pulling.await.unwrap().unwrap_err().to_string();
+        assert!(e.contains("larger than 1024 bytes"), "{e}");
+    }
+}
