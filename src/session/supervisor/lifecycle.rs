@@ -128,7 +128,6 @@ pub(super) async fn stop_session(
         if let Err(e) = pods.pull(&row.session_id).await {
             tracing::warn!(thread = %row.thread_id, error = %format!("{e:#}"), "the pod's workspace could not be brought back before its stop; its last checkpoint is committed");
         }
-        pods.forget(&row.session_id);
     }
     if let Some(container) = &row.container_id {
         match parts.sandbox.stop(container).await {
@@ -142,6 +141,10 @@ pub(super) async fn stop_session(
         }
     }
     parts.api.close(&row.session_id).await;
+    // After the close: its relay can no longer reach it to be remembered again.
+    if let Some(pods) = &parts.pod_sync {
+        pods.forget(&row.session_id);
+    }
     let Some(worktree) = row.worktree.clone() else {
         return Ok(());
     };

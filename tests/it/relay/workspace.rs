@@ -3,7 +3,8 @@
 //! `emptyDir`) before the agent's socket opens; a file the agent writes "in the pod"
 //! reaches the thread's branch and the remote at the agent's checkpoint, asked through
 //! the relay's socket, with the commit's guarantees (a stored secret is left out); a
-//! bundle sent when the gateway asked for none is refused and changes nothing.
+//! bundle sent when the gateway asked for none is refused and changes nothing; at the
+//! thread's end the pod's last work is brought back before the pod is stopped.
 
 use std::path::Path;
 
@@ -148,6 +149,49 @@ async fn a_workspace_goes_into_the_pod_and_its_commit_comes_back_to_the_branch()
         readme
     );
 
+    // At the stop (the thread moves to DONE) the pod's work since the checkpoint comes
+    // back too, asked for before the pod is stopped.
+    std::fs::write(pod.work_dir.join("FINDINGS.md"), "rounding twice, fixed\n").expect("write");
+    mark_done(&app, &thread).await;
+    app.session_stops(&thread).await;
+    let ended = branch_tip(&world.settings.repo.path, &thread).expect("branch");
+    assert_eq!(
+        repo.find_commit(ended)
+            .expect("tip")
+            .parent_id(0)
+            .expect("parent"),
+        tip
+    );
+    let files = files_of(&world.settings.repo.path, ended);
+    assert!(
+        files.contains(&("FINDINGS.md".into(), b"rounding twice, fixed\n".to_vec())),
+        "{files:?}"
+    );
+    assert_eq!(branch_tip(&remote, &thread), Some(ended));
+
     relay.stop().await;
     app.stop().await;
+}
+
+/// Delivers the thread's move to DONE (Plain's example, re-aimed at `thread`).
+async fn mark_done(app: &crate::support::app::TestApp, thread: &str) {
+    use crate::support::plain;
+    use serde_json::{Value, json};
+    let body = plain::email_received(thread, "c_x", "x@x.test");
+    let created: Value = serde_json::from_slice(&body).expect("json");
+    let example = plain::shared_dir().join("plain/examples/thread-status-transitioned.json");
+    let mut event: Value =
+        serde_json::from_str(&std::fs::read_to_string(example).expect("example")).expect("json");
+    let later = chrono::Utc::now() + chrono::Duration::seconds(1);
+    event["id"] = json!(format!("pEv_{}", uuid::Uuid::new_v4().simple()));
+    event["timestamp"] = json!(later.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+    event["webhookMetadata"]["webhookDeliveryAttemptTimestamp"] =
+        created["webhookMetadata"]["webhookDeliveryAttemptTimestamp"].clone();
+    event["payload"]["thread"]["id"] = json!(thread);
+    assert_eq!(event["payload"]["thread"]["status"], "DONE");
+    assert_eq!(
+        app.send_webhook(&serde_json::to_vec(&event).expect("json"))
+            .await,
+        200
+    );
 }
