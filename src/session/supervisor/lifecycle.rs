@@ -124,10 +124,10 @@ pub(super) async fn stop_session(
 ) -> anyhow::Result<()> {
     // A pod's workspace comes into the worktree while the pod still runs; a pod that
     // cannot send it leaves the worktree at its last checkpoint.
-    if let Some(pods) = &parts.pod_sync {
-        if let Err(e) = pods.pull(&row.session_id).await {
-            tracing::warn!(thread = %row.thread_id, error = %format!("{e:#}"), "the pod's workspace could not be brought back before its stop; its last checkpoint is committed");
-        }
+    if let Some(pods) = &parts.pod_sync
+        && let Err(e) = pods.pull(&row.session_id).await
+    {
+        tracing::warn!(thread = %row.thread_id, error = %format!("{e:#}"), "the pod's workspace could not be brought back before its stop; its last checkpoint is committed");
     }
     if let Some(container) = &row.container_id {
         match parts.sandbox.stop(container).await {
