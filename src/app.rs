@@ -440,6 +440,7 @@ fn supervisor_parts(
         ))),
         tasks: tasks.clone(),
         pool: sandbox_pool(settings, base),
+        pod_sync: None,
     }
 }
 
@@ -641,7 +642,17 @@ impl Application {
         let model = model_proxy(&settings, &base.secrets, gate.clone()).await?;
         tasks.spawn_until_shutdown(crate::model::retention::run(model.clone()));
         let sockets = session_sockets(&settings, &base, &gate, model, handle.clone(), &tasks);
-        let parts = supervisor_parts(&settings, &base, &gate, sockets.clone(), &tasks);
+        let pod_workspaces = Arc::new(crate::relay::PodWorkspaces::new(
+            base.workspaces.clone(),
+            crate::workspace::BundleLimits::default(),
+            crate::relay::pod_workspace::PULL_WAIT,
+        ));
+        let mut parts = supervisor_parts(&settings, &base, &gate, sockets.clone(), &tasks);
+        // Only sessions whose relay asked for their workspace are pulled from a pod; with
+        // no relay listener there are none.
+        if settings.relay.listen.is_some() {
+            parts.pod_sync = Some(pod_workspaces.clone() as Arc<dyn crate::session::PodSync>);
+        }
         Supervisor::start(parts, inbox);
         let readiness = readiness(&settings, &base, &gate);
         let oidc = review_oidc(&settings, &base.secrets).await?;
@@ -684,6 +695,7 @@ impl Application {
                     lease_time: settings.sessions.lease_time,
                     clock: base.clock.clone(),
                 }),
+                pod_workspaces,
             },
             &tasks,
         )

@@ -25,6 +25,13 @@ pub struct RelayArgs {
     /// Where to write the session's granted secrets as read-only files.
     #[arg(long)]
     pub secrets_dir: Option<PathBuf>,
+    /// The agent's workspace volume: the thread's branch is written there before the
+    /// socket opens, and sent back when the gateway asks (needs --workspace-git).
+    #[arg(long, requires = "workspace_git")]
+    pub workspace_dir: Option<PathBuf>,
+    /// The relay's own git directory (a volume the agent does not mount).
+    #[arg(long, requires = "workspace_dir")]
+    pub workspace_git: Option<PathBuf>,
     /// The agent's connections carried at once; more are closed at once.
     #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
@@ -43,6 +50,10 @@ pub(super) fn relay(args: RelayArgs) -> ExitCode {
         ca_file: args.ca_file,
         secrets_dir: args.secrets_dir,
         max_connections: args.max_connections,
+        workspace: args
+            .workspace_dir
+            .zip(args.workspace_git)
+            .map(|(work_dir, git_dir)| crate::workspace::PodWorkspace { work_dir, git_dir }),
     };
     let ran = Relay::new(options).and_then(|relay| {
         let runtime = tokio::runtime::Runtime::new()?;

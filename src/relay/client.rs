@@ -38,6 +38,8 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls::pki_types::ServerName;
 use tracing::Instrument as _;
 
+mod workspace;
+
 use super::control::{RENEW_PATH, Renewed, SECRETS_PATH, SecretFiles};
 use super::wire::{self, Purpose, Refused};
 use crate::secrets::{ExposeSecret as _, SecretString};
@@ -79,6 +81,9 @@ pub struct RelayOptions {
     pub secrets_dir: Option<PathBuf>,
     /// The agent's connections carried at once.
     pub max_connections: usize,
+    /// The session's workspace to fetch before the socket opens and send back when the
+    /// gateway asks (`client/workspace.rs`), if any.
+    pub workspace: Option<crate::workspace::PodWorkspace>,
 }
 
 /// A relay, ready to run.
@@ -179,10 +184,19 @@ impl Relay {
                 written = self.fetch_secrets_until_done(dir) => written?,
             }
         }
+        if let Some(workspace) = &self.options.workspace {
+            tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                written = self.fetch_workspace_until_done(workspace) => written?,
+            }
+        }
         let listener = bind_socket(&self.options.listen)?;
         tracing::info!(socket = %self.options.listen.display(), gateway = %self.options.gateway, "relay serving");
         let renewing = tokio::spawn(self.dialer.clone().keep_renewed().in_current_span());
         let warming = tokio::spawn(self.dialer.clone().keep_warm().in_current_span());
+        let syncing = self.options.workspace.clone().map(|workspace| {
+            tokio::spawn(self.dialer.clone().keep_synced(workspace).in_current_span())
+        });
         let slots = Arc::new(Semaphore::new(self.options.max_connections));
         let mut connections = tokio::task::JoinSet::new();
         loop {
@@ -215,9 +229,32 @@ impl Relay {
         }
         renewing.abort();
         warming.abort();
+        if let Some(syncing) = syncing {
+            syncing.abort();
+        }
         connections.shutdown().await;
         let _ = std::fs::remove_file(&self.options.listen);
         Ok(())
+    }
+
+    /// Fetches and writes the workspace, trying again (with backoff) until it is in
+    /// place: the agent's socket opens only after it.
+    async fn fetch_workspace_until_done(
+        &self,
+        workspace: &crate::workspace::PodWorkspace,
+    ) -> anyhow::Result<()> {
+        let mut failed = 0;
+        loop {
+            match self.dialer.fetch_workspace(workspace).await {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    failed += 1;
+                    let wait = crate::retry::SESSION_START.wait(failed);
+                    tracing::warn!(error = %format!("{e:#}"), retry_in = ?wait, "cannot fetch the session's workspace");
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
     }
 
     /// Fetches and writes the secrets, trying again (with backoff) until the gateway

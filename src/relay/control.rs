@@ -37,6 +37,8 @@ pub struct RelayParts {
     /// Sends a relay whose session runs on another instance there; without it such a
     /// relay is refused `stopped`.
     pub redirects: Option<super::redirect::Redirects>,
+    /// The sessions' workspaces in pods (`relay::pod_workspace`).
+    pub pod_workspaces: Arc<super::pod_workspace::PodWorkspaces>,
 }
 
 /// `POST /relay/v1/renew`'s path.
@@ -81,7 +83,11 @@ pub(super) fn router(service: &SessionService, parts: &RelayParts) -> LimitedRou
         .with_state(Arc::new(Control {
             scope: service.scope.clone(),
             parts: parts.clone(),
-        }));
+        }))
+        .merge(super::pod_workspace::routes(
+            &service.scope,
+            &parts.pod_workspaces,
+        ));
     LimitedRouter::new(router, service.router.limits())
 }
 

@@ -12,7 +12,8 @@
 //! - `listener`: the gateway's TLS listener (`[relay]`, off by default); a verified
 //!   connection is served by the very router the session's unix socket serves
 //!   (`gateway::SocketHost::service`), so scope, grants, secrets and refusals are the
-//!   same; `control`: the relay's own renewal and secrets routes.
+//!   same; `control`: the relay's own renewal and secrets routes; `pod_workspace`: the
+//!   session's workspace carried into its pod and its work back.
 //! - `redirect`: a relay that reached an instance not running its session is sent to
 //!   the session's lease owner's advertised address.
 //! - `client`: relay mode, the sidecar; `wire`: the one-line greeting both speak;
@@ -23,6 +24,7 @@ pub mod control;
 pub mod credential;
 pub mod listener;
 pub mod redirect;
+pub mod pod_workspace;
 pub mod settings;
 pub mod tls;
 pub mod wire;
@@ -32,4 +34,5 @@ pub use control::RelayParts;
 pub use credential::{CredentialError, RelayCredentials, Verified};
 pub use listener::start;
 pub use redirect::Redirects;
+pub use pod_workspace::PodWorkspaces;
 pub use settings::RelaySettings;

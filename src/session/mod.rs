@@ -17,6 +17,7 @@
 pub mod agent_text;
 pub mod agents;
 pub mod notes;
+pub mod pod_sync;
 pub mod pool;
 pub mod publish;
 pub mod settings;
@@ -37,6 +38,7 @@ use crate::ids::{SessionId, ThreadId};
 
 pub use agents::{AgentBook, AgentDefinition, AllowedModels, HarnessCommand};
 pub use notes::{StopNotes, StopReason};
+pub use pod_sync::PodSync;
 pub use pool::{PoolSettings, SandboxPool};
 pub use publish::{BranchPublisher, GithubPublisher};
 pub use settings::SessionSettings;

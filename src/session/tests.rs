@@ -208,6 +208,7 @@ fn harness_full(
         checkpoint_every,
         tasks: crate::tasks::Tasks::new(),
         pool,
+        pod_sync: None,
     });
     Harness {
         _dir: dir,

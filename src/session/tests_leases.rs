@@ -57,6 +57,7 @@ fn instance(dir: &Path, id: &str, now: &Arc<AtomicI64>, lease_time: Duration) ->
         default_agent: "support".into(),
         checkpoint_every: Duration::ZERO,
         pool: None,
+        pod_sync: None,
         clock: crate::clock::Clock::from_fn(move || clock_now.load(Ordering::SeqCst)),
         publisher: None,
         notes: None,

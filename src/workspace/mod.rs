@@ -46,10 +46,13 @@
 //! serialised by the caller. `commit` should run after the sandbox has stopped; the walk
 //! is safe against a running agent but would see a half-written state.
 
+mod bundle;
 mod changes;
 mod commit;
 mod error;
+mod handoff;
 mod names;
+mod pod;
 mod prepare;
 mod refs;
 mod remote;
@@ -59,6 +62,8 @@ pub mod volume;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_handoff;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -68,8 +73,11 @@ use git2::{Repository, RepositoryOpenFlags};
 
 use crate::ids::ThreadId;
 
+pub use bundle::{BundleError, BundleLimits};
 pub use changes::{ChangedFiles, FileChange};
 pub use error::WorkspaceError;
+pub use handoff::Received;
+pub use pod::{PodBase, PodWorkspace};
 pub use remote::RemoteSync;
 pub use snapshot::{LOOSE_BLOB_BYTES, MAX_DEPTH, MAX_FILE_BYTES};
 
@@ -345,6 +353,24 @@ impl Workspaces {
     /// remote as a fast-forward. Does nothing when no remote is configured.
     pub fn push(&self, thread_id: &ThreadId) -> Result<(), WorkspaceError> {
         remote::push(&self.settings, thread_id)
+    }
+
+    /// The thread's branch tip and its tree (no history) as a git bundle naming the
+    /// branch: what a pod's relay writes into the agent's workspace (`handoff.rs`).
+    pub fn hand_out(&self, thread_id: &ThreadId) -> Result<Vec<u8>, WorkspaceError> {
+        handoff::hand_out(&self.settings, thread_id)
+    }
+
+    /// Verifies a pod's bundle of its work and writes its tree into the thread's
+    /// worktree, for the session's next commit to take (`handoff.rs`). A refusal
+    /// changes nothing in the repository or the worktree.
+    pub fn receive(
+        &self,
+        thread_id: &ThreadId,
+        bundle: &[u8],
+        limits: &BundleLimits,
+    ) -> Result<Received, BundleError> {
+        handoff::receive(&self.settings, thread_id, bundle, limits)
     }
 
     /// Whether a remote is configured (branches are pushed and brought back).

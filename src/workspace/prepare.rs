@@ -121,7 +121,7 @@ fn materialise(
     init_agent_git(repo, thread_id, thread_ref, tip, tree.id(), dir)
 }
 
-fn write_tree(
+pub(crate) fn write_tree(
     repo: &Repository,
     thread_id: &ThreadId,
     tree: &Tree<'_>,
@@ -185,7 +185,7 @@ fn write_tree(
 /// Initialises `dir/.git` as a standalone repository holding only the tip commit (as a
 /// shallow clone would), its tree, a branch and an index matching the written files.
 /// Nothing in it refers to threadgate's repository.
-fn init_agent_git(
+pub(crate) fn init_agent_git(
     repo: &Repository,
     thread_id: &ThreadId,
     thread_ref: &str,

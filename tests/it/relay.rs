@@ -6,7 +6,8 @@
 //! credential reaches only its own session, and an expired, tampered or stopped
 //! session's credential reaches none; the relay renews its credential, caps its
 //! connections, refuses a gateway its CA did not sign, and writes the session's
-//! secrets as files without logging them.
+//! secrets as files without logging them, and carries the session's workspace into
+//! the pod and its work back to the thread's branch.
 //!
 //! Needs `.venv-peers`: run `scripts/localstripe.sh setup` once.
 
@@ -22,6 +23,8 @@ mod owners;
 mod pod_tokens;
 #[path = "relay/secrets.rs"]
 mod secrets;
+#[path = "relay/workspace.rs"]
+mod workspace;
 
 use serde_json::Value;
 

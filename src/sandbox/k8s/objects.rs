@@ -1,7 +1,10 @@
 //! The objects one session is made of on Kubernetes, built as values: the pod (or the
 //! claim that gets one from a warm pool) and the credential Secret of its relay.
 //!
-//! The pod has two containers sharing an `emptyDir` socket directory: the agent (the
+//! The pod has two containers sharing an `emptyDir` socket directory and the
+//! `emptyDir` workspace (the relay writes the thread's branch there before the agent's
+//! socket opens, and sends the agent's work back when the gateway asks; its own git
+//! directory is a third `emptyDir` the agent does not mount): the agent (the
 //! sandbox image: non-root, read-only root, no privilege escalation, no capabilities,
 //! seccomp `RuntimeDefault`) and the relay sidecar (`threadgate relay`), which dials
 //! out to the gateway and serves the agent's socket. The credential Secret is mounted
@@ -54,6 +57,9 @@ pub(crate) const TOKEN_KEY: &str = "token";
 pub(crate) const CA_KEY: &str = "ca.crt";
 /// The socket the relay serves inside the pod.
 pub(crate) const RELAY_SOCKET: &str = "/run/threadgate/api.sock";
+/// The relay's own git directory (`--workspace-git`), on a volume the agent does not
+/// mount: the base it was handed and the commits it sends back.
+pub(crate) const RELAY_GIT_DIR: &str = "/run/threadgate-relay/git";
 
 const AGENT: &str = "agent";
 const RELAY: &str = "relay";
@@ -61,6 +67,7 @@ const VOLUME_SOCKET: &str = "threadgate-socket";
 const VOLUME_SECRETS: &str = "secrets";
 const VOLUME_CREDENTIAL: &str = "relay-credential";
 const VOLUME_WORKSPACE: &str = "workspace";
+const VOLUME_RELAY_GIT: &str = "relay-git";
 const VOLUME_TMP: &str = "tmp";
 /// `/tmp` in the agent: memory-backed, counted against the pod's memory.
 const TMP_BYTES: u64 = 256 << 20;
@@ -325,6 +332,10 @@ pub fn pod_spec(
             mount(VOLUME_SOCKET, CONTAINER_SOCKET_DIR, false),
             mount(VOLUME_CREDENTIAL, CREDENTIAL_DIR, true),
             mount(VOLUME_SECRETS, CONTAINER_SECRETS_DIR, false),
+            // The relay writes the thread's branch here before the agent's socket opens
+            // and reads the agent's work back from it.
+            mount(VOLUME_WORKSPACE, CONTAINER_WORKSPACE, false),
+            mount(VOLUME_RELAY_GIT, "/run/threadgate-relay", false),
         ]),
         ..Default::default()
     };
@@ -334,6 +345,7 @@ pub fn pod_spec(
             empty_dir(VOLUME_SOCKET, false, SOCKET_DIR_BYTES),
             empty_dir(VOLUME_SECRETS, true, SECRETS_BYTES),
             empty_dir(VOLUME_WORKSPACE, false, settings.workspace_bytes),
+            empty_dir(VOLUME_RELAY_GIT, false, settings.workspace_bytes),
             empty_dir(VOLUME_TMP, true, TMP_BYTES),
             credential,
         ]),
@@ -369,6 +381,10 @@ pub fn relay_args(gateway_url: &str) -> Vec<String> {
         &format!("{CREDENTIAL_DIR}/{TOKEN_KEY}"),
         "--ca-file",
         &format!("{CREDENTIAL_DIR}/{CA_KEY}"),
+        "--workspace-dir",
+        CONTAINER_WORKSPACE,
+        "--workspace-git",
+        RELAY_GIT_DIR,
     ]
     .map(str::to_string)
     .to_vec()

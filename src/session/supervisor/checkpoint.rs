@@ -184,6 +184,9 @@ async fn checkpoint_session(
         .worktree
         .clone()
         .ok_or_else(|| anyhow::anyhow!("the session has no worktree"))?;
+    if let Some(pods) = &parts.pod_sync {
+        pods.pull(&row.session_id).await?;
+    }
     let secrets = parts.secrets.all().await?;
     let workspaces = parts.workspaces.clone();
     let thread = row.thread_id.clone();

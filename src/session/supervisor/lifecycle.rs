@@ -129,6 +129,13 @@ pub(super) async fn stop_session(
     end: bool,
     lease: Option<Lease>,
 ) -> anyhow::Result<()> {
+    // A pod's workspace comes into the worktree while the pod still runs; a pod that
+    // cannot send it leaves the worktree at its last checkpoint.
+    if let Some(pods) = &parts.pod_sync
+        && let Err(e) = pods.pull(&row.session_id).await
+    {
+        tracing::warn!(thread = %row.thread_id, error = %format!("{e:#}"), "the pod's workspace could not be brought back before its stop; its last checkpoint is committed");
+    }
     if let Some(container) = &row.container_id {
         match parts.sandbox.stop(container).await {
             // Another instance's container (a session taken over from an owner that
@@ -141,6 +148,10 @@ pub(super) async fn stop_session(
         }
     }
     parts.api.close(&row.session_id).await;
+    // After the close: its relay can no longer reach it to be remembered again.
+    if let Some(pods) = &parts.pod_sync {
+        pods.forget(&row.session_id);
+    }
     let Some(worktree) = row.worktree.clone() else {
         return Ok(());
     };

@@ -8,7 +8,8 @@ use crate::clock::Clock;
 use crate::sandbox::{Limits, SandboxRuntime};
 use crate::session::SessionSettings;
 use crate::session::{
-    AgentBook, BranchPublisher, SandboxPool, SecretSource, SessionApi, StopNotes, WorkspaceOps,
+    AgentBook, BranchPublisher, PodSync, SandboxPool, SecretSource, SessionApi, StopNotes,
+    WorkspaceOps,
 };
 use crate::store::Db;
 use crate::tasks::Tasks;
@@ -45,4 +46,7 @@ pub struct SupervisorParts {
     /// Parked sandboxes for warm starts; `None` (or an empty pool) starts every
     /// session cold. Its refill loop runs in `tasks` from the supervisor's start.
     pub pool: Option<Arc<SandboxPool>>,
+    /// Brings a pod's workspace into the worktree before each commit of it; `None`
+    /// where no session runs in a pod (Docker).
+    pub pod_sync: Option<Arc<dyn PodSync>>,
 }

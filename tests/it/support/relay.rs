@@ -114,6 +114,18 @@ impl RunningRelay {
         name: &str,
         setup: RelaySetup<'_>,
     ) -> RunningRelay {
+        RunningRelay::start_with(app, dir, name, setup, None).await
+    }
+
+    /// [`RunningRelay::start`] with the session's workspace carried in and out through
+    /// `workspace` (the pod's volume and the relay's git directory).
+    pub async fn start_with(
+        app: &TestApp,
+        dir: &Path,
+        name: &str,
+        setup: RelaySetup<'_>,
+        workspace: Option<threadgate::workspace::PodWorkspace>,
+    ) -> RunningRelay {
         let relay_addr = app.relay_addr.expect("the relay listener is on");
         RunningRelay::start_at(relay_addr, dir, name, setup).await
     }
@@ -153,6 +165,7 @@ impl RunningRelay {
             ca_file: setup.ca_file.to_owned(),
             secrets_dir: setup.secrets_dir,
             max_connections: setup.max_connections,
+            workspace,
         })
         .expect("the relay starts");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -110,6 +110,10 @@ async fn a_pod_session_starts_locked_down_with_a_credential_only_its_relay_sees(
             .collect();
         let sees_credential = mounts.contains(&CREDENTIAL_DIR);
         assert_eq!(sees_credential, container.name == "relay", "{mounts:?}");
+        // Both work in the workspace; only the relay sees its own git directory.
+        assert!(mounts.contains(&"/workspace"), "{mounts:?}");
+        let sees_relay_git = mounts.contains(&"/run/threadgate-relay");
+        assert_eq!(sees_relay_git, container.name == "relay", "{mounts:?}");
     }
     let relay = spec_.containers.get(1).expect("relay");
     assert_eq!(

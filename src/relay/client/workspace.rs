@@ -1,0 +1,153 @@
+//! The relay's side of the session's workspace (`--workspace-dir`): before the agent's
+//! socket opens, the thread's branch tip is fetched and written into the workspace
+//! volume (the agent, which waits for its socket, never starts on an empty one); then
+//! a long poll waits for the gateway to want the pod's work (a checkpoint, a stop) and
+//! answers each request with a bundle of what the agent left there.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use http_body_util::{BodyExt as _, Full, Limited};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use tracing::Instrument as _;
+
+use super::{Dialer, Purpose};
+use crate::relay::pod_workspace::{BUNDLE_TYPE, WANTED_PATH, WANTED_WAIT, WORKSPACE_PATH, Wanted};
+use crate::workspace::{BundleLimits, CommitLimits, PodWorkspace};
+
+/// Time for a workspace to go either way, beyond the long poll's own wait.
+const TRANSFER_TIMEOUT: Duration = Duration::from_secs(300);
+/// The largest answer read that is not a bundle.
+const MAX_SMALL_ANSWER: usize = 64 << 10;
+
+impl Dialer {
+    /// One request with `body` on a fresh control connection: the status and the
+    /// body of the answer, at most `max_answer` bytes, all within `timeout`.
+    pub(super) async fn exchange(
+        &self,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+        max_answer: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<(hyper::StatusCode, Bytes)> {
+        let stream = self.dial_retrying(Purpose::Control).await?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .context("control connection")?;
+        let driving = tokio::spawn(conn.in_current_span());
+        let request = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(hyper::header::HOST, "threadgate")
+            .header(hyper::header::CONTENT_TYPE, BUNDLE_TYPE)
+            .body(Full::new(Bytes::from(body)))
+            .context("control request")?;
+        let answered = async {
+            let response = sender.send_request(request).await?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), max_answer)
+                .collect()
+                .await
+                .map_err(|e| anyhow::anyhow!("control answer: {e}"))?
+                .to_bytes();
+            anyhow::Ok((status, body))
+        };
+        let answered = tokio::time::timeout(timeout, answered)
+            .await
+            .map_err(|_| anyhow::anyhow!("{path} was not answered in time"))?;
+        driving.abort();
+        answered
+    }
+
+    /// Fetches the handed-out workspace and writes it, unless an earlier run of the
+    /// relay in this pod already did.
+    pub(super) async fn fetch_workspace(&self, workspace: &PodWorkspace) -> anyhow::Result<()> {
+        if workspace.base()?.is_some() {
+            tracing::info!(
+                "the workspace was written by an earlier run; kept as the agent left it"
+            );
+            return Ok(());
+        }
+        let limits = BundleLimits::default();
+        let (status, bundle) = self
+            .exchange(
+                "GET",
+                WORKSPACE_PATH,
+                Vec::new(),
+                limits.max_bytes,
+                TRANSFER_TIMEOUT,
+            )
+            .await?;
+        anyhow::ensure!(status.is_success(), "{WORKSPACE_PATH} answered {status}");
+        let workspace = workspace.clone();
+        crate::tasks::Tasks::spawn_blocking(move || workspace.receive_base(&bundle, &limits))
+            .await??;
+        Ok(())
+    }
+
+    /// Answers the gateway's requests for the pod's work until aborted.
+    pub(super) async fn keep_synced(self: Arc<Self>, workspace: PodWorkspace) {
+        let mut after = 0;
+        let mut failed = 0;
+        loop {
+            match self.serve_one(&workspace, after).await {
+                Ok(seq) => {
+                    after = seq;
+                    failed = 0;
+                }
+                Err(e) => {
+                    failed += 1;
+                    let wait = crate::retry::SESSION_START
+                        .wait(failed)
+                        .max(Duration::from_secs(1));
+                    tracing::warn!(error = %format!("{e:#}"), retry_in = ?wait, "cannot serve the gateway's request for the workspace");
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    }
+
+    /// One long poll and, when the gateway wants the pod's work, one bundle sent.
+    async fn serve_one(&self, workspace: &PodWorkspace, after: u64) -> anyhow::Result<u64> {
+        let path = format!("{WANTED_PATH}?after={after}");
+        let (status, body) = self
+            .exchange(
+                "GET",
+                &path,
+                Vec::new(),
+                MAX_SMALL_ANSWER,
+                WANTED_WAIT + TRANSFER_TIMEOUT,
+            )
+            .await?;
+        anyhow::ensure!(status.is_success(), "{WANTED_PATH} answered {status}");
+        let wanted: Wanted =
+            serde_json::from_slice(&body).context("the wanted answer is not one")?;
+        if wanted.seq <= after {
+            return Ok(after);
+        }
+        let packing = workspace.clone();
+        let bundle = crate::tasks::Tasks::spawn_blocking(move || {
+            packing.bundle_changes(CommitLimits::default())
+        })
+        .await??;
+        let sent = bundle.len();
+        let path = format!("{WORKSPACE_PATH}?seq={}", wanted.seq);
+        let (status, body) = self
+            .exchange("PUT", &path, bundle, MAX_SMALL_ANSWER, TRANSFER_TIMEOUT)
+            .await?;
+        if !status.is_success() {
+            // The gateway's refusal names what was wrong; the request is answered.
+            tracing::warn!(%status, answer = %String::from_utf8_lossy(&body), "the gateway refused the workspace");
+        } else {
+            tracing::info!(
+                seq = wanted.seq,
+                bytes = sent,
+                "the workspace was sent back"
+            );
+        }
+        Ok(wanted.seq)
+    }
+}

@@ -1,0 +1,197 @@
+//! The session's workspace carried into its pod and back through the relay: the relay
+//! writes the thread's branch into the pod's workspace (a directory standing for the
+//! `emptyDir`) before the agent's socket opens; a file the agent writes "in the pod"
+//! reaches the thread's branch and the remote at the agent's checkpoint, asked through
+//! the relay's socket, with the commit's guarantees (a stored secret is left out); a
+//! bundle sent when the gateway asked for none is refused and changes nothing; at the
+//! thread's end the pod's last work is brought back before the pod is stopped.
+
+use std::path::Path;
+
+use threadgate::ids::SessionId;
+use threadgate::workspace::PodWorkspace;
+
+use crate::support::relay::{RelaySetup, RunningRelay, greet};
+use crate::support::unix_http::unix_request;
+use crate::support::world::{World, stored_secrets};
+
+fn branch_tip(repo: &Path, thread: &str) -> Option<git2::Oid> {
+    let repo = git2::Repository::open(repo).expect("open");
+    repo.refname_to_id(&format!("refs/heads/threadgate/{thread}"))
+        .ok()
+}
+
+/// Path -> content of the files of `commit`'s tree in `repo`.
+fn files_of(repo: &Path, commit: git2::Oid) -> Vec<(String, Vec<u8>)> {
+    let repo = git2::Repository::open(repo).expect("open");
+    let tree = repo
+        .find_commit(commit)
+        .expect("commit")
+        .tree()
+        .expect("tree");
+    let mut files = Vec::new();
+    tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
+        if entry.kind() == Some(git2::ObjectType::Blob) {
+            let blob = repo.find_blob(entry.id()).expect("blob");
+            files.push((
+                format!("{dir}{}", entry.name().expect("name")),
+                blob.content().to_vec(),
+            ));
+        }
+        git2::TreeWalkResult::Ok
+    })
+    .expect("walk");
+    files
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workspace_goes_into_the_pod_and_its_commit_comes_back_to_the_branch() {
+    let mut world = World::new().await;
+    let tls = world.use_relay();
+    let remote = world.dir.path().join("remote.git");
+    git2::Repository::init_bare(&remote).expect("bare remote");
+    world.settings.repo.remote = Some(remote.display().to_string());
+    let app = world.start().await;
+    let ada = world.customer_session(&app, "ada@example.com", &[]).await;
+    let thread = ada.session.thread_id.clone();
+    let session_id = SessionId::parse(ada.session.id.as_str()).expect("session id");
+    let base = branch_tip(&world.settings.repo.path, &thread).expect("the thread's branch");
+
+    let pod = PodWorkspace {
+        work_dir: world.dir.path().join("pod/workspace"),
+        git_dir: world.dir.path().join("pod/relay-git"),
+    };
+    let relay = RunningRelay::start_with(
+        &app,
+        world.dir.path(),
+        "ada",
+        RelaySetup {
+            ca_file: &tls.ca_file,
+            credential: app.relay_credentials.mint(&session_id),
+            secrets_dir: None,
+            max_connections: 32,
+        },
+        Some(pod.clone()),
+    )
+    .await;
+    // In: by the time the agent's socket exists, its workspace holds the branch.
+    assert_eq!(
+        std::fs::read(pod.work_dir.join("README.md")).expect("the branch's file in the pod"),
+        b"# billing\n"
+    );
+    let agent_git = git2::Repository::open(&pod.work_dir).expect("the agent's .git");
+    assert_eq!(agent_git.head().expect("head").target(), Some(base));
+
+    // The agent works in the pod, and asks for a checkpoint through the relay.
+    std::fs::write(pod.work_dir.join("FINDINGS.md"), "rounding twice\n").expect("write");
+    std::fs::write(pod.work_dir.join("README.md"), "# billing, fixed\n").expect("write");
+    let (_, stripe_key) = stored_secrets()[0];
+    std::fs::write(
+        pod.work_dir.join("debug.log"),
+        format!("token={stripe_key}\n"),
+    )
+    .expect("write");
+    let in_pod = relay.session(&ada.session);
+    let (status, answer) = unix_request(&in_pod.socket, "POST", "/v1/checkpoint", None).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["push"], "pushed", "{answer}");
+    assert_eq!(answer["left_out"], 1, "the secret's file: {answer}");
+
+    // Out: the pod's work is on the thread's branch (one commit on the base handed
+    // out) and on the remote; the secret's file is not.
+    let tip = branch_tip(&world.settings.repo.path, &thread).expect("branch");
+    assert_eq!(answer["commit"], tip.to_string());
+    let repo = git2::Repository::open(&world.settings.repo.path).expect("repo");
+    assert_eq!(
+        repo.find_commit(tip)
+            .expect("tip")
+            .parent_id(0)
+            .expect("parent"),
+        base
+    );
+    let files = files_of(&world.settings.repo.path, tip);
+    assert!(
+        files.contains(&("FINDINGS.md".into(), b"rounding twice\n".to_vec())),
+        "{files:?}"
+    );
+    assert!(
+        files.contains(&("README.md".into(), b"# billing, fixed\n".to_vec())),
+        "{files:?}"
+    );
+    assert!(!files.iter().any(|(p, _)| p == "debug.log"), "{files:?}");
+    assert_eq!(branch_tip(&remote, &thread), Some(tip));
+
+    // A bundle nobody asked for (no request open) is refused before it is read, and
+    // the branch and the worktree stay as they are.
+    let worktree = world.settings.worktrees_dir().join(&thread);
+    let readme = std::fs::read(worktree.join("README.md")).expect("worktree");
+    let greeting = format!(
+        "TGR1 control {}\n",
+        threadgate::secrets::ExposeSecret::expose_secret(&app.relay_credentials.mint(&session_id))
+    );
+    let (answer, mut stream) = greet(&app, &tls.ca_file, &greeting).await;
+    assert_eq!(answer, "OK\n");
+    let garbage = b"# v2 git bundle\n\nPACK garbage";
+    let request = format!(
+        "PUT /relay/v1/workspace?seq=7 HTTP/1.1\r\nHost: threadgate\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        garbage.len()
+    );
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    stream.write_all(request.as_bytes()).await.expect("send");
+    stream.write_all(garbage).await.expect("send");
+    let mut reply = Vec::new();
+    let _ = stream.read_to_end(&mut reply).await;
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.starts_with("HTTP/1.1 409"), "{reply}");
+    assert_eq!(branch_tip(&world.settings.repo.path, &thread), Some(tip));
+    assert_eq!(
+        std::fs::read(worktree.join("README.md")).expect("worktree"),
+        readme
+    );
+
+    // At the stop (the thread moves to DONE) the pod's work since the checkpoint comes
+    // back too, asked for before the pod is stopped.
+    std::fs::write(pod.work_dir.join("FINDINGS.md"), "rounding twice, fixed\n").expect("write");
+    mark_done(&app, &thread).await;
+    app.session_stops(&thread).await;
+    let ended = branch_tip(&world.settings.repo.path, &thread).expect("branch");
+    assert_eq!(
+        repo.find_commit(ended)
+            .expect("tip")
+            .parent_id(0)
+            .expect("parent"),
+        tip
+    );
+    let files = files_of(&world.settings.repo.path, ended);
+    assert!(
+        files.contains(&("FINDINGS.md".into(), b"rounding twice, fixed\n".to_vec())),
+        "{files:?}"
+    );
+    assert_eq!(branch_tip(&remote, &thread), Some(ended));
+
+    relay.stop().await;
+    app.stop().await;
+}
+
+/// Delivers the thread's move to DONE (Plain's example, re-aimed at `thread`).
+async fn mark_done(app: &crate::support::app::TestApp, thread: &str) {
+    use crate::support::plain;
+    use serde_json::{Value, json};
+    let body = plain::email_received(thread, "c_x", "x@x.test");
+    let created: Value = serde_json::from_slice(&body).expect("json");
+    let example = plain::shared_dir().join("plain/examples/thread-status-transitioned.json");
+    let mut event: Value =
+        serde_json::from_str(&std::fs::read_to_string(example).expect("example")).expect("json");
+    let later = chrono::Utc::now() + chrono::Duration::seconds(1);
+    event["id"] = json!(format!("pEv_{}", uuid::Uuid::new_v4().simple()));
+    event["timestamp"] = json!(later.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+    event["webhookMetadata"]["webhookDeliveryAttemptTimestamp"] =
+        created["webhookMetadata"]["webhookDeliveryAttemptTimestamp"].clone();
+    event["payload"]["thread"]["id"] = json!(thread);
+    assert_eq!(event["payload"]["thread"]["status"], "DONE");
+    assert_eq!(
+        app.send_webhook(&serde_json::to_vec(&event).expect("json"))
+            .await,
+        200
+    );
+}
