@@ -18,7 +18,7 @@ export THREADGATE_TEST_DATABASE_URL
 export THREADGATE_REQUIRE_DOCKER=1
 echo "takeover-times: load average before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 cargo test --test it instances_pg::takeover_times -- --ignored --exact --nocapture \
-    2>&1 | grep -E '^takeover|^test result|panicked|FAILED' || {
+    2>&1 | grep --line-buffered -E '^takeover|^test result|panicked|FAILED' || {
     echo "takeover-times: the trials failed (run the command above without the filter)" >&2
     exit 1
 }

@@ -431,3 +431,18 @@ pub async fn session_states(db: &Db) -> HashMap<String, String> {
     .await
     .expect("read sessions")
 }
+
+/// Transactions committed and rolled back on the shared Postgres database so far, as
+/// its statistics say (they lag by up to a second or so: compare over a few seconds).
+pub async fn pg_transactions(db: &Db) -> i64 {
+    db.read(|c| {
+        c.query_row(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database \
+             WHERE datname = current_database()",
+            (),
+            |r| r.get::<_, i64>(0),
+        )
+    })
+    .await
+    .expect("read the database's statistics")
+}
