@@ -408,7 +408,8 @@ async fn a_burst_of_100_threads_on_three_instances_survives_a_kill_9() {
     );
     assert!(
         leases_moved <= LEASE + TAKEOVER_SLACK,
-        "leases taken over after {leases_moved:?}"
+        "leases taken over after {leases_moved:?}: {}",
+        logs(&serves)
     );
     // Every thread was acked (the balancer found a survivor), each of its deliveries
     // acked is stored once and applied, and each thread runs once, on its lease's owner.

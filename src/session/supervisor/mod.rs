@@ -273,18 +273,38 @@ impl Supervisor {
         low
     }
 
-    /// Ends the running sessions whose workspace filesystem is full.
+    /// Ends the running sessions whose workspace filesystem is full. Runs at every tick:
+    /// with the limit off (`workspace_bytes = 0`) no workspace is a filesystem of its
+    /// own and nothing is read; otherwise the running sessions are read once, not one
+    /// read per slot (a hundred sessions on Postgres made that two hundred round trips a
+    /// second on the actor, ahead of takeovers and new threads).
     async fn stop_full_workspaces(&mut self) {
-        let mut full = Vec::new();
-        for thread in self.slots.iter().filter(|t| !self.busy.contains_key(*t)) {
-            if let Some(row) = self.session(thread).await
-                && row.state == SessionState::Running
-                && let Some(worktree) = &row.worktree
-                && volume::is_full(std::path::Path::new(worktree))
-            {
-                full.push(row);
-            }
+        if self.parts.settings.workspace_bytes == 0 || self.slots.is_empty() {
+            return;
         }
+        let running = match self
+            .parts
+            .db
+            .read(|c| store::in_states(c, &[SessionState::Running]))
+            .await
+        {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the running sessions; workspaces checked next tick");
+                return;
+            }
+        };
+        let full: Vec<SessionRow> = running
+            .into_iter()
+            .filter(|row| {
+                self.slots.contains(&row.thread_id) && !self.busy.contains_key(&row.thread_id)
+            })
+            .filter(|row| {
+                row.worktree
+                    .as_deref()
+                    .is_some_and(|w| volume::is_full(std::path::Path::new(w)))
+            })
+            .collect();
         let reason = super::StopReason::WorkspaceFull {
             limit_bytes: self.parts.settings.workspace_bytes,
         };
