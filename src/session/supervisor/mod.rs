@@ -60,6 +60,8 @@ pub struct Supervisor {
     checkpoints: checkpoint::Checkpoints,
     /// The session leases this instance holds, shared with their renewal task.
     leases: ownership::Held,
+    /// Whether a pass of the secrets reaper is running (at most one at a time).
+    reaping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Supervisor {
@@ -706,16 +708,7 @@ impl Supervisor {
                 tracing::error!(container = %container, error = %e, "cannot remove container");
             }
         }
-        // Secret files of sessions whose container is gone (a crash mid-start, a
-        // container removed behind threadgate's back) must not stay on the host.
-        match self.parts.sandbox.reap_orphan_secrets().await {
-            Ok(0) => {}
-            Ok(removed) => {
-                crate::metrics::reconcile("secrets_reaped", removed);
-                tracing::warn!(removed, "removed secrets directories without a container")
-            }
-            Err(e) => tracing::error!(error = %e, "cannot reap secrets directories"),
-        }
+        self.spawn_secrets_reaper();
         for row in live {
             if adopted.contains(&row.thread_id)
                 || self.busy.contains_key(&row.thread_id)
@@ -735,6 +728,34 @@ impl Supervisor {
             self.try_start(row).await;
         }
         self.release_unused().await;
+    }
+
+    /// Secret files of sessions whose container is gone (a crash mid-start, a container
+    /// removed behind threadgate's back) must not stay on the host: reaped off the actor,
+    /// one pass at a time. The reaper waits until no container start is in flight (the
+    /// runtime's start gate); on the actor, a burst of slow starts held the supervisor
+    /// that long (15 s and more on a loaded machine), and with it every takeover and new
+    /// thread.
+    fn spawn_secrets_reaper(&self) {
+        if self.reaping.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let (sandbox, reaping) = (self.parts.sandbox.clone(), self.reaping.clone());
+        let reap = async move {
+            match sandbox.reap_orphan_secrets().await {
+                Ok(0) => {}
+                Ok(removed) => {
+                    crate::metrics::reconcile("secrets_reaped", removed);
+                    tracing::warn!(removed, "removed secrets directories without a container")
+                }
+                Err(e) => tracing::error!(error = %e, "cannot reap secrets directories"),
+            }
+            reaping.store(false, std::sync::atomic::Ordering::SeqCst);
+        };
+        self.parts.tasks.spawn(tracing::Instrument::instrument(
+            reap,
+            tracing::info_span!("secrets_reaper"),
+        ));
     }
 
     async fn reopen_api(&self, row: &SessionRow) {
