@@ -62,6 +62,7 @@ impl Supervisor {
             checkpoints: Default::default(),
             leases: Arc::new(Mutex::new(HashMap::new())),
             reaping: Arc::default(),
+            tick_queued: Arc::default(),
         };
         let tasks = sup.parts.tasks.clone();
         tasks.spawn(sup.run())

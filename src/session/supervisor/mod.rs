@@ -41,6 +41,8 @@ use crate::workspace::volume;
 
 /// How often the supervisor looks for idle sessions, stop requests and free slots.
 const TICK: Duration = Duration::from_millis(500);
+/// How long one tick may spend applying stored events (see `apply_all_pending`).
+const TICK_APPLY_BUDGET: Duration = Duration::from_secs(1);
 /// How soon a reconciliation whose database read failed is tried again.
 const RECONCILE_RETRY_MS: i64 = 5_000;
 
@@ -62,6 +64,8 @@ pub struct Supervisor {
     leases: ownership::Held,
     /// Whether a pass of the secrets reaper is running (at most one at a time).
     reaping: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether a tick waits in the mailbox (the ticker sends no second one).
+    tick_queued: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Supervisor {
@@ -84,13 +88,17 @@ impl Supervisor {
                 .tasks
                 .spawn_until_shutdown(pool.clone().run(tasks));
         }
-        self.apply_all_pending().await;
-        let ticker_tx = self.tx.clone();
-        // Ends at the shutdown signal, or when the actor has stopped.
+        self.apply_all_pending(Duration::MAX).await;
+        let (ticker_tx, tick_queued) = (self.tx.clone(), self.tick_queued.clone());
+        // Ends at the shutdown signal, or when the actor has stopped. One tick waits in
+        // the mailbox at most: a tick that ran long is not followed by all those missed.
         self.parts.tasks.spawn_until_shutdown(async move {
             let mut interval = tokio::time::interval(TICK);
             loop {
                 interval.tick().await;
+                if tick_queued.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    continue;
+                }
                 if ticker_tx.send(Msg::Tick).is_err() {
                     break;
                 }
@@ -129,7 +137,11 @@ impl Supervisor {
             }
             Msg::Checkpoint { thread, reply } => self.checkpoint_asked(&thread, reply).await,
             Msg::WhenQuiet(reply) => self.quiet_waiters.push(reply),
-            Msg::Tick => self.tick().await,
+            Msg::Tick => {
+                self.tick_queued
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
+                self.tick().await;
+            }
             Msg::LeaseLost(lease) => self.renewal_refused(&lease),
             Msg::Reconcile => self.reconcile().await,
             Msg::Shutdown => {}
@@ -137,8 +149,12 @@ impl Supervisor {
     }
 
     /// Applies the pending events of every thread this instance owns or no one owns
-    /// (an event stored by any instance is applied by the thread's owner).
-    async fn apply_all_pending(&mut self) {
+    /// (an event stored by any instance is applied by the thread's owner), oldest first,
+    /// until `budget` has passed: the rest wait for the next tick, so that a backlog
+    /// (a burst, a dead instance's stored events) never holds the tick's other duties,
+    /// takeovers among them, for longer than that.
+    async fn apply_all_pending(&mut self, budget: Duration) {
+        let began = std::time::Instant::now();
         let (me, now) = (self.parts.instance_id.clone(), self.now());
         let threads = self
             .parts
@@ -148,6 +164,9 @@ impl Supervisor {
         match threads {
             Ok(threads) => {
                 for thread in threads {
+                    if began.elapsed() >= budget {
+                        break;
+                    }
                     self.apply_thread(&thread).await;
                 }
             }
@@ -619,9 +638,10 @@ impl Supervisor {
         }
         self.stop_full_workspaces().await;
         self.checkpoints_due().await;
-        // Events stored by any instance for threads this one owns (or no one owns).
-        self.apply_all_pending().await;
+        // A dead owner's live sessions first: its customers have no agent meanwhile.
         self.take_over_unowned().await;
+        // Events stored by any instance for threads this one owns (or no one owns).
+        self.apply_all_pending(TICK_APPLY_BUDGET).await;
         self.start_queued().await;
         if now - self.last_reconcile_ms >= self.parts.settings.reconcile_every_ms() {
             self.reconcile().await;
