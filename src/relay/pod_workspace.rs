@@ -352,10 +352,15 @@ mod tests {
         let pods = Arc::new(PodWorkspaces::new(workspaces, limits, wait));
         let scope = SessionScope {
             session_id: session.clone(),
-            thread_id: thread,
+            thread_id: thread.clone(),
             agent: "support".into(),
             customer_id: None,
             customer_email: None,
+            lease: crate::store::leases::Lease {
+                thread_id: thread,
+                owner: "inst".into(),
+                token: 1,
+            },
         };
         let router = routes(&scope, &pods);
         Setup {

@@ -6,7 +6,7 @@
 //! orchestrator's back.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 
@@ -75,6 +75,9 @@ impl std::fmt::Debug for PodTokens {
 #[derive(Debug, Default)]
 pub struct FakeRuntime {
     state: Mutex<FakeState>,
+    /// Held by [`FakeRuntime::hold_reaping`]: `reap_orphan_secrets` waits meanwhile,
+    /// as the Docker runtime's reaper waits for the container starts in flight.
+    reaping: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl FakeRuntime {
@@ -100,6 +103,12 @@ impl FakeRuntime {
     /// Sets the creation time `park` reports from now on.
     pub fn set_now_ms(&self, now_ms: i64) {
         self.lock().now_ms = now_ms;
+    }
+
+    /// Makes `reap_orphan_secrets` wait until the guard is dropped (a reaper stuck
+    /// behind slow container starts).
+    pub async fn hold_reaping(&self) -> tokio::sync::OwnedRwLockWriteGuard<()> {
+        self.reaping.clone().write_owned().await
     }
 
     /// Makes the next `park` fail with `err`.
@@ -342,6 +351,7 @@ impl SandboxRuntime for FakeRuntime {
     }
 
     async fn reap_orphan_secrets(&self) -> Result<usize, SandboxError> {
+        drop(self.reaping.read().await);
         let mut state = self.lock();
         let live: BTreeSet<String> = state
             .containers

@@ -635,3 +635,23 @@ async fn failed_reads_in_the_tick_stop_and_start_nothing() {
 pub(super) fn tid(text: &str) -> ThreadId {
     ThreadId::parse(text).expect("thread id")
 }
+
+#[tokio::test]
+async fn a_secrets_reaper_waiting_on_container_starts_does_not_hold_the_supervisor() {
+    let h = harness(4);
+    // The reaper waits (as the Docker runtime's waits for every start in flight); the
+    // reconciliation that starts it must not.
+    let held = h.sandbox.hold_reaping().await;
+    h.handle.reconcile();
+    let served = tokio::time::timeout(Duration::from_secs(10), async {
+        h.event("th_1", "customer", 1_000).await;
+        h.state("th_1").await
+    })
+    .await;
+    assert_eq!(
+        served.ok().flatten(),
+        Some(SessionState::Running),
+        "the supervisor waited for the reaper"
+    );
+    drop(held);
+}

@@ -381,6 +381,8 @@ pub fn relay_args(gateway_url: &str) -> Vec<String> {
         &format!("{CREDENTIAL_DIR}/{TOKEN_KEY}"),
         "--ca-file",
         &format!("{CREDENTIAL_DIR}/{CA_KEY}"),
+        "--secrets-dir",
+        CONTAINER_SECRETS_DIR,
         "--workspace-dir",
         CONTAINER_WORKSPACE,
         "--workspace-git",

@@ -61,6 +61,8 @@ impl Supervisor {
             last_reconcile_ms: 0,
             checkpoints: Default::default(),
             leases: Arc::new(Mutex::new(HashMap::new())),
+            reaping: Arc::default(),
+            tick_queued: Arc::default(),
         };
         let tasks = sup.parts.tasks.clone();
         tasks.spawn(sup.run())

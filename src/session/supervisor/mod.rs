@@ -42,6 +42,8 @@ use crate::workspace::volume;
 
 /// How often the supervisor looks for idle sessions, stop requests and free slots.
 const TICK: Duration = Duration::from_millis(500);
+/// How long one tick may spend applying stored events (see `apply_all_pending`).
+const TICK_APPLY_BUDGET: Duration = Duration::from_secs(1);
 /// How soon a reconciliation whose database read failed is tried again.
 const RECONCILE_RETRY_MS: i64 = 5_000;
 
@@ -61,6 +63,10 @@ pub struct Supervisor {
     checkpoints: checkpoint::Checkpoints,
     /// The session leases this instance holds, shared with their renewal task.
     leases: ownership::Held,
+    /// Whether a pass of the secrets reaper is running (at most one at a time).
+    reaping: Arc<std::sync::atomic::AtomicBool>,
+    /// Whether a tick waits in the mailbox (the ticker sends no second one).
+    tick_queued: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Supervisor {
@@ -83,13 +89,17 @@ impl Supervisor {
                 .tasks
                 .spawn_until_shutdown(pool.clone().run(tasks));
         }
-        self.apply_all_pending().await;
-        let ticker_tx = self.tx.clone();
-        // Ends at the shutdown signal, or when the actor has stopped.
+        self.apply_all_pending(Duration::MAX).await;
+        let (ticker_tx, tick_queued) = (self.tx.clone(), self.tick_queued.clone());
+        // Ends at the shutdown signal, or when the actor has stopped. One tick waits in
+        // the mailbox at most: a tick that ran long is not followed by all those missed.
         self.parts.tasks.spawn_until_shutdown(async move {
             let mut interval = tokio::time::interval(TICK);
             loop {
                 interval.tick().await;
+                if tick_queued.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    continue;
+                }
                 if ticker_tx.send(Msg::Tick).is_err() {
                     break;
                 }
@@ -128,7 +138,11 @@ impl Supervisor {
             }
             Msg::Checkpoint { thread, reply } => self.checkpoint_asked(&thread, reply).await,
             Msg::WhenQuiet(reply) => self.quiet_waiters.push(reply),
-            Msg::Tick => self.tick().await,
+            Msg::Tick => {
+                self.tick_queued
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
+                self.tick().await;
+            }
             Msg::LeaseLost(lease) => self.renewal_refused(&lease),
             Msg::Reconcile => self.reconcile().await,
             Msg::Shutdown => {}
@@ -136,8 +150,12 @@ impl Supervisor {
     }
 
     /// Applies the pending events of every thread this instance owns or no one owns
-    /// (an event stored by any instance is applied by the thread's owner).
-    async fn apply_all_pending(&mut self) {
+    /// (an event stored by any instance is applied by the thread's owner), oldest first,
+    /// until `budget` has passed: the rest wait for the next tick, so that a backlog
+    /// (a burst, a dead instance's stored events) never holds the tick's other duties,
+    /// takeovers among them, for longer than that.
+    async fn apply_all_pending(&mut self, budget: Duration) {
+        let began = std::time::Instant::now();
         let (me, now) = (self.parts.instance_id.clone(), self.now());
         let threads = self
             .parts
@@ -147,6 +165,9 @@ impl Supervisor {
         match threads {
             Ok(threads) => {
                 for thread in threads {
+                    if began.elapsed() >= budget {
+                        break;
+                    }
                     self.apply_thread(&thread).await;
                 }
             }
@@ -274,18 +295,38 @@ impl Supervisor {
         low
     }
 
-    /// Ends the running sessions whose workspace filesystem is full.
+    /// Ends the running sessions whose workspace filesystem is full. Runs at every tick:
+    /// with the limit off (`workspace_bytes = 0`) no workspace is a filesystem of its
+    /// own and nothing is read; otherwise the running sessions are read once, not one
+    /// read per slot (a hundred sessions on Postgres made that two hundred round trips a
+    /// second on the actor, ahead of takeovers and new threads).
     async fn stop_full_workspaces(&mut self) {
-        let mut full = Vec::new();
-        for thread in self.slots.iter().filter(|t| !self.busy.contains_key(*t)) {
-            if let Some(row) = self.session(thread).await
-                && row.state == SessionState::Running
-                && let Some(worktree) = &row.worktree
-                && volume::is_full(std::path::Path::new(worktree))
-            {
-                full.push(row);
-            }
+        if self.parts.settings.workspace_bytes == 0 || self.slots.is_empty() {
+            return;
         }
+        let running = match self
+            .parts
+            .db
+            .read(|c| store::in_states(c, &[SessionState::Running]))
+            .await
+        {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the running sessions; workspaces checked next tick");
+                return;
+            }
+        };
+        let full: Vec<SessionRow> = running
+            .into_iter()
+            .filter(|row| {
+                self.slots.contains(&row.thread_id) && !self.busy.contains_key(&row.thread_id)
+            })
+            .filter(|row| {
+                row.worktree
+                    .as_deref()
+                    .is_some_and(|w| volume::is_full(std::path::Path::new(w)))
+            })
+            .collect();
         let reason = super::StopReason::WorkspaceFull {
             limit_bytes: self.parts.settings.workspace_bytes,
         };
@@ -599,9 +640,10 @@ impl Supervisor {
         }
         self.stop_full_workspaces().await;
         self.checkpoints_due().await;
-        // Events stored by any instance for threads this one owns (or no one owns).
-        self.apply_all_pending().await;
+        // A dead owner's live sessions first: its customers have no agent meanwhile.
         self.take_over_unowned().await;
+        // Events stored by any instance for threads this one owns (or no one owns).
+        self.apply_all_pending(TICK_APPLY_BUDGET).await;
         self.start_queued().await;
         if now - self.last_reconcile_ms >= self.parts.settings.reconcile_every_ms() {
             self.reconcile().await;
@@ -690,16 +732,7 @@ impl Supervisor {
                 tracing::error!(container = %container, error = %e, "cannot remove container");
             }
         }
-        // Secret files of sessions whose container is gone (a crash mid-start, a
-        // container removed behind threadgate's back) must not stay on the host.
-        match self.parts.sandbox.reap_orphan_secrets().await {
-            Ok(0) => {}
-            Ok(removed) => {
-                crate::metrics::reconcile("secrets_reaped", removed);
-                tracing::warn!(removed, "removed secrets directories without a container")
-            }
-            Err(e) => tracing::error!(error = %e, "cannot reap secrets directories"),
-        }
+        self.spawn_secrets_reaper();
         for row in live {
             if adopted.contains(&row.thread_id)
                 || self.busy.contains_key(&row.thread_id)
@@ -719,6 +752,34 @@ impl Supervisor {
             self.try_start(row).await;
         }
         self.release_unused().await;
+    }
+
+    /// Secret files of sessions whose container is gone (a crash mid-start, a container
+    /// removed behind threadgate's back) must not stay on the host: reaped off the actor,
+    /// one pass at a time. The reaper waits until no container start is in flight (the
+    /// runtime's start gate); on the actor, a burst of slow starts held the supervisor
+    /// that long (15 s and more on a loaded machine), and with it every takeover and new
+    /// thread.
+    fn spawn_secrets_reaper(&self) {
+        if self.reaping.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let (sandbox, reaping) = (self.parts.sandbox.clone(), self.reaping.clone());
+        let reap = async move {
+            match sandbox.reap_orphan_secrets().await {
+                Ok(0) => {}
+                Ok(removed) => {
+                    crate::metrics::reconcile("secrets_reaped", removed);
+                    tracing::warn!(removed, "removed secrets directories without a container")
+                }
+                Err(e) => tracing::error!(error = %e, "cannot reap secrets directories"),
+            }
+            reaping.store(false, std::sync::atomic::Ordering::SeqCst);
+        };
+        self.parts.tasks.spawn(tracing::Instrument::instrument(
+            reap,
+            tracing::info_span!("secrets_reaper"),
+        ));
     }
 
     async fn reopen_api(&self, row: &SessionRow, lease: Lease) {

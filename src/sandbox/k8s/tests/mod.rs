@@ -120,6 +120,22 @@ async fn a_pod_session_starts_locked_down_with_a_credential_only_its_relay_sees(
         relay.args.clone().unwrap_or_default(),
         objects::relay_args(&settings().gateway_url)
     );
+    // The relay writes the granted secrets where its own mount of the secrets volume is
+    // (without `--secrets-dir` a pod's agent would never get them).
+    let args = relay.args.clone().unwrap_or_default();
+    let secrets_dir = args
+        .iter()
+        .position(|a| a == "--secrets-dir")
+        .and_then(|i| args.get(i + 1))
+        .expect("the relay is told where the secrets go");
+    let relay_secrets_mount = relay
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == "secrets")
+        .expect("the relay mounts the secrets volume");
+    assert_eq!(secrets_dir, &relay_secrets_mount.mount_path);
+    assert_ne!(relay_secrets_mount.read_only, Some(true), "the relay writes them");
     let secrets_volume = spec_
         .volumes
         .iter()
