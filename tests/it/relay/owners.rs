@@ -136,6 +136,7 @@ async fn a_relay_follows_a_bounded_number_of_redirects() {
             credential: threadgate::secrets::SecretString::from("tgr1.x.1.n.m".to_owned()),
             secrets_dir: None,
             max_connections: 4,
+            workspace: None,
         },
     )
     .await;

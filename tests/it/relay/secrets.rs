@@ -54,6 +54,7 @@ async fn the_relay_writes_the_sessions_secrets_and_logs_none() {
             credential: credential.clone(),
             secrets_dir: Some(secrets_dir.clone()),
             max_connections: 32,
+            workspace: None,
         },
     )
     .await;

@@ -70,6 +70,7 @@ async fn a_workspace_goes_into_the_pod_and_its_commit_comes_back_to_the_branch()
             credential: app.relay_credentials.mint(&session_id),
             secrets_dir: None,
             max_connections: 32,
+            workspace: None,
         },
         Some(pod.clone()),
     )

@@ -88,6 +88,9 @@ pub struct RelaySetup<'a> {
     pub credential: SecretString,
     pub secrets_dir: Option<PathBuf>,
     pub max_connections: usize,
+    /// The pod's workspace (its volume and the relay's git directory), when the relay
+    /// carries the session's workspace in and out.
+    pub workspace: Option<threadgate::workspace::PodWorkspace>,
 }
 
 impl<'a> RelaySetup<'a> {
@@ -101,6 +104,7 @@ impl<'a> RelaySetup<'a> {
             credential: app.relay_credentials.mint(&id),
             secrets_dir: None,
             max_connections: 32,
+            workspace: None,
         }
     }
 }
@@ -114,7 +118,8 @@ impl RunningRelay {
         name: &str,
         setup: RelaySetup<'_>,
     ) -> RunningRelay {
-        RunningRelay::start_with(app, dir, name, setup, None).await
+        let relay_addr = app.relay_addr.expect("the relay listener is on");
+        RunningRelay::start_at(relay_addr, dir, name, setup).await
     }
 
     /// [`RunningRelay::start`] with the session's workspace carried in and out through
@@ -126,8 +131,7 @@ impl RunningRelay {
         setup: RelaySetup<'_>,
         workspace: Option<threadgate::workspace::PodWorkspace>,
     ) -> RunningRelay {
-        let relay_addr = app.relay_addr.expect("the relay listener is on");
-        RunningRelay::start_at(relay_addr, dir, name, setup).await
+        RunningRelay::start(app, dir, name, RelaySetup { workspace, ..setup }).await
     }
 
     /// A relay to `app` that presents `credential` (one minted elsewhere, expired, a
@@ -144,6 +148,7 @@ impl RunningRelay {
             credential,
             secrets_dir: None,
             max_connections: 32,
+            workspace: None,
         };
         RunningRelay::start(app, dir, name, setup).await
     }
@@ -165,7 +170,7 @@ impl RunningRelay {
             ca_file: setup.ca_file.to_owned(),
             secrets_dir: setup.secrets_dir,
             max_connections: setup.max_connections,
-            workspace,
+            workspace: setup.workspace,
         })
         .expect("the relay starts");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

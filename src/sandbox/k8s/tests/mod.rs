@@ -135,7 +135,11 @@ async fn a_pod_session_starts_locked_down_with_a_credential_only_its_relay_sees(
         .find(|m| m.name == "secrets")
         .expect("the relay mounts the secrets volume");
     assert_eq!(secrets_dir, &relay_secrets_mount.mount_path);
-    assert_ne!(relay_secrets_mount.read_only, Some(true), "the relay writes them");
+    assert_ne!(
+        relay_secrets_mount.read_only,
+        Some(true),
+        "the relay writes them"
+    );
     let secrets_volume = spec_
         .volumes
         .iter()
