@@ -525,8 +525,8 @@ async fn review_oidc(
 
 /// The background work: recovery of the calls a previous run left (then
 /// `recovery_done` turns true), and the loops run until shutdown: stored events to the
-/// supervisor, the note outbox, the audit anchor, expiry of held calls, and keeping the
-/// redactor current.
+/// supervisor, the note outbox, the audit anchor, expiry of held calls with the sweep
+/// of calls other instances left behind, and keeping the redactor current.
 fn background(
     settings: &Settings,
     db: &Db,
@@ -552,14 +552,21 @@ fn background(
         Duration::from_secs(60),
     ));
     // Recovery runs calls a previous run left approved: work in flight that shutdown
-    // waits for. Expiry, after it, is a loop that stops at the signal.
+    // waits for. Expiry and the sweep, after it, are a loop that stops at the signal:
+    // every second, held calls past their ttl expire, and calls another instance left
+    // behind (approved and never claimed, or running on a dead instance) run here.
     let expiry = tasks.clone();
+    let times = approvals::SweepTimes {
+        grace: settings.sessions.renew_every(),
+        alive_within: settings.sessions.lease_time,
+    };
     tasks.spawn(async move {
         a.recover(leftovers).await;
         let _ = recovery_done.send(true);
         expiry.spawn_until_shutdown(async move {
             loop {
                 a.expire_due().await;
+                a.sweep(times).await;
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         });
