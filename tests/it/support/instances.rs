@@ -260,3 +260,49 @@ pub async fn running_sessions(db: &Db) -> usize {
     .map(|n| usize::try_from(n).expect("a count"))
     .expect("read sessions")
 }
+
+/// As [`serve`], with `extra` appended to the instance's config file (more tables, such
+/// as `[stripe]`), in the directory `tag` (the same tag again is the same data
+/// directory: a restart of the same instance).
+pub async fn serve_with(
+    world: &DockerWorld,
+    shared: &Shared,
+    instance: &str,
+    tag: &str,
+    extra: &str,
+) -> Serve {
+    let dir = world.root.path().join(tag);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let port = free_port();
+    let config = write_config(world, shared, &dir, port, instance);
+    let mut text = std::fs::read_to_string(&config).expect("read config");
+    text.push('\n');
+    text.push_str(extra);
+    std::fs::write(&config, text).expect("write config");
+    let log = dir.join("serve.log");
+    let child = command(&config, shared, &log).spawn().expect("spawn serve");
+    let mut serve = Serve {
+        child,
+        addr: format!("127.0.0.1:{port}"),
+        instance: instance.to_owned(),
+        log,
+    };
+    let http = reqwest::Client::new();
+    let up = wait_for(Duration::from_secs(60), || {
+        let url = format!("http://{}/healthz", serve.addr);
+        let http = http.clone();
+        async move {
+            let ok = http
+                .get(url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            ok.then_some(())
+        }
+    })
+    .await;
+    if up.is_none() || serve.child.try_wait().expect("try_wait").is_some() {
+        panic!("instance {tag} did not start: {}", serve.log());
+    }
+    serve
+}
