@@ -142,29 +142,9 @@ impl Cluster {
 
     /// Every refund localstripe made, counted by the execution that asked for it.
     async fn refunds_by_execution(&self) -> HashMap<String, usize> {
-        let mut count = HashMap::new();
-        let mut after: Option<String> = None;
-        loop {
-            let path = match &after {
-                Some(id) => format!("refunds?limit=100&starting_after={id}"),
-                None => "refunds?limit=100".to_owned(),
-            };
-            let page = self.stripe.get(&path).await;
-            let data = page["data"].as_array().cloned().unwrap_or_default();
-            for refund in &data {
-                let by = refund["metadata"]["threadgate_execution_id"]
-                    .as_str()
-                    .unwrap_or("(none)")
-                    .to_owned();
-                *count.entry(by).or_insert(0) += 1;
-            }
-            let more = page["has_more"].as_bool().unwrap_or(false);
-            match data.last().and_then(|r| r["id"].as_str()) {
-                Some(last) if more => after = Some(last.to_owned()),
-                _ => break,
-            }
-        }
-        count
+        let mut refunds = Refunds::default();
+        refunds.update(&self.stripe).await;
+        refunds.by_execution
     }
 
     /// Approves `id` on the instance at `addr` and waits until it ran: how long the
@@ -203,6 +183,41 @@ impl Cluster {
             })
             .await
             .expect("read audit")
+    }
+}
+
+/// The refunds localstripe made, counted by the execution that asked for them, read
+/// again from where the last read stopped (localstripe lists oldest first), so a long
+/// stress run does not page through every refund after each kill.
+#[derive(Default)]
+struct Refunds {
+    after: Option<String>,
+    by_execution: HashMap<String, usize>,
+}
+
+impl Refunds {
+    async fn update(&mut self, stripe: &LocalStripe) {
+        loop {
+            let path = match &self.after {
+                Some(id) => format!("refunds?limit=100&starting_after={id}"),
+                None => "refunds?limit=100".to_owned(),
+            };
+            let page = stripe.get(&path).await;
+            let data = page["data"].as_array().cloned().unwrap_or_default();
+            for refund in &data {
+                let by = refund["metadata"]["threadgate_execution_id"]
+                    .as_str()
+                    .unwrap_or("(none)")
+                    .to_owned();
+                *self.by_execution.entry(by).or_insert(0) += 1;
+            }
+            if let Some(last) = data.last().and_then(|r| r["id"].as_str()) {
+                self.after = Some(last.to_owned());
+            }
+            if !page["has_more"].as_bool().unwrap_or(false) || data.is_empty() {
+                break;
+            }
+        }
     }
 }
 
@@ -492,6 +507,7 @@ async fn kill_9_of_the_runner_around_approve_claim_send_never_doubles_or_loses_a
     let lives = trials.div_ceil(per_life);
     let mut victim_starts = Duration::ZERO;
     let mut slowest = 0;
+    let mut made = Refunds::default();
     for life in 0..lives {
         let n = per_life.min(trials - life * per_life);
         let ids = cluster.hold(&charge, 1, n).await;
@@ -538,12 +554,11 @@ async fn kill_9_of_the_runner_around_approve_claim_send_never_doubles_or_loses_a
         victim.child.kill().expect("kill -9 the victim");
         victim.child.wait().expect("reap the victim");
         let rows = cluster.rows().await;
-        let refunds = cluster.refunds_by_execution().await;
+        made.update(&cluster.stripe).await;
         for id in &ids {
             let status = rows.get(id).map_or("missing", |(s, _)| s.as_str());
-            *stages
-                .entry(stage(status, refunds.contains_key(id)))
-                .or_insert(0) += 1;
+            let refunded = made.by_execution.contains_key(id);
+            *stages.entry(stage(status, refunded)).or_insert(0) += 1;
         }
         for task in approving {
             let (id, status) = task.await.expect("an approval");
@@ -569,7 +584,8 @@ async fn kill_9_of_the_runner_around_approve_claim_send_never_doubles_or_loses_a
             survivor.log()
         )
     });
-    let refunds = cluster.refunds_by_execution().await;
+    made.update(&cluster.stripe).await;
+    let refunds = made.by_execution;
     let mut doubled = Vec::new();
     let mut lost = Vec::new();
     let mut unapproved_ran = Vec::new();
@@ -613,6 +629,22 @@ async fn kill_9_of_the_runner_around_approve_claim_send_never_doubles_or_loses_a
         killed.as_secs_f64(),
         started.elapsed().as_secs_f64(),
     );
+    // The kills landed where it matters: some approved calls were cut between approve
+    // and claim or while being sent (else these trials proved nothing).
+    let in_flight: usize = [
+        "between approve and claim",
+        "claimed, before the refund was made",
+        "after the refund was made, before its outcome was recorded",
+    ]
+    .iter()
+    .map(|s| stages.get(s).copied().unwrap_or(0))
+    .sum();
+    if all.len() >= 100 {
+        assert!(
+            in_flight > 0,
+            "no kill landed around approve -> claim -> send: {stages:?}"
+        );
+    }
     assert!(doubled.is_empty(), "double executions: {doubled:?}");
     assert!(
         lost.is_empty(),
@@ -634,4 +666,157 @@ async fn kill_9_of_the_runner_around_approve_claim_send_never_doubles_or_loses_a
     let charge_now = cluster.stripe.get(&format!("charges/{charge}")).await;
     assert_eq!(charge_now["amount_refunded"], json!(approved));
     drop(survivor);
+}
+
+/// Where the two in-process instances of [`an_approval_decided_elsewhere_reaches_the_agent_waiting_here`]
+/// keep their database.
+enum Backend {
+    Postgres(TestDb),
+    SqliteFile,
+}
+
+/// The result of an approval decided on another instance reaches the agent waiting on
+/// the instance that runs its session, whoever runs the call: the instance that
+/// recorded the approval (case 1), or, when the decider died before claiming it, any
+/// instance's sweep (case 2). Two in-process applications on one database (a fake
+/// sandbox: the session's socket is real), localstripe counting the refunds.
+async fn an_approval_decided_elsewhere_reaches_the_agent_waiting_here(backend: Backend) {
+    use support::app::spawn_app;
+    use support::world::{World, stored_secrets};
+
+    let mut world = World::new().await;
+    world.settings.sessions.lease_time = Duration::from_secs(3);
+    let kind = match &backend {
+        Backend::Postgres(pg) => {
+            world.settings.store.url = pg.url().expect("url").to_owned();
+            "postgres"
+        }
+        Backend::SqliteFile => {
+            world.settings.database_file = world.settings.database_path();
+            "one sqlite file"
+        }
+    };
+    world.settings.instance_id = Some("inst-a".into());
+    let db = Db::open_configured(
+        Some(world.settings.store.url.as_str()).filter(|u| !u.is_empty()),
+        &world.settings.database_path(),
+    )
+    .expect("open the shared database");
+    let secrets = threadgate::app::open_secrets(&db, &world.settings).expect("secrets");
+    for (name, value) in stored_secrets() {
+        secrets
+            .set(name, SecretString::from(value.to_owned()))
+            .await
+            .expect("store a secret");
+    }
+    let a = world.start().await;
+    let ada = world
+        .customer_session(&a, "ada@example.com", &[50_000])
+        .await;
+    // B starts once A owns the thread (else B's tick could take the new thread).
+    let mut settings_b = world.settings.clone();
+    settings_b.data_dir = world.dir.path().join("data-b");
+    settings_b.instance_id = Some("inst-b".into());
+    std::fs::create_dir_all(&settings_b.data_dir).expect("data dir b");
+    let b = spawn_app(
+        settings_b,
+        threadgate::app::Overrides {
+            sandbox: Some(std::sync::Arc::new(threadgate::sandbox::FakeRuntime::new())),
+            clock: None,
+        },
+    )
+    .await;
+    let token = threadgate::reviewers::add(&db, "alice")
+        .await
+        .expect("alice");
+    let token = secrecy::ExposeSecret::expose_secret(&token.token).to_owned();
+    let charge = ada.charges[0].clone();
+
+    // Case 1: approved on B, run by B; the agent waits on A's socket.
+    let first = ada.session.hold_refund(&charge, 1_000).await;
+    let waiting = {
+        let (session, id) = (ada.session.clone(), first.clone());
+        tokio::spawn(async move { session.wait(&id, 60).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let http = reqwest::Client::new();
+    assert_eq!(
+        approve_api(&http, &b.addr.to_string(), &token, &first).await,
+        200
+    );
+    let seen = waiting.await.expect("the wait");
+    assert_eq!(seen["status"], "ok", "{kind}: {seen}");
+    let row = |id: String| {
+        let db = db.clone();
+        async move {
+            db.read(move |c| {
+                c.query_row(
+                    "SELECT status, runner FROM executions WHERE id = ?1",
+                    [id.as_str()],
+                    |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)),
+                )
+            })
+            .await
+            .expect("the row")
+        }
+    };
+    assert_eq!(
+        row(first.clone()).await,
+        ("succeeded".into(), Some("inst-b".into())),
+        "{kind}"
+    );
+
+    // Case 2: the decider recorded the approval and died before claiming it (written
+    // here as it would have: approved, a minute ago); a sweep runs it, and the agent
+    // waiting on A gets the result.
+    let second = ada.session.hold_refund(&charge, 500).await;
+    let waiting = {
+        let (session, id) = (ada.session.clone(), second.clone());
+        tokio::spawn(async move { session.wait(&id, 60).await })
+    };
+    let decided_at = chrono::Utc::now().timestamp_millis() - 60_000;
+    let id = second.clone();
+    db.write(move |c| {
+        c.execute(
+            &format!(
+                "UPDATE executions SET status = 'approved', reviewer = 'alice', \
+                 decided_at_ms = {decided_at} WHERE id = ?1 AND status = 'held'"
+            ),
+            [id.as_str()],
+        )
+    })
+    .await
+    .expect("approve as a dead decider would have");
+    let seen = waiting.await.expect("the wait");
+    assert_eq!(seen["status"], "ok", "{kind}: {seen}");
+    let (status, runner) = row(second.clone()).await;
+    assert_eq!(status, "succeeded", "{kind}");
+    assert!(
+        ["inst-a", "inst-b"].contains(&runner.as_deref().unwrap_or_default()),
+        "{kind}: {runner:?}"
+    );
+    let mut refunds = Refunds::default();
+    refunds.update(&world.stripe).await;
+    assert_eq!(refunds.by_execution.get(&first), Some(&1), "{kind}");
+    assert_eq!(refunds.by_execution.get(&second), Some(&1), "{kind}");
+    assert_eq!(refunds.by_execution.values().sum::<usize>(), 2, "{kind}");
+    println!(
+        "{kind}: an approval decided on B reached the agent waiting on A (run by B, then by {runner:?}'s sweep)"
+    );
+    drop(b);
+    drop(a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_decided_elsewhere_reaches_the_waiting_agent_on_postgres() {
+    let Some(pg) = TestDb::postgres_from_env() else {
+        eprintln!("THREADGATE_TEST_DATABASE_URL is not set: instances_approvals skipped");
+        return;
+    };
+    an_approval_decided_elsewhere_reaches_the_agent_waiting_here(Backend::Postgres(pg)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_decided_elsewhere_reaches_the_waiting_agent_on_one_sqlite_file() {
+    an_approval_decided_elsewhere_reaches_the_agent_waiting_here(Backend::SqliteFile).await;
 }

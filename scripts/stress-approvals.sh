@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Stress: kill -9 of the instance that runs approved calls, at random points around
+# approve -> claim -> send, TRIALS times (default 10,000), with real `threadgate serve`
+# processes on one Postgres and one localstripe. It runs the same test as the suite
+# (tests/it/instances_approvals.rs, 200 trials there) with more trials:
+#
+#   scripts/stress-approvals.sh                 10,000 trials
+#   TRIALS=1000 scripts/stress-approvals.sh     fewer
+#   CALLS_PER_LIFE=25 scripts/stress-approvals.sh   more approved calls per victim life
+#                                               (default 10; fewer restarts, same checks)
+#
+# Needs Docker (scripts/docker-up.sh: the harness's world), localstripe
+# (scripts/localstripe.sh setup) and Postgres: THREADGATE_TEST_DATABASE_URL, else the
+# cluster scripts/postgres-up.sh starts (the test creates a database of its own on it
+# and drops it after). It prints the trials, where the kills landed, double executions
+# (must be 0) and lost approvals (must be 0), and fails on either.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+trials="${TRIALS:-10000}"
+per_life="${CALLS_PER_LIFE:-10}"
+if [[ -z "${THREADGATE_TEST_DATABASE_URL:-}" ]]; then
+  THREADGATE_TEST_DATABASE_URL="$(scripts/postgres-up.sh | tail -n 1)"
+  export THREADGATE_TEST_DATABASE_URL
+fi
+scripts/localstripe.sh setup >/dev/null
+echo "stress-approvals: $trials trials, $per_life approved calls per victim life (load $(cut -d' ' -f1-3 /proc/loadavg))"
+started=$(date +%s)
+THREADGATE_APPROVAL_TRIALS="$trials" THREADGATE_APPROVAL_CALLS_PER_LIFE="$per_life" \
+  cargo test --test it \
+  instances_approvals::kill_9_of_the_runner_around_approve_claim_send_never_doubles_or_loses_a_refund \
+  -- --exact --nocapture
+echo "stress-approvals: $trials trials passed in $(( $(date +%s) - started )) s (load $(cut -d' ' -f1-3 /proc/loadavg))"
