@@ -407,11 +407,16 @@ impl Approvals {
         let redactor = self.gate.current_redactor();
         let reason = "threadgate stopped while this call was in flight; the provider has no idempotency key, so it was not re-sent: check the provider";
         let e = exec.clone();
+        let me = self.gate.runner();
         let written = self
             .gate
             .db()
             .write(move |conn| {
-                store::finish(conn, &e.id, Status::NeedsCheck, None, Some(reason), now)?;
+                // Only while it is still running and still ours: a runner thought dead
+                // that recorded its real outcome meanwhile is not overwritten.
+                if !store::mark_needs_check(conn, &e.id, &me, reason, now)? {
+                    return Ok(());
+                }
                 if trail::was_held(&e) {
                     let event = trail::ran(&e, Status::NeedsCheck, Some(reason), &redactor);
                     trail::enqueue(conn, &event, now)?;

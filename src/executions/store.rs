@@ -554,6 +554,25 @@ pub fn finish(
     Ok(())
 }
 
+/// Marks the running call `id` that `runner` took over for a person to check
+/// (`needs_check`, with `reason`): only while it is still running and still `runner`'s,
+/// so an outcome its earlier runner recorded meanwhile stands. Whether it was marked.
+pub fn mark_needs_check(
+    conn: &Conn<'_>,
+    id: &str,
+    runner: &str,
+    reason: &str,
+    now_ms: i64,
+) -> crate::store::Result<bool> {
+    let changed = cached_execute(
+        conn,
+        "UPDATE executions SET status = 'needs_check', error = ?3, finished_at_ms = ?4, \
+         attempts = attempts + 1 WHERE id = ?1 AND status = 'running' AND runner = ?2",
+        params![id, runner, reason, now_ms],
+    )?;
+    Ok(changed == 1)
+}
+
 /// Held calls whose ttl has passed.
 pub fn expired_holds(conn: &Conn<'_>, now_ms: i64) -> crate::store::Result<Vec<Execution>> {
     let mut stmt = conn.prepare(&format!(
@@ -1071,6 +1090,28 @@ mod tests {
                     .unwrap(),
                 "{kind}: taken once"
             );
+            // Only the instance that took a call over marks it, and only while running.
+            let loser = if took_a { "inst_b" } else { "inst_a" };
+            assert!(
+                !db.write(move |c| super::mark_needs_check(c, "ex_orph", loser, "r", 9_999))
+                    .await
+                    .unwrap(),
+                "{kind}"
+            );
+            assert!(
+                db.write(move |c| super::mark_needs_check(c, "ex_orph", taker, "r", 9_999))
+                    .await
+                    .unwrap(),
+                "{kind}"
+            );
+            assert_eq!(runner(&db, "ex_orph").await.0, "needs_check", "{kind}");
+            assert!(
+                !db.write(|c| super::mark_needs_check(c, "ex_live", "inst_b", "r", 9_999))
+                    .await
+                    .unwrap(),
+                "{kind}: a recorded outcome stands"
+            );
+            assert_eq!(runner(&db, "ex_live").await.0, "succeeded", "{kind}");
         }
     }
 
