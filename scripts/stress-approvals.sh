@@ -6,6 +6,10 @@
 #
 #   scripts/stress-approvals.sh                 10,000 trials
 #   TRIALS=1000 scripts/stress-approvals.sh     fewer
+#   CHUNK=500 scripts/stress-approvals.sh       trials per run of the test (default 1,000):
+#                                               each run is a fresh cluster, checked in full
+#                                               at its end, so a stopped stress still has
+#                                               every finished chunk's verdict
 #   CALLS_PER_LIFE=25 scripts/stress-approvals.sh   more approved calls per victim life
 #                                               (default 10; fewer restarts, same checks)
 #
@@ -25,10 +29,22 @@ if [[ -z "${THREADGATE_TEST_DATABASE_URL:-}" ]]; then
   export THREADGATE_TEST_DATABASE_URL
 fi
 scripts/localstripe.sh setup >/dev/null
-echo "stress-approvals: $trials trials, $per_life approved calls per victim life (load $(cut -d' ' -f1-3 /proc/loadavg))"
+chunk="${CHUNK:-1000}"
+echo "stress-approvals: $trials trials in runs of $chunk, $per_life approved calls per victim life (load $(cut -d' ' -f1-3 /proc/loadavg))"
 started=$(date +%s)
-THREADGATE_APPROVAL_TRIALS="$trials" THREADGATE_APPROVAL_CALLS_PER_LIFE="$per_life" \
-  cargo test --test it \
-  instances_approvals::kill_9_of_the_runner_around_approve_claim_send_never_doubles_or_loses_a_refund \
-  -- --exact --nocapture
-echo "stress-approvals: $trials trials passed in $(( $(date +%s) - started )) s (load $(cut -d' ' -f1-3 /proc/loadavg))"
+done_trials=0
+while (( done_trials < trials )); do
+  n=$(( trials - done_trials < chunk ? trials - done_trials : chunk ))
+  THREADGATE_APPROVAL_TRIALS="$n" THREADGATE_APPROVAL_CALLS_PER_LIFE="$per_life" \
+    cargo test --test it \
+    instances_approvals::kill_9_of_the_runner_around_approve_claim_send_never_doubles_or_loses_a_refund \
+    -- --exact --nocapture 2>&1 | grep -E "kill -9 trials|panicked|test result" || true
+  status=${PIPESTATUS[0]}
+  if (( status != 0 )); then
+    echo "stress-approvals: FAILED after $done_trials trials passed (this run: $n trials)"
+    exit 1
+  fi
+  done_trials=$(( done_trials + n ))
+  echo "stress-approvals: $done_trials of $trials trials passed, $(( $(date +%s) - started )) s (load $(cut -d' ' -f1-3 /proc/loadavg))"
+done
+echo "stress-approvals: all $trials trials passed in $(( $(date +%s) - started )) s"

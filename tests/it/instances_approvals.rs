@@ -186,35 +186,49 @@ impl Cluster {
     }
 }
 
-/// The refunds localstripe made, counted by the execution that asked for them, read
-/// again from where the last read stopped (localstripe lists oldest first), so a long
-/// stress run does not page through every refund after each kill.
+/// The refunds localstripe made, counted by the execution that asked for them. Read
+/// again from the newest (localstripe lists by creation second, newest first) down to
+/// a few seconds before the newest seen at the last read, each refund counted once by
+/// its id, so a long stress run does not page through every refund after each kill.
 #[derive(Default)]
 struct Refunds {
-    after: Option<String>,
+    seen: std::collections::HashSet<String>,
+    newest: i64,
     by_execution: HashMap<String, usize>,
 }
 
 impl Refunds {
     async fn update(&mut self, stripe: &LocalStripe) {
+        let stop_before = self.newest - 3;
+        let mut after: Option<String> = None;
         loop {
-            let path = match &self.after {
+            let path = match &after {
                 Some(id) => format!("refunds?limit=100&starting_after={id}"),
                 None => "refunds?limit=100".to_owned(),
             };
             let page = stripe.get(&path).await;
             let data = page["data"].as_array().cloned().unwrap_or_default();
+            let mut oldest = i64::MAX;
             for refund in &data {
+                let created = refund["created"].as_i64().unwrap_or(0);
+                oldest = oldest.min(created);
+                self.newest = self.newest.max(created);
+                let id = refund["id"].as_str().unwrap_or_default().to_owned();
+                if !self.seen.insert(id) {
+                    continue;
+                }
                 let by = refund["metadata"]["threadgate_execution_id"]
                     .as_str()
                     .unwrap_or("(none)")
                     .to_owned();
                 *self.by_execution.entry(by).or_insert(0) += 1;
             }
-            if let Some(last) = data.last().and_then(|r| r["id"].as_str()) {
-                self.after = Some(last.to_owned());
-            }
-            if !page["has_more"].as_bool().unwrap_or(false) || data.is_empty() {
+            after = data
+                .last()
+                .and_then(|r| r["id"].as_str())
+                .map(str::to_owned);
+            let more = page["has_more"].as_bool().unwrap_or(false);
+            if !more || after.is_none() || oldest < stop_before {
                 break;
             }
         }
@@ -586,6 +600,8 @@ async fn kill_9_of_the_runner_around_approve_claim_send_never_doubles_or_loses_a
     });
     made.update(&cluster.stripe).await;
     let refunds = made.by_execution;
+    // The incremental count agrees with one read of every refund.
+    assert_eq!(refunds, cluster.refunds_by_execution().await);
     let mut doubled = Vec::new();
     let mut lost = Vec::new();
     let mut unapproved_ran = Vec::new();
