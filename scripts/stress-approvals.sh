@@ -32,16 +32,20 @@ scripts/localstripe.sh setup >/dev/null
 chunk="${CHUNK:-1000}"
 echo "stress-approvals: $trials trials in runs of $chunk, $per_life approved calls per victim life (load $(cut -d' ' -f1-3 /proc/loadavg))"
 started=$(date +%s)
+logs="$repo/target/stress-approvals"
+mkdir -p "$logs"
 done_trials=0
 while (( done_trials < trials )); do
   n=$(( trials - done_trials < chunk ? trials - done_trials : chunk ))
+  log="$logs/run-$(( done_trials / chunk + 1 )).log"
+  status=0
   THREADGATE_APPROVAL_TRIALS="$n" THREADGATE_APPROVAL_CALLS_PER_LIFE="$per_life" \
     cargo test --test it \
     instances_approvals::kill_9_of_the_runner_around_approve_claim_send_never_doubles_or_loses_a_refund \
-    -- --exact --nocapture 2>&1 | grep -E "kill -9 trials|panicked|test result" || true
-  status=${PIPESTATUS[0]}
+    -- --exact --nocapture >"$log" 2>&1 || status=$?
+  grep -E "kill -9 trials|panicked|test result" "$log" || true
   if (( status != 0 )); then
-    echo "stress-approvals: FAILED after $done_trials trials passed (this run: $n trials)"
+    echo "stress-approvals: FAILED after $done_trials trials passed (this run: $n trials; log $log)"
     exit 1
   fi
   done_trials=$(( done_trials + n ))
