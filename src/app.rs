@@ -64,6 +64,8 @@ pub struct Application {
     pub instance_id: String,
     /// This boot's nonce in the instance registry (cleared at a clean stop).
     boot_nonce: String,
+    /// This boot's heartbeat, renewed again while work in flight drains at shutdown.
+    heartbeat: instance::Heartbeat,
     /// The data directory's lock, released when the application goes.
     _data_dir_lock: instance::DataDirLock,
     /// Turns `true` once the calls a previous run left behind have been recovered (an
@@ -594,13 +596,13 @@ impl Application {
         }
         let base = Foundation::open(&settings, overrides).await?;
         let tasks = Tasks::new();
-        instance::keep_heartbeat(
-            &tasks,
+        let heartbeat = instance::Heartbeat::new(
             &base.db,
             &base.clock,
             (base.instance_id.clone(), base.boot_nonce.clone()),
             settings.sessions.renew_every(),
         );
+        instance::keep_heartbeat(&tasks, &heartbeat);
         let (handle, inbox) = Supervisor::channel(base.clock.clone());
         let gate = base.gate(&settings, handle.clone());
         // Before any session socket serves a call: reads rely on these marks.
@@ -672,6 +674,7 @@ impl Application {
             supervisor: handle,
             instance_id: base.instance_id,
             boot_nonce: base.boot_nonce,
+            heartbeat,
             _data_dir_lock: base.data_dir_lock,
             recovered,
             metrics_addr,
@@ -709,7 +712,12 @@ impl Application {
         crate::server::serve(self.listener, self.router, self.limits, shutdown).await;
         tracing::info!(running = self.tasks.len(), "shutting down");
         self.supervisor.shutdown();
-        let drained = self.tasks.shutdown(deadline).await;
+        // The heartbeat goes on while work in flight drains: a call still being sent
+        // is a live instance's, never taken over by another instance's sweep.
+        let drained = tokio::select! {
+            drained = self.tasks.shutdown(deadline) => drained,
+            never = self.heartbeat.clone().beat() => match never {},
+        };
         drop(self.sockets);
         // A clean stop frees the instance id at once (a restart need not wait out the
         // lease time). Its session leases stay: the next start of this instance adopts
