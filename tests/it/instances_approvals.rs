@@ -10,7 +10,13 @@
 //!   `scripts/stress-approvals.sh` runs 10,000): 0 double executions and 0 lost
 //!   approvals, checked at the fake.
 //!
-//! Skipped (saying so) without `THREADGATE_TEST_DATABASE_URL`, Docker (the harness's
+//! Beside them, in process (two applications on one database, a fake sandbox): an
+//! approval decided on B reaches the agent waiting on A's session socket, whoever runs
+//! it (B, or a sweep when B died before claiming it), on Postgres and on one SQLite
+//! file; and an instance told to stop while it sends a call keeps its heartbeat until
+//! the call is done, so no sweep takes it over.
+//!
+//! The real-process tests are skipped (saying so) without `THREADGATE_TEST_DATABASE_URL`, Docker (the harness's
 //! world) or localstripe (`scripts/localstripe.sh setup`).
 
 use std::collections::HashMap;
