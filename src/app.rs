@@ -64,6 +64,8 @@ pub struct Application {
     pub instance_id: String,
     /// This boot's nonce in the instance registry (cleared at a clean stop).
     boot_nonce: String,
+    /// This boot's heartbeat, renewed again while work in flight drains at shutdown.
+    heartbeat: instance::Heartbeat,
     /// The data directory's lock, released when the application goes.
     _data_dir_lock: instance::DataDirLock,
     /// Turns `true` once the calls a previous run left behind have been recovered (an
@@ -555,8 +557,8 @@ async fn review_oidc(
 
 /// The background work: recovery of the calls a previous run left (then
 /// `recovery_done` turns true), and the loops run until shutdown: stored events to the
-/// supervisor, the note outbox, the audit anchor, expiry of held calls, and keeping the
-/// redactor current.
+/// supervisor, the note outbox, the audit anchor, expiry of held calls with the sweep
+/// of calls other instances left behind, and keeping the redactor current.
 fn background(
     settings: &Settings,
     db: &Db,
@@ -582,14 +584,21 @@ fn background(
         Duration::from_secs(60),
     ));
     // Recovery runs calls a previous run left approved: work in flight that shutdown
-    // waits for. Expiry, after it, is a loop that stops at the signal.
+    // waits for. Expiry and the sweep, after it, are a loop that stops at the signal:
+    // every second, held calls past their ttl expire, and calls another instance left
+    // behind (approved and never claimed, or running on a dead instance) run here.
     let expiry = tasks.clone();
+    let times = approvals::SweepTimes {
+        grace: settings.sessions.renew_every(),
+        alive_within: settings.sessions.lease_time,
+    };
     tasks.spawn(async move {
         a.recover(leftovers).await;
         let _ = recovery_done.send(true);
         expiry.spawn_until_shutdown(async move {
             loop {
                 a.expire_due().await;
+                a.sweep(times).await;
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         });
@@ -617,13 +626,13 @@ impl Application {
         }
         let base = Foundation::open(&settings, overrides).await?;
         let tasks = Tasks::new();
-        instance::keep_heartbeat(
-            &tasks,
+        let heartbeat = instance::Heartbeat::new(
             &base.db,
             &base.clock,
             (base.instance_id.clone(), base.boot_nonce.clone()),
             settings.sessions.renew_every(),
         );
+        instance::keep_heartbeat(&tasks, &heartbeat);
         let (handle, inbox) = Supervisor::channel(base.clock.clone());
         let gate = base.gate(&settings, handle.clone());
         // Before any session socket serves a call: reads rely on these marks.
@@ -714,6 +723,7 @@ impl Application {
             supervisor: handle,
             instance_id: base.instance_id,
             boot_nonce: base.boot_nonce,
+            heartbeat,
             _data_dir_lock: base.data_dir_lock,
             recovered,
             metrics_addr,
@@ -751,7 +761,12 @@ impl Application {
         crate::server::serve(self.listener, self.router, self.limits, shutdown).await;
         tracing::info!(running = self.tasks.len(), "shutting down");
         self.supervisor.shutdown();
-        let drained = self.tasks.shutdown(deadline).await;
+        // The heartbeat goes on while work in flight drains: a call still being sent
+        // is a live instance's, never taken over by another instance's sweep.
+        let drained = tokio::select! {
+            drained = self.tasks.shutdown(deadline) => drained,
+            never = self.heartbeat.clone().beat() => match never {},
+        };
         drop(self.sockets);
         // A clean stop frees the instance id at once (a restart need not wait out the
         // lease time). Its session leases stay: the next start of this instance adopts

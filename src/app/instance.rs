@@ -161,31 +161,65 @@ pub(super) async fn register(
     }
 }
 
-/// Renews this boot's heartbeat every third of the lease time until shutdown. A
-/// heartbeat the database refuses means another process took this instance id after
-/// this one's went stale: logged as an error, since the two now share containers.
-pub(super) fn keep_heartbeat(
-    tasks: &Tasks,
-    db: &Db,
-    clock: &Clock,
-    (id, nonce): (String, String),
+/// This boot's heartbeat in the instance registry: what renews it.
+#[derive(Clone)]
+pub(super) struct Heartbeat {
+    db: Db,
+    clock: Clock,
+    id: String,
+    nonce: String,
     every: Duration,
-) {
-    let (db, clock) = (db.clone(), clock.clone());
-    tasks.spawn_until_shutdown(async move {
-        let mut interval = tokio::time::interval(every);
+}
+
+impl Heartbeat {
+    /// The heartbeat of boot `nonce` of instance `id`, renewed every `every`.
+    pub(super) fn new(
+        db: &Db,
+        clock: &Clock,
+        (id, nonce): (String, String),
+        every: Duration,
+    ) -> Heartbeat {
+        Heartbeat {
+            db: db.clone(),
+            clock: clock.clone(),
+            id,
+            nonce,
+            every,
+        }
+    }
+
+    /// Renews the heartbeat every `every` for as long as it is polled. A heartbeat the
+    /// database refuses means another process took this instance id after this one's
+    /// went stale: logged as an error, since the two now share containers.
+    pub(super) async fn beat(self) -> std::convert::Infallible {
+        let mut interval = tokio::time::interval(self.every);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             interval.tick().await;
-            let (i, n, now) = (id.clone(), nonce.clone(), clock.now_ms());
-            match db.write(move |c| instances::heartbeat(c, &i, &n, now)).await {
+            let (i, n, now) = (self.id.clone(), self.nonce.clone(), self.clock.now_ms());
+            match self
+                .db
+                .write(move |c| instances::heartbeat(c, &i, &n, now))
+                .await
+            {
                 Ok(true) => {}
                 Ok(false) => tracing::error!(
-                    instance = %id,
+                    instance = %self.id,
                     "another process registered this instance id: two instances with the same instance id"
                 ),
                 Err(e) => tracing::error!(error = %e, "cannot renew this instance's heartbeat"),
             }
         }
+    }
+}
+
+/// Renews this boot's heartbeat every third of the lease time until shutdown; the
+/// drain at shutdown renews it again until the work in flight is done
+/// ([`super::Application::run_until_within`]), so a call this instance is still sending
+/// is never taken for a dead instance's by another instance's sweep.
+pub(super) fn keep_heartbeat(tasks: &Tasks, heartbeat: &Heartbeat) {
+    let heartbeat = heartbeat.clone();
+    tasks.spawn_until_shutdown(async move {
+        let _ = heartbeat.beat().await;
     });
 }

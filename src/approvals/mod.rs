@@ -7,12 +7,23 @@
 //! request, a second reviewer or a restart can never send it twice. Stripe also gets an
 //! idempotency key derived from the execution id; a call to a provider without one whose
 //! outcome is unknown after a crash is marked `needs_check` for a person, never re-sent.
+//!
+//! With several instances on one database, the instance that records the approval runs
+//! it at once; any instance may (credentials and connectors are the same on each, and
+//! the claim is what makes it run once). Every instance's periodic [`Approvals::sweep`]
+//! claims an approved call no one claimed within the grace time (its decider died
+//! between approve and claim) and takes over, in one conditional statement, a running
+//! call whose runner's heartbeat went stale (it died while sending), then re-sends or
+//! marks it exactly as a start's recovery does. The result reaches the waiting agent
+//! through the database: its wait, on the instance running its session, reads the call
+//! again at least every [`crate::gateway::wait::RELOAD_EVERY`].
 
 pub mod http;
 pub mod narrow;
 
-use std::sync::Arc;
-use std::time::Instant;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
@@ -51,13 +62,53 @@ pub struct Approvals {
     pub gate: Arc<Gate>,
     /// The application's tasks: an approved call runs there, so shutdown waits for it.
     tasks: Tasks,
+    /// The calls this instance is running or recovering now (by id), so a sweep does
+    /// not start a second task for a call whose first task is still at work here.
+    in_flight: Arc<Mutex<HashSet<String>>>,
+}
+
+/// How the periodic sweep decides that a call was left behind ([`Approvals::sweep`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SweepTimes {
+    /// An approved call not claimed this long after its decision is claimed by any
+    /// instance (its decider claims it within milliseconds when alive).
+    pub grace: Duration,
+    /// An instance whose heartbeat is older than this is dead (the instance registry's
+    /// window: `sessions.lease_time`); its running calls are taken over.
+    pub alive_within: Duration,
 }
 
 /// What an earlier run of threadgate left to recover ([`Approvals::leftovers`]).
 #[derive(Debug, Default)]
 pub struct Leftovers {
     approved: Vec<Execution>,
-    running: Vec<Execution>,
+    running: Vec<store::RunningCall>,
+    /// The liveness bound the running calls were read with (taking one over checks it
+    /// again).
+    alive_after_ms: i64,
+}
+
+/// What one sweep started: approved calls claimed and running calls taken over.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Swept {
+    pub approved: usize,
+    pub taken_over: usize,
+}
+
+/// A call this instance works on, marked in [`Approvals::in_flight`] until dropped.
+struct Working {
+    set: Arc<Mutex<HashSet<String>>>,
+    id: String,
+}
+
+impl Drop for Working {
+    fn drop(&mut self) {
+        lock(&self.set).remove(&self.id);
+    }
+}
+
+fn lock(set: &Mutex<HashSet<String>>) -> std::sync::MutexGuard<'_, HashSet<String>> {
+    set.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 enum Recorded {
@@ -70,7 +121,21 @@ enum Recorded {
 impl Approvals {
     /// The service over `gate`; approved calls run among `tasks`.
     pub fn new(gate: Arc<Gate>, tasks: Tasks) -> Approvals {
-        Approvals { gate, tasks }
+        Approvals {
+            gate,
+            tasks,
+            in_flight: Arc::default(),
+        }
+    }
+
+    /// Marks `id` as worked on here; `None` when a task of this instance already is.
+    fn working(&self, id: &str) -> Option<Working> {
+        lock(&self.in_flight)
+            .insert(id.to_owned())
+            .then(|| Working {
+                set: self.in_flight.clone(),
+                id: id.to_owned(),
+            })
     }
 
     /// Records a reviewer's decision on a held call and, when approved, runs it.
@@ -110,7 +175,7 @@ impl Approvals {
             Recorded::Decided(exec) => {
                 crate::metrics::approval(exec.status.as_str(), now - exec.created_at_ms);
                 if exec.status == Status::Approved {
-                    self.spawn_run(&exec.id);
+                    let _ = self.spawn_run(&exec.id);
                 }
                 self.after_change(&exec);
                 Ok(exec)
@@ -120,11 +185,17 @@ impl Approvals {
 
     /// Runs an approved call off the reviewer's request, in the application's tasks
     /// (shutdown waits for it; a run cut at the deadline is recovered at the next start).
-    fn spawn_run(&self, id: &ExecutionId) {
+    /// Does nothing when a task of this instance already runs it.
+    fn spawn_run(&self, id: &ExecutionId) -> bool {
+        let Some(working) = self.working(id) else {
+            return false;
+        };
         let (me, id) = (self.clone(), id.clone());
         self.tasks.spawn(async move {
             me.run_approved(&id).await;
+            drop(working);
         });
+        true
     }
 
     fn after_change(&self, exec: &Execution) {
@@ -219,24 +290,115 @@ impl Approvals {
         let running = db
             .read(move |c| store::leftover_running(c, &me, alive_after_ms))
             .await?;
-        Ok(Leftovers { approved, running })
+        Ok(Leftovers {
+            approved,
+            running,
+            alive_after_ms,
+        })
     }
 
     /// After a restart: runs approved calls that had not run, re-sends calls whose
     /// outcome is unknown where the provider deduplicates by idempotency key, and marks
-    /// the others for a person to check.
+    /// the others for a person to check. A running call is first taken over
+    /// ([`store::take_over`]): another instance's sweep may be recovering the same dead
+    /// instance's call, and only the one that takes it re-sends it.
     pub async fn recover(&self, left: Leftovers) {
         for exec in left.approved {
             tracing::info!(execution = %exec.id, "running an approved call left by a restart");
             self.run_approved(&exec.id).await;
         }
-        for exec in left.running {
-            if self.gate.may_resend(&exec.tool) {
-                tracing::info!(execution = %exec.id, "re-sending a call with its idempotency key after a restart");
-                self.gate.execute(exec, Instant::now()).await;
-            } else {
-                self.mark_needs_check(exec).await;
+        for call in left.running {
+            let Some(exec) = self.take_over(call, left.alive_after_ms).await else {
+                continue;
+            };
+            self.resend_or_mark(exec, "after a restart").await;
+        }
+    }
+
+    /// One pass of the periodic sweep every instance runs (beside the expiry of held
+    /// calls): approved calls no instance claimed within `times.grace` of their decision
+    /// are run here (the claim, `approved` to `running`, is the one compare-and-set, so
+    /// of the instances sweeping at once one runs each), and running calls whose runner's
+    /// heartbeat is older than `times.alive_within` are taken over (one conditional
+    /// statement names the dead runner, so one instance wins) and re-sent where the
+    /// provider deduplicates by idempotency key, else marked `needs_check`. A call a live
+    /// instance is sending is never touched. The runs go on in the application's tasks;
+    /// what was started is returned.
+    pub async fn sweep(&self, times: SweepTimes) -> Swept {
+        let now = self.gate.now();
+        let db = self.gate.db();
+        let decided_before = now.saturating_sub(crate::clock::ms(times.grace));
+        let alive_after = now.saturating_sub(crate::clock::ms(times.alive_within));
+        let me = self.gate.runner();
+        let found = db
+            .read(move |c| {
+                let approved = store::unclaimed_approved(c, decided_before)?;
+                let running = store::orphaned_running(c, &me, alive_after)?;
+                Ok((approved, running))
+            })
+            .await;
+        let (approved, running) = match found {
+            Ok(found) => found,
+            Err(e) => {
+                // Nothing is lost: the next pass finds the same calls.
+                tracing::error!(error = %e, "cannot read the calls left behind; retried next pass");
+                return Swept::default();
             }
+        };
+        let mut swept = Swept::default();
+        for exec in approved {
+            if self.spawn_run(&exec.id) {
+                tracing::info!(execution = %exec.id, "running an approved call no instance claimed");
+                swept.approved += 1;
+            }
+        }
+        for call in running {
+            let Some(working) = self.working(&call.execution.id) else {
+                continue;
+            };
+            let Some(exec) = self.take_over(call, alive_after).await else {
+                continue;
+            };
+            swept.taken_over += 1;
+            let me = self.clone();
+            self.tasks.spawn(async move {
+                me.resend_or_mark(exec, "after its instance died").await;
+                drop(working);
+            });
+        }
+        swept
+    }
+
+    /// Takes a running call left behind over for this instance; `None` when another
+    /// instance took it first, it finished meanwhile, or its runner is alive again.
+    async fn take_over(&self, call: store::RunningCall, alive_after_ms: i64) -> Option<Execution> {
+        let me = self.gate.runner();
+        let id = call.execution.id.clone();
+        let seen = call.runner.clone();
+        let taken = self
+            .gate
+            .db()
+            .write(move |c| store::take_over(c, &id, seen.as_deref(), &me, alive_after_ms))
+            .await;
+        match taken {
+            Ok(true) => Some(call.execution),
+            Ok(false) => None,
+            Err(e) => {
+                tracing::error!(execution = %call.execution.id, error = %e, "cannot take over a running call; retried later");
+                None
+            }
+        }
+    }
+
+    /// A running call whose outcome was lost: re-sent with its idempotency key where the
+    /// provider deduplicates, else marked for a person to check.
+    async fn resend_or_mark(&self, exec: Execution, why: &'static str) {
+        if self.gate.may_resend(&exec.tool) {
+            tracing::info!(execution = %exec.id, why, "re-sending a call with its idempotency key");
+            self.gate.execute(exec.clone(), Instant::now()).await;
+            self.after_change(&exec);
+        } else {
+            self.mark_needs_check(exec).await;
         }
     }
 
@@ -245,11 +407,16 @@ impl Approvals {
         let redactor = self.gate.current_redactor();
         let reason = "threadgate stopped while this call was in flight; the provider has no idempotency key, so it was not re-sent: check the provider";
         let e = exec.clone();
+        let me = self.gate.runner();
         let written = self
             .gate
             .db()
             .write(move |conn| {
-                store::finish(conn, &e.id, Status::NeedsCheck, None, Some(reason), now)?;
+                // Only while it is still running and still ours: a runner thought dead
+                // that recorded its real outcome meanwhile is not overwritten.
+                if !store::mark_needs_check(conn, &e.id, &me, reason, now)? {
+                    return Ok(());
+                }
                 if trail::was_held(&e) {
                     let event = trail::ran(&e, Status::NeedsCheck, Some(reason), &redactor);
                     trail::enqueue(conn, &event, now)?;
@@ -366,8 +533,10 @@ fn claim(
         trail::enqueue(conn, &trail::blocked(&exec, &reason, redactor), now)?;
         return Ok(Some((exec, false)));
     }
-    store::transition(conn, id, Status::Approved, Status::Running)?;
-    store::set_runner(conn, &exec.id, runner)?;
+    // The one compare-and-set that makes it run once, with its runner.
+    if !store::claim_approved(conn, id, runner)? {
+        return Ok(None);
+    }
     executions::audit(conn, redactor, &exec, recheck.outcome(Some("run")))?;
     Ok(Some((exec, true)))
 }

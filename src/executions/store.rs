@@ -148,11 +148,22 @@ fn row_to_execution(r: &crate::store::Row<'_>) -> crate::store::Result<Execution
 
 /// Records a new execution.
 pub fn insert(conn: &Conn<'_>, e: &Execution) -> crate::store::Result<()> {
+    insert_run_by(conn, e, None)
+}
+
+/// Records a new execution sent by `runner` (an instance id; `None` for a row no
+/// instance sends). A call decided `run` is written with its runner in the one insert,
+/// so recovery knows whose it is from the moment it is `running`.
+pub fn insert_run_by(
+    conn: &Conn<'_>,
+    e: &Execution,
+    runner: Option<&str>,
+) -> crate::store::Result<()> {
     cached_execute(
         conn,
         &format!(
-            "INSERT INTO executions ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
-             ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)"
+            "INSERT INTO executions ({COLUMNS}, runner) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, \
+             ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)"
         ),
         params![
             e.id,
@@ -179,6 +190,7 @@ pub fn insert(conn: &Conn<'_>, e: &Execution) -> crate::store::Result<()> {
             e.attempts,
             e.created_at_ms,
             e.finished_at_ms,
+            runner,
         ],
     )?;
     Ok(())
@@ -204,14 +216,38 @@ pub fn with_status(conn: &Conn<'_>, status: Status) -> crate::store::Result<Vec<
     rows.collect()
 }
 
-/// Records that `runner` (an instance id) sends the running call `id`: in the
-/// transaction that made it running, so recovery knows whose it is.
-pub fn set_runner(conn: &Conn<'_>, id: &ExecutionId, runner: &str) -> crate::store::Result<()> {
-    conn.execute(
-        "UPDATE executions SET runner = ?2 WHERE id = ?1 AND status = 'running'",
+/// Claims the approved call `id` for `runner` (this instance's id): `approved` to
+/// `running` with its runner, in one conditional statement, so of every instance that
+/// tries (the decider, another instance's sweep, a restart) exactly one wins. False when
+/// it was no longer approved.
+pub fn claim_approved(conn: &Conn<'_>, id: &str, runner: &str) -> crate::store::Result<bool> {
+    let changed = cached_execute(
+        conn,
+        "UPDATE executions SET status = 'running', runner = ?2 \
+         WHERE id = ?1 AND status = 'approved'",
         params![id, runner],
     )?;
-    Ok(())
+    Ok(changed == 1)
+}
+
+/// A running call's runner is not alive at `?2` (`alive_after_ms`): no instance of that
+/// id has a heartbeat newer than it (it died, or stopped and deregistered).
+const RUNNER_DEAD: &str = "NOT EXISTS (SELECT 1 FROM instances \
+     WHERE instances.instance_id = executions.runner AND instances.heartbeat_at_ms > ?2)";
+
+/// A running call as recovery reads it: the row and the instance recorded as sending it.
+#[derive(Debug, Clone)]
+pub struct RunningCall {
+    pub execution: Execution,
+    /// `None` for a row written before runners were recorded.
+    pub runner: Option<String>,
+}
+
+fn row_to_running(r: &crate::store::Row<'_>) -> crate::store::Result<RunningCall> {
+    Ok(RunningCall {
+        execution: row_to_execution(r)?,
+        runner: r.get(24)?,
+    })
 }
 
 /// The running calls a restart of instance `me` must recover: those its earlier boot
@@ -222,14 +258,68 @@ pub fn leftover_running(
     conn: &Conn<'_>,
     me: &str,
     alive_after_ms: i64,
+) -> crate::store::Result<Vec<RunningCall>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS}, runner FROM executions WHERE status = 'running' AND (runner IS NULL \
+         OR runner = ?1 OR {RUNNER_DEAD}) ORDER BY created_at_ms, id"
+    ))?;
+    let rows = stmt.query_map(params![me, alive_after_ms], row_to_running)?;
+    rows.collect()
+}
+
+/// The running calls a live instance `me` takes over while it runs (the periodic
+/// sweep): those of another instance whose heartbeat is not newer than
+/// `alive_after_ms`. Never its own (it is sending them, or its start recovered them),
+/// never one with no runner (only a start recovers those), never a live instance's.
+pub fn orphaned_running(
+    conn: &Conn<'_>,
+    me: &str,
+    alive_after_ms: i64,
+) -> crate::store::Result<Vec<RunningCall>> {
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {COLUMNS}, runner FROM executions WHERE status = 'running' \
+         AND runner IS NOT NULL AND runner <> ?1 AND {RUNNER_DEAD} ORDER BY created_at_ms, id"
+    ))?;
+    let rows = stmt.query_map(params![me, alive_after_ms], row_to_running)?;
+    rows.collect()
+}
+
+/// Takes the running call `id` over for `me`: its runner becomes `me` only if it is still
+/// running, still recorded as sent by `seen` (the runner recovery read), and `seen` is
+/// `me`, no one, or an instance not alive at `alive_after_ms`, all in one conditional
+/// statement. Of two instances recovering one dead instance's call at once (two sweeps,
+/// a sweep and a start) exactly one wins and re-sends it; a runner that came back to
+/// life in between keeps its call.
+pub fn take_over(
+    conn: &Conn<'_>,
+    id: &str,
+    seen: Option<&str>,
+    me: &str,
+    alive_after_ms: i64,
+) -> crate::store::Result<bool> {
+    let changed = cached_execute(
+        conn,
+        &format!(
+            "UPDATE executions SET runner = ?3 WHERE id = ?1 AND status = 'running' \
+             AND (runner = ?4 OR (runner IS NULL AND CAST(?4 AS TEXT) IS NULL)) \
+             AND (runner IS NULL OR runner = ?3 OR {RUNNER_DEAD})"
+        ),
+        params![id, alive_after_ms, me, seen],
+    )?;
+    Ok(changed == 1)
+}
+
+/// Approved calls no instance claimed by `decided_before_ms` (their decider died
+/// before running them, or is late): any instance may claim them now.
+pub fn unclaimed_approved(
+    conn: &Conn<'_>,
+    decided_before_ms: i64,
 ) -> crate::store::Result<Vec<Execution>> {
     let mut stmt = conn.prepare(&format!(
-        "SELECT {COLUMNS} FROM executions WHERE status = 'running' AND (runner IS NULL \
-         OR runner = ?1 OR NOT EXISTS (SELECT 1 FROM instances \
-         WHERE instances.instance_id = executions.runner AND instances.heartbeat_at_ms > ?2)) \
-         ORDER BY created_at_ms, id"
+        "SELECT {COLUMNS} FROM executions WHERE status = 'approved' \
+         AND coalesce(decided_at_ms, created_at_ms) <= ?1 ORDER BY created_at_ms, id"
     ))?;
-    let rows = stmt.query_map(params![me, alive_after_ms], row_to_execution)?;
+    let rows = stmt.query_map([decided_before_ms], row_to_execution)?;
     rows.collect()
 }
 
@@ -462,6 +552,25 @@ pub fn finish(
         params![id, status.as_str(), result, error, now_ms],
     )?;
     Ok(())
+}
+
+/// Marks the running call `id` that `runner` took over for a person to check
+/// (`needs_check`, with `reason`): only while it is still running and still `runner`'s,
+/// so an outcome its earlier runner recorded meanwhile stands. Whether it was marked.
+pub fn mark_needs_check(
+    conn: &Conn<'_>,
+    id: &str,
+    runner: &str,
+    reason: &str,
+    now_ms: i64,
+) -> crate::store::Result<bool> {
+    let changed = cached_execute(
+        conn,
+        "UPDATE executions SET status = 'needs_check', error = ?3, finished_at_ms = ?4, \
+         attempts = attempts + 1 WHERE id = ?1 AND status = 'running' AND runner = ?2",
+        params![id, runner, reason, now_ms],
+    )?;
+    Ok(changed == 1)
 }
 
 /// Held calls whose ttl has passed.
@@ -747,10 +856,11 @@ mod tests {
                     ("ex_live", "live"),
                     ("ex_dead", "dead"),
                     ("ex_gone", "deregistered"),
-                    ("ex_done", "live"),
                 ] {
-                    let id = crate::ids::ExecutionId::parse(id).unwrap();
-                    super::set_runner(c, &id, runner)?;
+                    c.execute(
+                        "UPDATE executions SET runner = ?2 WHERE id = ?1",
+                        crate::store::params![id, runner],
+                    )?;
                 }
                 for (instance, heartbeat) in [("me", 10_000), ("live", 9_500), ("dead", 2_000)] {
                     c.execute(
@@ -768,26 +878,240 @@ mod tests {
                 .read(|c| super::leftover_running(c, "me", 5_000))
                 .await
                 .unwrap();
-            let mut ids: Vec<String> = left.iter().map(|e| e.id.to_string()).collect();
+            let mut ids: Vec<String> = left.iter().map(|e| e.execution.id.to_string()).collect();
             ids.sort();
-            let kind = if backend.url().is_some() {
-                "postgres"
-            } else {
-                "sqlite"
-            };
+            let kind = kind(&backend);
             assert_eq!(ids, ["ex_dead", "ex_gone", "ex_mine", "ex_old"], "{kind}");
-            // The runner is only ever set on a running call.
-            let done_runner: Option<String> = db
-                .read(|c| {
-                    c.query_row(
-                        "SELECT runner FROM executions WHERE id = 'ex_done'",
-                        (),
-                        |r| r.get(0),
-                    )
-                })
+            let runner_of = |id: &str| {
+                left.iter()
+                    .find(|e| e.execution.id.as_str() == id)
+                    .and_then(|e| e.runner.clone())
+            };
+            assert_eq!(runner_of("ex_dead").as_deref(), Some("dead"), "{kind}");
+            assert_eq!(runner_of("ex_old"), None, "{kind}");
+        }
+    }
+
+    fn kind(backend: &crate::store::testing::TestDb) -> &'static str {
+        if backend.url().is_some() {
+            "postgres"
+        } else {
+            "sqlite"
+        }
+    }
+
+    /// A row as the gate writes it: `id` in `status`, decided at `decided_at`.
+    fn row(id: &str, status: Status, decided_at: Option<i64>) -> super::Execution {
+        let scope = crate::session::SessionScope {
+            session_id: crate::ids::SessionId::parse("s_1").unwrap(),
+            thread_id: crate::ids::ThreadId::parse("th_1").unwrap(),
+            agent: "support".into(),
+            customer_id: None,
+            customer_email: None,
+        };
+        let mut e = super::Execution::by_threadgate(
+            &crate::ids::ExecutionId::parse(id).unwrap(),
+            &scope,
+            "stripe.create_refund",
+            "{}".into(),
+            ("hold", status),
+            "rule",
+            1_000,
+        );
+        e.decided_at_ms = decided_at;
+        e.finished_at_ms = None;
+        e
+    }
+
+    async fn runner(db: &crate::store::Db, id: &'static str) -> (String, Option<String>) {
+        db.read(move |c| {
+            c.query_row(
+                "SELECT status, runner FROM executions WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+        })
+        .await
+        .unwrap()
+    }
+
+    /// The sweep's statements, on every backend: a call decided `run` is written with
+    /// its runner in the insert; an approved call is claimed with its runner by exactly
+    /// one of the instances trying; only approved calls past the grace are unclaimed;
+    /// a dead runner's call is listed to every other instance and taken over by exactly
+    /// one, a live runner's never, and a runner that came back keeps its call.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_sweep_claims_and_takes_over_once_and_never_from_a_live_runner() {
+        let dir = tempfile::tempdir().unwrap();
+        for backend in each_backend(dir.path()) {
+            let kind = kind(&backend);
+            let db = backend.open().unwrap();
+            db.write(|c| {
+                super::insert_run_by(c, &row("ex_run", Status::Running, None), Some("inst_a"))?;
+                super::insert(c, &row("ex_new", Status::Approved, Some(9_800)))?;
+                super::insert(c, &row("ex_late", Status::Approved, Some(5_000)))?;
+                super::insert(c, &row("ex_old", Status::Approved, None))?;
+                super::insert(c, &row("ex_held", Status::Held, None))?;
+                super::insert_run_by(c, &row("ex_orph", Status::Running, None), Some("dead"))?;
+                super::insert_run_by(c, &row("ex_live", Status::Running, None), Some("inst_b"))?;
+                for (instance, heartbeat) in [("inst_a", 9_900), ("inst_b", 9_900), ("dead", 100)] {
+                    c.execute(
+                        "INSERT INTO instances (instance_id, boot_nonce, started_at_ms, \
+                         heartbeat_at_ms) VALUES (?1, 'n', 0, ?2)",
+                        crate::store::params![instance, heartbeat],
+                    )?;
+                }
+                Ok(())
+            })
+            .await
+            .unwrap();
+            assert_eq!(
+                runner(&db, "ex_run").await,
+                ("running".into(), Some("inst_a".into())),
+                "{kind}"
+            );
+
+            // Now 10,000, grace 1,000: the call decided at 9,800 is its decider's still.
+            let due = db
+                .read(|c| super::unclaimed_approved(c, 9_000))
                 .await
                 .unwrap();
-            assert_eq!(done_runner, None);
+            let mut due: Vec<String> = due.iter().map(|e| e.id.to_string()).collect();
+            due.sort();
+            assert_eq!(due, ["ex_late", "ex_old"], "{kind}");
+
+            // Two instances claim ex_late at once: one wins, with its runner.
+            let (a, b) = (db.clone(), backend.open().unwrap());
+            let claims = tokio::join!(
+                a.write(|c| super::claim_approved(c, "ex_late", "inst_a")),
+                b.write(|c| super::claim_approved(c, "ex_late", "inst_b")),
+            );
+            let (won_a, won_b) = (claims.0.unwrap(), claims.1.unwrap());
+            assert!(won_a ^ won_b, "{kind}: exactly one claim wins");
+            let winner = if won_a { "inst_a" } else { "inst_b" };
+            assert_eq!(
+                runner(&db, "ex_late").await,
+                ("running".into(), Some(winner.into())),
+                "{kind}"
+            );
+            // A held call is never claimed.
+            assert!(
+                !db.write(|c| super::claim_approved(c, "ex_held", "inst_a"))
+                    .await
+                    .unwrap(),
+                "{kind}"
+            );
+
+            // Alive: a heartbeat newer than 5,000. Each live instance sees the dead
+            // one's call, never its own or another live one's.
+            for me in ["inst_a", "inst_b"] {
+                let orphans = db
+                    .read(move |c| super::orphaned_running(c, me, 5_000))
+                    .await
+                    .unwrap();
+                let ids: Vec<(String, Option<String>)> = orphans
+                    .iter()
+                    .map(|o| (o.execution.id.to_string(), o.runner.clone()))
+                    .collect();
+                assert_eq!(
+                    ids,
+                    [("ex_orph".into(), Some("dead".into()))],
+                    "{kind} {me}"
+                );
+            }
+            // Both take it over at once: one wins.
+            let takes = tokio::join!(
+                a.write(|c| super::take_over(c, "ex_orph", Some("dead"), "inst_a", 5_000)),
+                b.write(|c| super::take_over(c, "ex_orph", Some("dead"), "inst_b", 5_000)),
+            );
+            let (took_a, took_b) = (takes.0.unwrap(), takes.1.unwrap());
+            assert!(took_a ^ took_b, "{kind}: exactly one take-over wins");
+            let taker = if took_a { "inst_a" } else { "inst_b" };
+            assert_eq!(
+                runner(&db, "ex_orph").await,
+                ("running".into(), Some(taker.into())),
+                "{kind}"
+            );
+            // A live runner's call is never taken, whatever the caller saw.
+            assert!(
+                !db.write(|c| super::take_over(c, "ex_live", Some("inst_b"), "inst_a", 5_000))
+                    .await
+                    .unwrap(),
+                "{kind}"
+            );
+            // A runner read as dead that came back (a new heartbeat) keeps its call.
+            db.write(|c| {
+                super::insert_run_by(c, &row("ex_back", Status::Running, None), Some("dead"))?;
+                c.execute(
+                    "UPDATE instances SET heartbeat_at_ms = 9950 WHERE instance_id = 'dead'",
+                    (),
+                )?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+            assert!(
+                !db.write(|c| super::take_over(c, "ex_back", Some("dead"), "inst_a", 5_000))
+                    .await
+                    .unwrap(),
+                "{kind}"
+            );
+            // A call that finished meanwhile is not taken over.
+            db.write(|c| super::finish(c, "ex_live", Status::Succeeded, None, None, 9_990))
+                .await
+                .unwrap();
+            db.write(|c| {
+                c.execute(
+                    "UPDATE instances SET heartbeat_at_ms = 0 WHERE instance_id = 'inst_b'",
+                    (),
+                )
+            })
+            .await
+            .unwrap();
+            assert!(
+                !db.write(|c| super::take_over(c, "ex_live", Some("inst_b"), "inst_a", 5_000))
+                    .await
+                    .unwrap(),
+                "{kind}"
+            );
+            // A row with no runner is taken only by a caller that saw none (a start).
+            db.write(|c| super::insert(c, &row("ex_legacy", Status::Running, None)))
+                .await
+                .unwrap();
+            assert!(
+                db.write(|c| super::take_over(c, "ex_legacy", None, "inst_a", 5_000))
+                    .await
+                    .unwrap(),
+                "{kind}"
+            );
+            assert!(
+                !db.write(|c| super::take_over(c, "ex_legacy", None, "inst_b", 5_000))
+                    .await
+                    .unwrap(),
+                "{kind}: taken once"
+            );
+            // Only the instance that took a call over marks it, and only while running.
+            let loser = if took_a { "inst_b" } else { "inst_a" };
+            assert!(
+                !db.write(move |c| super::mark_needs_check(c, "ex_orph", loser, "r", 9_999))
+                    .await
+                    .unwrap(),
+                "{kind}"
+            );
+            assert!(
+                db.write(move |c| super::mark_needs_check(c, "ex_orph", taker, "r", 9_999))
+                    .await
+                    .unwrap(),
+                "{kind}"
+            );
+            assert_eq!(runner(&db, "ex_orph").await.0, "needs_check", "{kind}");
+            assert!(
+                !db.write(|c| super::mark_needs_check(c, "ex_live", "inst_b", "r", 9_999))
+                    .await
+                    .unwrap(),
+                "{kind}: a recorded outcome stands"
+            );
+            assert_eq!(runner(&db, "ex_live").await.0, "succeeded", "{kind}");
         }
     }
 

@@ -215,10 +215,9 @@ fn record(
     };
     let summary = super::summary::held_summary(&call.tool, &redacted, &rule_text);
     let exec = frozen(cx, call, &v, summary);
-    exec_store::insert(conn, &exec)?;
-    if exec.status == Status::Running {
-        exec_store::set_runner(conn, &exec.id, &cx.runner)?;
-    }
+    // A call decided `run` is written with its runner: recovery knows whose it is.
+    let runner = (exec.status == Status::Running).then_some(&*cx.runner);
+    exec_store::insert_run_by(conn, &exec, runner)?;
     let audit = |event| executions::audit(conn, &cx.redactor, &exec, AuditRecord::new(event));
     audit(AuditEvent::Requested)?;
     match v.verdict {

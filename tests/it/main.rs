@@ -25,6 +25,7 @@ mod connectors_helpdesk;
 mod connectors_stripe;
 mod gateway_e2e;
 mod instances;
+mod instances_approvals;
 mod instances_pg;
 mod mcp_e2e;
 mod model_proxy;

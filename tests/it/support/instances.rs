@@ -103,6 +103,8 @@ pub struct InstanceOptions {
     pub memory_bytes: u64,
     /// The agent definitions (the repository's `agents/` when `None`).
     pub agents_dir: Option<PathBuf>,
+    /// More config appended to the file (further tables, such as `[stripe]`).
+    pub extra: String,
 }
 
 impl Default for InstanceOptions {
@@ -111,6 +113,7 @@ impl Default for InstanceOptions {
             max_live: 16,
             memory_bytes: 192 << 20,
             agents_dir: None,
+            extra: String::new(),
         }
     }
 }
@@ -188,6 +191,7 @@ pub fn write_config_with(
         secrets = q(&world.secrets_root),
         lease = shared.lease.as_secs(),
     );
+    let text = format!("{text}\n{}", options.extra);
     let path = dir.join(format!("{instance}.toml"));
     std::fs::write(&path, text).expect("write config");
     path
