@@ -1,13 +1,19 @@
 //! Webhook intake figures: verified, deduplicated and durably stored deliveries per
 //! second, and p50/p99 time to the 200, against the real router on a loopback port
-//! with a SQLite file (`synchronous=FULL`, group commit); plus the CPU cost of
-//! `verify_signature` + `Envelope::parse` alone.
+//! with a SQLite file (`synchronous=FULL`, group commit) and with Postgres (a
+//! SERIALIZABLE transaction per delivery, `synchronous_commit` as the server has it,
+//! printed), in one run, each phase on one backend then the other; plus the CPU cost
+//! of `verify_signature` + `Envelope::parse` alone.
 //!
 //! `cargo bench --bench webhook_intake`. Environment: `WEBHOOK_BENCH_N` (deliveries,
 //! default 20000), `WEBHOOK_BENCH_CLIENTS` (concurrent keep-alive HTTP/1.1 clients,
 //! default 64), `WEBHOOK_BENCH_RATES` (offered deliveries/s of the open-loop runs, one
-//! after another, default `2000,5000`), `WEBHOOK_BENCH_SKIP_PARSE` (skip the CPU
-//! microbenchmark), `THREADGATE_SHARED` (the shared directory with Plain's examples).
+//! after another, default `2000,5000`), `WEBHOOK_BENCH_STORE` (`sqlite`, `postgres` or
+//! `both`; default `both` when `THREADGATE_TEST_DATABASE_URL` names a Postgres server,
+//! e.g. the URL `scripts/postgres-up.sh` prints, else `sqlite`; on Postgres the bench
+//! creates a database of its own there and drops it after), `WEBHOOK_BENCH_SKIP_PARSE`
+//! (skip the CPU microbenchmark), `THREADGATE_SHARED` (the shared directory with
+//! Plain's examples).
 
 #![expect(
     clippy::indexing_slicing,
@@ -29,6 +35,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use threadgate::store::Db;
+use threadgate::store::testing::{TestDb, test_database_url};
 use threadgate::webhook::{
     Envelope, IntakeConfig, IntakeState, SigningSecret, router, sign, verify_signature,
 };
@@ -234,6 +241,23 @@ fn stored(db: &Db, prefix: &str) -> usize {
     usize::try_from(count).expect("count fits")
 }
 
+/// Postgres' count of the database's committed and rolled-back transactions (`None`
+/// on SQLite).
+fn transactions(db: &Db) -> Option<(i64, i64)> {
+    if db.dialect() != threadgate::store::Dialect::Postgres {
+        return None;
+    }
+    db.read_inline(|c| {
+        c.query_row(
+            "SELECT xact_commit, xact_rollback FROM pg_stat_database \
+             WHERE datname = current_database()",
+            (),
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+    })
+    .ok()
+}
+
 fn report(label: &str, n: usize, elapsed: Duration, latencies: &[Duration]) {
     println!("  {label}");
     println!(
@@ -244,6 +268,66 @@ fn report(label: &str, n: usize, elapsed: Duration, latencies: &[Duration]) {
         ms(percentile(latencies, 0.99)),
         ms(percentile(latencies, 1.0))
     );
+}
+
+/// One backend under test: its store, its server's address, and (Postgres) the
+/// database dropped after.
+struct Backend {
+    name: &'static str,
+    db: Db,
+    addr: SocketAddr,
+    _server: std::thread::JoinHandle<()>,
+    _database: Option<TestDb>,
+}
+
+/// The backends asked for: `WEBHOOK_BENCH_STORE`, else both when a Postgres server is
+/// named.
+fn backends_wanted() -> Vec<&'static str> {
+    let asked = std::env::var("WEBHOOK_BENCH_STORE").unwrap_or_default();
+    match asked.as_str() {
+        "sqlite" => vec!["sqlite"],
+        "postgres" => vec!["postgres"],
+        "both" => vec!["sqlite", "postgres"],
+        "" if test_database_url().is_some() => vec!["sqlite", "postgres"],
+        "" => vec!["sqlite"],
+        other => panic!("WEBHOOK_BENCH_STORE is {other:?}: sqlite, postgres or both"),
+    }
+}
+
+fn open_backend(name: &'static str, dir: &Path) -> Backend {
+    let (db, database) = if name == "postgres" {
+        let server = test_database_url().expect(
+            "WEBHOOK_BENCH_STORE=postgres needs THREADGATE_TEST_DATABASE_URL \
+             (scripts/postgres-up.sh prints one)",
+        );
+        let database = TestDb::postgres(&server).expect("create the bench database");
+        let db = database.open().expect("connect");
+        let settings: String = db
+            .read_inline(|c| {
+                c.query_row(
+                    "SELECT current_setting('synchronous_commit') || ', fsync=' || \
+                     current_setting('fsync') || ', commit_delay=' || \
+                     current_setting('commit_delay') || ', server ' || \
+                     current_setting('server_version')",
+                    (),
+                    |r| r.get(0),
+                )
+            })
+            .expect("settings");
+        println!("postgres: synchronous_commit={settings}");
+        (db, Some(database))
+    } else {
+        let db = Db::open(&dir.join("state.db")).expect("open db");
+        (db, None)
+    };
+    let (addr, server) = start_server(db.clone());
+    Backend {
+        name,
+        db,
+        addr,
+        _server: server,
+        _database: database,
+    }
 }
 
 fn intake_benchmark(template: &Value) {
@@ -262,46 +346,71 @@ fn intake_benchmark(template: &Value) {
         .collect();
     let dir = tempfile::tempdir().expect("tempdir");
     fsync_probe(dir.path());
-    let db = Db::open(&dir.path().join("state.db")).expect("open db");
-    let (addr, _server) = start_server(db.clone());
+    let backends: Vec<Backend> = backends_wanted()
+        .into_iter()
+        .map(|name| open_backend(name, dir.path()))
+        .collect();
     let client_runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("bench-client")
         .build()
         .expect("client runtime");
-    let run = |prefix: &str, count: usize, rate: Option<f64>| {
+    let run = |backend: &Backend, prefix: &str, count: usize, rate: Option<f64>| {
         let work = deliveries(template, prefix, count);
+        let before = transactions(&backend.db);
         let start = Instant::now();
-        let latencies = client_runtime.block_on(send_all(addr, work, clients, rate));
+        let latencies = client_runtime.block_on(send_all(backend.addr, work, clients, rate));
         let elapsed = start.elapsed();
         assert_eq!(
-            stored(&db, prefix),
+            stored(&backend.db, prefix),
             count,
             "every delivery stored exactly once"
         );
+        if let (Some((commits, rollbacks)), Some(_)) = (before, backend._database.as_ref()) {
+            // Postgres reports its counters at most once a second.
+            std::thread::sleep(Duration::from_millis(1_100));
+            if let Some((c, r)) = transactions(&backend.db) {
+                println!(
+                    "    postgres: {} transactions committed, {} rolled back (a SERIALIZABLE \
+                     write that lost a race is rolled back and run again)",
+                    c - commits,
+                    r - rollbacks
+                );
+            }
+        }
         (elapsed, latencies)
     };
 
     println!(
-        "webhook intake: signed deliveries from {clients} keep-alive HTTP/1.1 connections, \
-         SQLite synchronous=FULL with group commit; load average {}",
+        "webhook intake: signed deliveries from {clients} keep-alive HTTP/1.1 connections; \
+         SQLite synchronous=FULL with group commit, Postgres a SERIALIZABLE transaction per \
+         delivery; load average {}",
         load_average()
     );
-    run("warmup", 1_000, None);
-    let (elapsed, latencies) = run("closed", n, None);
-    report(
-        "closed loop (each connection sends as soon as answered): capacity",
-        n,
-        elapsed,
-        &latencies,
-    );
-    for rate in rates {
-        let (elapsed, latencies) = run(&format!("open{rate:.0}_"), n, Some(rate));
-        let label =
-            format!("open loop at {rate:.0}/s offered (latency from when each delivery was due)");
+    for backend in &backends {
+        run(backend, "warmup", 1_000, None);
+    }
+    for backend in &backends {
+        let (elapsed, latencies) = run(backend, "closed", n, None);
+        let label = format!(
+            "{}: closed loop (each connection sends as soon as answered): capacity",
+            backend.name
+        );
         report(&label, n, elapsed, &latencies);
     }
+    for rate in rates {
+        for backend in &backends {
+            let (elapsed, latencies) = run(backend, &format!("open{rate:.0}_"), n, Some(rate));
+            let label = format!(
+                "{}: open loop at {rate:.0}/s offered (latency from when each delivery was due)",
+                backend.name
+            );
+            report(&label, n, elapsed, &latencies);
+        }
+    }
     println!("  load average after: {}", load_average());
+    // The servers keep running until the process ends; the Postgres databases are
+    // dropped (FORCE) with the backends.
 }
 
 fn load_average() -> String {

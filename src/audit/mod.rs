@@ -240,17 +240,65 @@ pub struct AuditFilter {
     pub limit: Option<usize>,
 }
 
-/// Appends `record` to the chain on `conn`, which must be inside the caller's write
-/// transaction (a [`crate::store::Db::write`] closure). Redacts every text field and the
-/// arguments with `redactor`. Returns the new row's id.
 /// The Postgres advisory lock serialising audit appends ("tgaudit" in ASCII).
 const AUDIT_CHAIN_LOCK: i64 = 0x0074_6761_7564_6974;
 
+/// Appends `record` to the chain on `conn`, which must be inside the caller's write
+/// transaction (a [`crate::store::Db::write`] closure). Redacts every text field and the
+/// arguments with `redactor`. Returns the new row's id.
 pub fn append(
     conn: &Conn<'_>,
     record: &AuditRecord,
     redactor: &Redactor,
 ) -> crate::store::Result<i64> {
+    append_all(conn, std::slice::from_ref(record), redactor)
+}
+
+/// Appends `records` to the chain in their order, as [`append`] does one: the chain's
+/// head is read once (under the lock on Postgres) and each row chained to the one
+/// before it, so a step of several rows costs one head read, not one per row. Returns
+/// the last row's id (0 when `records` is empty).
+pub fn append_all(
+    conn: &Conn<'_>,
+    records: &[AuditRecord],
+    redactor: &Redactor,
+) -> crate::store::Result<i64> {
+    if records.is_empty() {
+        return Ok(0);
+    }
+    if conn.dialect() == crate::store::Dialect::Postgres {
+        // INVARIANT: one appender at a time reads the head and adds the next rows, so
+        // several instances never fork the chain (SQLite's single writer does the same).
+        cached_execute(conn, "SELECT pg_advisory_xact_lock(?1)", [AUDIT_CHAIN_LOCK])?;
+    }
+    let last: Option<(i64, Vec<u8>)> = cached_query_row(
+        conn,
+        "SELECT id, hash FROM audit ORDER BY id DESC LIMIT 1",
+        (),
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .optional()?;
+    let (mut id, mut prev_hash) = match last {
+        Some((id, hash)) => (id, hash),
+        None => (0, chain::GENESIS.to_vec()),
+    };
+    for record in records {
+        id += 1;
+        let row = chained_row(record, redactor, id, prev_hash)?;
+        insert_row(conn, &row)?;
+        prev_hash = row.hash;
+    }
+    Ok(id)
+}
+
+/// `record` as row `id` after a row whose hash is `prev_hash`: every text field and the
+/// arguments redacted, the row's hash computed.
+fn chained_row(
+    record: &AuditRecord,
+    redactor: &Redactor,
+    id: i64,
+    prev_hash: Vec<u8>,
+) -> crate::store::Result<AuditRecordRow> {
     let text = |field: &Option<String>| field.as_deref().map(|t| redactor.redact(t).into_owned());
     let args_redacted = match &record.args {
         Some(args) => {
@@ -260,22 +308,6 @@ pub fn append(
             Some(redactor.redact(&json).into_owned())
         }
         None => None,
-    };
-    if conn.dialect() == crate::store::Dialect::Postgres {
-        // INVARIANT: one appender at a time reads the head and adds the next row, so
-        // several instances never fork the chain (SQLite's single writer does the same).
-        conn.execute("SELECT pg_advisory_xact_lock(?1)", [AUDIT_CHAIN_LOCK])?;
-    }
-    let last: Option<(i64, Vec<u8>)> = cached_query_row(
-        conn,
-        "SELECT id, hash FROM audit ORDER BY id DESC LIMIT 1",
-        (),
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )
-    .optional()?;
-    let (id, prev_hash) = match last {
-        Some((id, hash)) => (id + 1, hash),
-        None => (1, chain::GENESIS.to_vec()),
     };
     let mut row = AuditRecordRow {
         id,
@@ -297,6 +329,10 @@ pub fn append(
         hash: Vec::new(),
     };
     row.hash = chain::row_hash(&row).to_vec();
+    Ok(row)
+}
+
+fn insert_row(conn: &Conn<'_>, row: &AuditRecordRow) -> crate::store::Result<()> {
     cached_execute(
         conn,
         "INSERT INTO audit (id, at_ms, execution_id, event, session_id, thread_id, agent,
@@ -330,7 +366,7 @@ pub fn append(
             conn.retry_later();
         }
     })?;
-    Ok(id)
+    Ok(())
 }
 
 /// Checks the whole chain: ids without gaps from 1, each `prev_hash` equal to the

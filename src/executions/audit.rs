@@ -19,24 +19,39 @@ pub fn record(
     exec: &Execution,
     step: AuditRecord,
 ) -> crate::store::Result<()> {
+    record_all(conn, redactor, exec, vec![step])
+}
+
+/// Appends several steps of an execution at once, in their order, each completed as
+/// [`record`] completes one: one read of the chain's head for all of them.
+pub fn record_all(
+    conn: &Conn<'_>,
+    redactor: &Redactor,
+    exec: &Execution,
+    steps: Vec<AuditRecord>,
+) -> crate::store::Result<()> {
     let args: serde_json::Value = serde_json::from_str(&exec.args).unwrap_or_default();
+    let args = redact_args(redactor, &args);
     let rule = match exec.rule_line {
         Some(line) => format!("{} (line {line})", exec.because),
         None => exec.because.clone(),
     };
-    let rec = AuditRecord {
-        execution_id: Some(exec.id.to_string()),
-        session_id: Some(exec.session_id.to_string()),
-        thread_id: Some(exec.thread_id.to_string()),
-        agent: Some(exec.agent.clone()),
-        tool: Some(exec.tool.clone()),
-        args: Some(redact_args(redactor, &args)),
-        decision: Some(exec.verdict.clone()),
-        rule: Some(rule),
-        policy_hash: Some(step.policy_hash.unwrap_or_else(|| exec.policy_hash.clone())),
-        ..step
-    };
-    audit::append(conn, &rec, redactor)?;
+    let records: Vec<AuditRecord> = steps
+        .into_iter()
+        .map(|step| AuditRecord {
+            execution_id: Some(exec.id.to_string()),
+            session_id: Some(exec.session_id.to_string()),
+            thread_id: Some(exec.thread_id.to_string()),
+            agent: Some(exec.agent.clone()),
+            tool: Some(exec.tool.clone()),
+            args: Some(args.clone()),
+            decision: Some(exec.verdict.clone()),
+            rule: Some(rule.clone()),
+            policy_hash: Some(step.policy_hash.unwrap_or_else(|| exec.policy_hash.clone())),
+            ..step
+        })
+        .collect();
+    audit::append_all(conn, &records, redactor)?;
     Ok(())
 }
 

@@ -13,5 +13,6 @@ pub mod thread_calls;
 pub mod trail;
 
 pub use audit::record as audit;
+pub use audit::record_all as audit_all;
 pub use frozen::{binding_hash, canonical_args, redact_args};
 pub use store::{Execution, OutboxNote, Status};

@@ -402,6 +402,53 @@ pub fn succeeded_binding(
 const PENDING_BINDING: &str = "session_id = ?1 AND binding_hash = ?2 \
      AND status IN ('held', 'approved') AND (expires_at_ms IS NULL OR expires_at_ms > ?3)";
 
+/// What deciding a call must know of its session's earlier calls, read in one
+/// statement: what [`succeeded_binding`], [`pending_binding`] and [`held_for_tool`]
+/// answer one by one.
+#[derive(Debug, Default)]
+pub struct EarlierCalls {
+    /// The session's succeeded execution of the same binding (the oldest).
+    pub succeeded: Option<Execution>,
+    /// The session's execution of the same binding still waiting for a person.
+    pub pending: Option<Execution>,
+    /// The id of the session's oldest call to the same tool held for a person.
+    pub held_for_tool: Option<String>,
+}
+
+/// The session's earlier calls that decide a new call of `tool` with `binding_hash` at
+/// `now_ms` (see [`EarlierCalls`]), in one round trip.
+pub fn earlier_calls(
+    conn: &Conn<'_>,
+    session_id: &str,
+    binding_hash: &str,
+    tool: &str,
+    now_ms: i64,
+) -> crate::store::Result<EarlierCalls> {
+    let sql = format!(
+        "SELECT s.*, 1 FROM (SELECT {COLUMNS} FROM executions WHERE session_id = ?1 \
+         AND binding_hash = ?2 AND status = 'succeeded' ORDER BY created_at_ms LIMIT 1) AS s \
+         UNION ALL \
+         SELECT p.*, 2 FROM (SELECT {COLUMNS} FROM executions WHERE {PENDING_BINDING} \
+         ORDER BY created_at_ms LIMIT 1) AS p \
+         UNION ALL \
+         SELECT h.*, 3 FROM (SELECT {COLUMNS} FROM executions WHERE session_id = ?1 \
+         AND tool = ?4 AND status = 'held' AND expires_at_ms > ?3 ORDER BY created_at_ms \
+         LIMIT 1) AS h"
+    );
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let mut rows = stmt.query(params![session_id, binding_hash, now_ms, tool])?;
+    let mut found = EarlierCalls::default();
+    while let Some(row) = rows.next()? {
+        let which: i64 = row.get(24)?;
+        match which {
+            1 => found.succeeded = Some(row_to_execution(&row)?),
+            2 => found.pending = Some(row_to_execution(&row)?),
+            _ => found.held_for_tool = Some(row.get(0)?),
+        }
+    }
+    Ok(found)
+}
+
 /// A session's execution of the same binding still waiting for a person, if any.
 pub fn pending_binding(
     conn: &Conn<'_>,
@@ -908,6 +955,11 @@ mod tests {
             agent: "support".into(),
             customer_id: None,
             customer_email: None,
+            lease: crate::store::leases::Lease {
+                thread_id: crate::ids::ThreadId::parse("th_1").unwrap(),
+                owner: "inst".into(),
+                token: 1,
+            },
         };
         let mut e = super::Execution::by_threadgate(
             &crate::ids::ExecutionId::parse(id).unwrap(),
@@ -1112,6 +1164,150 @@ mod tests {
                 "{kind}: a recorded outcome stands"
             );
             assert_eq!(runner(&db, "ex_live").await.0, "succeeded", "{kind}");
+        }
+    }
+
+    /// `earlier_calls` answers, in one statement, what `succeeded_binding`,
+    /// `pending_binding` and `held_for_tool` answer one by one. On every backend.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn earlier_calls_answer_what_the_three_lookups_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        for backend in each_backend(dir.path()) {
+            let db = backend.open().unwrap();
+            db.write(|c| {
+                // (id, session, tool, binding, status, expires, created)
+                for (id, session, tool, binding, status, expires, created) in [
+                    (
+                        "ex_done1",
+                        "s_1",
+                        "stripe.create_refund",
+                        "b1",
+                        "succeeded",
+                        None,
+                        5_i64,
+                    ),
+                    (
+                        "ex_done0",
+                        "s_1",
+                        "stripe.create_refund",
+                        "b1",
+                        "succeeded",
+                        None,
+                        3,
+                    ),
+                    (
+                        "ex_held",
+                        "s_1",
+                        "stripe.create_refund",
+                        "b2",
+                        "held",
+                        Some(9_000_i64),
+                        4,
+                    ),
+                    (
+                        "ex_gone",
+                        "s_1",
+                        "stripe.create_refund",
+                        "b4",
+                        "held",
+                        Some(500),
+                        2,
+                    ),
+                    (
+                        "ex_appr",
+                        "s_1",
+                        "stripe.cancel_subscription",
+                        "b3",
+                        "approved",
+                        None,
+                        6,
+                    ),
+                    (
+                        "ex_other",
+                        "s_2",
+                        "stripe.create_refund",
+                        "b1",
+                        "succeeded",
+                        None,
+                        1,
+                    ),
+                    (
+                        "ex_oheld",
+                        "s_2",
+                        "stripe.update_subscription",
+                        "b5",
+                        "held",
+                        Some(9_000),
+                        1,
+                    ),
+                ] {
+                    c.execute(
+                        "INSERT INTO executions (id, session_id, thread_id, agent, tool, args, \
+                         account, binding_hash, verdict, because, policy_hash, status, \
+                         expires_at_ms, created_at_ms) VALUES (?1, ?2, 'th_1', 'support', ?3, \
+                         '{}', 'default', ?4, 'run', 'rule', 'p', ?5, ?6, ?7)",
+                        crate::store::params![id, session, tool, binding, status, expires, created],
+                    )?;
+                }
+                Ok(())
+            })
+            .await
+            .unwrap();
+            let kind = if backend.url().is_some() {
+                "postgres"
+            } else {
+                "sqlite"
+            };
+            let asks = [
+                ("s_1", "b1", "stripe.create_refund", 1_000),
+                ("s_1", "b2", "stripe.create_refund", 1_000),
+                ("s_1", "b2", "stripe.create_refund", 10_000),
+                ("s_1", "b3", "stripe.cancel_subscription", 1_000),
+                ("s_1", "b4", "stripe.create_refund", 1_000),
+                ("s_1", "b9", "stripe.update_subscription", 1_000),
+                ("s_2", "b1", "stripe.update_subscription", 1_000),
+                ("s_3", "b1", "stripe.create_refund", 1_000),
+            ];
+            let mut kinds_found = [false; 3];
+            for (session, binding, tool, now) in asks {
+                let (together, one_by_one) = db
+                    .read(move |c| {
+                        let together = super::earlier_calls(c, session, binding, tool, now)?;
+                        let one_by_one = (
+                            super::succeeded_binding(c, session, binding)?,
+                            super::pending_binding(c, session, binding, now)?,
+                            super::held_for_tool(c, session, tool, now)?,
+                        );
+                        Ok((together, one_by_one))
+                    })
+                    .await
+                    .unwrap();
+                let ids = |e: &Option<super::Execution>| e.as_ref().map(|e| e.id.to_string());
+                let asked = format!("{kind}: {session} {binding} {tool} at {now}");
+                assert_eq!(ids(&together.succeeded), ids(&one_by_one.0), "{asked}");
+                assert_eq!(ids(&together.pending), ids(&one_by_one.1), "{asked}");
+                assert_eq!(together.held_for_tool, one_by_one.2, "{asked}");
+                kinds_found[0] |= together.succeeded.is_some();
+                kinds_found[1] |= together.pending.is_some();
+                kinds_found[2] |= together.held_for_tool.is_some();
+                if let Some(done) = &together.succeeded {
+                    assert_eq!(done.status, Status::Succeeded, "{asked}");
+                }
+            }
+            assert_eq!(
+                kinds_found, [true; 3],
+                "{kind}: every kind was found somewhere"
+            );
+            // The oldest succeeded execution of a binding is the one replayed.
+            let first = db
+                .read(|c| super::earlier_calls(c, "s_1", "b1", "stripe.create_refund", 1_000))
+                .await
+                .unwrap();
+            assert_eq!(
+                first.succeeded.map(|e| e.id.to_string()).as_deref(),
+                Some("ex_done0"),
+                "{kind}"
+            );
         }
     }
 

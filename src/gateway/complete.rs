@@ -99,7 +99,16 @@ async fn complete_args(
         });
     };
     let owner = match action {
-        "create_refund" => complete_refund(args, stripe).await?,
+        "create_refund" => {
+            // The charge and its customer's email in one request: a refund's owner is
+            // checked against what Stripe says now, and asking twice cost a round trip.
+            let (object, customer, email) = complete_refund(args, stripe).await?;
+            let forced_hold = owner_hold(&object, customer.as_deref(), email, scope);
+            return Ok(Completion {
+                forced_hold,
+                ..Completion::default()
+            });
+        }
         "update_subscription" | "cancel_subscription" => {
             let sub = str_arg(args, "subscription");
             let customer = stripe
@@ -188,14 +197,15 @@ fn lookup(what: String, source: ConnectorError) -> CompleteError {
 }
 
 /// Adds the charge's customer and currency, and the full remaining amount when the
-/// refund names none.
+/// refund names none; answers the charge (named), its customer and that customer's
+/// email, asked of Stripe with the charge.
 async fn complete_refund(
     args: &mut Map<String, Value>,
     stripe: &StripeConnector,
-) -> Result<(String, Option<String>), CompleteError> {
+) -> Result<(String, Option<String>, Option<String>), CompleteError> {
     let charge = str_arg(args, "charge");
-    let facts = stripe
-        .charge_facts(&charge)
+    let (facts, email) = stripe
+        .charge_facts_and_email(&charge)
         .await
         .map_err(|source| lookup(format!("charge {charge}"), source))?;
     if let Some(c) = &facts.customer {
@@ -211,7 +221,7 @@ async fn complete_refund(
         let remaining = facts.amount.saturating_sub(facts.amount_refunded);
         args.insert("amount".into(), Value::from(remaining));
     }
-    Ok((format!("charge {charge}"), facts.customer))
+    Ok((format!("charge {charge}"), facts.customer, email))
 }
 
 /// Says why the call must be held when the object's customer is not the thread's.
@@ -235,13 +245,36 @@ async fn check_owner(
         .customer_email(customer)
         .await
         .map_err(|source| lookup(format!("customer {customer}"), source))?;
+    Ok(email_hold(object, customer, email.as_deref(), expected))
+}
+
+/// [`check_owner`] with the customer's `email` already asked of Stripe.
+fn owner_hold(
+    object: &str,
+    customer: Option<&str>,
+    email: Option<String>,
+    scope: &SessionScope,
+) -> Option<String> {
+    let Some(customer) = customer else {
+        return Some(format!(
+            "{object} has no customer, so it cannot be shown to belong to this thread's customer"
+        ));
+    };
+    let Some(expected) = scope.customer_email.as_deref() else {
+        return Some("this thread has no known customer email to check ownership against".into());
+    };
+    email_hold(object, customer, email.as_deref(), expected)
+}
+
+/// Why the call must be held when `customer`'s `email` is not the thread's `expected`.
+fn email_hold(object: &str, customer: &str, email: Option<&str>, expected: &str) -> Option<String> {
     match email {
-        Some(email) if email.eq_ignore_ascii_case(expected) => Ok(None),
-        Some(_) => Ok(Some(format!(
+        Some(email) if email.eq_ignore_ascii_case(expected) => None,
+        Some(_) => Some(format!(
             "{object} belongs to customer {customer}, not to this thread's customer"
-        ))),
-        None => Ok(Some(format!(
+        )),
+        None => Some(format!(
             "customer {customer} of {object} has no email to match this thread's customer"
-        ))),
+        )),
     }
 }

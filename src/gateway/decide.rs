@@ -102,10 +102,27 @@ impl Gate {
                 // Refused (and nothing below written) once another instance has taken
                 // the session's thread over.
                 leases::fence(conn, &cx.scope.lease)?;
-                if let Some(found) = earlier_binding(conn, &cx, &call)? {
-                    return Ok(found);
+                // The session's earlier calls that bear on this one, in one statement.
+                let earlier = exec_store::earlier_calls(
+                    conn,
+                    &cx.scope.session_id,
+                    &call.binding_hash,
+                    &call.tool,
+                    cx.now,
+                )?;
+                if call.is_write
+                    && let Some(done) = earlier.succeeded
+                {
+                    return Ok(Decided::Replay(done));
                 }
-                let verdicted = verdict(conn, &cx, &call)?;
+                if let Some(pending) = earlier.pending {
+                    return Ok(Decided::Pending(pending));
+                }
+                let verdicted = held_verdict(
+                    policy_verdict(&cx, &call, &SqlHistory(conn)),
+                    &call,
+                    earlier.held_for_tool,
+                );
                 if verdicted.verdict == Verdict::Hold {
                     if let Some(over) = too_many_holds(conn, &cx, max_holds)? {
                         return Ok(over);
@@ -117,23 +134,6 @@ impl Gate {
             })
             .await
     }
-}
-
-/// The session's succeeded write of the same binding (replayed, never re-sent), or its
-/// identical call still waiting for a person.
-fn earlier_binding(
-    conn: &Conn<'_>,
-    cx: &Context,
-    call: &PreparedCall,
-) -> crate::store::Result<Option<Decided>> {
-    let session = &cx.scope.session_id;
-    if call.is_write
-        && let Some(done) = exec_store::succeeded_binding(conn, session, &call.binding_hash)?
-    {
-        return Ok(Some(Decided::Replay(done)));
-    }
-    let pending = exec_store::pending_binding(conn, session, &call.binding_hash, cx.now)?;
-    Ok(pending.map(Decided::Pending))
 }
 
 /// When `limit` (not 0) calls of the session already wait for a person, the refusal of
@@ -158,19 +158,33 @@ pub(super) fn verdict(
     cx: &Context,
     call: &PreparedCall,
 ) -> crate::store::Result<Verdicted> {
-    let mut out = policy_verdict(cx, call, &SqlHistory(conn));
-    if out.verdict == Verdict::Run {
-        let earlier = exec_store::held_for_tool(conn, &cx.scope.session_id, &call.tool, cx.now)?;
-        let reason = call.forced_hold.clone().or_else(|| {
-            earlier.map(|id| format!("another {} call ({id}) is waiting for a person", call.tool))
-        });
-        if let Some(reason) = reason {
-            out.verdict = Verdict::Hold;
-            out.because = reason;
-            out.rule_line = None;
-        }
+    let out = policy_verdict(cx, call, &SqlHistory(conn));
+    if out.verdict != Verdict::Run {
+        return Ok(out);
     }
-    Ok(out)
+    let held = exec_store::held_for_tool(conn, &cx.scope.session_id, &call.tool, cx.now)?;
+    Ok(held_verdict(out, call, held))
+}
+
+/// `out` made a hold when it runs but completion forced a hold or `held_for_tool` (the
+/// session's call to the same tool waiting for a person) is set.
+fn held_verdict(
+    mut out: Verdicted,
+    call: &PreparedCall,
+    held_for_tool: Option<String>,
+) -> Verdicted {
+    if out.verdict != Verdict::Run {
+        return out;
+    }
+    let reason = call.forced_hold.clone().or_else(|| {
+        held_for_tool.map(|id| format!("another {} call ({id}) is waiting for a person", call.tool))
+    });
+    if let Some(reason) = reason {
+        out.verdict = Verdict::Hold;
+        out.because = reason;
+        out.rule_line = None;
+    }
+    out
 }
 
 /// The policy's verdict alone, with limit totals from `history` (no hold of the session
@@ -218,8 +232,14 @@ fn record(
     // A call decided `run` is written with its runner: recovery knows whose it is.
     let runner = (exec.status == Status::Running).then_some(&*cx.runner);
     exec_store::insert_run_by(conn, &exec, runner)?;
-    let audit = |event| executions::audit(conn, &cx.redactor, &exec, AuditRecord::new(event));
-    audit(AuditEvent::Requested)?;
+    // Both steps at once: one read of the audit chain's head.
+    let audit = |event| {
+        let steps = vec![
+            AuditRecord::new(AuditEvent::Requested),
+            AuditRecord::new(event),
+        ];
+        executions::audit_all(conn, &cx.redactor, &exec, steps)
+    };
     match v.verdict {
         Verdict::Run => {
             for charge in &v.charges {

@@ -54,10 +54,12 @@ pub(super) fn write_finished(
     exec.finished_at_ms = Some(now);
     exec.attempts += 1;
     exec_store::insert(conn, &exec)?;
-    for event in [AuditEvent::Requested, AuditEvent::Decided] {
-        executions::audit(conn, redactor, &exec, AuditRecord::new(event))?;
-    }
-    executions::audit(conn, redactor, &exec, outcome.step().duration_ms(duration))
+    let steps = vec![
+        AuditRecord::new(AuditEvent::Requested),
+        AuditRecord::new(AuditEvent::Decided),
+        outcome.step().duration_ms(duration),
+    ];
+    executions::audit_all(conn, redactor, &exec, steps)
 }
 
 /// How a sent call ended, as recorded.

@@ -5,6 +5,7 @@
 //! or a typed [`Refusal`].
 
 use serde_json::{Map, Value};
+use tracing::Instrument as _;
 
 use super::complete::{self, CompleteError, Completion};
 use super::gate::{CallRequest, Gate};
@@ -56,6 +57,7 @@ impl Gate {
         self.validate(&req.tool, &args)?;
         if let Err(e) = self
             .check_scope(&req.tool, &mut args, scope, is_write)
+            .instrument(tracing::trace_span!("gate.scope"))
             .await
         {
             return Err(self.refuse_scope(scope, &req.tool, e, &redactor).await);
@@ -68,6 +70,7 @@ impl Gate {
                 (takes_thread, is_write),
                 &redactor,
             )
+            .instrument(tracing::trace_span!("gate.complete"))
             .await?;
         let args = Value::Object(args);
         let canonical = executions::canonical_args(&args);

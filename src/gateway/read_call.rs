@@ -19,6 +19,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use tracing::Instrument as _;
+
 use super::decide::{Context, frozen, policy_verdict, verdict};
 use super::gate::{CallReply, Gate};
 use super::outcome::write_finished;
@@ -125,6 +127,7 @@ impl Gate {
                 leases::fence(conn, &lease)?;
                 write_finished(conn, &redactor, (*exec).clone(), &record, duration, now)
             })
+            .instrument(tracing::trace_span!("gate.outcome"))
             .await;
         match written {
             Ok(()) => {

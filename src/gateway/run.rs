@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use serde_json::Value;
+use tracing::Instrument as _;
 
 use super::decide::Decided;
 use super::gate::{CallReply, CallRequest, Gate};
@@ -25,13 +26,23 @@ impl Gate {
     #[tracing::instrument(name = "gate", skip_all, fields(thread_id = %scope.thread_id, session_id = %scope.session_id))]
     pub async fn call(&self, scope: &SessionScope, req: CallRequest) -> CallReply {
         let started = Instant::now();
-        let mut prepared = match self.prepare(scope, req).await {
+        // The `gate.*` spans (trace level, off in production) time a call's phases for
+        // `benches/gateway_call.rs`.
+        let prepare = self.prepare(scope, req);
+        let mut prepared = match prepare
+            .instrument(tracing::trace_span!("gate.prepare"))
+            .await
+        {
             Ok(p) => p,
             Err(refusal) => return CallReply::Refused(refusal),
         };
         if !prepared.is_write && prepared.forced_hold.is_none() {
             // A read runs before its one commit (see `read_call`).
-            match self.decide_read(scope, prepared).await {
+            let decide_read = self.decide_read(scope, prepared);
+            match decide_read
+                .instrument(tracing::trace_span!("gate.decide_read"))
+                .await
+            {
                 Ok(ReadDecision::Run(exec)) => return self.run_read(scope, exec, started).await,
                 Ok(ReadDecision::Undecided(back)) => prepared = back,
                 Err(e) => {
@@ -40,7 +51,8 @@ impl Gate {
                 }
             }
         }
-        let decided = match self.decide(scope, prepared).await {
+        let decide = self.decide(scope, prepared);
+        let decided = match decide.instrument(tracing::trace_span!("gate.decide")).await {
             Ok(d) => d,
             Err(e) if leases::is_lost(&e) => {
                 tracing::warn!(
@@ -131,7 +143,9 @@ impl Gate {
             };
         };
         let args: Value = serde_json::from_str(&exec.args).unwrap_or(Value::Null);
-        let outcome = send(connector.as_ref(), exec, &args).await;
+        let outcome = send(connector.as_ref(), exec, &args)
+            .instrument(tracing::trace_span!("gate.send"))
+            .await;
         if let Ok(result) = &outcome
             && let Err(message) = scope::check_result(&exec.tool, &args, result)
         {
@@ -171,6 +185,7 @@ impl Gate {
         let written = self
             .db
             .write(move |conn| write_outcome(conn, &redactor, &exec, &outcome, duration, now))
+            .instrument(tracing::trace_span!("gate.outcome"))
             .await;
         if let Err(e) = written {
             tracing::error!(error = %e, "cannot record a call's outcome");

@@ -245,6 +245,18 @@ impl Db {
         R: Send + 'static,
         F: Fn(&Conn<'_>) -> sql::Result<R> + Send + 'static,
     {
+        use tracing::Instrument as _;
+        // Timed by `benches/gateway_call.rs` (trace level, off in production).
+        self.write_now(f)
+            .instrument(tracing::trace_span!("db.write"))
+            .await
+    }
+
+    async fn write_now<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: Fn(&Conn<'_>) -> sql::Result<R> + Send + 'static,
+    {
         match &*self.inner {
             Backend::Sqlite(inner) => {
                 let rx = inner.submit(f)?;
@@ -494,10 +506,12 @@ fn writer_loop(
             };
             finishers.push(finish);
         }
+        let commit = tracing::trace_span!("sqlite.commit").entered();
         let committed = writer_execute(&conn, "COMMIT").map(drop).map_err(|e| {
             let _ = conn.execute_batch("ROLLBACK");
             e.to_string()
         });
+        drop(commit);
         crate::metrics::db_commit(jobs_in_batch, began.elapsed(), committed.is_ok());
         if committed.is_ok() {
             checkpointer.committed(jobs_in_batch);

@@ -194,6 +194,7 @@ impl PgStore {
     }
 
     fn write_once<R>(&self, f: &dyn Fn(&Conn<'_>) -> Result<R>) -> Result<R, Attempt> {
+        let _attempt = tracing::trace_span!("pg.transaction").entered();
         let mut lease = self.lease().map_err(Attempt::Failed)?;
         let Some(Pooled { client, cache }) = lease.conn.as_mut() else {
             return Err(Attempt::Failed(StoreError::WriterGone));
@@ -211,7 +212,7 @@ impl PgStore {
         match outcome {
             _ if lost => Err(Attempt::Lost),
             Err(e) => Err(Attempt::from_sql(e)),
-            Ok(value) => match tx.commit() {
+            Ok(value) => match tracing::trace_span!("pg.commit").in_scope(|| tx.commit()) {
                 Ok(()) => Ok(value),
                 Err(e) => {
                     let e = SqlError::Postgres(e);

@@ -206,6 +206,7 @@ impl<'a> Conn<'a> {
         match &self.0 {
             ConnInner::Sqlite(c) => Ok(c.execute_batch(sql)?),
             ConnInner::Postgres(pg) => {
+                let _trip = tracing::trace_span!("pg.statement").entered();
                 let result = pg.tx.borrow_mut().batch_execute(sql);
                 pg.check(result)
             }
@@ -268,6 +269,7 @@ impl PgRun for PgTx<'_> {
             .iter()
             .map(|v| v as &(dyn postgres::types::ToSql + Sync))
             .collect();
+        let _trip = tracing::trace_span!("pg.statement").entered();
         let result = self.tx.borrow_mut().query(statement, &refs);
         self.check(result)
     }
@@ -277,6 +279,7 @@ impl PgRun for PgTx<'_> {
             .iter()
             .map(|v| v as &(dyn postgres::types::ToSql + Sync))
             .collect();
+        let _trip = tracing::trace_span!("pg.statement").entered();
         let result = self.tx.borrow_mut().execute(statement, &refs);
         let changed = self.check(result)?;
         Ok(usize::try_from(changed).unwrap_or(usize::MAX))
@@ -300,6 +303,7 @@ impl PgTx<'_> {
             return Ok(found.clone());
         }
         let text = crate::store::pg_value::placeholders(sql);
+        let _trip = tracing::trace_span!("pg.prepare").entered();
         let prepared = self.tx.borrow_mut().prepare(&text);
         let prepared = self.check(prepared)?;
         let mut cache = self.cache.borrow_mut();

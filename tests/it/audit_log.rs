@@ -282,6 +282,63 @@ async fn an_audit_row_commits_or_rolls_back_with_the_callers_change() {
     assert_eq!(verify(&db).await.expect("verify"), 7);
 }
 
+/// Several rows appended at once (one read of the head) chain exactly as rows appended
+/// one by one: same ids, same links, same hashes; and the chain goes on after them.
+#[tokio::test]
+async fn rows_appended_together_chain_as_rows_appended_one_by_one() {
+    let steps = |n: &str| {
+        vec![
+            record(AuditEvent::Requested, n, "th-1"),
+            record(AuditEvent::Decided, n, "th-1"),
+            AuditRecord {
+                outcome: Some("ok".into()),
+                duration_ms: Some(3),
+                ..record(AuditEvent::Ran, n, "th-1")
+            },
+        ]
+    };
+    let (_one_dir, one_by_one) = open_temp();
+    let (_all_dir, together) = open_temp();
+    for (n, records) in [("ex-1", steps("ex-1")), ("ex-2", steps("ex-2"))] {
+        append_all(&one_by_one, records.clone()).await;
+        let last = together
+            .write(move |c| audit::append_all(c, &records, &Redactor::empty()))
+            .await
+            .expect("append together");
+        assert_eq!(last, if n == "ex-1" { 3 } else { 6 });
+    }
+    let none = together
+        .write(|c| audit::append_all(c, &[], &Redactor::empty()))
+        .await
+        .expect("append nothing");
+    assert_eq!(none, 0, "nothing appended, no row");
+    let rows = |db: &Db| {
+        let db = db.clone();
+        async move {
+            db.read(|c| audit::query(c, &AuditFilter::default()))
+                .await
+                .expect("query")
+                .into_iter()
+                .map(|r| (r.id, r.event.as_str().to_owned(), r.prev_hash, r.hash))
+                .collect::<Vec<_>>()
+        }
+    };
+    let (a, b) = (rows(&one_by_one).await, rows(&together).await);
+    assert_eq!(a.len(), 6);
+    assert_eq!(
+        a.iter()
+            .map(|r| (r.0, r.1.clone(), r.2.clone()))
+            .collect::<Vec<_>>(),
+        b.iter()
+            .map(|r| (r.0, r.1.clone(), r.2.clone()))
+            .collect::<Vec<_>>(),
+        "ids, events and links"
+    );
+    assert_eq!(verify(&together).await.expect("verify"), 6);
+    append_all(&together, vec![record(AuditEvent::Ran, "ex-3", "th-3")]).await;
+    assert_eq!(verify(&together).await.expect("verify"), 7);
+}
+
 #[tokio::test]
 async fn concurrent_appends_in_group_commits_keep_one_chain() {
     let (_dir, db) = open_temp();

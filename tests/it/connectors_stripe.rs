@@ -87,6 +87,39 @@ async fn reads_customers_and_charges() {
     );
 }
 
+/// A write's completion asks for a charge and its customer's email in one request
+/// (`expand[]=customer`): the same facts as `charge_facts`, the email as Stripe has it
+/// now (never remembered), and none for a charge without a customer.
+#[tokio::test]
+async fn a_charge_comes_with_its_customers_email_asked_now() {
+    let stripe = LocalStripe::start();
+    let customer = stripe.create_customer("ada@example.com").await;
+    let charge = stripe.create_charge(&customer, 2400, "usd").await;
+    let connector = connector(&stripe);
+    let (facts, email) = connector.charge_facts_and_email(&charge).await.unwrap();
+    assert_eq!(facts, connector.charge_facts(&charge).await.unwrap());
+    assert_eq!(facts.customer.as_deref(), Some(customer.as_str()));
+    assert_eq!(email.as_deref(), Some("ada@example.com"));
+
+    stripe
+        .post(
+            &format!("customers/{customer}"),
+            &[("email", "ada.new@example.com")],
+        )
+        .await;
+    let (_, email) = connector.charge_facts_and_email(&charge).await.unwrap();
+    assert_eq!(email.as_deref(), Some("ada.new@example.com"), "asked again");
+
+    let error = connector
+        .charge_facts_and_email("ch_missing")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, ConnectorError::Rejected { status: 404, .. }),
+        "{error:?}"
+    );
+}
+
 #[tokio::test]
 async fn unknown_objects_are_rejected_with_404() {
     let stripe = LocalStripe::start();

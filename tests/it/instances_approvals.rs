@@ -725,6 +725,7 @@ async fn an_approval_decided_elsewhere_reaches_the_agent_waiting_here(backend: B
     world.settings.instance_id = Some("inst-a".into());
     let db = Db::open_configured(
         Some(world.settings.store.url.as_str()).filter(|u| !u.is_empty()),
+        world.settings.store.pool_size,
         &world.settings.database_path(),
     )
     .expect("open the shared database");

@@ -92,6 +92,7 @@ fn options(agents: &std::path::Path) -> InstanceOptions {
         max_live: THREADS,
         memory_bytes: 64 << 20,
         agents_dir: Some(agents.to_owned()),
+        ..InstanceOptions::default()
     }
 }
 

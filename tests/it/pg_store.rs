@@ -250,6 +250,61 @@ async fn several_instances_append_one_audit_chain() {
     assert_eq!(verified, 60);
 }
 
+/// Steps of several rows (`append_all`, one head read each) from two instances at once
+/// still make one chain, each step's rows consecutive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn several_instances_append_steps_of_several_rows_in_one_chain() {
+    use threadgate::audit::{self, AuditEvent, AuditFilter, AuditRecord};
+    let Some((_db, a, b)) = two_instances("audit steps") else {
+        return;
+    };
+    let mut tasks = Vec::new();
+    for i in 0..30 {
+        let db = handle(i, &a, &b);
+        tasks.push(tokio::spawn(async move {
+            db.write(move |c| {
+                let step = |event| AuditRecord {
+                    execution_id: Some(format!("ex_{i}")),
+                    ..AuditRecord::new(event)
+                };
+                let records = [
+                    step(AuditEvent::Requested),
+                    step(AuditEvent::Decided),
+                    step(AuditEvent::Ran),
+                ];
+                audit::append_all(c, &records, &threadgate::secrets::Redactor::empty())
+            })
+            .await
+            .expect("append")
+        }));
+    }
+    for task in tasks {
+        task.await.expect("join");
+    }
+    let verified = b
+        .read(|c| Ok(audit::verify(c)))
+        .await
+        .expect("read")
+        .expect("the chain verifies");
+    assert_eq!(verified, 90);
+    let rows = a
+        .read(|c| audit::query(c, &AuditFilter::default()))
+        .await
+        .expect("rows");
+    let mut rows: Vec<_> = rows
+        .into_iter()
+        .map(|r| (r.id, r.execution_id.unwrap_or_default()))
+        .collect();
+    rows.sort();
+    for step in rows.chunks(3) {
+        let ids: Vec<&str> = step.iter().map(|r| r.1.as_str()).collect();
+        assert!(
+            ids.iter().all(|id| *id == ids[0]),
+            "one step's rows together: {ids:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_secret_written_on_one_instance_moves_the_generation_on_another() {
     let Some((_db, a, b)) = two_instances("secrets generation") else {

@@ -181,21 +181,34 @@ impl StripeConnector {
                 None,
             )
             .await?;
-        let amount = |key: &str| {
-            charge.get(key).and_then(Value::as_u64).ok_or_else(|| {
-                ConnectorError::unknown(format!("stripe charge {charge_id} has no `{key}`"))
-            })
+        facts_of(charge_id, &charge)
+    }
+
+    /// [`StripeConnector::charge_facts`] and the email of the charge's customer, asked
+    /// of Stripe in one request (`expand[]=customer`): what a write's completion needs,
+    /// never answered from memory. The email is `None` when the charge has no customer
+    /// or its customer has no email or was deleted. A provider that answers the
+    /// customer unexpanded (its id) is asked for the customer's email in a second
+    /// request.
+    pub async fn charge_facts_and_email(
+        &self,
+        charge_id: &str,
+    ) -> Result<(ChargeFacts, Option<String>), ConnectorError> {
+        let charge_id = checked_id("charge", charge_id)?;
+        let charge = self
+            .request(
+                &["v1", "charges", charge_id],
+                Request::Get(vec![("expand[]".into(), "customer".into())]),
+                None,
+            )
+            .await?;
+        let facts = facts_of(charge_id, &charge)?;
+        let email = match (charge.get("customer"), &facts.customer) {
+            (Some(customer @ Value::Object(_)), Some(_)) => email_of(customer),
+            (_, Some(id)) => self.customer_email(id).await?,
+            (_, None) => None,
         };
-        Ok(ChargeFacts {
-            customer: object_id(charge.get("customer").unwrap_or(&Value::Null)),
-            amount: amount("amount")?,
-            amount_refunded: amount("amount_refunded")?,
-            currency: charge
-                .get("currency")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned(),
-        })
+        Ok((facts, email))
     }
 
     /// The email of a customer; `None` when it has none or has been deleted.
@@ -211,14 +224,7 @@ impl StripeConnector {
                 None,
             )
             .await?;
-        if customer.get("deleted").and_then(Value::as_bool) == Some(true) {
-            return Ok(None);
-        }
-        Ok(customer
-            .get("email")
-            .and_then(Value::as_str)
-            .filter(|email| !email.is_empty())
-            .map(str::to_owned))
+        Ok(email_of(&customer))
     }
 
     /// As [`StripeConnector::customer_email`], answered from memory when the email was
@@ -607,6 +613,37 @@ fn interpret(response: HttpResponse, key: &Credential) -> Result<Value, Connecto
 }
 
 /// The id of a field that is either an id string or an expanded object.
+/// A charge's facts from Stripe's answer for it.
+fn facts_of(charge_id: &str, charge: &Value) -> Result<ChargeFacts, ConnectorError> {
+    let amount = |key: &str| {
+        charge.get(key).and_then(Value::as_u64).ok_or_else(|| {
+            ConnectorError::unknown(format!("stripe charge {charge_id} has no `{key}`"))
+        })
+    };
+    Ok(ChargeFacts {
+        customer: object_id(charge.get("customer").unwrap_or(&Value::Null)),
+        amount: amount("amount")?,
+        amount_refunded: amount("amount_refunded")?,
+        currency: charge
+            .get("currency")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+    })
+}
+
+/// A customer object's email; `None` when it has none or has been deleted.
+fn email_of(customer: &Value) -> Option<String> {
+    if customer.get("deleted").and_then(Value::as_bool) == Some(true) {
+        return None;
+    }
+    customer
+        .get("email")
+        .and_then(Value::as_str)
+        .filter(|email| !email.is_empty())
+        .map(str::to_owned)
+}
+
 fn object_id(value: &Value) -> Option<String> {
     match value {
         Value::String(id) => Some(id.clone()),

@@ -78,12 +78,21 @@ impl World {
 
     /// Stores `value` under `name` in the world's secrets store (before the app starts).
     pub async fn store_secret(&self, name: &str, value: &str) {
-        let db = Db::open(&self.settings.database_path()).expect("open db");
+        let db = self.settings.open_store().expect("open the store");
         let secrets = app::open_secrets(&db, &self.settings).expect("open secrets");
         secrets
             .set(name, SecretString::from(value.to_owned()))
             .await
             .expect("set secret");
+    }
+
+    /// Keeps the app's state on the Postgres database at `url` (`[store] url`) instead
+    /// of the SQLite file, with the stored secrets set there (before the app starts).
+    pub async fn use_postgres(&mut self, url: &str) {
+        self.settings.store.url = url.to_owned();
+        for (name, value) in stored_secrets() {
+            self.store_secret(name, value).await;
+        }
     }
 
     /// Points the model proxy at a fresh scripted model server speaking `provider`'s
