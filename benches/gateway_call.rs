@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::app::TestApp;
+use support::figures::{load_average, micros, percentile};
 use support::world::{Customer, World};
 use threadgate::store::testing::{TestDb, test_database_url};
 
@@ -64,28 +65,6 @@ policies:
   - match: "stripe.get_*"
     action: always_run
 "#;
-
-#[expect(
-    clippy::cast_possible_truncation,
-    reason = "a rank in a sorted sample, rounded and within its length"
-)]
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i]
-}
-
-fn micros(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(", "))
-        .unwrap_or_else(|_| "unknown".into())
-}
 
 /// Latencies of one kind of call or phase.
 #[derive(Default)]
