@@ -5,7 +5,6 @@
 //! stored secret is left out); a push that fails is answered and logged without
 //! stopping the session, and tried again at the next checkpoint.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -13,44 +12,10 @@ use threadgate::session::{SessionState, store as sessions};
 
 use crate::support::app::TestApp;
 use crate::support::logs::captured_text;
+use crate::support::sessions::{files_of, thread_tip};
 use crate::support::unix_http::unix_request;
 use crate::support::wait::eventually;
 use crate::support::world::{Session, World, stored_secrets};
-
-fn bare_remote(world: &World) -> PathBuf {
-    let path = world.dir.path().join("remote.git");
-    git2::Repository::init_bare(&path).expect("bare remote");
-    path
-}
-
-fn branch_tip(repo: &Path, thread: &str) -> Option<git2::Oid> {
-    let repo = git2::Repository::open(repo).expect("open");
-    repo.refname_to_id(&format!("refs/heads/threadgate/{thread}"))
-        .ok()
-}
-
-/// Path -> content of the files of `commit`'s tree in `repo`.
-fn files_of(repo: &Path, commit: git2::Oid) -> Vec<(String, Vec<u8>)> {
-    let repo = git2::Repository::open(repo).expect("open");
-    let tree = repo
-        .find_commit(commit)
-        .expect("commit")
-        .tree()
-        .expect("tree");
-    let mut files = Vec::new();
-    tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
-        if entry.kind() == Some(git2::ObjectType::Blob) {
-            let blob = repo.find_blob(entry.id()).expect("blob");
-            files.push((
-                format!("{dir}{}", entry.name().expect("name")),
-                blob.content().to_vec(),
-            ));
-        }
-        git2::TreeWalkResult::Ok
-    })
-    .expect("walk");
-    files
-}
 
 async fn checkpoint(session: &Session) -> (u16, Value) {
     unix_request(&session.socket, "POST", "/v1/checkpoint", None).await
@@ -88,7 +53,7 @@ async fn state(app: &TestApp, thread: &str) -> SessionState {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_asked_by_the_agent_commits_and_pushes_without_the_secret() {
     let mut world = World::new().await;
-    let remote = bare_remote(&world);
+    let remote = world.bare_remote();
     world.settings.repo.remote = Some(remote.display().to_string());
     let (app, clock) = world.start_with_clock().await;
     let ada = world.customer_session(&app, "ada@example.com", &[]).await;
@@ -104,7 +69,7 @@ async fn a_checkpoint_asked_by_the_agent_commits_and_pushes_without_the_secret()
         403
     );
     assert_eq!(
-        branch_tip(&remote, &thread),
+        thread_tip(&remote, &thread),
         None,
         "a refused request pushes nothing"
     );
@@ -114,10 +79,10 @@ async fn a_checkpoint_asked_by_the_agent_commits_and_pushes_without_the_secret()
     assert_eq!(answer["branch"], format!("threadgate/{thread}"));
     assert_eq!(answer["push"], "pushed", "{answer}");
     assert_eq!(answer["left_out"], 1, "{answer}");
-    let local = branch_tip(&world.settings.repo.path, &thread).expect("local branch");
+    let local = thread_tip(&world.settings.repo.path, &thread).expect("local branch");
     assert_eq!(answer["commit"], local.to_string());
     // The remote has the commit, with the finding and without the secret's file.
-    assert_eq!(branch_tip(&remote, &thread), Some(local));
+    assert_eq!(thread_tip(&remote, &thread), Some(local));
     let files = files_of(&remote, local);
     assert!(
         files.contains(&("FINDINGS.md".into(), b"rounding twice\n".to_vec())),
@@ -147,7 +112,7 @@ async fn a_checkpoint_asked_by_the_agent_commits_and_pushes_without_the_secret()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_session_is_checkpointed_every_period() {
     let mut world = World::new().await;
-    let remote = bare_remote(&world);
+    let remote = world.bare_remote();
     world.settings.repo.remote = Some(remote.display().to_string());
     world.settings.repo.checkpoint_every = Duration::from_secs(300);
     let (app, clock) = world.start_with_clock().await;
@@ -157,19 +122,19 @@ async fn a_running_session_is_checkpointed_every_period() {
     std::fs::write(worktree.join("NOTES.md"), "first look\n").expect("write");
     // The supervisor notes when it first sees the session run, on its next tick.
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    assert_eq!(branch_tip(&remote, &thread), None, "nothing pushed yet");
+    assert_eq!(thread_tip(&remote, &thread), None, "nothing pushed yet");
 
     clock.advance(Duration::from_secs(301));
     let (repo, remote_path) = (world.settings.repo.path.clone(), remote.clone());
     eventually("the periodic checkpoint reaches the remote", || {
         let (repo, remote_path, thread) = (repo.clone(), remote_path.clone(), thread.clone());
         async move {
-            let pushed = branch_tip(&remote_path, &thread);
-            pushed.is_some() && pushed == branch_tip(&repo, &thread)
+            let pushed = thread_tip(&remote_path, &thread);
+            pushed.is_some() && pushed == thread_tip(&repo, &thread)
         }
     })
     .await;
-    let first = branch_tip(&remote, &thread).expect("pushed");
+    let first = thread_tip(&remote, &thread).expect("pushed");
     assert!(files_of(&remote, first).contains(&("NOTES.md".into(), b"first look\n".to_vec())));
     assert_eq!(state(&app, &thread).await, SessionState::Running);
 
@@ -178,10 +143,10 @@ async fn a_running_session_is_checkpointed_every_period() {
     clock.advance(Duration::from_secs(301));
     eventually("the second checkpoint reaches the remote", || {
         let (remote_path, thread) = (remote.clone(), thread.clone());
-        async move { branch_tip(&remote_path, &thread).is_some_and(|tip| tip != first) }
+        async move { thread_tip(&remote_path, &thread).is_some_and(|tip| tip != first) }
     })
     .await;
-    let second = branch_tip(&remote, &thread).expect("pushed");
+    let second = thread_tip(&remote, &thread).expect("pushed");
     let repo = git2::Repository::open(&remote).expect("open");
     assert_eq!(
         repo.find_commit(second)
@@ -195,7 +160,7 @@ async fn a_running_session_is_checkpointed_every_period() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_push_is_answered_and_retried_and_the_session_goes_on() {
     let mut world = World::new().await;
-    let remote = bare_remote(&world);
+    let remote = world.bare_remote();
     world.settings.repo.remote = Some(format!("file://{}", remote.display()));
     let (app, clock) = world.start_with_clock().await;
     let cy = world.customer_session(&app, "cy@example.com", &[]).await;
@@ -209,7 +174,7 @@ async fn a_failed_push_is_answered_and_retried_and_the_session_goes_on() {
     let (status, answer) = checkpoint(&cy.session).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["push"], "failed", "{answer}");
-    let local = branch_tip(&world.settings.repo.path, &thread).expect("local branch");
+    let local = thread_tip(&world.settings.repo.path, &thread).expect("local branch");
     assert_eq!(
         answer["commit"],
         local.to_string(),
@@ -235,5 +200,5 @@ async fn a_failed_push_is_answered_and_retried_and_the_session_goes_on() {
     assert_eq!(status, 200, "{answer}");
     assert_eq!(answer["commit"], Value::Null, "{answer}");
     assert_eq!(answer["push"], "pushed", "{answer}");
-    assert_eq!(branch_tip(&remote, &thread), Some(local));
+    assert_eq!(thread_tip(&remote, &thread), Some(local));
 }

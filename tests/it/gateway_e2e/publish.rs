@@ -5,14 +5,13 @@
 //! updates that pull request instead of opening another. A session without changes
 //! pushes nothing, and without a remote the branch stays local.
 
-use std::path::Path;
-
 use serde_json::{Value, json};
 use threadgate::session::publish::OnDone;
 use threadgate::session::{SessionState, store as sessions};
 
 use crate::support::app::TestApp;
 use crate::support::plain::{email_received, plain_id};
+use crate::support::sessions::thread_tip;
 use crate::support::wait::eventually;
 use crate::support::world::{GITHUB_REPO, World};
 
@@ -49,22 +48,10 @@ async fn end(app: &TestApp, thread: &str) {
     .await;
 }
 
-fn branch_tip(repo: &Path, thread: &str) -> Option<git2::Oid> {
-    let repo = git2::Repository::open(repo).expect("open");
-    repo.refname_to_id(&format!("refs/heads/threadgate/{thread}"))
-        .ok()
-}
-
-fn bare_remote(world: &World) -> std::path::PathBuf {
-    let path = world.dir.path().join("remote.git");
-    git2::Repository::init_bare(&path).expect("bare remote");
-    path
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ended_session_pushes_its_branch_and_opens_one_draft_pull_request() {
     let mut world = World::new().await;
-    let remote = bare_remote(&world);
+    let remote = world.bare_remote();
     world.settings.repo.remote = Some(remote.display().to_string());
     let app = world.start().await;
     let ada = world.customer_session(&app, "ada@example.com", &[]).await;
@@ -95,8 +82,8 @@ async fn an_ended_session_pushes_its_branch_and_opens_one_draft_pull_request() {
     end(&app, &thread).await;
 
     // The branch is on the remote, at the local tip.
-    let local = branch_tip(&world.settings.repo.path, &thread).expect("local branch");
-    assert_eq!(branch_tip(&remote, &thread), Some(local));
+    let local = thread_tip(&world.settings.repo.path, &thread).expect("local branch");
+    assert_eq!(thread_tip(&remote, &thread), Some(local));
     // One draft pull request from it into main, linking the thread and the finding.
     let pulls = world.github.pulls();
     assert_eq!(pulls.len(), 1, "{pulls:#?}");
@@ -172,13 +159,13 @@ async fn an_ended_session_pushes_its_branch_and_opens_one_draft_pull_request() {
     let notes = app.notes(&thread).await;
     let linking = notes.iter().filter(|n| n.contains(&url)).count();
     assert_eq!(linking, 1, "{notes:#?}");
-    let local = branch_tip(&world.settings.repo.path, &thread).expect("local branch");
-    assert_eq!(branch_tip(&remote, &thread), Some(local));
+    let local = thread_tip(&world.settings.repo.path, &thread).expect("local branch");
+    assert_eq!(thread_tip(&remote, &thread), Some(local));
 
     // A session that changed nothing pushes nothing and opens nothing.
     let bob = world.customer_session(&app, "bob@example.com", &[]).await;
     end(&app, &bob.session.thread_id).await;
-    assert_eq!(branch_tip(&remote, &bob.session.thread_id), None);
+    assert_eq!(thread_tip(&remote, &bob.session.thread_id), None);
     assert_eq!(world.github.pulls().len(), 1);
     app.stop().await;
 }
@@ -193,7 +180,7 @@ async fn without_a_remote_the_branch_stays_local() {
     std::fs::write(worktree.join("FINDINGS.md"), "rounding twice\n").expect("write");
     end(&app, &thread).await;
     let repo = git2::Repository::open(&world.settings.repo.path).expect("open");
-    let tip = branch_tip(&world.settings.repo.path, &thread).expect("local branch");
+    let tip = thread_tip(&world.settings.repo.path, &thread).expect("local branch");
     let tree = repo.find_commit(tip).expect("commit").tree().expect("tree");
     assert!(tree.get_name("FINDINGS.md").is_some());
     assert!(world.github.pulls().is_empty());
@@ -205,7 +192,7 @@ async fn without_a_remote_the_branch_stays_local() {
 /// world, the app and the thread.
 async fn ended_with(on_done: OnDone) -> (World, TestApp, String) {
     let mut world = World::new().await;
-    world.settings.repo.remote = Some(bare_remote(&world).display().to_string());
+    world.settings.repo.remote = Some(world.bare_remote().display().to_string());
     world.settings.github.on_done = on_done;
     let app = world.start().await;
     let ada = world.customer_session(&app, "ada@example.com", &[]).await;

@@ -6,56 +6,25 @@
 //! bundle sent when the gateway asked for none is refused and changes nothing; at the
 //! thread's end the pod's last work is brought back before the pod is stopped.
 
-use std::path::Path;
-
 use threadgate::ids::SessionId;
 use threadgate::workspace::PodWorkspace;
 
 use crate::support::relay::{RelaySetup, RunningRelay, greet};
+use crate::support::sessions::{files_of, thread_tip};
 use crate::support::unix_http::unix_request;
 use crate::support::world::{World, stored_secrets};
-
-fn branch_tip(repo: &Path, thread: &str) -> Option<git2::Oid> {
-    let repo = git2::Repository::open(repo).expect("open");
-    repo.refname_to_id(&format!("refs/heads/threadgate/{thread}"))
-        .ok()
-}
-
-/// Path -> content of the files of `commit`'s tree in `repo`.
-fn files_of(repo: &Path, commit: git2::Oid) -> Vec<(String, Vec<u8>)> {
-    let repo = git2::Repository::open(repo).expect("open");
-    let tree = repo
-        .find_commit(commit)
-        .expect("commit")
-        .tree()
-        .expect("tree");
-    let mut files = Vec::new();
-    tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
-        if entry.kind() == Some(git2::ObjectType::Blob) {
-            let blob = repo.find_blob(entry.id()).expect("blob");
-            files.push((
-                format!("{dir}{}", entry.name().expect("name")),
-                blob.content().to_vec(),
-            ));
-        }
-        git2::TreeWalkResult::Ok
-    })
-    .expect("walk");
-    files
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_workspace_goes_into_the_pod_and_its_commit_comes_back_to_the_branch() {
     let mut world = World::new().await;
     let tls = world.use_relay();
-    let remote = world.dir.path().join("remote.git");
-    git2::Repository::init_bare(&remote).expect("bare remote");
+    let remote = world.bare_remote();
     world.settings.repo.remote = Some(remote.display().to_string());
     let app = world.start().await;
     let ada = world.customer_session(&app, "ada@example.com", &[]).await;
     let thread = ada.session.thread_id.clone();
     let session_id = SessionId::parse(ada.session.id.as_str()).expect("session id");
-    let base = branch_tip(&world.settings.repo.path, &thread).expect("the thread's branch");
+    let base = thread_tip(&world.settings.repo.path, &thread).expect("the thread's branch");
 
     let pod = PodWorkspace {
         work_dir: world.dir.path().join("pod/workspace"),
@@ -100,7 +69,7 @@ async fn a_workspace_goes_into_the_pod_and_its_commit_comes_back_to_the_branch()
 
     // Out: the pod's work is on the thread's branch (one commit on the base handed
     // out) and on the remote; the secret's file is not.
-    let tip = branch_tip(&world.settings.repo.path, &thread).expect("branch");
+    let tip = thread_tip(&world.settings.repo.path, &thread).expect("branch");
     assert_eq!(answer["commit"], tip.to_string());
     let repo = git2::Repository::open(&world.settings.repo.path).expect("repo");
     assert_eq!(
@@ -120,7 +89,7 @@ async fn a_workspace_goes_into_the_pod_and_its_commit_comes_back_to_the_branch()
         "{files:?}"
     );
     assert!(!files.iter().any(|(p, _)| p == "debug.log"), "{files:?}");
-    assert_eq!(branch_tip(&remote, &thread), Some(tip));
+    assert_eq!(thread_tip(&remote, &thread), Some(tip));
 
     // A bundle nobody asked for (no request open) is refused before it is read, and
     // the branch and the worktree stay as they are.
@@ -144,7 +113,7 @@ async fn a_workspace_goes_into_the_pod_and_its_commit_comes_back_to_the_branch()
     let _ = stream.read_to_end(&mut reply).await;
     let reply = String::from_utf8_lossy(&reply);
     assert!(reply.starts_with("HTTP/1.1 409"), "{reply}");
-    assert_eq!(branch_tip(&world.settings.repo.path, &thread), Some(tip));
+    assert_eq!(thread_tip(&world.settings.repo.path, &thread), Some(tip));
     assert_eq!(
         std::fs::read(worktree.join("README.md")).expect("worktree"),
         readme
@@ -155,7 +124,7 @@ async fn a_workspace_goes_into_the_pod_and_its_commit_comes_back_to_the_branch()
     std::fs::write(pod.work_dir.join("FINDINGS.md"), "rounding twice, fixed\n").expect("write");
     mark_done(&app, &thread).await;
     app.session_stops(&thread).await;
-    let ended = branch_tip(&world.settings.repo.path, &thread).expect("branch");
+    let ended = thread_tip(&world.settings.repo.path, &thread).expect("branch");
     assert_eq!(
         repo.find_commit(ended)
             .expect("tip")
@@ -168,7 +137,7 @@ async fn a_workspace_goes_into_the_pod_and_its_commit_comes_back_to_the_branch()
         files.contains(&("FINDINGS.md".into(), b"rounding twice, fixed\n".to_vec())),
         "{files:?}"
     );
-    assert_eq!(branch_tip(&remote, &thread), Some(ended));
+    assert_eq!(thread_tip(&remote, &thread), Some(ended));
 
     relay.stop().await;
     app.stop().await;

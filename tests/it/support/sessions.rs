@@ -270,3 +270,33 @@ pub fn branch_tip(repo: &Repository, branch: &str) -> Option<Oid> {
         .ok()
         .and_then(|r| r.target())
 }
+
+/// The commit the thread's branch (`threadgate/<thread>`) points at in the repository at
+/// `repo` (a worktree's repository or a bare remote), if it exists.
+pub fn thread_tip(repo: &Path, thread: &str) -> Option<Oid> {
+    let repo = Repository::open(repo).expect("open");
+    branch_tip(&repo, &format!("threadgate/{thread}"))
+}
+
+/// Path -> content of the files of `commit`'s tree in the repository at `repo`.
+pub fn files_of(repo: &Path, commit: Oid) -> Vec<(String, Vec<u8>)> {
+    let repo = Repository::open(repo).expect("open");
+    let tree = repo
+        .find_commit(commit)
+        .expect("commit")
+        .tree()
+        .expect("tree");
+    let mut files = Vec::new();
+    tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
+        if entry.kind() == Some(git2::ObjectType::Blob) {
+            let blob = repo.find_blob(entry.id()).expect("blob");
+            files.push((
+                format!("{dir}{}", entry.name().expect("name")),
+                blob.content().to_vec(),
+            ));
+        }
+        git2::TreeWalkResult::Ok
+    })
+    .expect("walk");
+    files
+}

@@ -182,6 +182,14 @@ impl World {
         }
     }
 
+    /// A fresh bare repository in the test's directory (`remote.git`), to configure as
+    /// `[repo] remote`.
+    pub fn bare_remote(&self) -> PathBuf {
+        let path = self.dir.path().join("remote.git");
+        git2::Repository::init_bare(&path).expect("bare remote");
+        path
+    }
+
     /// Builds the real application on this world's data directory and serves it.
     pub async fn start(&self) -> TestApp {
         self.start_with(Overrides {
