@@ -305,13 +305,11 @@ pub fn running_threads(instance: &str) -> Vec<String> {
     out.lines().map(str::to_owned).collect()
 }
 
-/// Running containers per thread across `instances`.
+/// Running containers per thread across `instances` (one `docker ps`, [`running_of`]).
 pub fn containers_per_thread(instances: &[&str]) -> HashMap<String, usize> {
     let mut count = HashMap::new();
-    for instance in instances {
-        for thread in running_threads(instance) {
-            *count.entry(thread).or_insert(0) += 1;
-        }
+    for running in running_of(instances) {
+        *count.entry(running.thread).or_insert(0) += 1;
     }
     count
 }
