@@ -33,8 +33,7 @@ impl SharedDb {
     pub fn open(&self) -> Db {
         match self {
             SharedDb::File(path) => Db::open(path).expect("open the shared database"),
-            SharedDb::Url(url) => Db::open_configured(Some(url), 4, Path::new("unused.db"))
-                .expect("open the shared database"),
+            SharedDb::Url(url) => Db::connect_pooled(url, 4).expect("open the shared database"),
         }
     }
 
