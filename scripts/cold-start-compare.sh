@@ -10,10 +10,15 @@
 # from the moment its signed webhook is sent (HMAC-SHA256 of the body, as Plain signs):
 #   - to its container running: the engine's `start` event for the container labelled
 #     with the thread (`docker events`);
+#   - to the agent runner's process, first seen in /proc (polled every 2 ms; its
+#     environment names the thread);
 #   - to the agent's first connection on its session socket: the accepted connection
-#     under <data_dir>/sockets/<session>/api.sock, seen in /proc/net/unix (polled every
-#     2 ms): the runner's first request, which both builds serve;
-#   - to the session's row saying `running` (read-only SQLite reads every 2 ms).
+#     on <data_dir>/sockets/<session>/api.sock, seen in the runner's
+#     /proc/<pid>/net/unix (it lives in the container's network namespace; polled
+#     every 2 ms): the runner's first request, which both builds serve;
+#   - to the session's row saying `running` (read-only SQLite reads every 2 ms);
+#   - and each build's own log line "session start finished took_ms=N" (the start off
+#     the supervisor: worktree, its filesystem, socket, container), which both write.
 # Each thread is then marked done. Prints min/p50/p90/p99/max per build and measure,
 # and the load average before, between and after.
 #

@@ -9,8 +9,11 @@ for each thread the script records, from the moment its signed webhook is sent:
 
   container  the engine's `start` event of the container labelled with the thread
              (`docker events`; a warm start adopts a parked container: no event)
-  socket     the agent's first connection on its session socket, seen in
-             /proc/net/unix (an accepted connection carries the socket's path); this
+  process    the agent runner's process first seen in /proc (cold starts: its
+             environment names the thread)
+  socket     the agent's first connection on its session socket, seen in the
+             runner's /proc/<pid>/net/unix (an accepted connection carries the
+             socket's path, in the namespace of the container that connected); this
              is the runner's first request (GET /v1/agent), whichever build serves it
   running    the session's row saying `running` (read-only SQLite reads)
 
@@ -185,9 +188,13 @@ class AgentWatch:
                     with open(f"/proc/{pid}/environ", "rb") as f:
                         env = f.read().split(b"\0")
             except OSError:
-                del self.young[pid]
+                # Gone, or between its fork and its exec: tried again while young.
+                if now - born > 2.0 or not os.path.exists(f"/proc/{pid}"):
+                    del self.young[pid]
                 continue
-            if not runner:
+            # Its environment reads empty until the new program's stack is set up,
+            # a moment after its name changed at the exec.
+            if not runner or env == [b""]:
                 if now - born > 2.0:
                     del self.young[pid]
                 continue
@@ -328,6 +335,19 @@ class Serve:
                                 or f'"launch":"{kind}"' in line):
                             counts[kind] += 1
         return counts
+
+    def start_took(self):
+        """The build's own "session start finished took_ms=N" lines (worktree, its
+        filesystem, socket and container: the start off the supervisor), in seconds,
+        the warm-up's first left out."""
+        took = []
+        with open(self.log_path) as f:
+            for line in f:
+                if "session start finished" in line and "took_ms=" in line:
+                    value = line.split("took_ms=", 1)[1].split()[0].strip('",')
+                    if value.isdigit():
+                        took.append(int(value) / 1000)
+        return took[1:]
 
     def stop(self):
         if self.proc.poll() is None:
@@ -496,6 +516,8 @@ def main():
         for label in ("old", "new"):
             summary(f"{label}: webhook -> session row running",
                     [x.running for x in samples[label]])
+        for label, s in (("old", old), ("new", new)):
+            summary(f"{label}: its log's session start took_ms", s.start_took())
         print(f"load average after the cold threads: {load_average()}", flush=True)
         print(f"new build's launches (log): {new.launches()}")
         for s in list(serves):
