@@ -369,6 +369,8 @@ class Serve:
                                stderr=subprocess.DEVNULL)
         unmount_under(self.secrets_root)
         shutil.rmtree(self.secrets_root, ignore_errors=True)
+        # A worktree's filesystem still mounted (a session stopping when serve stopped).
+        unmount_under(self.data_dir)
         self.log.close()
 
 
