@@ -2,8 +2,11 @@
 //! second, and p50/p99 time to the 200, against the real router on a loopback port
 //! with a SQLite file (`synchronous=FULL`, group commit) and with Postgres (one
 //! autocommit `INSERT … ON CONFLICT DO NOTHING` per delivery, one round trip,
-//! `synchronous_commit` as the server has it, printed), in one run, each phase on one backend then the other; plus the CPU cost
-//! of `verify_signature` + `Envelope::parse` alone.
+//! `synchronous_commit` as the server has it, printed), in one run, each phase on one
+//! backend then the other; on Postgres also the store alone (no HTTP), the intake's
+//! insert through `Db::write` (`BEGIN`, insert, `COMMIT`: three round trips) against
+//! `Db::write_single` (one), alternating; plus the CPU cost of `verify_signature` +
+//! `Envelope::parse` alone.
 //!
 //! `cargo bench --bench webhook_intake`. Environment: `WEBHOOK_BENCH_N` (deliveries,
 //! default 20000), `WEBHOOK_BENCH_CLIENTS` (concurrent keep-alive HTTP/1.1 clients,
