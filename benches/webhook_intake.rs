@@ -1,9 +1,12 @@
 //! Webhook intake figures: verified, deduplicated and durably stored deliveries per
 //! second, and p50/p99 time to the 200, against the real router on a loopback port
-//! with a SQLite file (`synchronous=FULL`, group commit) and with Postgres (a
-//! SERIALIZABLE transaction per delivery, `synchronous_commit` as the server has it,
-//! printed), in one run, each phase on one backend then the other; plus the CPU cost
-//! of `verify_signature` + `Envelope::parse` alone.
+//! with a SQLite file (`synchronous=FULL`, group commit) and with Postgres (one
+//! autocommit `INSERT … ON CONFLICT DO NOTHING` per delivery, one round trip,
+//! `synchronous_commit` as the server has it, printed), in one run, each phase on one
+//! backend then the other; on Postgres also the store alone (no HTTP), the intake's
+//! insert through `Db::write` (`BEGIN`, insert, `COMMIT`: three round trips) against
+//! `Db::write_single` (one), alternating; plus the CPU cost of `verify_signature` +
+//! `Envelope::parse` alone.
 //!
 //! `cargo bench --bench webhook_intake`. Environment: `WEBHOOK_BENCH_N` (deliveries,
 //! default 20000), `WEBHOOK_BENCH_CLIENTS` (concurrent keep-alive HTTP/1.1 clients,
@@ -36,6 +39,7 @@ use tokio::sync::mpsc;
 
 use threadgate::store::Db;
 use threadgate::store::testing::{TestDb, test_database_url};
+use threadgate::webhook::store as events;
 use threadgate::webhook::{
     Envelope, IntakeConfig, IntakeState, SigningSecret, router, sign, verify_signature,
 };
@@ -259,9 +263,14 @@ fn transactions(db: &Db) -> Option<(i64, i64)> {
 }
 
 fn report(label: &str, n: usize, elapsed: Duration, latencies: &[Duration]) {
+    let until = if label.contains("store only") {
+        "committed"
+    } else {
+        "200"
+    };
     println!("  {label}");
     println!(
-        "    {:.0} deliveries/s ({n} in {:.2} s); time to 200: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        "    {:.0} deliveries/s ({n} in {:.2} s); time to {until}: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
         n as f64 / elapsed.as_secs_f64(),
         elapsed.as_secs_f64(),
         ms(percentile(latencies, 0.50)),
@@ -371,8 +380,8 @@ fn intake_benchmark(template: &Value) {
             std::thread::sleep(Duration::from_millis(1_100));
             if let Some((c, r)) = transactions(&backend.db) {
                 println!(
-                    "    postgres: {} transactions committed, {} rolled back (a SERIALIZABLE \
-                     write that lost a race is rolled back and run again)",
+                    "    postgres: {} transactions committed, {} rolled back (a write that \
+                     lost a race is rolled back and run again)",
                     c - commits,
                     r - rollbacks
                 );
@@ -383,7 +392,7 @@ fn intake_benchmark(template: &Value) {
 
     println!(
         "webhook intake: signed deliveries from {clients} keep-alive HTTP/1.1 connections; \
-         SQLite synchronous=FULL with group commit, Postgres a SERIALIZABLE transaction per \
+         SQLite synchronous=FULL with group commit, Postgres one autocommit statement per \
          delivery; load average {}",
         load_average()
     );
@@ -398,7 +407,7 @@ fn intake_benchmark(template: &Value) {
         );
         report(&label, n, elapsed, &latencies);
     }
-    for rate in rates {
+    for rate in rates.iter().copied() {
         for backend in &backends {
             let (elapsed, latencies) = run(backend, &format!("open{rate:.0}_"), n, Some(rate));
             let label = format!(
@@ -408,9 +417,105 @@ fn intake_benchmark(template: &Value) {
             report(&label, n, elapsed, &latencies);
         }
     }
+    for backend in backends.iter().filter(|b| b.name == "postgres") {
+        store_only(&backend.db, template, n, clients, None, &client_runtime);
+        for rate in &rates {
+            store_only(
+                &backend.db,
+                template,
+                n,
+                clients,
+                Some(*rate),
+                &client_runtime,
+            );
+        }
+    }
     println!("  load average after: {}", load_average());
     // The servers keep running until the process ends; the Postgres databases are
     // dropped (FORCE) with the backends.
+}
+
+/// The store alone, without HTTP: the intake's insert from `clients` tasks (open loop
+/// at `rate` when given, latency from when each was due), through `Db::write` (`BEGIN`
+/// SERIALIZABLE, the insert, `COMMIT`: three round trips, as the intake stored a
+/// delivery before) and through `Db::write_single` (one autocommit statement: one round
+/// trip, as it does now), alternating twice, in one run on one database.
+fn store_only(
+    db: &Db,
+    template: &Value,
+    n: usize,
+    clients: usize,
+    rate: Option<f64>,
+    runtime: &tokio::runtime::Runtime,
+) {
+    let loop_kind = rate.map_or_else(|| "closed loop".to_owned(), |r| format!("{r:.0}/s offered"));
+    for round in 0..2 {
+        for single in [false, true] {
+            let prefix = format!(
+                "store{round}{}{}_",
+                if single { "s" } else { "t" },
+                rate.map_or_else(String::new, |r| format!("{r:.0}"))
+            );
+            let work: Vec<(Envelope, String)> = deliveries(template, &prefix, n)
+                .into_iter()
+                .map(|(body, _)| {
+                    let text = String::from_utf8(body).expect("utf-8");
+                    (Envelope::parse(text.as_bytes()).expect("envelope"), text)
+                })
+                .collect();
+            let queue = Arc::new(std::sync::Mutex::new(work.into_iter().enumerate()));
+            let started = Instant::now();
+            let latencies = runtime.block_on(async {
+                let start = tokio::time::Instant::now();
+                let mut tasks = Vec::new();
+                for _ in 0..clients {
+                    let (queue, db) = (Arc::clone(&queue), db.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let mut latencies = Vec::new();
+                        loop {
+                            let next = queue.lock().expect("work queue").next();
+                            let Some((i, (envelope, text))) = next else {
+                                return latencies;
+                            };
+                            let due = match rate {
+                                Some(rate) => start + Duration::from_secs_f64(i as f64 / rate),
+                                None => tokio::time::Instant::now(),
+                            };
+                            tokio::time::sleep_until(due).await;
+                            let insert = move |c: &threadgate::store::Conn<'_>| {
+                                events::insert(c, &envelope, &text, 1)
+                            };
+                            let outcome = if single {
+                                db.write_single(insert).await
+                            } else {
+                                db.write(insert).await
+                            };
+                            assert!(
+                                matches!(outcome, Ok(events::InsertOutcome::Inserted { .. })),
+                                "insert failed: {outcome:?}"
+                            );
+                            latencies.push(due.elapsed());
+                        }
+                    }));
+                }
+                let mut all = Vec::with_capacity(n);
+                for task in tasks {
+                    all.extend(task.await.expect("store task"));
+                }
+                all.sort_unstable();
+                all
+            });
+            let label = format!(
+                "postgres store only, {loop_kind}, {}",
+                if single {
+                    "Db::write_single (1 round trip)"
+                } else {
+                    "Db::write (BEGIN/INSERT/COMMIT, 3 round trips)"
+                }
+            );
+            report(&label, n, started.elapsed(), &latencies);
+        }
+    }
 }
 
 fn load_average() -> String {

@@ -9,7 +9,9 @@
 //!
 //! On Postgres (`pg`) a write is one SERIALIZABLE transaction of its own, run again
 //! when it loses a race with another instance, and a read is a READ ONLY REPEATABLE READ
-//! snapshot; both on the blocking pool, over a small bounded pool of connections.
+//! snapshot; both on the blocking pool, over a small bounded pool of connections. A
+//! write of one statement ([`Db::write_single`], the webhook intake's insert) sends no
+//! `BEGIN`/`COMMIT`: the statement is its own transaction, one round trip.
 //!
 //! Domain modules own their SQL and run it through [`Db::write`] and [`Db::read`] on a
 //! [`Conn`] (`sql`), the one API over both backends; the schema lives in `migrations/`
@@ -145,6 +147,15 @@ pub struct Db {
     inner: Arc<Backend>,
 }
 
+/// How a write runs on Postgres.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// A SERIALIZABLE transaction: `BEGIN`, the statements, `COMMIT`.
+    Transaction,
+    /// One statement, a transaction of its own.
+    Single,
+}
+
 enum Backend {
     Sqlite(Inner),
     Postgres(Box<pg::PgStore>),
@@ -247,12 +258,34 @@ impl Db {
     {
         use tracing::Instrument as _;
         // Timed by `benches/gateway_call.rs` (trace level, off in production).
-        self.write_now(f)
+        self.write_now(f, Mode::Transaction)
             .instrument(tracing::trace_span!("db.write"))
             .await
     }
 
-    async fn write_now<R, F>(&self, f: F) -> Result<R, StoreError>
+    /// A write of one statement, resolved once it is durably committed, with the same
+    /// guarantees as [`Db::write`] in fewer round trips. On SQLite it is exactly
+    /// [`Db::write`] (a savepoint of a group commit). On Postgres no `BEGIN`/`COMMIT`
+    /// is sent: the statement is a transaction of its own (autocommit, the server's
+    /// default isolation), committed before the server answers, so the write costs one
+    /// round trip (its statement is prepared once per connection). `f` must send one
+    /// statement: a second is refused before it is sent ([`SqlError::SecondStatement`]),
+    /// so the write is still all or nothing. Meant for an insert-or-nothing (`INSERT …
+    /// ON CONFLICT DO NOTHING`) or a conditional `UPDATE`, which need no snapshot of
+    /// their own: the uniqueness check and the `WHERE` see the latest committed rows.
+    /// Run again on 40001/40P01 as [`Db::write`].
+    pub async fn write_single<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: Fn(&Conn<'_>) -> sql::Result<R> + Send + 'static,
+    {
+        use tracing::Instrument as _;
+        self.write_now(f, Mode::Single)
+            .instrument(tracing::trace_span!("db.write"))
+            .await
+    }
+
+    async fn write_now<R, F>(&self, f: F, mode: Mode) -> Result<R, StoreError>
     where
         R: Send + 'static,
         F: Fn(&Conn<'_>) -> sql::Result<R> + Send + 'static,
@@ -264,9 +297,10 @@ impl Db {
             }
             Backend::Postgres(_) => {
                 let db = self.clone();
-                crate::tasks::Tasks::spawn_blocking(move || match &*db.inner {
-                    Backend::Postgres(pg) => pg.write(&f),
-                    Backend::Sqlite(_) => Err(StoreError::WriterGone),
+                crate::tasks::Tasks::spawn_blocking(move || match (&*db.inner, mode) {
+                    (Backend::Postgres(pg), Mode::Transaction) => pg.write(&f),
+                    (Backend::Postgres(pg), Mode::Single) => pg.write_single(&f),
+                    (Backend::Sqlite(_), _) => Err(StoreError::WriterGone),
                 })
                 .await
                 .map_err(|_| StoreError::WriterGone)?

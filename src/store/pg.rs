@@ -1,6 +1,7 @@
 //! The Postgres backend: a small bounded pool of `postgres` clients (the synchronous face
 //! of tokio-postgres), used only on blocking threads; write transactions at SERIALIZABLE,
-//! run again when they lose a race (40001, 40P01); reads in a READ ONLY REPEATABLE READ
+//! run again when they lose a race (40001, 40P01); single-statement writes in autocommit
+//! (one round trip: no `BEGIN`/`COMMIT`); reads in a READ ONLY REPEATABLE READ
 //! snapshot; migrations under an advisory lock.
 
 use std::cell::RefCell;
@@ -168,11 +169,27 @@ impl PgStore {
     /// Runs `f` in a SERIALIZABLE transaction and commits it, running it again (up to
     /// [`MAX_ATTEMPTS`] in all, after a short random pause) when it loses a race.
     pub(crate) fn write<R>(&self, f: &dyn Fn(&Conn<'_>) -> Result<R>) -> Result<R, StoreError> {
+        self.retrying(|| self.write_once(f))
+    }
+
+    /// Runs `f`, which sends one statement, with no transaction around it: the
+    /// statement is a transaction of its own (autocommit), committed by the server
+    /// before it answers, so the write is one round trip (the statement is prepared once
+    /// per connection). A second statement is refused before it is sent. Run again as
+    /// [`PgStore::write`] when it loses a race (40001/40P01: nothing was written).
+    pub(crate) fn write_single<R>(
+        &self,
+        f: &dyn Fn(&Conn<'_>) -> Result<R>,
+    ) -> Result<R, StoreError> {
+        self.retrying(|| self.write_single_once(f))
+    }
+
+    fn retrying<R>(&self, once: impl Fn() -> Result<R, Attempt>) -> Result<R, StoreError> {
         let mut attempt = 0;
         loop {
             attempt += 1;
             let began = Instant::now();
-            match self.write_once(f) {
+            match once() {
                 Ok(value) => {
                     crate::metrics::db_commit(1, began.elapsed(), true);
                     return Ok(value);
@@ -190,6 +207,23 @@ impl PgStore {
                     return Err(e);
                 }
             }
+        }
+    }
+
+    fn write_single_once<R>(&self, f: &dyn Fn(&Conn<'_>) -> Result<R>) -> Result<R, Attempt> {
+        let _attempt = tracing::trace_span!("pg.autocommit").entered();
+        let mut lease = self.lease().map_err(Attempt::Failed)?;
+        let Some(Pooled { client, cache }) = lease.conn.as_mut() else {
+            return Err(Attempt::Failed(StoreError::WriterGone));
+        };
+        let conn = Conn::postgres_autocommit(client, cache);
+        let outcome = f(&conn);
+        match outcome {
+            _ if conn.lost_race() => Err(Attempt::Lost),
+            Err(e) => Err(Attempt::from_sql(e)),
+            // The client read the server's answer up to ReadyForQuery, which follows the
+            // implicit transaction's commit: an error at commit would have been `Err`.
+            Ok(value) => Ok(value),
         }
     }
 

@@ -132,11 +132,60 @@ enum ConnInner<'a> {
 
 /// A Postgres transaction with its connection's statement cache.
 pub(crate) struct PgTx<'a> {
-    pub(crate) tx: RefCell<postgres::Transaction<'a>>,
+    pub(crate) tx: RefCell<PgSession<'a>>,
     pub(crate) cache: &'a RefCell<StatementCache>,
     /// Set when a statement lost a race (40001/40P01): the whole transaction is run
     /// again, whatever the closure made of the error.
     pub(crate) retry: Cell<bool>,
+    /// Statements sent so far (an autocommit connection sends at most one).
+    pub(crate) sent: Cell<u32>,
+}
+
+/// What a Postgres [`Conn`]'s statements run in.
+pub(crate) enum PgSession<'a> {
+    /// An open transaction, committed (or rolled back) by its owner.
+    Transaction(postgres::Transaction<'a>),
+    /// No transaction: the one statement allowed is a transaction of its own, committed
+    /// by the server before it answers (`Db::write_single`).
+    Autocommit(&'a mut postgres::Client),
+}
+
+impl PgSession<'_> {
+    fn query(
+        &mut self,
+        statement: &postgres::Statement,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> std::result::Result<Vec<postgres::Row>, postgres::Error> {
+        match self {
+            PgSession::Transaction(tx) => tx.query(statement, params),
+            PgSession::Autocommit(client) => client.query(statement, params),
+        }
+    }
+
+    fn execute(
+        &mut self,
+        statement: &postgres::Statement,
+        params: &[&(dyn postgres::types::ToSql + Sync)],
+    ) -> std::result::Result<u64, postgres::Error> {
+        match self {
+            PgSession::Transaction(tx) => tx.execute(statement, params),
+            PgSession::Autocommit(client) => client.execute(statement, params),
+        }
+    }
+
+    fn batch_execute(&mut self, sql: &str) -> std::result::Result<(), postgres::Error> {
+        match self {
+            PgSession::Transaction(tx) => tx.batch_execute(sql),
+            PgSession::Autocommit(client) => client.batch_execute(sql),
+        }
+    }
+
+    fn prepare(&mut self, sql: &str) -> std::result::Result<postgres::Statement, postgres::Error> {
+        match self {
+            PgSession::Transaction(tx) => tx.prepare(sql),
+            PgSession::Autocommit(client) => client.prepare(sql),
+        }
+    }
 }
 
 /// Statements prepared on one Postgres connection, by their `?N` text.
@@ -156,18 +205,45 @@ impl<'a> Conn<'a> {
         tx: postgres::Transaction<'a>,
         cache: &'a RefCell<StatementCache>,
     ) -> Conn<'a> {
+        Conn::postgres_in(PgSession::Transaction(tx), cache)
+    }
+
+    /// A Postgres connection with no transaction open, on which one statement may run,
+    /// as a transaction of its own (autocommit): a second statement is refused before
+    /// it is sent, so the one write is all or nothing.
+    pub(crate) fn postgres_autocommit(
+        client: &'a mut postgres::Client,
+        cache: &'a RefCell<StatementCache>,
+    ) -> Conn<'a> {
+        Conn::postgres_in(PgSession::Autocommit(client), cache)
+    }
+
+    fn postgres_in(session: PgSession<'a>, cache: &'a RefCell<StatementCache>) -> Conn<'a> {
         Conn(ConnInner::Postgres(PgTx {
-            tx: RefCell::new(tx),
+            tx: RefCell::new(session),
             cache,
             retry: Cell::new(false),
+            sent: Cell::new(0),
         }))
     }
 
-    /// The Postgres transaction back, to commit it, and whether it lost a race.
+    /// The Postgres transaction back, to commit it, and whether it lost a race (`None`
+    /// on SQLite or an autocommit connection).
     pub(crate) fn into_postgres(self) -> Option<(postgres::Transaction<'a>, bool)> {
         match self.0 {
-            ConnInner::Postgres(pg) => Some((pg.tx.into_inner(), pg.retry.get())),
+            ConnInner::Postgres(pg) => match pg.tx.into_inner() {
+                PgSession::Transaction(tx) => Some((tx, pg.retry.get())),
+                PgSession::Autocommit(_) => None,
+            },
             ConnInner::Sqlite(_) => None,
+        }
+    }
+
+    /// Whether a statement lost a race with another writer (always `false` on SQLite).
+    pub(crate) fn lost_race(&self) -> bool {
+        match &self.0 {
+            ConnInner::Postgres(pg) => pg.retry.get(),
+            ConnInner::Sqlite(_) => false,
         }
     }
 
@@ -206,6 +282,7 @@ impl<'a> Conn<'a> {
         match &self.0 {
             ConnInner::Sqlite(c) => Ok(c.execute_batch(sql)?),
             ConnInner::Postgres(pg) => {
+                pg.sending()?;
                 let _trip = tracing::trace_span!("pg.statement").entered();
                 let result = pg.tx.borrow_mut().batch_execute(sql);
                 pg.check(result)
@@ -269,6 +346,7 @@ impl PgRun for PgTx<'_> {
             .iter()
             .map(|v| v as &(dyn postgres::types::ToSql + Sync))
             .collect();
+        self.sending()?;
         let _trip = tracing::trace_span!("pg.statement").entered();
         let result = self.tx.borrow_mut().query(statement, &refs);
         self.check(result)
@@ -279,6 +357,7 @@ impl PgRun for PgTx<'_> {
             .iter()
             .map(|v| v as &(dyn postgres::types::ToSql + Sync))
             .collect();
+        self.sending()?;
         let _trip = tracing::trace_span!("pg.statement").entered();
         let result = self.tx.borrow_mut().execute(statement, &refs);
         let changed = self.check(result)?;
@@ -287,6 +366,17 @@ impl PgRun for PgTx<'_> {
 }
 
 impl PgTx<'_> {
+    /// Counts a statement about to be sent; on an autocommit connection a second one is
+    /// refused before it is sent (the first is already committed on its own).
+    fn sending(&self) -> Result<()> {
+        let sent = self.sent.get();
+        if sent > 0 && matches!(*self.tx.borrow(), PgSession::Autocommit(_)) {
+            return Err(SqlError::SecondStatement);
+        }
+        self.sent.set(sent.saturating_add(1));
+        Ok(())
+    }
+
     /// Notes a lost race before handing the error on.
     fn check<T>(&self, result: std::result::Result<T, postgres::Error>) -> Result<T> {
         result.map_err(|e| {

@@ -32,6 +32,10 @@ pub enum SqlError {
     /// A value that cannot be bound (an integer out of range).
     #[error("cannot bind a value: {0}")]
     Encode(String),
+    /// A single-statement write (`Db::write_single`) tried to run a second statement: it
+    /// was not sent.
+    #[error("a single-statement write tried to run a second statement")]
+    SecondStatement,
     /// A domain error carried out of a transaction (it rolls the transaction back).
     #[error(transparent)]
     Other(Box<dyn std::error::Error + Send + Sync>),

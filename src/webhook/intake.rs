@@ -9,7 +9,9 @@
 //! 4. `webhookMetadata.webhookDeliveryAttemptTimestamp` within `max_skew` of now (401:
 //!    a signed but stale or future delivery is a replay, which Plain's own SDK also
 //!    reports as a signature verification failure);
-//! 5. insert unless the id is already stored, in one group-committed transaction; a
+//! 5. insert unless the id is already stored, in one statement (`INSERT … ON CONFLICT
+//!    (event_id) DO NOTHING RETURNING seq`): on SQLite a savepoint of a group commit, on
+//!    Postgres a transaction of its own, one round trip ([`Db::write_single`]); a
 //!    duplicate answers 200 and does nothing else.
 //!
 //! Only then is the answer 200, and only then is the event sent on `notify` (never
@@ -234,7 +236,7 @@ async fn accept(
     let event_id = envelope.id.clone();
     let stored = state
         .db
-        .write(move |conn| store::insert(conn, &envelope, &text, now))
+        .write_single(move |conn| store::insert(conn, &envelope, &text, now))
         .await;
     let seq = match stored {
         Ok(InsertOutcome::Inserted { seq }) => seq,

@@ -31,6 +31,10 @@ pub enum InsertOutcome {
 /// `body` is the delivery's raw body (kept for the session to read); `received_at_ms`
 /// is when threadgate received it. The first delivery of an event wins: a retry's body
 /// (with its new attempt metadata) is not stored.
+///
+/// One statement, so the intake runs it through [`crate::store::Db::write_single`]: on
+/// Postgres one round trip, a transaction of its own; the unique `event_id` decides a
+/// race under any isolation.
 pub fn insert(
     conn: &Conn<'_>,
     envelope: &Envelope,

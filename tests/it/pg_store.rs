@@ -14,6 +14,7 @@ use threadgate::store::{Db, StoreError};
 use threadgate::webhook::Envelope;
 use threadgate::webhook::store::{self as events, InsertOutcome};
 
+use crate::support::intake::spawn_intake_on;
 use crate::support::plain::example;
 
 /// A fresh database and two handles on it, or `None` (said on stderr) without a server.
@@ -79,9 +80,17 @@ async fn a_delivery_is_stored_once_when_two_instances_insert_it_at_once() {
         for copy in 0..4 {
             let (db, envelope, body) = (handle(copy, &a, &b), envelope.clone(), body.clone());
             tasks.push(tokio::spawn(async move {
-                db.write(move |c| events::insert(c, &envelope, &body, 1))
-                    .await
-                    .expect("insert")
+                // Copies 0 and 1 in a SERIALIZABLE transaction, 2 and 3 as the intake
+                // stores them: one autocommit statement.
+                if copy < 2 {
+                    db.write(move |c| events::insert(c, &envelope, &body, 1))
+                        .await
+                        .expect("insert")
+                } else {
+                    db.write_single(move |c| events::insert(c, &envelope, &body, 1))
+                        .await
+                        .expect("insert")
+                }
             }));
         }
     }
@@ -97,6 +106,108 @@ async fn a_delivery_is_stored_once_when_two_instances_insert_it_at_once() {
         .await
         .expect("count");
     assert_eq!(rows, 30);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_deliveries_of_one_event_to_two_instances_intakes_are_stored_once_and_all_answered_200()
+ {
+    let Some((_db, a, b)) = two_instances("intake dedupe") else {
+        return;
+    };
+    const SECRET: &[u8] = b"whsec-test-secret";
+    let now_ms = 1_709_728_631_577;
+    let mut first = spawn_intake_on(a.clone(), SECRET, now_ms).await;
+    let mut second = spawn_intake_on(b.clone(), SECRET, now_ms).await;
+    let mut template: serde_json::Value =
+        serde_json::from_slice(&example("email-received.json")).expect("example");
+    let attempt = |ms: i64| {
+        chrono::DateTime::from_timestamp_millis(ms)
+            .expect("time")
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+    };
+    // Twenty events, each delivered twice at once (Plain's retry racing the first
+    // attempt), once to each instance: different attempt bodies, one envelope id.
+    let mut sends = Vec::new();
+    for event in 0..20i64 {
+        for copy in 0..2i64 {
+            template["id"] = serde_json::json!(format!("pEv_race{event}"));
+            template["webhookMetadata"]["webhookDeliveryAttemptTimestamp"] =
+                serde_json::json!(attempt(now_ms - copy * 1000));
+            let body = serde_json::to_vec(&template).expect("json");
+            let app = if copy == 0 { &first } else { &second };
+            sends.push(app.post_signed(body));
+        }
+    }
+    let answers = futures::future::join_all(sends).await;
+    assert!(
+        answers.iter().all(|(status, _)| *status == 200),
+        "every copy answered 200: {answers:?}"
+    );
+    let stored = answers
+        .iter()
+        .filter(|(_, answer)| answer["status"] == "stored")
+        .count();
+    let duplicates = answers
+        .iter()
+        .filter(|(_, answer)| answer["status"] == "duplicate")
+        .count();
+    assert_eq!((stored, duplicates), (20, 20), "{answers:?}");
+    // Each event is one row, read by the instance that did not necessarily store it.
+    let ids: Vec<String> = b
+        .read(|c| {
+            c.prepare("SELECT event_id FROM events ORDER BY event_id")?
+                .query_map((), |r| r.get(0))?
+                .collect()
+        })
+        .await
+        .expect("rows");
+    let mut expected: Vec<String> = (0..20).map(|e| format!("pEv_race{e}")).collect();
+    expected.sort();
+    assert_eq!(ids, expected);
+    // One notification per event, from whichever instance stored it.
+    assert_eq!(
+        first.notifications().len() + second.notifications().len(),
+        20
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_statement_write_refuses_a_second_statement_before_sending_it() {
+    let Some((_db, a, _b)) = two_instances("single statement") else {
+        return;
+    };
+    let refused = a
+        .write_single(|c| {
+            c.execute(
+                "INSERT INTO meta (key, value) VALUES ('single_first', 'x')",
+                (),
+            )?;
+            c.execute(
+                "INSERT INTO meta (key, value) VALUES ('single_second', 'x')",
+                (),
+            )
+        })
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(StoreError::Sql(
+                threadgate::store::SqlError::SecondStatement
+            ))
+        ),
+        "{refused:?}"
+    );
+    let second: i64 = a
+        .read(|c| {
+            c.query_row(
+                "SELECT count(*) FROM meta WHERE key = 'single_second'",
+                (),
+                |r| r.get(0),
+            )
+        })
+        .await
+        .expect("count");
+    assert_eq!(second, 0, "the second statement was never sent");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

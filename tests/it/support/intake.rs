@@ -49,6 +49,25 @@ pub async fn spawn_intake(
     let dir = tempfile::tempdir().expect("tempdir");
     let db_path = dir.path().join("state.db");
     let db = Db::open(&db_path).expect("open db");
+    serve_intake(db, dir, db_path, secret, now_ms, configure).await
+}
+
+/// As [`spawn_intake`], storing in `db` (a Postgres pool: one instance's intake);
+/// `db_path` then names nothing.
+pub async fn spawn_intake_on(db: Db, secret: &[u8], now_ms: i64) -> IntakeApp {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db_path = dir.path().join("unused.db");
+    serve_intake(db, dir, db_path, secret, now_ms, |_| {}).await
+}
+
+async fn serve_intake(
+    db: Db,
+    dir: tempfile::TempDir,
+    db_path: PathBuf,
+    secret: &[u8],
+    now_ms: i64,
+    configure: impl FnOnce(&mut IntakeConfig),
+) -> IntakeApp {
     let mut config = IntakeConfig::new(SigningSecret::new(secret).expect("secret"));
     configure(&mut config);
     let (notify, events) = mpsc::unbounded_channel();
