@@ -95,7 +95,12 @@ impl RowIndex for usize {
     }
 }
 
-impl Row<'_> {
+impl<'a> Row<'a> {
+    /// A Postgres row.
+    pub(crate) fn postgres(row: &'a postgres::Row) -> Row<'a> {
+        Row(RowInner::Postgres(row))
+    }
+
     /// Column `idx` as a `T`.
     pub fn get<I: RowIndex, T: FromSql>(&self, idx: I) -> Result<T> {
         let idx = idx.index();
@@ -142,6 +147,22 @@ pub(crate) struct PgTx<'a> {
 /// Statements prepared on one Postgres connection, by their `?N` text.
 #[derive(Default)]
 pub(crate) struct StatementCache(HashMap<String, postgres::Statement>);
+
+impl StatementCache {
+    /// The statement prepared for `sql`, if it is.
+    pub(crate) fn get(&self, sql: &str) -> Option<postgres::Statement> {
+        self.0.get(sql).cloned()
+    }
+
+    /// Keeps `statement` prepared for `sql` (past [`PG_STATEMENT_CACHE`] the cache starts
+    /// again).
+    pub(crate) fn insert(&mut self, sql: &str, statement: postgres::Statement) {
+        if self.0.len() >= PG_STATEMENT_CACHE {
+            self.0.clear();
+        }
+        self.0.insert(sql.to_owned(), statement);
+    }
+}
 
 /// Statements kept prepared per Postgres connection; past it the cache starts again.
 const PG_STATEMENT_CACHE: usize = 512;
@@ -207,6 +228,7 @@ impl<'a> Conn<'a> {
             ConnInner::Sqlite(c) => Ok(c.execute_batch(sql)?),
             ConnInner::Postgres(pg) => {
                 let _trip = tracing::trace_span!("pg.statement").entered();
+        super::counts::bump_pg_statement();
                 let result = pg.tx.borrow_mut().batch_execute(sql);
                 pg.check(result)
             }
@@ -270,6 +292,7 @@ impl PgRun for PgTx<'_> {
             .map(|v| v as &(dyn postgres::types::ToSql + Sync))
             .collect();
         let _trip = tracing::trace_span!("pg.statement").entered();
+        super::counts::bump_pg_statement();
         let result = self.tx.borrow_mut().query(statement, &refs);
         self.check(result)
     }
@@ -280,6 +303,7 @@ impl PgRun for PgTx<'_> {
             .map(|v| v as &(dyn postgres::types::ToSql + Sync))
             .collect();
         let _trip = tracing::trace_span!("pg.statement").entered();
+        super::counts::bump_pg_statement();
         let result = self.tx.borrow_mut().execute(statement, &refs);
         let changed = self.check(result)?;
         Ok(usize::try_from(changed).unwrap_or(usize::MAX))
@@ -304,6 +328,7 @@ impl PgTx<'_> {
         }
         let text = crate::store::pg_value::placeholders(sql);
         let _trip = tracing::trace_span!("pg.prepare").entered();
+        super::counts::bump(super::counts::Event::Prepare);
         let prepared = self.tx.borrow_mut().prepare(&text);
         let prepared = self.check(prepared)?;
         let mut cache = self.cache.borrow_mut();
@@ -371,6 +396,7 @@ impl Statement<'_> {
         let values = params.values()?;
         match &mut self.0 {
             StmtInner::Sqlite(s) => {
+                super::counts::bump(super::counts::Event::Statement);
                 Ok(s.get().execute(rusqlite::params_from_iter(values.iter()))?)
             }
             StmtInner::Postgres { pg, statement } => pg.execute(statement, &values),
@@ -381,9 +407,12 @@ impl Statement<'_> {
     pub fn query<P: Params>(&mut self, params: P) -> Result<Rows<'_>> {
         let values = params.values()?;
         match &mut self.0 {
-            StmtInner::Sqlite(s) => Ok(Rows(RowsInner::Sqlite(
-                s.get().query(rusqlite::params_from_iter(values.iter()))?,
-            ))),
+            StmtInner::Sqlite(s) => {
+                super::counts::bump(super::counts::Event::Statement);
+                Ok(Rows(RowsInner::Sqlite(
+                    s.get().query(rusqlite::params_from_iter(values.iter()))?,
+                )))
+            }
             StmtInner::Postgres { pg, statement } => {
                 let rows = pg.query(statement, &values)?;
                 Ok(Rows(RowsInner::Postgres(rows.into_iter(), None)))
