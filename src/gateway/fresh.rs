@@ -30,11 +30,7 @@ impl Gate {
                 return;
             }
         };
-        let value = |key: &str| {
-            rows.iter()
-                .find(|(k, _)| k == key)
-                .map(|(_, v)| v.as_str())
-        };
+        let value = |key: &str| rows.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
         if let Some(source) = &self.redactor_source {
             match parse_generation(value(GENERATION_KEY)) {
                 Ok(generation) => source.refresh_at(generation, &self.redactor).await,
@@ -42,8 +38,8 @@ impl Gate {
             }
         }
         if let Some(stripe) = stripe {
-            // An unreadable mark forgets everything (the mark taken is past any seen).
-            let mark = changes::parse_mark(value(changes::MARK_KEY)).unwrap_or(u64::MAX);
+            // An unreadable mark forgets everything, and is looked at again next call.
+            let mark = changes::parse_mark(value(changes::MARK_KEY)).ok();
             stripe.catch_up(&self.db, mark).await;
         }
     }

@@ -125,7 +125,15 @@ impl Gate {
             .db
             .write(move |conn| {
                 // Fenced by the row's insert, in this transaction.
-                write_finished(conn, &redactor, &lease, (*exec).clone(), &record, duration, now)
+                write_finished(
+                    conn,
+                    &redactor,
+                    &lease,
+                    (*exec).clone(),
+                    &record,
+                    duration,
+                    now,
+                )
             })
             .instrument(tracing::trace_span!("gate.outcome"))
             .await;

@@ -145,7 +145,8 @@ impl SecretStore {
         // One statement outside a transaction: one round trip on Postgres (a credential
         // checks it before every provider request).
         let rows = crate::store::meta::get_inline(&self.db, [GENERATION_KEY])?;
-        Ok(parse_generation(rows.first().map(|(_, v)| v.as_str())).map_err(crate::store::StoreError::from)?)
+        Ok(parse_generation(rows.first().map(|(_, v)| v.as_str()))
+            .map_err(crate::store::StoreError::from)?)
     }
 
     /// A [`Redactor`] over every stored value.

@@ -292,9 +292,11 @@ impl Db {
     {
         let db = self.clone();
         let counter = counts::current();
-        crate::tasks::Tasks::spawn_blocking(move || counts::on_thread(counter, || db.read_blocking(f)))
-            .await
-            .map_err(|_| StoreError::WriterGone)?
+        crate::tasks::Tasks::spawn_blocking(move || {
+            counts::on_thread(counter, || db.read_blocking(f))
+        })
+        .await
+        .map_err(|_| StoreError::WriterGone)?
     }
 
     /// Runs `f` on a read connection without the trip to the blocking pool that
@@ -329,7 +331,9 @@ impl Db {
         F: Fn(&Row<'_>) -> sql::Result<T> + Send,
     {
         match &*self.inner {
-            Backend::Sqlite(inner) => inner.read(|c| c.prepare_cached(sql)?.query_map(params, f)?.collect()),
+            Backend::Sqlite(inner) => {
+                inner.read(|c| c.prepare_cached(sql)?.query_map(params, f)?.collect())
+            }
             Backend::Postgres(pg) => {
                 let counter = counts::current();
                 off_runtime(move || {

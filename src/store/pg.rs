@@ -262,6 +262,7 @@ impl PgStore {
             .collect();
         super::counts::bump(super::counts::Event::Read);
         super::counts::bump_pg_statement();
+        let _trip = tracing::trace_span!("pg.statement").entered();
         let rows = client
             .query(&statement, &refs)
             .map_err(SqlError::Postgres)?;

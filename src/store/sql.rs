@@ -228,7 +228,7 @@ impl<'a> Conn<'a> {
             ConnInner::Sqlite(c) => Ok(c.execute_batch(sql)?),
             ConnInner::Postgres(pg) => {
                 let _trip = tracing::trace_span!("pg.statement").entered();
-        super::counts::bump_pg_statement();
+                super::counts::bump_pg_statement();
                 let result = pg.tx.borrow_mut().batch_execute(sql);
                 pg.check(result)
             }

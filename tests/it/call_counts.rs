@@ -73,9 +73,7 @@ async fn counts_of(world: &World) -> (Counts, Counts) {
         .await;
     let scope = scope_of(&app, &ada).await;
     let read = json!({"charge": ada.charges[0]});
-    let refund = |amount: u64| {
-        json!({"charge": ada.charges[1], "amount": amount, "reason": "requested_by_customer"})
-    };
+    let refund = |amount: u64| json!({"charge": ada.charges[1], "amount": amount, "reason": "requested_by_customer"});
     call(&app, &scope, "stripe.get_charge", read.clone()).await;
     call(&app, &scope, "stripe.create_refund", refund(100)).await;
     let read = call(&app, &scope, "stripe.get_charge", read).await;

@@ -35,7 +35,11 @@ pub fn record(
             meta::delete(conn, &key)?;
         }
     }
-    meta::set(conn, &format!("{PREFIX}{customer}"), &format!("{mark} {now_ms}"))?;
+    meta::set(
+        conn,
+        &format!("{PREFIX}{customer}"),
+        &format!("{mark} {now_ms}"),
+    )?;
     Ok(mark)
 }
 

@@ -157,11 +157,16 @@ impl StripeConnector {
     /// database's customer-change `mark` (read with the call's first look-up, so a read
     /// never costs a round trip for it): nothing to do while the mark stands still; when
     /// it moved, the changes since are read (one read) and their customers forgotten. The
-    /// first look forgets everything remembered, as does a read that fails.
-    pub async fn catch_up(&self, db: &crate::store::Db, mark: u64) {
+    /// first look forgets everything remembered, as does a read that fails or a mark
+    /// that could not be read (`None`).
+    pub async fn catch_up(&self, db: &crate::store::Db, mark: Option<u64>) {
         if !self.emails.remembers() {
             return;
         }
+        let Some(mark) = mark else {
+            self.emails.forget_all();
+            return;
+        };
         let seen = self.emails.changes_seen();
         match seen {
             Some(seen) if seen >= mark => return,
