@@ -525,6 +525,7 @@ fn people_router(
         &base.connectors,
         Arc::new(base.secrets.clone()),
         base.clock.clone(),
+        base.db.clone(),
     ) {
         router = router.merge(stripe_events);
     }

@@ -141,12 +141,15 @@ pub(super) fn stripe_events(
     connectors: &Connectors,
     store: Arc<dyn CredentialSource>,
     clock: crate::clock::Clock,
+    db: crate::store::Db,
 ) -> Option<axum::Router> {
     let secret = settings.stripe.webhook_secret.as_deref()?;
     let stripe = connectors.stripe.clone()?;
     Some(crate::connectors::stripe::events::router(
         crate::connectors::stripe::events::EventsState {
             stripe,
+            db,
+            keep: settings.stripe.email_max_age,
             secret: Credential::live(secret, store),
             clock,
             limits: settings.stripe.signature_limits,

@@ -68,6 +68,7 @@ pub(crate) async fn send(
     secret: &Credential,
 ) -> Result<HttpResponse, ConnectorError> {
     let key = secret.resolve().await?;
+    crate::store::counts::bump(crate::store::counts::Event::ProviderRequest);
     let response = request
         .bearer_auth(key.expose_secret())
         .send()

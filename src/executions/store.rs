@@ -196,6 +196,61 @@ pub fn insert_run_by(
     Ok(())
 }
 
+/// [`insert`] under `lease`: the row is written only while `lease` is the thread's
+/// current lease, checked by the insert itself (one statement where the fence and the
+/// insert took two). A stale lease is [`Lease::lost`](crate::store::leases::Lease::lost)
+/// and the caller's transaction is rolled back.
+pub fn insert_fenced(
+    conn: &Conn<'_>,
+    e: &Execution,
+    lease: &crate::store::leases::Lease,
+) -> crate::store::Result<()> {
+    let fenced: i64 = cached_query_row(
+        conn,
+        &format!(
+            "INSERT INTO executions ({COLUMNS}, runner) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, \
+             ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25) \
+             RETURNING CASE WHEN {} THEN 1 ELSE 0 END",
+            crate::store::leases::fence_clause(26, 27, 28)
+        ),
+        params![
+            e.id,
+            e.session_id,
+            e.thread_id,
+            e.agent,
+            e.tool,
+            e.args,
+            e.account,
+            e.binding_hash,
+            e.diagnosis,
+            e.verdict,
+            e.because,
+            e.rule_line,
+            e.policy_hash,
+            e.status.as_str(),
+            e.summary,
+            e.expires_at_ms,
+            e.reviewer,
+            e.decision_message,
+            e.decided_at_ms,
+            e.result,
+            e.error,
+            e.attempts,
+            e.created_at_ms,
+            e.finished_at_ms,
+            None::<String>,
+            lease.thread_id,
+            lease.owner,
+            lease.token,
+        ],
+        |r| r.get(0),
+    )?;
+    if fenced == 0 {
+        return Err(lease.lost());
+    }
+    Ok(())
+}
+
 /// The execution with `id`.
 pub fn get(conn: &Conn<'_>, id: &str) -> crate::store::Result<Option<Execution>> {
     cached_query_row(

@@ -125,10 +125,10 @@ pub struct Gate {
     pub(super) catalog: Catalog,
     pub(super) connectors: Connectors,
     /// Shared with the note outbox, which redacts with what it holds at the time.
-    redactor: Arc<RwLock<Arc<Redactor>>>,
+    pub(super) redactor: Arc<RwLock<Arc<Redactor>>>,
     /// Rebuilds `redactor` when a secret was set or deleted (checked before each call
     /// and before a result is redacted); `None` keeps `redactor` as it is.
-    redactor_source: Option<RedactorSource>,
+    pub(super) redactor_source: Option<RedactorSource>,
     pub(super) agents: Arc<AgentBook>,
     public_url: String,
     clock: Clock,
@@ -287,14 +287,6 @@ impl Gate {
     /// Puts `redactor` in force until the secret store's generation next moves.
     pub fn set_redactor(&self, redactor: Redactor) {
         *self.redactor.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(redactor);
-    }
-
-    /// Brings `redactor` up to date with the secret store (one small read when nothing
-    /// changed), so a secret stored a moment ago is already found.
-    pub async fn refresh_redactor(&self) {
-        if let Some(source) = &self.redactor_source {
-            source.refresh(&self.redactor).await;
-        }
     }
 
     /// The link a person follows to a held call (a pointer: using it needs a reviewer's

@@ -5,6 +5,7 @@
 pub mod answers;
 mod complete;
 mod decide;
+mod fresh;
 pub mod gate;
 pub mod holds;
 pub mod host;

@@ -38,10 +38,12 @@ pub(super) fn write_outcome(
 
 /// Writes a call decided on a snapshot and already run, as one new row in its final
 /// state (never seen `running`: it is written in the same transaction) with its
-/// requested, decided and outcome steps. Such a call reserves no limit amounts.
+/// requested, decided and outcome steps, under the session's `lease` (checked by the
+/// row's insert: a stale lease writes nothing). Such a call reserves no limit amounts.
 pub(super) fn write_finished(
     conn: &crate::store::Conn<'_>,
     redactor: &Redactor,
+    lease: &crate::store::leases::Lease,
     mut exec: Execution,
     outcome: &Outcome,
     duration: i64,
@@ -53,7 +55,7 @@ pub(super) fn write_finished(
     exec.error = error.map(str::to_owned);
     exec.finished_at_ms = Some(now);
     exec.attempts += 1;
-    exec_store::insert(conn, &exec)?;
+    exec_store::insert_fenced(conn, &exec, lease)?;
     let steps = vec![
         AuditRecord::new(AuditEvent::Requested),
         AuditRecord::new(AuditEvent::Decided),

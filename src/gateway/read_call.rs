@@ -124,8 +124,16 @@ impl Gate {
         let written = self
             .db
             .write(move |conn| {
-                leases::fence(conn, &lease)?;
-                write_finished(conn, &redactor, (*exec).clone(), &record, duration, now)
+                // Fenced by the row's insert, in this transaction.
+                write_finished(
+                    conn,
+                    &redactor,
+                    &lease,
+                    (*exec).clone(),
+                    &record,
+                    duration,
+                    now,
+                )
             })
             .instrument(tracing::trace_span!("gate.outcome"))
             .await;

@@ -35,6 +35,12 @@ impl RedactorSource {
                 return;
             }
         };
+        self.refresh_at(generation, slot).await;
+    }
+
+    /// As [`RedactorSource::refresh`] with the store's `generation` already read (by the
+    /// gate's first look-up of a call, with other marks in the same statement).
+    pub async fn refresh_at(&self, generation: u64, slot: &RwLock<Arc<Redactor>>) {
         let mark = generation.saturating_add(1);
         if self.built_at.load(Ordering::Acquire) == mark {
             return;

@@ -27,6 +27,7 @@ pub use key::{KeyError, KeySource, MASTER_KEY_LEN, MasterKey};
 pub use live::RedactorSource;
 pub use redact::{MIN_SECRET_LEN, Redactor};
 pub use sealing::{SealPurpose, SealingKey};
+pub(crate) use store::{GENERATION_KEY, parse_generation};
 pub use store::{MAX_SECRET_LEN, SecretMeta, SecretStore, Written};
 pub use value::{ExposeSecret, SecretBytes, SecretString, secret_bytes, secret_from_utf8};
 

@@ -142,7 +142,11 @@ impl SecretStore {
     /// microseconds, less than handing it to the blocking pool and back, and every
     /// gateway call asks several times.
     pub async fn generation(&self) -> Result<u64, SecretsError> {
-        Ok(self.db.read_inline(read_generation)?)
+        // One statement outside a transaction: one round trip on Postgres (a credential
+        // checks it before every provider request).
+        let rows = crate::store::meta::get_inline(&self.db, [GENERATION_KEY])?;
+        Ok(parse_generation(rows.first().map(|(_, v)| v.as_str()))
+            .map_err(crate::store::StoreError::from)?)
     }
 
     /// A [`Redactor`] over every stored value.
@@ -325,18 +329,19 @@ fn list_meta(c: &Conn<'_>) -> crate::store::Result<Vec<SecretMeta>> {
 }
 
 /// The `meta` key of the counter every write of a value bumps.
-const GENERATION_KEY: &str = "secrets_generation";
+pub(crate) const GENERATION_KEY: &str = "secrets_generation";
 
 /// Bumps the generation counter, inside the writing transaction.
 fn bump_generation(c: &Conn<'_>) -> crate::store::Result<()> {
     crate::store::meta::increment(c, GENERATION_KEY)
 }
 
-/// The generation counter (0 before the first write). A value that is not a number is
-/// an error, never 0: caches of the secrets (the redactor among them) refresh only when
-/// the counter moves, and a counter read as 0 would never move.
-fn read_generation(c: &Conn<'_>) -> crate::store::Result<u64> {
-    let Some(value) = crate::store::meta::get(c, GENERATION_KEY)? else {
+/// The generation counter as stored under [`GENERATION_KEY`] (0 before the first
+/// write). A value that is not a number is an error, never 0: caches of the secrets (the
+/// redactor among them) refresh only when the counter moves, and a counter read as 0
+/// would never move.
+pub(crate) fn parse_generation(value: Option<&str>) -> crate::store::Result<u64> {
+    let Some(value) = value else {
         return Ok(0);
     };
     value.parse().map_err(|e| crate::store::SqlError::Decode {

@@ -17,6 +17,26 @@ pub fn get(conn: &Conn<'_>, key: &str) -> super::Result<Option<String>> {
         .optional()
 }
 
+/// The values under `keys` that are set, as (key, value), in one statement outside any
+/// transaction ([`super::Db::query_inline`]: one round trip on Postgres), on the calling
+/// thread: for the small marks read at every gated call and provider request.
+pub fn get_inline<const N: usize>(
+    db: &super::Db,
+    keys: [&str; N],
+) -> Result<Vec<(String, String)>, super::StoreError> {
+    let marks = vec!["?"; N]
+        .iter()
+        .enumerate()
+        .map(|(i, _)| format!("?{}", i + 1))
+        .collect::<Vec<_>>()
+        .join(", ");
+    db.query_inline(
+        &format!("SELECT key, value FROM meta WHERE key IN ({marks})"),
+        keys,
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+}
+
 /// Adds one to the counter under `key` (absent: it becomes 1).
 pub fn increment(conn: &Conn<'_>, key: &str) -> super::Result<()> {
     conn.execute(
@@ -24,6 +44,33 @@ pub fn increment(conn: &Conn<'_>, key: &str) -> super::Result<()> {
          ON CONFLICT (key) DO UPDATE SET value = CAST(CAST(meta.value AS BIGINT) + 1 AS TEXT)",
         [key],
     )?;
+    Ok(())
+}
+
+/// Every key starting with `prefix` and its value, by key.
+pub fn with_prefix(conn: &Conn<'_>, prefix: &str) -> super::Result<Vec<(String, String)>> {
+    // `_`, `%` and `\` in the prefix are plain characters; SQLite's LIKE ignores ASCII
+    // case, so the prefix is checked again exactly.
+    let pattern = format!(
+        "{}%",
+        prefix
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_")
+    );
+    let rows: Vec<(String, String)> = conn
+        .prepare("SELECT key, value FROM meta WHERE key LIKE ?1 ESCAPE '\\' ORDER BY key")?
+        .query_map([pattern.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<super::Result<_>>()?;
+    Ok(rows
+        .into_iter()
+        .filter(|(key, _)| key.starts_with(prefix))
+        .collect())
+}
+
+/// Removes `key`.
+pub fn delete(conn: &Conn<'_>, key: &str) -> super::Result<()> {
+    conn.execute("DELETE FROM meta WHERE key = ?1", [key])?;
     Ok(())
 }
 

@@ -18,6 +18,7 @@
 //! (and `migrations/postgres/`), applied in order at open.
 
 mod checkpoint;
+pub mod counts;
 pub mod instances;
 pub mod leases;
 pub mod meta;
@@ -290,17 +291,26 @@ impl Db {
         R: Send + 'static,
         F: Fn(&Conn<'_>) -> sql::Result<R> + Send + 'static,
     {
+        // The caller's counter (when counting) follows the work to the writer's reply
+        // or the blocking pool's thread.
+        let counter = counts::current();
         match &*self.inner {
             Backend::Sqlite(inner) => {
                 let rx = inner.submit(f)?;
-                rx.await.map_err(|_| StoreError::WriterGone)?
+                let written = rx.await.map_err(|_| StoreError::WriterGone)?;
+                if let (Some(counter), Ok(_)) = (&counter, &written) {
+                    counts::bump_on(counter, counts::Event::Commit);
+                }
+                written
             }
             Backend::Postgres(_) => {
                 let db = self.clone();
-                crate::tasks::Tasks::spawn_blocking(move || match (&*db.inner, mode) {
-                    (Backend::Postgres(pg), Mode::Transaction) => pg.write(&f),
-                    (Backend::Postgres(pg), Mode::Single) => pg.write_single(&f),
-                    (Backend::Sqlite(_), _) => Err(StoreError::WriterGone),
+                crate::tasks::Tasks::spawn_blocking(move || {
+                    counts::on_thread(counter, || match (&*db.inner, mode) {
+                        (Backend::Postgres(pg), Mode::Transaction) => pg.write(&f),
+                        (Backend::Postgres(pg), Mode::Single) => pg.write_single(&f),
+                        (Backend::Sqlite(_), _) => Err(StoreError::WriterGone),
+                    })
                 })
                 .await
                 .map_err(|_| StoreError::WriterGone)?
@@ -315,9 +325,12 @@ impl Db {
         F: FnOnce(&Conn<'_>) -> sql::Result<R> + Send + 'static,
     {
         let db = self.clone();
-        crate::tasks::Tasks::spawn_blocking(move || db.read_blocking(f))
-            .await
-            .map_err(|_| StoreError::WriterGone)?
+        let counter = counts::current();
+        crate::tasks::Tasks::spawn_blocking(move || {
+            counts::on_thread(counter, || db.read_blocking(f))
+        })
+        .await
+        .map_err(|_| StoreError::WriterGone)?
     }
 
     /// Runs `f` on a read connection without the trip to the blocking pool that
@@ -333,7 +346,34 @@ impl Db {
     {
         match &*self.inner {
             Backend::Sqlite(inner) => inner.read(f),
-            Backend::Postgres(pg) => off_runtime(|| pg.read(f)),
+            Backend::Postgres(pg) => {
+                let counter = counts::current();
+                off_runtime(|| counts::on_thread(counter, || pg.read(f)))
+            }
+        }
+    }
+
+    /// The rows of one read-only statement through `f`, with no transaction around it (a
+    /// single statement is its own consistent snapshot), on the calling thread as
+    /// [`Db::read_inline`]. On Postgres that is one round trip where a read transaction
+    /// takes three (`BEGIN`, the statement, `COMMIT`): for the one look-up every gated
+    /// call makes first (`gateway::fresh`).
+    pub fn query_inline<T, P, F>(&self, sql: &str, params: P, f: F) -> Result<Vec<T>, StoreError>
+    where
+        T: Send,
+        P: Params + Send,
+        F: Fn(&Row<'_>) -> sql::Result<T> + Send,
+    {
+        match &*self.inner {
+            Backend::Sqlite(inner) => {
+                inner.read(|c| c.prepare_cached(sql)?.query_map(params, f)?.collect())
+            }
+            Backend::Postgres(pg) => {
+                let counter = counts::current();
+                off_runtime(move || {
+                    counts::on_thread(counter, || pg.query_autocommit(sql, &params, &f))
+                })
+            }
         }
     }
 
@@ -407,6 +447,7 @@ impl Inner {
         F: FnOnce(&Conn<'_>) -> sql::Result<R>,
     {
         let conn = self.take_reader()?;
+        counts::bump(counts::Event::Read);
         let result = f(&Conn::sqlite(&conn)).map_err(StoreError::from);
         self.return_reader(conn);
         result
@@ -436,8 +477,10 @@ impl Inner {
         F: Fn(&Conn<'_>) -> sql::Result<R> + Send + 'static,
     {
         let (reply, rx) = oneshot::channel();
+        // The caller's counter (when counting) counts the job's statements.
+        let counter = counts::current();
         let job: Job = Box::new(move |conn| {
-            let outcome = f(&Conn::sqlite(conn));
+            let outcome = counts::on_thread(counter, || f(&Conn::sqlite(conn)));
             let ok = outcome.is_ok();
             let finish: Finish = Box::new(move |committed| {
                 let result = match (outcome, committed) {

@@ -223,7 +223,10 @@ impl PgStore {
             Err(e) => Err(Attempt::from_sql(e)),
             // The client read the server's answer up to ReadyForQuery, which follows the
             // implicit transaction's commit: an error at commit would have been `Err`.
-            Ok(value) => Ok(value),
+            Ok(value) => {
+                super::counts::bump(super::counts::Event::Commit);
+                Ok(value)
+            }
         }
     }
 
@@ -233,6 +236,7 @@ impl PgStore {
         let Some(Pooled { client, cache }) = lease.conn.as_mut() else {
             return Err(Attempt::Failed(StoreError::WriterGone));
         };
+        super::counts::bump(super::counts::Event::RoundTrip);
         let tx = client
             .build_transaction()
             .isolation_level(IsolationLevel::Serializable)
@@ -246,8 +250,14 @@ impl PgStore {
         match outcome {
             _ if lost => Err(Attempt::Lost),
             Err(e) => Err(Attempt::from_sql(e)),
-            Ok(value) => match tracing::trace_span!("pg.commit").in_scope(|| tx.commit()) {
-                Ok(()) => Ok(value),
+            Ok(value) => match tracing::trace_span!("pg.commit").in_scope(|| {
+                super::counts::bump(super::counts::Event::RoundTrip);
+                tx.commit()
+            }) {
+                Ok(()) => {
+                    super::counts::bump(super::counts::Event::Commit);
+                    Ok(value)
+                }
                 Err(e) => {
                     let e = SqlError::Postgres(e);
                     if e.is_retryable() {
@@ -260,12 +270,56 @@ impl PgStore {
         }
     }
 
+    /// The rows of one statement, run outside a transaction (autocommit), through `f`.
+    pub(crate) fn query_autocommit<T>(
+        &self,
+        sql: &str,
+        params: &dyn super::Params,
+        f: &dyn Fn(&super::Row<'_>) -> Result<T>,
+    ) -> Result<Vec<T>, StoreError> {
+        let mut lease = self.lease()?;
+        let Some(Pooled { client, cache }) = lease.conn.as_mut() else {
+            return Err(StoreError::WriterGone);
+        };
+        let found = cache.borrow().get(sql);
+        let statement = match found {
+            Some(statement) => statement,
+            None => {
+                super::counts::bump(super::counts::Event::Prepare);
+                let text = super::pg_value::placeholders(sql);
+                let prepared = client.prepare(&text).map_err(SqlError::Postgres)?;
+                cache.borrow_mut().insert(sql, prepared.clone());
+                prepared
+            }
+        };
+        let values = params.values()?;
+        let refs: Vec<&(dyn postgres::types::ToSql + Sync)> = values
+            .iter()
+            .map(|v| v as &(dyn postgres::types::ToSql + Sync))
+            .collect();
+        super::counts::bump(super::counts::Event::Read);
+        super::counts::bump_pg_statement();
+        let _trip = tracing::trace_span!("pg.statement").entered();
+        let rows = client
+            .query(&statement, &refs)
+            .map_err(SqlError::Postgres)?;
+        let out = rows
+            .iter()
+            .map(|r| f(&super::Row::postgres(r)))
+            .collect::<Result<Vec<T>>>()?;
+        Ok(out)
+    }
+
     /// Runs `f` in a READ ONLY REPEATABLE READ transaction: one consistent snapshot.
     pub(crate) fn read<R>(&self, f: impl FnOnce(&Conn<'_>) -> Result<R>) -> Result<R, StoreError> {
         let mut lease = self.lease()?;
         let Some(Pooled { client, cache }) = lease.conn.as_mut() else {
             return Err(StoreError::WriterGone);
         };
+        super::counts::bump(super::counts::Event::Read);
+        // BEGIN and COMMIT.
+        super::counts::bump(super::counts::Event::RoundTrip);
+        super::counts::bump(super::counts::Event::RoundTrip);
         let tx = client
             .build_transaction()
             .isolation_level(IsolationLevel::RepeatableRead)

@@ -95,7 +95,12 @@ impl RowIndex for usize {
     }
 }
 
-impl Row<'_> {
+impl<'a> Row<'a> {
+    /// A Postgres row.
+    pub(crate) fn postgres(row: &'a postgres::Row) -> Row<'a> {
+        Row(RowInner::Postgres(row))
+    }
+
     /// Column `idx` as a `T`.
     pub fn get<I: RowIndex, T: FromSql>(&self, idx: I) -> Result<T> {
         let idx = idx.index();
@@ -192,6 +197,22 @@ impl PgSession<'_> {
 #[derive(Default)]
 pub(crate) struct StatementCache(HashMap<String, postgres::Statement>);
 
+impl StatementCache {
+    /// The statement prepared for `sql`, if it is.
+    pub(crate) fn get(&self, sql: &str) -> Option<postgres::Statement> {
+        self.0.get(sql).cloned()
+    }
+
+    /// Keeps `statement` prepared for `sql` (past [`PG_STATEMENT_CACHE`] the cache starts
+    /// again).
+    pub(crate) fn insert(&mut self, sql: &str, statement: postgres::Statement) {
+        if self.0.len() >= PG_STATEMENT_CACHE {
+            self.0.clear();
+        }
+        self.0.insert(sql.to_owned(), statement);
+    }
+}
+
 /// Statements kept prepared per Postgres connection; past it the cache starts again.
 const PG_STATEMENT_CACHE: usize = 512;
 
@@ -284,6 +305,7 @@ impl<'a> Conn<'a> {
             ConnInner::Postgres(pg) => {
                 pg.sending()?;
                 let _trip = tracing::trace_span!("pg.statement").entered();
+                super::counts::bump_pg_statement();
                 let result = pg.tx.borrow_mut().batch_execute(sql);
                 pg.check(result)
             }
@@ -348,6 +370,7 @@ impl PgRun for PgTx<'_> {
             .collect();
         self.sending()?;
         let _trip = tracing::trace_span!("pg.statement").entered();
+        super::counts::bump_pg_statement();
         let result = self.tx.borrow_mut().query(statement, &refs);
         self.check(result)
     }
@@ -359,6 +382,7 @@ impl PgRun for PgTx<'_> {
             .collect();
         self.sending()?;
         let _trip = tracing::trace_span!("pg.statement").entered();
+        super::counts::bump_pg_statement();
         let result = self.tx.borrow_mut().execute(statement, &refs);
         let changed = self.check(result)?;
         Ok(usize::try_from(changed).unwrap_or(usize::MAX))
@@ -394,6 +418,7 @@ impl PgTx<'_> {
         }
         let text = crate::store::pg_value::placeholders(sql);
         let _trip = tracing::trace_span!("pg.prepare").entered();
+        super::counts::bump(super::counts::Event::Prepare);
         let prepared = self.tx.borrow_mut().prepare(&text);
         let prepared = self.check(prepared)?;
         let mut cache = self.cache.borrow_mut();
@@ -461,6 +486,7 @@ impl Statement<'_> {
         let values = params.values()?;
         match &mut self.0 {
             StmtInner::Sqlite(s) => {
+                super::counts::bump(super::counts::Event::Statement);
                 Ok(s.get().execute(rusqlite::params_from_iter(values.iter()))?)
             }
             StmtInner::Postgres { pg, statement } => pg.execute(statement, &values),
@@ -471,9 +497,12 @@ impl Statement<'_> {
     pub fn query<P: Params>(&mut self, params: P) -> Result<Rows<'_>> {
         let values = params.values()?;
         match &mut self.0 {
-            StmtInner::Sqlite(s) => Ok(Rows(RowsInner::Sqlite(
-                s.get().query(rusqlite::params_from_iter(values.iter()))?,
-            ))),
+            StmtInner::Sqlite(s) => {
+                super::counts::bump(super::counts::Event::Statement);
+                Ok(Rows(RowsInner::Sqlite(
+                    s.get().query(rusqlite::params_from_iter(values.iter()))?,
+                )))
+            }
             StmtInner::Postgres { pg, statement } => {
                 let rows = pg.query(statement, &values)?;
                 Ok(Rows(RowsInner::Postgres(rows.into_iter(), None)))

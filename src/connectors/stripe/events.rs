@@ -221,6 +221,11 @@ fn mac(secret: &[u8], timestamp: i64, body: &[u8]) -> Signature {
 pub struct EventsState {
     /// The connector whose memory the events keep true.
     pub stripe: Arc<StripeConnector>,
+    /// Where a change is recorded for the other instances ([`super::changes`]).
+    pub db: crate::store::Db,
+    /// How long a recorded change is kept: the emails' max age (`[stripe]
+    /// email_max_age`); no memory keeps an email longer.
+    pub keep: Duration,
     /// The endpoint's signing secret, read from the secrets store at each delivery.
     pub secret: Credential,
     /// Milliseconds since the epoch.
@@ -305,6 +310,21 @@ async fn receive(
             );
         };
         state.stripe.forget_customer(customer);
+        // Every other instance forgets it at its next call: the change is recorded
+        // before Stripe is answered, and a failure makes Stripe deliver it again.
+        let (changed, now) = (customer.to_owned(), state.clock.now_ms());
+        let keep = crate::clock::ms(state.keep);
+        if let Err(e) = state
+            .db
+            .write(move |c| super::changes::record(c, &changed, now, keep))
+            .await
+        {
+            return refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                format!("cannot record that customer {customer} changed: {e}"),
+            );
+        }
         tracing::info!(
             event_id = id,
             kind,

@@ -31,6 +31,9 @@ struct State {
     emails: HashMap<String, (String, Instant)>,
     /// Moves each time a customer is forgotten.
     generation: u64,
+    /// The database's customer-change mark this memory has caught up with (`None`:
+    /// never looked; see [`super::changes`]).
+    changes_seen: Option<u64>,
 }
 
 impl KnownEmails {
@@ -83,6 +86,30 @@ impl KnownEmails {
         let mut state = self.state();
         state.generation += 1;
         state.emails.remove(customer);
+    }
+
+    /// Forgets every customer (the changes since the last look could not be read, or
+    /// this memory never looked).
+    pub(super) fn forget_all(&self) {
+        let mut state = self.state();
+        state.generation += 1;
+        state.emails.clear();
+    }
+
+    /// Whether anything is remembered at all (a max age is set).
+    pub(super) fn remembers(&self) -> bool {
+        self.max_age.is_some()
+    }
+
+    /// The customer-change mark caught up with, if any.
+    pub(super) fn changes_seen(&self) -> Option<u64> {
+        self.state().changes_seen
+    }
+
+    /// Records that the changes up to `mark` are forgotten (the mark never goes back).
+    pub(super) fn caught_up(&self, mark: u64) {
+        let mut state = self.state();
+        state.changes_seen = Some(state.changes_seen.map_or(mark, |seen| seen.max(mark)));
     }
 }
 

@@ -10,6 +10,7 @@
 //! left on it): [`StripeConnector::charge_facts`], [`StripeConnector::customer_email`]
 //! and [`StripeConnector::subscription_customer`].
 
+pub mod changes;
 pub mod events;
 mod form;
 mod known_emails;
@@ -145,6 +146,44 @@ impl StripeConnector {
     /// Forgets what is remembered of `customer` (Stripe said it changed).
     pub fn forget_customer(&self, customer: &str) {
         self.emails.forget(customer);
+    }
+
+    /// Whether customer emails are remembered ([`StripeConnector::with_email_memory`]).
+    pub fn remembers_emails(&self) -> bool {
+        self.emails.remembers()
+    }
+
+    /// Forgets the customers other instances were told changed ([`changes`]), given the
+    /// database's customer-change `mark` (read with the call's first look-up, so a read
+    /// never costs a round trip for it): nothing to do while the mark stands still; when
+    /// it moved, the changes since are read (one read) and their customers forgotten. The
+    /// first look forgets everything remembered, as does a read that fails or a mark
+    /// that could not be read (`None`).
+    pub async fn catch_up(&self, db: &crate::store::Db, mark: Option<u64>) {
+        if !self.emails.remembers() {
+            return;
+        }
+        let Some(mark) = mark else {
+            self.emails.forget_all();
+            return;
+        };
+        let seen = self.emails.changes_seen();
+        match seen {
+            Some(seen) if seen >= mark => return,
+            Some(seen) => match db.read_inline(move |c| changes::since(c, seen)) {
+                Ok(customers) => {
+                    for customer in &customers {
+                        self.emails.forget(customer);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the stripe customer changes; forgetting every email");
+                    self.emails.forget_all();
+                }
+            },
+            None => self.emails.forget_all(),
+        }
+        self.emails.caught_up(mark);
     }
 
     /// The customer a charge belongs to, if any. A charge's customer cannot change once

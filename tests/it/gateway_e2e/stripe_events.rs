@@ -194,3 +194,63 @@ async fn a_signature_of_thousands_of_entries_is_refused_and_healthz_answers_duri
         assert!(done.unwrap().iter().all(|s| *s == 400));
     }
 }
+
+/// Two instances on one Postgres: Stripe's event reaches one, and the other, which
+/// remembered the email, forgets it at its next call (through the database, with no
+/// round trip added to the read) instead of keeping it up to `email_max_age`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_email_change_sent_to_one_instance_reaches_anothers_read_scope() {
+    let Some(pg) = threadgate::store::testing::TestDb::postgres_from_env() else {
+        eprintln!("THREADGATE_TEST_DATABASE_URL is not set: skipped");
+        return;
+    };
+    let mut world = World::new().await;
+    world.use_postgres(pg.url().expect("a postgres url")).await;
+    world.use_stripe_events(WEBHOOK_SECRET).await;
+    let told = world.start().await;
+    // The second instance: its own data directory (and instance id), the same database.
+    world.settings.data_dir = world.dir.path().join("data-second");
+    std::fs::create_dir_all(&world.settings.data_dir).expect("data dir");
+    let reads = world.start().await;
+    let ada = world
+        .customer_session(&reads, "ada@example.com", &[5000])
+        .await;
+
+    let (status, body) = read_ada(&ada.session, &ada.id).await;
+    assert_eq!(status, 200, "{body}");
+    set_email(&world, &ada.id, "mallory@example.com").await;
+    let (status, body) = read_ada(&ada.session, &ada.id).await;
+    assert_eq!(status, 200, "answered from memory: {body}");
+
+    // Stripe tells the other instance.
+    let event = json!({
+        "id": "evt_elsewhere", "type": "customer.updated",
+        "data": {"object": {"id": ada.id, "object": "customer"}},
+    })
+    .to_string();
+    let signature = sign(
+        event.as_bytes(),
+        WEBHOOK_SECRET.as_bytes(),
+        chrono::Utc::now().timestamp(),
+    );
+    let response = told
+        .http
+        .post(format!("http://{}/webhooks/stripe", told.addr))
+        .header("Stripe-Signature", signature)
+        .body(event)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+
+    // The very next read on the instance that was not told asks Stripe again.
+    let (status, body) = read_ada(&ada.session, &ada.id).await;
+    assert_eq!(status, 403, "forgotten through the database: {body}");
+    assert!(
+        body.contains("out_of_scope") && !body.contains("mallory"),
+        "{body}"
+    );
+    reads.stop().await;
+    told.stop().await;
+    drop(pg);
+}

@@ -1,0 +1,241 @@
+//! What one gated call costs the database and Stripe, counted exactly (not timed), on
+//! SQLite and, when `THREADGATE_TEST_DATABASE_URL` names a server, on Postgres: durable
+//! commits, statements, Postgres round trips and Stripe requests of a read
+//! (`stripe.get_charge`, customer emails remembered) and of a write
+//! (`stripe.create_refund`, run without a person). A change that adds a commit, a
+//! statement or a round trip to the call path fails here; README "Where a call's work
+//! goes" explains each number. `--nocapture` prints them.
+
+use serde_json::json;
+use threadgate::gateway::gate::{CallReply, CallRequest};
+use threadgate::session::SessionScope;
+use threadgate::store::counts::{Counts, counted};
+use threadgate::store::leases::{self, Lease};
+use threadgate::store::testing::TestDb;
+
+use crate::support::app::TestApp;
+use crate::support::world::{Customer, World};
+
+const POLICY: &str = r#"
+policy:
+  default_mode: risk
+policies:
+  - match: "stripe.create_refund"
+    action: always_run
+  - match: "stripe.get_*"
+    action: always_run
+"#;
+
+/// The scope the session's socket serves, as the supervisor built it.
+async fn scope_of(app: &TestApp, customer: &Customer) -> SessionScope {
+    let thread = threadgate::ids::ThreadId::parse(&customer.session.thread_id).expect("id");
+    let now = chrono::Utc::now().timestamp_millis();
+    let (row, holder) = app
+        .db
+        .read(move |c| {
+            let row = threadgate::session::store::get(c, &thread)?;
+            let holder = leases::holder(c, &thread, now)?;
+            Ok((row, holder))
+        })
+        .await
+        .expect("read the session");
+    let row = row.expect("a session row");
+    let (owner, token, _) = holder.expect("a lease");
+    SessionScope {
+        lease: Lease {
+            thread_id: row.thread_id.clone(),
+            owner,
+            token,
+        },
+        session_id: row.session_id,
+        thread_id: row.thread_id,
+        agent: row.agent,
+        customer_id: row.customer_id,
+        customer_email: row.customer_email,
+    }
+}
+
+/// Runs `tool` with `args` through the gate, counted; it must run.
+async fn call(app: &TestApp, scope: &SessionScope, tool: &str, args: serde_json::Value) -> Counts {
+    let req: CallRequest =
+        serde_json::from_value(json!({"tool": tool, "args": args})).expect("a call request");
+    let (reply, counts) = counted(app.gate.call(scope, req)).await;
+    assert!(matches!(reply, CallReply::Ran { .. }), "{reply:?}");
+    counts
+}
+
+/// A read and a write on `world`'s app: their counts, after one of each warmed the
+/// memory (charge owner, customer email) and the statement caches.
+async fn counts_of(world: &World) -> (Counts, Counts) {
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[4900, 1_000_000])
+        .await;
+    let scope = scope_of(&app, &ada).await;
+    let read = json!({"charge": ada.charges[0]});
+    let refund = |amount: u64| json!({"charge": ada.charges[1], "amount": amount, "reason": "requested_by_customer"});
+    call(&app, &scope, "stripe.get_charge", read.clone()).await;
+    call(&app, &scope, "stripe.create_refund", refund(100)).await;
+    let read = call(&app, &scope, "stripe.get_charge", read).await;
+    let write = call(&app, &scope, "stripe.create_refund", refund(200)).await;
+    app.stop().await;
+    (read, write)
+}
+
+async fn world() -> World {
+    let mut world = World::with_policy_text(POLICY).await;
+    world.use_stripe_events("whsec_counts_0123456789").await;
+    world
+}
+
+/// Prepares depend on which pooled connection a call gets: not asserted.
+fn without_prepares(counts: Counts) -> Counts {
+    Counts {
+        prepares: 0,
+        ..counts
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_commits_once_and_a_write_twice_with_these_statements_on_sqlite() {
+    let (read, write) = counts_of(&world().await).await;
+    println!("sqlite: read {read:?}\nsqlite: write {write:?}");
+    // A read: the first look-up (the secrets' generation and the Stripe customer-change
+    // mark, one statement) before the call and again before its result is redacted;
+    // the Stripe key's generation before the request (one statement); then one
+    // transaction: the row inserted under the lease, the audit chain's head, three audit
+    // rows. One request to Stripe: the call itself (owner and email remembered).
+    assert_eq!(
+        read,
+        Counts {
+            commits: 1,
+            reads: 3,
+            statements: 3 + 5,
+            round_trips: 0,
+            prepares: 0,
+            provider_requests: 1,
+        }
+    );
+    // A write: the first look-up twice, the Stripe key's generation before each of its
+    // two requests (the charge with its customer: ownership, currency, amount; then the
+    // refund); the deciding transaction (fence, the session's earlier calls, the row, the
+    // chain's head, two audit rows) and the outcome's (status, the chain's head, one
+    // audit row).
+    assert_eq!(
+        write,
+        Counts {
+            commits: 2,
+            reads: 4,
+            statements: 4 + 6 + 3,
+            round_trips: 0,
+            prepares: 0,
+            provider_requests: 2,
+        }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_commits_once_and_a_write_twice_with_these_round_trips_on_postgres() {
+    let Some(pg) = TestDb::postgres_from_env() else {
+        eprintln!("THREADGATE_TEST_DATABASE_URL is not set: skipped");
+        return;
+    };
+    let mut world = world().await;
+    world.use_postgres(pg.url().expect("a postgres url")).await;
+    let (read, write) = counts_of(&world).await;
+    println!("postgres: read {read:?}\npostgres: write {write:?}");
+    // As on SQLite, plus the audit chain's advisory lock in each transaction; every
+    // statement is a round trip, and so are each transaction's BEGIN and COMMIT (the
+    // small reads run outside a transaction: one round trip each).
+    assert_eq!(
+        without_prepares(read),
+        Counts {
+            commits: 1,
+            reads: 3,
+            statements: 3 + 6,
+            round_trips: 3 + 6 + 2,
+            prepares: 0,
+            provider_requests: 1,
+        }
+    );
+    assert_eq!(
+        without_prepares(write),
+        Counts {
+            commits: 2,
+            reads: 4,
+            statements: 4 + 7 + 4,
+            round_trips: 4 + 7 + 4 + 4,
+            prepares: 0,
+            provider_requests: 2,
+        }
+    );
+    drop(pg);
+}
+
+/// A read whose session's lease was taken over after it was decided: its row insert
+/// carries the fence (no statement of its own), so nothing is written and the agent
+/// gets `session_moved`, not the result.
+async fn a_stale_lease_writes_no_read(world: &World) {
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[4900])
+        .await;
+    let scope = scope_of(&app, &ada).await;
+    let read = json!({"charge": ada.charges[0]});
+    call(&app, &scope, "stripe.get_charge", read.clone()).await;
+    let thread = ada.session.thread_id.clone();
+    let changed = app
+        .db
+        .write(move |c| {
+            c.execute(
+                "UPDATE session_leases SET owner = 'inst-elsewhere', token = token + 1, \
+                 expires_at_ms = 4000000000000000 WHERE thread_id = ?1",
+                [&thread],
+            )
+        })
+        .await
+        .expect("take the lease over");
+    assert_eq!(changed, 1);
+    let req: CallRequest =
+        serde_json::from_value(json!({"tool": "stripe.get_charge", "args": read}))
+            .expect("a call request");
+    let reply = app.gate.call(&scope, req).await;
+    assert!(
+        matches!(
+            reply,
+            CallReply::Refused(threadgate::gateway::refusal::Refusal::SessionMoved)
+        ),
+        "{reply:?}"
+    );
+    let session = ada.session.id.clone();
+    let rows: i64 = app
+        .db
+        .read(move |c| {
+            c.query_row(
+                "SELECT count(*) FROM executions WHERE session_id = ?1",
+                [&session],
+                |r| r.get(0),
+            )
+        })
+        .await
+        .expect("count");
+    assert_eq!(rows, 1, "only the read made under the lease is recorded");
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_under_a_stale_lease_is_not_written_on_sqlite() {
+    a_stale_lease_writes_no_read(&world().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_under_a_stale_lease_is_not_written_on_postgres() {
+    let Some(pg) = TestDb::postgres_from_env() else {
+        eprintln!("THREADGATE_TEST_DATABASE_URL is not set: skipped");
+        return;
+    };
+    let mut world = world().await;
+    world.use_postgres(pg.url().expect("a postgres url")).await;
+    a_stale_lease_writes_no_read(&world).await;
+    drop(pg);
+}
