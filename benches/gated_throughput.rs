@@ -455,7 +455,11 @@ async fn recorded(db: &Db, calls: &[Call], targets: &[Target]) {
 /// `threadgate audit --verify` against the shared database, with the first instance's
 /// configuration.
 async fn verify(serves: &[Serve], world: &DockerWorld) {
-    let config = world.root.path().join("i0").join(format!("{}.toml", serves[0].instance));
+    let config = world
+        .root
+        .path()
+        .join("i0")
+        .join(format!("{}.toml", serves[0].instance));
     let out = tokio::process::Command::new(threadgate_bin())
         .arg("--config")
         .arg(&config)
@@ -468,7 +472,11 @@ async fn verify(serves: &[Serve], world: &DockerWorld) {
     let first = text.lines().next().unwrap_or_default();
     println!(
         "  threadgate audit --verify: {} ({first}{})",
-        if out.status.success() { "passes" } else { "FAILS" },
+        if out.status.success() {
+            "passes"
+        } else {
+            "FAILS"
+        },
         String::from_utf8_lossy(&out.stderr).trim()
     );
 }

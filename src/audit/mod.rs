@@ -240,12 +240,18 @@ pub struct AuditFilter {
     pub limit: Option<usize>,
 }
 
-/// The Postgres advisory lock serialising audit appends ("tgaudit" in ASCII).
+/// The Postgres advisory lock serialising the chaining of audit rows ("tgaudit" in
+/// ASCII).
 const AUDIT_CHAIN_LOCK: i64 = 0x0074_6761_7564_6974;
+
+/// The most rows one chaining statement takes out of `audit_pending`.
+const CHAIN_BATCH: i64 = 1000;
 
 /// Appends `record` to the chain on `conn`, which must be inside the caller's write
 /// transaction (a [`crate::store::Db::write`] closure). Redacts every text field and the
-/// arguments with `redactor`. Returns the new row's id.
+/// arguments with `redactor`. Returns the new row's number: on SQLite its id in the
+/// chain; on Postgres its place in the queue chained right after the commit (see
+/// [`append_all`]), in the same order as the ids it gets.
 pub fn append(
     conn: &Conn<'_>,
     record: &AuditRecord,
@@ -254,10 +260,17 @@ pub fn append(
     append_all(conn, std::slice::from_ref(record), redactor)
 }
 
-/// Appends `records` to the chain in their order, as [`append`] does one: the chain's
-/// head is read once (under the lock on Postgres) and each row chained to the one
-/// before it, so a step of several rows costs one head read, not one per row. Returns
-/// the last row's id (0 when `records` is empty).
+/// Appends `records` to the chain in their order, as [`append`] does one. Returns the
+/// last row's number (0 when `records` is empty).
+///
+/// On SQLite, whose one writer runs one transaction at a time, the chain's head is read
+/// once and each row chained to the one before it. On Postgres, where the instances'
+/// writers run at once, the rows are added to `audit_pending` in the caller's
+/// transaction, with no lock and no read of the head (so they commit, or not, with the
+/// state change they record, and a concurrent writer never makes this transaction run
+/// again), and chained right after its commit, before the write resolves, by
+/// [`chain_pending`] in a transaction of its own: under the chain's lock, with a fresh
+/// view of the head, together with every row waiting then.
 pub fn append_all(
     conn: &Conn<'_>,
     records: &[AuditRecord],
@@ -267,9 +280,15 @@ pub fn append_all(
         return Ok(0);
     }
     if conn.dialect() == crate::store::Dialect::Postgres {
-        // INVARIANT: one appender at a time reads the head and adds the next rows, so
-        // several instances never fork the chain (SQLite's single writer does the same).
-        cached_execute(conn, "SELECT pg_advisory_xact_lock(?1)", [AUDIT_CHAIN_LOCK])?;
+        let mut last = 0;
+        for record in records {
+            last = insert_pending(conn, &redacted_row(record, redactor)?)?;
+        }
+        // One step per transaction whatever its appends: the last row is the newest.
+        conn.after_postgres_commit("audit.chain", move |c| {
+            chain_pending(c, Some(last)).map(|_| ())
+        });
+        return Ok(last);
     }
     let last: Option<(i64, Vec<u8>)> = cached_query_row(
         conn,
@@ -284,21 +303,170 @@ pub fn append_all(
     };
     for record in records {
         id += 1;
-        let row = chained_row(record, redactor, id, prev_hash)?;
+        let mut row = redacted_row(record, redactor)?;
+        link(&mut row, id, prev_hash);
         insert_row(conn, &row)?;
         prev_hash = row.hash;
     }
     Ok(id)
 }
 
-/// `record` as row `id` after a row whose hash is `prev_hash`: every text field and the
-/// arguments redacted, the row's hash computed.
-fn chained_row(
-    record: &AuditRecord,
-    redactor: &Redactor,
-    id: i64,
-    prev_hash: Vec<u8>,
-) -> crate::store::Result<AuditRecordRow> {
+/// Chains the rows waiting in `audit_pending` (Postgres) onto the audit chain, oldest
+/// first, and returns how many it chained. `conn` must be a READ COMMITTED transaction
+/// (a step after a commit, [`crate::store::Conn`]'s `after_postgres_commit`): every
+/// statement after the lock then sees the rows and the head the previous holder
+/// committed. With `mine` (a row's number), it does nothing when that row is chained
+/// already and stops once it is; without, it chains every row waiting.
+///
+/// INVARIANT: one chainer at a time, across every instance, reads the head and adds
+/// the next rows (the advisory lock, held until commit), so the chain never forks; the
+/// rows it chains leave `audit_pending` in the same statement that reads them, so none
+/// is chained twice or skipped.
+pub(crate) fn chain_pending(conn: &Conn<'_>, mine: Option<i64>) -> crate::store::Result<usize> {
+    let waiting = |seq: i64| -> crate::store::Result<bool> {
+        let n: i64 = cached_query_row(
+            conn,
+            "SELECT count(*) FROM audit_pending WHERE seq = ?1",
+            [seq],
+            |r| r.get(0),
+        )?;
+        Ok(n > 0)
+    };
+    // Chained by another writer's step already: no lock taken.
+    if let Some(seq) = mine
+        && !waiting(seq)?
+    {
+        return Ok(0);
+    }
+    cached_execute(conn, "SELECT pg_advisory_xact_lock(?1)", [AUDIT_CHAIN_LOCK])?;
+    let mut chained = 0;
+    loop {
+        if let Some(seq) = mine
+            && !waiting(seq)?
+        {
+            break;
+        }
+        let mut rows = take_pending(conn)?;
+        if rows.is_empty() {
+            break;
+        }
+        rows.sort_by_key(|(seq, _)| *seq);
+        let head: Option<(i64, Vec<u8>)> = cached_query_row(
+            conn,
+            "SELECT id, hash FROM audit ORDER BY id DESC LIMIT 1",
+            (),
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+        let (mut id, mut prev_hash) = head.unwrap_or((0, chain::GENESIS.to_vec()));
+        let taken = rows.len();
+        for (_, mut row) in rows {
+            id += 1;
+            link(&mut row, id, prev_hash);
+            insert_row(conn, &row)?;
+            prev_hash = row.hash;
+        }
+        chained += taken;
+        if mine.is_none() && i64::try_from(taken).unwrap_or(i64::MAX) < CHAIN_BATCH {
+            break;
+        }
+    }
+    Ok(chained)
+}
+
+/// Rows still waiting to be chained (Postgres; always 0 on SQLite): what a crash between
+/// a commit and its chaining leaves until the next chaining.
+pub fn pending_count(conn: &Conn<'_>) -> crate::store::Result<i64> {
+    conn.query_row("SELECT count(*) FROM audit_pending", (), |r| r.get(0))
+}
+
+/// Chains every row waiting in `audit_pending` (Postgres; nothing to do on SQLite) and
+/// returns how many are still waiting after it: what `threadgate audit --verify` does
+/// first, so rows a crash left unchained are checked too.
+pub async fn chain_waiting(db: &crate::store::Db) -> Result<i64, crate::store::StoreError> {
+    db.write(|c| {
+        c.after_postgres_commit("audit.chain", |c| chain_pending(c, None).map(|_| ()));
+        Ok(())
+    })
+    .await?;
+    db.read(pending_count).await
+}
+
+/// Takes up to [`CHAIN_BATCH`] of the oldest waiting rows out of `audit_pending`, in
+/// one statement, with their numbers (in no particular order).
+fn take_pending(conn: &Conn<'_>) -> crate::store::Result<Vec<(i64, AuditRecordRow)>> {
+    let mut stmt = conn.prepare_cached(
+        "DELETE FROM audit_pending WHERE seq IN \
+             (SELECT seq FROM audit_pending ORDER BY seq LIMIT ?1) \
+         RETURNING seq, at_ms, execution_id, event, session_id, thread_id, agent, tool, \
+             args_redacted, decision, rule, policy_hash, reviewer, outcome, duration_ms",
+    )?;
+    let rows = stmt.query_map([CHAIN_BATCH], |r| {
+        Ok((
+            r.get(0)?,
+            AuditRecordRow {
+                id: 0,
+                at_ms: r.get(1)?,
+                execution_id: r.get(2)?,
+                event: r.get(3)?,
+                session_id: r.get(4)?,
+                thread_id: r.get(5)?,
+                agent: r.get(6)?,
+                tool: r.get(7)?,
+                args_redacted: r.get(8)?,
+                decision: r.get(9)?,
+                rule: r.get(10)?,
+                policy_hash: r.get(11)?,
+                reviewer: r.get(12)?,
+                outcome: r.get(13)?,
+                duration_ms: r.get(14)?,
+                prev_hash: Vec::new(),
+                hash: Vec::new(),
+            },
+        ))
+    })?;
+    rows.collect()
+}
+
+/// Adds a redacted row to `audit_pending`; answers its number.
+fn insert_pending(conn: &Conn<'_>, row: &AuditRecordRow) -> crate::store::Result<i64> {
+    cached_query_row(
+        conn,
+        "INSERT INTO audit_pending (at_ms, execution_id, event, session_id, thread_id, \
+             agent, tool, args_redacted, decision, rule, policy_hash, reviewer, outcome, \
+             duration_ms) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
+         RETURNING seq",
+        params![
+            row.at_ms,
+            row.execution_id,
+            row.event,
+            row.session_id,
+            row.thread_id,
+            row.agent,
+            row.tool,
+            row.args_redacted,
+            row.decision,
+            row.rule,
+            row.policy_hash,
+            row.reviewer,
+            row.outcome,
+            row.duration_ms,
+        ],
+        |r| r.get(0),
+    )
+}
+
+/// Makes `row` row `id` of the chain, after a row whose hash is `prev_hash`.
+fn link(row: &mut AuditRecordRow, id: i64, prev_hash: Vec<u8>) {
+    row.id = id;
+    row.prev_hash = prev_hash;
+    row.hash = chain::row_hash(row).to_vec();
+}
+
+/// `record` with every text field and the arguments redacted, not chained yet (no id,
+/// no hashes: [`link`] sets them).
+fn redacted_row(record: &AuditRecord, redactor: &Redactor) -> crate::store::Result<AuditRecordRow> {
     let text = |field: &Option<String>| field.as_deref().map(|t| redactor.redact(t).into_owned());
     let args_redacted = match &record.args {
         Some(args) => {
@@ -309,8 +477,8 @@ fn chained_row(
         }
         None => None,
     };
-    let mut row = AuditRecordRow {
-        id,
+    Ok(AuditRecordRow {
+        id: 0,
         at_ms: record.at_ms,
         execution_id: text(&record.execution_id),
         event: record.event.as_str().to_owned(),
@@ -325,11 +493,9 @@ fn chained_row(
         reviewer: text(&record.reviewer),
         outcome: text(&record.outcome),
         duration_ms: record.duration_ms,
-        prev_hash,
+        prev_hash: Vec::new(),
         hash: Vec::new(),
-    };
-    row.hash = chain::row_hash(&row).to_vec();
-    Ok(row)
+    })
 }
 
 fn insert_row(conn: &Conn<'_>, row: &AuditRecordRow) -> crate::store::Result<()> {
@@ -358,14 +524,7 @@ fn insert_row(conn: &Conn<'_>, row: &AuditRecordRow) -> crate::store::Result<()>
             row.prev_hash,
             row.hash,
         ],
-    )
-    .inspect_err(|e| {
-        // Under the lock a taken id means the snapshot predates another appender's
-        // commit: the whole transaction runs again on a fresh snapshot.
-        if e.is_unique_violation() {
-            conn.retry_later();
-        }
-    })?;
+    )?;
     Ok(())
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use postgres::{Client, IsolationLevel};
 
-use super::sql::{Conn, Result, SqlError, StatementCache};
+use super::sql::{AfterCommit, Conn, PgParts, Result, SqlError, StatementCache};
 use super::{StoreError, lock};
 
 /// How long a caller waits for a free connection before it is an error.
@@ -206,14 +206,24 @@ impl PgStore {
             .map_err(|e| Attempt::from_sql(SqlError::Postgres(e)))?;
         let conn = Conn::postgres(tx, cache);
         let outcome = f(&conn);
-        let Some((tx, lost)) = conn.into_postgres() else {
+        let Some(PgParts {
+            tx,
+            lost,
+            after_commit,
+        }) = conn.into_postgres()
+        else {
             return Err(Attempt::Failed(StoreError::WriterGone));
         };
         match outcome {
             _ if lost => Err(Attempt::Lost),
             Err(e) => Err(Attempt::from_sql(e)),
             Ok(value) => match tracing::trace_span!("pg.commit").in_scope(|| tx.commit()) {
-                Ok(()) => Ok(value),
+                Ok(()) => {
+                    for (key, step) in after_commit {
+                        run_after_commit(client, cache, key, step);
+                    }
+                    Ok(value)
+                }
                 Err(e) => {
                     let e = SqlError::Postgres(e);
                     if e.is_retryable() {
@@ -240,11 +250,44 @@ impl PgStore {
             .map_err(|e| StoreError::Sql(SqlError::Postgres(e)))?;
         let conn = Conn::postgres(tx, cache);
         let value = f(&conn)?;
-        if let Some((tx, _)) = conn.into_postgres() {
+        if let Some(PgParts { tx, .. }) = conn.into_postgres() {
             tx.commit()
                 .map_err(|e| StoreError::Sql(SqlError::Postgres(e)))?;
         }
         Ok(value)
+    }
+}
+
+/// Runs a step registered with [`Conn::after_postgres_commit`] in a READ COMMITTED
+/// transaction of its own on `client`, and commits it. A failure is logged: the write
+/// before it has committed, and what the step leaves undone is left for a later one
+/// (the audit chain's step chains every row waiting).
+fn run_after_commit(
+    client: &mut Client,
+    cache: &RefCell<StatementCache>,
+    key: &'static str,
+    step: AfterCommit,
+) {
+    let _span = tracing::trace_span!("pg.after_commit", key).entered();
+    let tx = match client
+        .build_transaction()
+        .isolation_level(IsolationLevel::ReadCommitted)
+        .start()
+    {
+        Ok(tx) => tx,
+        Err(e) => {
+            tracing::warn!(step = key, error = %e, "cannot begin a step after a commit");
+            return;
+        }
+    };
+    let conn = Conn::postgres(tx, cache);
+    let done = step(&conn);
+    let Some(PgParts { tx, .. }) = conn.into_postgres() else {
+        return;
+    };
+    let done = done.and_then(|()| tx.commit().map_err(SqlError::Postgres));
+    if let Err(e) = done {
+        tracing::warn!(step = key, error = %e, "a step after a commit failed; a later one does its work");
     }
 }
 

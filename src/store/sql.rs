@@ -137,6 +137,21 @@ pub(crate) struct PgTx<'a> {
     /// Set when a statement lost a race (40001/40P01): the whole transaction is run
     /// again, whatever the closure made of the error.
     pub(crate) retry: Cell<bool>,
+    /// What runs once this transaction has committed, by key
+    /// ([`Conn::after_postgres_commit`]).
+    pub(crate) after_commit: RefCell<Vec<(&'static str, AfterCommit)>>,
+}
+
+/// A step run once a Postgres write transaction has committed, in a READ COMMITTED
+/// transaction of its own on the same connection ([`Conn::after_postgres_commit`]).
+pub(crate) type AfterCommit = Box<dyn FnOnce(&Conn<'_>) -> Result<()>>;
+
+/// A Postgres [`Conn`] taken apart once its closure is done.
+pub(crate) struct PgParts<'a> {
+    pub(crate) tx: postgres::Transaction<'a>,
+    /// A statement lost a race: run the transaction again.
+    pub(crate) lost: bool,
+    pub(crate) after_commit: Vec<(&'static str, AfterCommit)>,
 }
 
 /// Statements prepared on one Postgres connection, by their `?N` text.
@@ -160,14 +175,41 @@ impl<'a> Conn<'a> {
             tx: RefCell::new(tx),
             cache,
             retry: Cell::new(false),
+            after_commit: RefCell::default(),
         }))
     }
 
-    /// The Postgres transaction back, to commit it, and whether it lost a race.
-    pub(crate) fn into_postgres(self) -> Option<(postgres::Transaction<'a>, bool)> {
+    /// The Postgres transaction back, to commit it, whether it lost a race, and the
+    /// steps to run once it has committed.
+    pub(crate) fn into_postgres(self) -> Option<PgParts<'a>> {
         match self.0 {
-            ConnInner::Postgres(pg) => Some((pg.tx.into_inner(), pg.retry.get())),
+            ConnInner::Postgres(pg) => Some(PgParts {
+                tx: pg.tx.into_inner(),
+                lost: pg.retry.get(),
+                after_commit: pg.after_commit.into_inner(),
+            }),
             ConnInner::Sqlite(_) => None,
+        }
+    }
+
+    /// On Postgres, runs `step` once this write transaction has committed, in a READ
+    /// COMMITTED transaction of its own on the same connection, before the write
+    /// resolves: each of its statements sees every transaction committed before it
+    /// began (a lock it takes first is followed by a fresh view, which a SERIALIZABLE
+    /// snapshot taken earlier cannot give). A later step with the same `key` replaces
+    /// an earlier one (it must do what both would). A step that fails is logged, never
+    /// the write's error: the write has committed. Not run when the transaction does
+    /// not commit; nothing on SQLite (its single writer never needs one), where
+    /// `step` is dropped.
+    pub(crate) fn after_postgres_commit(
+        &self,
+        key: &'static str,
+        step: impl FnOnce(&Conn<'_>) -> Result<()> + 'static,
+    ) {
+        if let ConnInner::Postgres(pg) = &self.0 {
+            let mut steps = pg.after_commit.borrow_mut();
+            steps.retain(|(k, _)| *k != key);
+            steps.push((key, Box::new(step)));
         }
     }
 
