@@ -216,6 +216,7 @@ async fn run() {
             });
         }
     }
+    let sampler = tokio::spawn(sample_sessions(shared.database.open(), deadline));
     let mut calls = Vec::new();
     while let Some(done) = workers.join_next().await {
         calls.extend(done.expect("a worker"));
@@ -232,6 +233,8 @@ async fn run() {
         rollbacks_after - rollbacks_before,
         (rollbacks_after - rollbacks_before) as f64 / calls.len().max(1) as f64
     );
+    let samples = sampler.await.expect("the sampler");
+    print_samples(&samples);
     recorded(&db, &calls, &targets).await;
     verify(&serves, &world).await;
     for serve in &serves {
@@ -428,6 +431,55 @@ fn report(calls: &[Call], elapsed: Duration, (before, after): (&str, &str)) {
     for ((status, answer), (n, sample)) in failed {
         let sample: String = sample.chars().take(300).collect();
         println!("  {n} answers {status} {answer:?}, e.g. {sample}");
+    }
+}
+
+/// What the database's connections were doing, sampled every 50 ms until `deadline`
+/// (`pg_stat_activity`): by state and wait event, how many connection-samples. Where
+/// the time goes: `idle in transaction` is a transaction waiting on its instance (the
+/// client between statements), `Lock advisory` the audit chain's lock, `IO`/`LWLock`
+/// WAL flushes, `active` with no wait Postgres working.
+async fn sample_sessions(db: Db, deadline: Instant) -> BTreeMap<String, usize> {
+    let mut tally = BTreeMap::new();
+    while Instant::now() < deadline {
+        let rows: Vec<String> = db
+            .read(|c| {
+                let mut stmt = c.prepare(
+                    "SELECT coalesce(state, '') || ' ' || coalesce(wait_event_type, '') || ' ' \
+                         || coalesce(wait_event, '') \
+                     FROM pg_stat_activity \
+                     WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                )?;
+                let rows = stmt.query_map((), |r| r.get(0))?;
+                rows.collect()
+            })
+            .await
+            .unwrap_or_default();
+        for row in rows {
+            *tally.entry(row).or_insert(0) += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tally
+}
+
+fn print_samples(samples: &BTreeMap<String, usize>) {
+    let busy: usize = samples
+        .iter()
+        .filter(|(k, _)| !k.starts_with("idle Client"))
+        .map(|(_, n)| n)
+        .sum();
+    let mut by_count: Vec<(&String, &usize)> = samples
+        .iter()
+        .filter(|(k, _)| !k.starts_with("idle Client"))
+        .collect();
+    by_count.sort_by(|a, b| b.1.cmp(a.1));
+    println!("  the database's connections in a transaction, sampled (state, wait):");
+    for (what, n) in by_count.into_iter().take(8) {
+        println!(
+            "    {:>5.1}%  {what}",
+            100.0 * *n as f64 / busy.max(1) as f64
+        );
     }
 }
 

@@ -316,58 +316,46 @@ pub fn append_all(
 /// (a step after a commit, [`crate::store::Conn`]'s `after_postgres_commit`): every
 /// statement after the lock then sees the rows and the head the previous holder
 /// committed. With `mine` (a row's number), it does nothing when that row is chained
-/// already and stops once it is; without, it chains every row waiting.
+/// already; otherwise it chains every row waiting, `mine` among them.
 ///
 /// INVARIANT: one chainer at a time, across every instance, reads the head and adds
 /// the next rows (the advisory lock, held until commit), so the chain never forks; the
 /// rows it chains leave `audit_pending` in the same statement that reads them, so none
 /// is chained twice or skipped.
 pub(crate) fn chain_pending(conn: &Conn<'_>, mine: Option<i64>) -> crate::store::Result<usize> {
-    let waiting = |seq: i64| -> crate::store::Result<bool> {
-        let n: i64 = cached_query_row(
+    // Chained by another writer's step already: no lock taken.
+    if let Some(seq) = mine {
+        let waiting: i64 = cached_query_row(
             conn,
             "SELECT count(*) FROM audit_pending WHERE seq = ?1",
             [seq],
             |r| r.get(0),
         )?;
-        Ok(n > 0)
-    };
-    // Chained by another writer's step already: no lock taken.
-    if let Some(seq) = mine
-        && !waiting(seq)?
-    {
-        return Ok(0);
+        if waiting == 0 {
+            return Ok(0);
+        }
     }
+    // Under the lock, one statement takes the rows and reads the head, and one
+    // statement per chunk inserts them: few round trips while the lock is held.
     cached_execute(conn, "SELECT pg_advisory_xact_lock(?1)", [AUDIT_CHAIN_LOCK])?;
     let mut chained = 0;
     loop {
-        if let Some(seq) = mine
-            && !waiting(seq)?
-        {
-            break;
-        }
-        let mut rows = take_pending(conn)?;
+        let (mut rows, head) = take_pending(conn)?;
         if rows.is_empty() {
             break;
         }
-        rows.sort_by_key(|(seq, _)| *seq);
-        let head: Option<(i64, Vec<u8>)> = cached_query_row(
-            conn,
-            "SELECT id, hash FROM audit ORDER BY id DESC LIMIT 1",
-            (),
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .optional()?;
+        rows.sort_by_key(|(order, _)| *order);
         let (mut id, mut prev_hash) = head.unwrap_or((0, chain::GENESIS.to_vec()));
-        let taken = rows.len();
+        let mut linked = Vec::with_capacity(rows.len());
         for (_, mut row) in rows {
             id += 1;
             link(&mut row, id, prev_hash);
-            insert_row(conn, &row)?;
-            prev_hash = row.hash;
+            prev_hash = row.hash.clone();
+            linked.push(row);
         }
-        chained += taken;
-        if mine.is_none() && i64::try_from(taken).unwrap_or(i64::MAX) < CHAIN_BATCH {
+        insert_rows(conn, &linked)?;
+        chained += linked.len();
+        if i64::try_from(linked.len()).unwrap_or(i64::MAX) < CHAIN_BATCH {
             break;
         }
     }
@@ -392,40 +380,107 @@ pub async fn chain_waiting(db: &crate::store::Db) -> Result<i64, crate::store::S
     db.read(pending_count).await
 }
 
-/// Takes up to [`CHAIN_BATCH`] of the oldest waiting rows out of `audit_pending`, in
-/// one statement, with their numbers (in no particular order).
-fn take_pending(conn: &Conn<'_>) -> crate::store::Result<Vec<(i64, AuditRecordRow)>> {
+/// Rows taken out of `audit_pending` with their order (transaction, number; in no
+/// particular order), and the chain's head (id and hash) when it has one.
+type Taken = (Vec<((i64, i64), AuditRecordRow)>, Option<(i64, Vec<u8>)>);
+
+/// Takes up to [`CHAIN_BATCH`] of the oldest waiting rows out of `audit_pending` (a
+/// transaction's rows together, in the order written) and reads the chain's head, in
+/// one statement.
+fn take_pending(conn: &Conn<'_>) -> crate::store::Result<Taken> {
     let mut stmt = conn.prepare_cached(
-        "DELETE FROM audit_pending WHERE seq IN \
-             (SELECT seq FROM audit_pending ORDER BY seq LIMIT ?1) \
-         RETURNING seq, at_ms, execution_id, event, session_id, thread_id, agent, tool, \
-             args_redacted, decision, rule, policy_hash, reviewer, outcome, duration_ms",
+        "WITH taken AS ( \
+             DELETE FROM audit_pending WHERE seq IN \
+                 (SELECT seq FROM audit_pending ORDER BY xact, seq LIMIT ?1) \
+             RETURNING xact, seq, at_ms, execution_id, event, session_id, thread_id, agent, tool, \
+                 args_redacted, decision, rule, policy_hash, reviewer, outcome, duration_ms) \
+         SELECT taken.*, head.id, head.hash FROM taken \
+         LEFT JOIN (SELECT id, hash FROM audit ORDER BY id DESC LIMIT 1) head ON true",
     )?;
-    let rows = stmt.query_map([CHAIN_BATCH], |r| {
-        Ok((
-            r.get(0)?,
+    let mut head = None;
+    let mut rows = Vec::new();
+    let mut found = stmt.query([CHAIN_BATCH])?;
+    while let Some(r) = found.next()? {
+        let id: Option<i64> = r.get(16)?;
+        let hash: Option<Vec<u8>> = r.get(17)?;
+        if let (Some(id), Some(hash)) = (id, hash) {
+            head = Some((id, hash));
+        }
+        rows.push((
+            (r.get(0)?, r.get(1)?),
             AuditRecordRow {
                 id: 0,
-                at_ms: r.get(1)?,
-                execution_id: r.get(2)?,
-                event: r.get(3)?,
-                session_id: r.get(4)?,
-                thread_id: r.get(5)?,
-                agent: r.get(6)?,
-                tool: r.get(7)?,
-                args_redacted: r.get(8)?,
-                decision: r.get(9)?,
-                rule: r.get(10)?,
-                policy_hash: r.get(11)?,
-                reviewer: r.get(12)?,
-                outcome: r.get(13)?,
-                duration_ms: r.get(14)?,
+                at_ms: r.get(2)?,
+                execution_id: r.get(3)?,
+                event: r.get(4)?,
+                session_id: r.get(5)?,
+                thread_id: r.get(6)?,
+                agent: r.get(7)?,
+                tool: r.get(8)?,
+                args_redacted: r.get(9)?,
+                decision: r.get(10)?,
+                rule: r.get(11)?,
+                policy_hash: r.get(12)?,
+                reviewer: r.get(13)?,
+                outcome: r.get(14)?,
+                duration_ms: r.get(15)?,
                 prev_hash: Vec::new(),
                 hash: Vec::new(),
             },
-        ))
-    })?;
-    rows.collect()
+        ));
+    }
+    Ok((rows, head))
+}
+
+/// Inserts chained rows, several per statement (chunks of 32, 8 and 1 rows, so a few
+/// statements are prepared per connection).
+fn insert_rows(conn: &Conn<'_>, rows: &[AuditRecordRow]) -> crate::store::Result<()> {
+    let mut rest = rows;
+    while !rest.is_empty() {
+        let size = [32, 8, 1]
+            .into_iter()
+            .find(|n| *n <= rest.len())
+            .unwrap_or(1);
+        let (chunk, after) = rest.split_at(size);
+        let tuples: Vec<String> = (0..size)
+            .map(|i| {
+                let n = i * 17;
+                let marks: Vec<String> = (1..=17).map(|k| format!("?{}", n + k)).collect();
+                format!("({})", marks.join(", "))
+            })
+            .collect();
+        let sql = format!(
+            "INSERT INTO audit (id, at_ms, execution_id, event, session_id, thread_id, agent, \
+                 tool, args_redacted, decision, rule, policy_hash, reviewer, outcome, \
+                 duration_ms, prev_hash, hash) VALUES {}",
+            tuples.join(", ")
+        );
+        let mut values: Vec<&dyn crate::store::ToSql> = Vec::with_capacity(size * 17);
+        for row in chunk {
+            values.extend([
+                &row.id as &dyn crate::store::ToSql,
+                &row.at_ms,
+                &row.execution_id,
+                &row.event,
+                &row.session_id,
+                &row.thread_id,
+                &row.agent,
+                &row.tool,
+                &row.args_redacted,
+                &row.decision,
+                &row.rule,
+                &row.policy_hash,
+                &row.reviewer,
+                &row.outcome,
+                &row.duration_ms,
+                &row.prev_hash,
+                &row.hash,
+            ]);
+        }
+        cached_execute(conn, &sql, values)?;
+        rest = after;
+    }
+    Ok(())
 }
 
 /// Adds a redacted row to `audit_pending`; answers its number.

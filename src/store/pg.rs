@@ -31,6 +31,12 @@ pub(crate) struct PgStore {
     shown: String,
     pool: Mutex<PoolState>,
     freed: Condvar,
+    /// Taken while a step after a commit runs ([`Conn::after_postgres_commit`]): this
+    /// process's writers run their steps one at a time, so a step that waits finds its
+    /// work often done by the one before it (the audit chain's step chains every row
+    /// committed before it), and only one connection per process waits on a lock the
+    /// step takes in the database.
+    after_commit_turn: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -99,6 +105,7 @@ impl PgStore {
             shown,
             pool: Mutex::new(PoolState::default()),
             freed: Condvar::new(),
+            after_commit_turn: Mutex::new(()),
         };
         let mut client = store.open_client()?;
         super::migrations::apply_postgres(&mut client, &store.shown)?;
@@ -219,8 +226,11 @@ impl PgStore {
             Err(e) => Err(Attempt::from_sql(e)),
             Ok(value) => match tracing::trace_span!("pg.commit").in_scope(|| tx.commit()) {
                 Ok(()) => {
-                    for (key, step) in after_commit {
-                        run_after_commit(client, cache, key, step);
+                    if !after_commit.is_empty() {
+                        let _turn = lock(&self.after_commit_turn);
+                        for (key, step) in after_commit {
+                            run_after_commit(client, cache, key, step);
+                        }
                     }
                     Ok(value)
                 }

@@ -4,6 +4,7 @@
 -- stays empty here. Kept for the same schema in both dialects.
 CREATE TABLE audit_pending (
     seq           INTEGER PRIMARY KEY AUTOINCREMENT,
+    xact          INTEGER NOT NULL DEFAULT 0,
     at_ms         INTEGER NOT NULL,
     execution_id  TEXT,
     event         TEXT NOT NULL,

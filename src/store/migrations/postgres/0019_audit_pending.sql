@@ -3,10 +3,12 @@
 -- right after its commit they are chained into `audit` under the chain's lock, together
 -- with every row waiting then, oldest first, and taken out of here in that same
 -- transaction. Empty but for the moment between a commit and its chaining (or, after a
--- crash in that moment, until the next chaining). `seq` orders the rows of one
--- transaction, and of transactions one of which committed before the other began.
+-- crash in that moment, until the next chaining). Rows are chained in (xact, seq)
+-- order: a transaction's rows together, in the order it wrote them, and a transaction
+-- that began after another committed after it (its id was given out later).
 CREATE TABLE audit_pending (
     seq           BIGSERIAL PRIMARY KEY,
+    xact          BIGINT NOT NULL DEFAULT (pg_current_xact_id()::text::bigint),
     at_ms         BIGINT NOT NULL,
     execution_id  TEXT,
     event         TEXT NOT NULL,
