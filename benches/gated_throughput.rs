@@ -157,9 +157,6 @@ async fn run() {
     let stripe = tokio::task::spawn_blocking(LocalStripe::start)
         .await
         .expect("localstripe starts");
-    let db = shared.database.open();
-    store_secrets(&db, &shared, &world).await;
-
     let policy = world.root.path().join("gated.yaml");
     std::fs::write(&policy, POLICY).expect("write the policy");
     let agents = quiet_agents(&world.root.path().join("agents"));
@@ -180,6 +177,11 @@ async fn run() {
     for (i, id) in ids.iter().enumerate() {
         serves.push(serve_with(&world, &shared, (id, &format!("i{i}")), &options).await);
     }
+    // Opened after the instances migrated the database: a binary of an earlier schema
+    // (`THREADGATE_TEST_BIN`, the "before" of a comparison) refuses to start on a newer
+    // one, and a connector reads its key from the store at each call.
+    let db = shared.database.open();
+    store_secrets(&db, &shared, &world).await;
 
     let targets = open_sessions(&world, &shared, &db, &stripe, &serves, per_instance).await;
     println!(
