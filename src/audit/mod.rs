@@ -240,12 +240,18 @@ pub struct AuditFilter {
     pub limit: Option<usize>,
 }
 
-/// The Postgres advisory lock serialising audit appends ("tgaudit" in ASCII).
+/// The Postgres advisory lock serialising the chaining of audit rows ("tgaudit" in
+/// ASCII).
 const AUDIT_CHAIN_LOCK: i64 = 0x0074_6761_7564_6974;
+
+/// The most rows one chaining statement takes out of `audit_pending`.
+const CHAIN_BATCH: i64 = 1000;
 
 /// Appends `record` to the chain on `conn`, which must be inside the caller's write
 /// transaction (a [`crate::store::Db::write`] closure). Redacts every text field and the
-/// arguments with `redactor`. Returns the new row's id.
+/// arguments with `redactor`. Returns the new row's number: on SQLite its id in the
+/// chain; on Postgres its place in the queue chained right after the commit (see
+/// [`append_all`]), in the same order as the ids it gets.
 pub fn append(
     conn: &Conn<'_>,
     record: &AuditRecord,
@@ -254,10 +260,17 @@ pub fn append(
     append_all(conn, std::slice::from_ref(record), redactor)
 }
 
-/// Appends `records` to the chain in their order, as [`append`] does one: the chain's
-/// head is read once (under the lock on Postgres) and each row chained to the one
-/// before it, so a step of several rows costs one head read, not one per row. Returns
-/// the last row's id (0 when `records` is empty).
+/// Appends `records` to the chain in their order, as [`append`] does one. Returns the
+/// last row's number (0 when `records` is empty).
+///
+/// On SQLite, whose one writer runs one transaction at a time, the chain's head is read
+/// once and each row chained to the one before it. On Postgres, where the instances'
+/// writers run at once, the rows are added to `audit_pending` in the caller's
+/// transaction, with no lock and no read of the head (so they commit, or not, with the
+/// state change they record, and a concurrent writer never makes this transaction run
+/// again), and chained right after its commit, before the write resolves, by
+/// [`chain_pending`] in a transaction of its own: under the chain's lock, with a fresh
+/// view of the head, together with every row waiting then.
 pub fn append_all(
     conn: &Conn<'_>,
     records: &[AuditRecord],
@@ -267,9 +280,15 @@ pub fn append_all(
         return Ok(0);
     }
     if conn.dialect() == crate::store::Dialect::Postgres {
-        // INVARIANT: one appender at a time reads the head and adds the next rows, so
-        // several instances never fork the chain (SQLite's single writer does the same).
-        cached_execute(conn, "SELECT pg_advisory_xact_lock(?1)", [AUDIT_CHAIN_LOCK])?;
+        let mut last = 0;
+        for record in records {
+            last = insert_pending(conn, &redacted_row(record, redactor)?)?;
+        }
+        // One step per transaction whatever its appends: the last row is the newest.
+        conn.after_postgres_commit("audit.chain", move |c| {
+            chain_pending(c, Some(last)).map(|_| ())
+        });
+        return Ok(last);
     }
     let last: Option<(i64, Vec<u8>)> = cached_query_row(
         conn,
@@ -284,21 +303,225 @@ pub fn append_all(
     };
     for record in records {
         id += 1;
-        let row = chained_row(record, redactor, id, prev_hash)?;
+        let mut row = redacted_row(record, redactor)?;
+        link(&mut row, id, prev_hash);
         insert_row(conn, &row)?;
         prev_hash = row.hash;
     }
     Ok(id)
 }
 
-/// `record` as row `id` after a row whose hash is `prev_hash`: every text field and the
-/// arguments redacted, the row's hash computed.
-fn chained_row(
-    record: &AuditRecord,
-    redactor: &Redactor,
-    id: i64,
-    prev_hash: Vec<u8>,
-) -> crate::store::Result<AuditRecordRow> {
+/// Chains the rows waiting in `audit_pending` (Postgres) onto the audit chain, oldest
+/// first, and returns how many it chained. `conn` must be a READ COMMITTED transaction
+/// (a step after a commit, [`crate::store::Conn`]'s `after_postgres_commit`): every
+/// statement after the lock then sees the rows and the head the previous holder
+/// committed. With `mine` (a row's number), it does nothing when that row is chained
+/// already; otherwise it chains every row waiting, `mine` among them.
+///
+/// INVARIANT: one chainer at a time, across every instance, reads the head and adds
+/// the next rows (the advisory lock, held until commit), so the chain never forks; the
+/// rows it chains leave `audit_pending` in the same statement that reads them, so none
+/// is chained twice or skipped.
+pub(crate) fn chain_pending(conn: &Conn<'_>, mine: Option<i64>) -> crate::store::Result<usize> {
+    // Chained by another writer's step already: no lock taken.
+    if let Some(seq) = mine {
+        let waiting: i64 = cached_query_row(
+            conn,
+            "SELECT count(*) FROM audit_pending WHERE seq = ?1",
+            [seq],
+            |r| r.get(0),
+        )?;
+        if waiting == 0 {
+            return Ok(0);
+        }
+    }
+    // Under the lock, one statement takes the rows and reads the head, and one
+    // statement per chunk inserts them: few round trips while the lock is held.
+    cached_execute(conn, "SELECT pg_advisory_xact_lock(?1)", [AUDIT_CHAIN_LOCK])?;
+    let mut chained = 0;
+    loop {
+        let (mut rows, head) = take_pending(conn)?;
+        if rows.is_empty() {
+            break;
+        }
+        rows.sort_by_key(|(order, _)| *order);
+        let (mut id, mut prev_hash) = head.unwrap_or((0, chain::GENESIS.to_vec()));
+        let mut linked = Vec::with_capacity(rows.len());
+        for (_, mut row) in rows {
+            id += 1;
+            link(&mut row, id, prev_hash);
+            prev_hash = row.hash.clone();
+            linked.push(row);
+        }
+        insert_rows(conn, &linked)?;
+        chained += linked.len();
+        if i64::try_from(linked.len()).unwrap_or(i64::MAX) < CHAIN_BATCH {
+            break;
+        }
+    }
+    Ok(chained)
+}
+
+/// Rows still waiting to be chained (Postgres; always 0 on SQLite): what a crash between
+/// a commit and its chaining leaves until the next chaining.
+pub fn pending_count(conn: &Conn<'_>) -> crate::store::Result<i64> {
+    conn.query_row("SELECT count(*) FROM audit_pending", (), |r| r.get(0))
+}
+
+/// Chains every row waiting in `audit_pending` (Postgres; nothing to do on SQLite) and
+/// returns how many are still waiting after it: what `threadgate audit --verify` does
+/// first, so rows a crash left unchained are checked too.
+pub async fn chain_waiting(db: &crate::store::Db) -> Result<i64, crate::store::StoreError> {
+    db.write(|c| {
+        c.after_postgres_commit("audit.chain", |c| chain_pending(c, None).map(|_| ()));
+        Ok(())
+    })
+    .await?;
+    db.read(pending_count).await
+}
+
+/// Rows taken out of `audit_pending` with their order (transaction, number; in no
+/// particular order), and the chain's head (id and hash) when it has one.
+type Taken = (Vec<((i64, i64), AuditRecordRow)>, Option<(i64, Vec<u8>)>);
+
+/// Takes up to [`CHAIN_BATCH`] of the oldest waiting rows out of `audit_pending` (a
+/// transaction's rows together, in the order written) and reads the chain's head, in
+/// one statement.
+fn take_pending(conn: &Conn<'_>) -> crate::store::Result<Taken> {
+    let mut stmt = conn.prepare_cached(
+        "WITH taken AS ( \
+             DELETE FROM audit_pending WHERE seq IN \
+                 (SELECT seq FROM audit_pending ORDER BY xact, seq LIMIT ?1) \
+             RETURNING xact, seq, at_ms, execution_id, event, session_id, thread_id, agent, tool, \
+                 args_redacted, decision, rule, policy_hash, reviewer, outcome, duration_ms) \
+         SELECT taken.*, head.id, head.hash FROM taken \
+         LEFT JOIN (SELECT id, hash FROM audit ORDER BY id DESC LIMIT 1) head ON true",
+    )?;
+    let mut head = None;
+    let mut rows = Vec::new();
+    let mut found = stmt.query([CHAIN_BATCH])?;
+    while let Some(r) = found.next()? {
+        let id: Option<i64> = r.get(16)?;
+        let hash: Option<Vec<u8>> = r.get(17)?;
+        if let (Some(id), Some(hash)) = (id, hash) {
+            head = Some((id, hash));
+        }
+        rows.push((
+            (r.get(0)?, r.get(1)?),
+            AuditRecordRow {
+                id: 0,
+                at_ms: r.get(2)?,
+                execution_id: r.get(3)?,
+                event: r.get(4)?,
+                session_id: r.get(5)?,
+                thread_id: r.get(6)?,
+                agent: r.get(7)?,
+                tool: r.get(8)?,
+                args_redacted: r.get(9)?,
+                decision: r.get(10)?,
+                rule: r.get(11)?,
+                policy_hash: r.get(12)?,
+                reviewer: r.get(13)?,
+                outcome: r.get(14)?,
+                duration_ms: r.get(15)?,
+                prev_hash: Vec::new(),
+                hash: Vec::new(),
+            },
+        ));
+    }
+    Ok((rows, head))
+}
+
+/// Inserts chained rows, several per statement (chunks of 32, 8 and 1 rows, so a few
+/// statements are prepared per connection).
+fn insert_rows(conn: &Conn<'_>, rows: &[AuditRecordRow]) -> crate::store::Result<()> {
+    let mut rest = rows;
+    while !rest.is_empty() {
+        let size = [32, 8, 1]
+            .into_iter()
+            .find(|n| *n <= rest.len())
+            .unwrap_or(1);
+        let (chunk, after) = rest.split_at(size);
+        let tuples: Vec<String> = (0..size)
+            .map(|i| {
+                let n = i * 17;
+                let marks: Vec<String> = (1..=17).map(|k| format!("?{}", n + k)).collect();
+                format!("({})", marks.join(", "))
+            })
+            .collect();
+        let sql = format!(
+            "INSERT INTO audit (id, at_ms, execution_id, event, session_id, thread_id, agent, \
+                 tool, args_redacted, decision, rule, policy_hash, reviewer, outcome, \
+                 duration_ms, prev_hash, hash) VALUES {}",
+            tuples.join(", ")
+        );
+        let mut values: Vec<&dyn crate::store::ToSql> = Vec::with_capacity(size * 17);
+        for row in chunk {
+            values.extend([
+                &row.id as &dyn crate::store::ToSql,
+                &row.at_ms,
+                &row.execution_id,
+                &row.event,
+                &row.session_id,
+                &row.thread_id,
+                &row.agent,
+                &row.tool,
+                &row.args_redacted,
+                &row.decision,
+                &row.rule,
+                &row.policy_hash,
+                &row.reviewer,
+                &row.outcome,
+                &row.duration_ms,
+                &row.prev_hash,
+                &row.hash,
+            ]);
+        }
+        cached_execute(conn, &sql, values)?;
+        rest = after;
+    }
+    Ok(())
+}
+
+/// Adds a redacted row to `audit_pending`; answers its number.
+fn insert_pending(conn: &Conn<'_>, row: &AuditRecordRow) -> crate::store::Result<i64> {
+    cached_query_row(
+        conn,
+        "INSERT INTO audit_pending (at_ms, execution_id, event, session_id, thread_id, \
+             agent, tool, args_redacted, decision, rule, policy_hash, reviewer, outcome, \
+             duration_ms) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
+         RETURNING seq",
+        params![
+            row.at_ms,
+            row.execution_id,
+            row.event,
+            row.session_id,
+            row.thread_id,
+            row.agent,
+            row.tool,
+            row.args_redacted,
+            row.decision,
+            row.rule,
+            row.policy_hash,
+            row.reviewer,
+            row.outcome,
+            row.duration_ms,
+        ],
+        |r| r.get(0),
+    )
+}
+
+/// Makes `row` row `id` of the chain, after a row whose hash is `prev_hash`.
+fn link(row: &mut AuditRecordRow, id: i64, prev_hash: Vec<u8>) {
+    row.id = id;
+    row.prev_hash = prev_hash;
+    row.hash = chain::row_hash(row).to_vec();
+}
+
+/// `record` with every text field and the arguments redacted, not chained yet (no id,
+/// no hashes: [`link`] sets them).
+fn redacted_row(record: &AuditRecord, redactor: &Redactor) -> crate::store::Result<AuditRecordRow> {
     let text = |field: &Option<String>| field.as_deref().map(|t| redactor.redact(t).into_owned());
     let args_redacted = match &record.args {
         Some(args) => {
@@ -309,8 +532,8 @@ fn chained_row(
         }
         None => None,
     };
-    let mut row = AuditRecordRow {
-        id,
+    Ok(AuditRecordRow {
+        id: 0,
         at_ms: record.at_ms,
         execution_id: text(&record.execution_id),
         event: record.event.as_str().to_owned(),
@@ -325,11 +548,9 @@ fn chained_row(
         reviewer: text(&record.reviewer),
         outcome: text(&record.outcome),
         duration_ms: record.duration_ms,
-        prev_hash,
+        prev_hash: Vec::new(),
         hash: Vec::new(),
-    };
-    row.hash = chain::row_hash(&row).to_vec();
-    Ok(row)
+    })
 }
 
 fn insert_row(conn: &Conn<'_>, row: &AuditRecordRow) -> crate::store::Result<()> {
@@ -358,14 +579,7 @@ fn insert_row(conn: &Conn<'_>, row: &AuditRecordRow) -> crate::store::Result<()>
             row.prev_hash,
             row.hash,
         ],
-    )
-    .inspect_err(|e| {
-        // Under the lock a taken id means the snapshot predates another appender's
-        // commit: the whole transaction runs again on a fresh snapshot.
-        if e.is_unique_violation() {
-            conn.retry_later();
-        }
-    })?;
+    )?;
     Ok(())
 }
 

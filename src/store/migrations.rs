@@ -109,6 +109,11 @@ const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/0018_relay_addr.sql"),
         postgres: include_str!("migrations/postgres/0018_relay_addr.sql"),
     },
+    Migration {
+        name: "0019_audit_pending",
+        sql: include_str!("migrations/0019_audit_pending.sql"),
+        postgres: include_str!("migrations/postgres/0019_audit_pending.sql"),
+    },
 ];
 
 /// Applies every migration newer than the database's `user_version`, each in its own

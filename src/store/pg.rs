@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use postgres::{Client, IsolationLevel};
 
-use super::sql::{Conn, Result, SqlError, StatementCache};
+use super::sql::{AfterCommit, Conn, PgParts, Result, SqlError, StatementCache};
 use super::{StoreError, lock};
 
 /// How long a caller waits for a free connection before it is an error.
@@ -32,6 +32,12 @@ pub(crate) struct PgStore {
     shown: String,
     pool: Mutex<PoolState>,
     freed: Condvar,
+    /// Taken while a step after a commit runs ([`Conn::after_postgres_commit`]): this
+    /// process's writers run their steps one at a time, so a step that waits finds its
+    /// work often done by the one before it (the audit chain's step chains every row
+    /// committed before it), and only one connection per process waits on a lock the
+    /// step takes in the database.
+    after_commit_turn: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -100,6 +106,7 @@ impl PgStore {
             shown,
             pool: Mutex::new(PoolState::default()),
             freed: Condvar::new(),
+            after_commit_turn: Mutex::new(()),
         };
         let mut client = store.open_client()?;
         super::migrations::apply_postgres(&mut client, &store.shown)?;
@@ -218,13 +225,22 @@ impl PgStore {
         };
         let conn = Conn::postgres_autocommit(client, cache);
         let outcome = f(&conn);
+        let lost = conn.lost_race();
+        let after_commit = conn.take_after_commit();
+        drop(conn);
         match outcome {
-            _ if conn.lost_race() => Err(Attempt::Lost),
+            _ if lost => Err(Attempt::Lost),
             Err(e) => Err(Attempt::from_sql(e)),
             // The client read the server's answer up to ReadyForQuery, which follows the
             // implicit transaction's commit: an error at commit would have been `Err`.
             Ok(value) => {
                 super::counts::bump(super::counts::Event::Commit);
+                if !after_commit.is_empty() {
+                    let _turn = lock(&self.after_commit_turn);
+                    for (key, step) in after_commit {
+                        run_after_commit(client, cache, key, step);
+                    }
+                }
                 Ok(value)
             }
         }
@@ -244,7 +260,12 @@ impl PgStore {
             .map_err(|e| Attempt::from_sql(SqlError::Postgres(e)))?;
         let conn = Conn::postgres(tx, cache);
         let outcome = f(&conn);
-        let Some((tx, lost)) = conn.into_postgres() else {
+        let Some(PgParts {
+            tx,
+            lost,
+            after_commit,
+        }) = conn.into_postgres()
+        else {
             return Err(Attempt::Failed(StoreError::WriterGone));
         };
         match outcome {
@@ -256,6 +277,12 @@ impl PgStore {
             }) {
                 Ok(()) => {
                     super::counts::bump(super::counts::Event::Commit);
+                    if !after_commit.is_empty() {
+                        let _turn = lock(&self.after_commit_turn);
+                        for (key, step) in after_commit {
+                            run_after_commit(client, cache, key, step);
+                        }
+                    }
                     Ok(value)
                 }
                 Err(e) => {
@@ -328,11 +355,44 @@ impl PgStore {
             .map_err(|e| StoreError::Sql(SqlError::Postgres(e)))?;
         let conn = Conn::postgres(tx, cache);
         let value = f(&conn)?;
-        if let Some((tx, _)) = conn.into_postgres() {
+        if let Some(PgParts { tx, .. }) = conn.into_postgres() {
             tx.commit()
                 .map_err(|e| StoreError::Sql(SqlError::Postgres(e)))?;
         }
         Ok(value)
+    }
+}
+
+/// Runs a step registered with [`Conn::after_postgres_commit`] in a READ COMMITTED
+/// transaction of its own on `client`, and commits it. A failure is logged: the write
+/// before it has committed, and what the step leaves undone is left for a later one
+/// (the audit chain's step chains every row waiting).
+fn run_after_commit(
+    client: &mut Client,
+    cache: &RefCell<StatementCache>,
+    key: &'static str,
+    step: AfterCommit,
+) {
+    let _span = tracing::trace_span!("pg.after_commit", key).entered();
+    let tx = match client
+        .build_transaction()
+        .isolation_level(IsolationLevel::ReadCommitted)
+        .start()
+    {
+        Ok(tx) => tx,
+        Err(e) => {
+            tracing::warn!(step = key, error = %e, "cannot begin a step after a commit");
+            return;
+        }
+    };
+    let conn = Conn::postgres(tx, cache);
+    let done = step(&conn);
+    let Some(PgParts { tx, .. }) = conn.into_postgres() else {
+        return;
+    };
+    let done = done.and_then(|()| tx.commit().map_err(SqlError::Postgres));
+    if let Err(e) = done {
+        tracing::warn!(step = key, error = %e, "a step after a commit failed; a later one does its work");
     }
 }
 

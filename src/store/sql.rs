@@ -144,6 +144,9 @@ pub(crate) struct PgTx<'a> {
     pub(crate) retry: Cell<bool>,
     /// Statements sent so far (an autocommit connection sends at most one).
     pub(crate) sent: Cell<u32>,
+    /// What runs once this transaction has committed, by key
+    /// ([`Conn::after_postgres_commit`]).
+    pub(crate) after_commit: RefCell<Vec<(&'static str, AfterCommit)>>,
 }
 
 /// What a Postgres [`Conn`]'s statements run in.
@@ -191,6 +194,18 @@ impl PgSession<'_> {
             PgSession::Autocommit(client) => client.prepare(sql),
         }
     }
+}
+
+/// A step run once a Postgres write transaction has committed, in a READ COMMITTED
+/// transaction of its own on the same connection ([`Conn::after_postgres_commit`]).
+pub(crate) type AfterCommit = Box<dyn FnOnce(&Conn<'_>) -> Result<()>>;
+
+/// A Postgres [`Conn`] taken apart once its closure is done.
+pub(crate) struct PgParts<'a> {
+    pub(crate) tx: postgres::Transaction<'a>,
+    /// A statement lost a race: run the transaction again.
+    pub(crate) lost: bool,
+    pub(crate) after_commit: Vec<(&'static str, AfterCommit)>,
 }
 
 /// Statements prepared on one Postgres connection, by their `?N` text.
@@ -245,15 +260,21 @@ impl<'a> Conn<'a> {
             cache,
             retry: Cell::new(false),
             sent: Cell::new(0),
+            after_commit: RefCell::default(),
         }))
     }
 
-    /// The Postgres transaction back, to commit it, and whether it lost a race (`None`
-    /// on SQLite or an autocommit connection).
-    pub(crate) fn into_postgres(self) -> Option<(postgres::Transaction<'a>, bool)> {
+    /// The Postgres transaction back, to commit it, whether it lost a race, and the
+    /// steps to run once it has committed (`None` on SQLite or an autocommit
+    /// connection).
+    pub(crate) fn into_postgres(self) -> Option<PgParts<'a>> {
         match self.0 {
             ConnInner::Postgres(pg) => match pg.tx.into_inner() {
-                PgSession::Transaction(tx) => Some((tx, pg.retry.get())),
+                PgSession::Transaction(tx) => Some(PgParts {
+                    tx,
+                    lost: pg.retry.get(),
+                    after_commit: pg.after_commit.into_inner(),
+                }),
                 PgSession::Autocommit(_) => None,
             },
             ConnInner::Sqlite(_) => None,
@@ -265,6 +286,36 @@ impl<'a> Conn<'a> {
         match &self.0 {
             ConnInner::Postgres(pg) => pg.retry.get(),
             ConnInner::Sqlite(_) => false,
+        }
+    }
+
+    /// The steps registered with [`Conn::after_postgres_commit`] on an autocommit
+    /// connection, to run once its one statement has committed.
+    pub(crate) fn take_after_commit(&self) -> Vec<(&'static str, AfterCommit)> {
+        match &self.0 {
+            ConnInner::Postgres(pg) => pg.after_commit.take(),
+            ConnInner::Sqlite(_) => Vec::new(),
+        }
+    }
+
+    /// On Postgres, runs `step` once this write transaction has committed, in a READ
+    /// COMMITTED transaction of its own on the same connection, before the write
+    /// resolves: each of its statements sees every transaction committed before it
+    /// began (a lock it takes first is followed by a fresh view, which a SERIALIZABLE
+    /// snapshot taken earlier cannot give). A later step with the same `key` replaces
+    /// an earlier one (it must do what both would). A step that fails is logged, never
+    /// the write's error: the write has committed. Not run when the transaction does
+    /// not commit; nothing on SQLite (its single writer never needs one), where
+    /// `step` is dropped.
+    pub(crate) fn after_postgres_commit(
+        &self,
+        key: &'static str,
+        step: impl FnOnce(&Conn<'_>) -> Result<()> + 'static,
+    ) {
+        if let ConnInner::Postgres(pg) = &self.0 {
+            let mut steps = pg.after_commit.borrow_mut();
+            steps.retain(|(k, _)| *k != key);
+            steps.push((key, Box::new(step)));
         }
     }
 

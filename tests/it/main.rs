@@ -20,6 +20,7 @@ pub mod support;
 mod agent_e2e;
 mod agents_lint;
 mod audit_log;
+mod audit_pg;
 mod call_counts;
 mod connectors_github;
 mod connectors_helpdesk;

@@ -104,6 +104,8 @@ pub struct InstanceOptions {
     pub agents_dir: Option<PathBuf>,
     /// More config appended to the file (further tables, such as `[stripe]`).
     pub extra: String,
+    /// The policy file (the repository's `policies/support.yaml` when `None`).
+    pub policy_file: Option<PathBuf>,
 }
 
 impl Default for InstanceOptions {
@@ -113,6 +115,7 @@ impl Default for InstanceOptions {
             memory_bytes: 192 << 20,
             agents_dir: None,
             extra: String::new(),
+            policy_file: None,
         }
     }
 }
@@ -176,7 +179,10 @@ pub fn write_config_with(
         data = q(&dir.join("data")),
         db = shared.database.top_level_line(),
         store = shared.database.store_table(),
-        policy = q(&crate_dir.join("policies/support.yaml")),
+        policy = q(options
+            .policy_file
+            .as_deref()
+            .unwrap_or(&crate_dir.join("policies/support.yaml"))),
         agents = q(options
             .agents_dir
             .as_deref()
@@ -214,9 +220,13 @@ pub fn quiet_agents(dir: &Path) -> PathBuf {
     dir.to_owned()
 }
 
-/// The `threadgate` binary: named by Cargo to integration tests; benches and examples,
-/// which mount this file too, find it beside their own `deps` directory.
+/// The `threadgate` binary: `THREADGATE_TEST_BIN` when set (a bench comparing two
+/// builds), else the one Cargo names to integration tests; benches and examples, which
+/// mount this file too, find it beside their own `deps` directory.
 pub fn threadgate_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("THREADGATE_TEST_BIN") {
+        return PathBuf::from(bin);
+    }
     match option_env!("CARGO_BIN_EXE_threadgate") {
         Some(bin) => PathBuf::from(bin),
         None => {

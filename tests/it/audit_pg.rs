@@ -1,0 +1,225 @@
+//! The audit chain on Postgres with several instances writing at once (issue 19): a
+//! write adds its rows to `audit_pending` inside its transaction and they are chained
+//! right after its commit, under the chain's lock, with every row waiting then. Each test
+//! makes a fresh database on the server `THREADGATE_TEST_DATABASE_URL` names and opens
+//! three `Db` handles on it, three pools as three instances would have; without the
+//! variable each test says so and passes.
+//!
+//! - audited writes of three instances at once (each with a state change) make one
+//!   chain that verifies, with nothing left waiting once every write has resolved, each
+//!   write's rows together and in order, and every state change's rows present;
+//! - a write that fails or rolls back leaves no audit row, waiting or chained;
+//! - rows a crash left waiting (committed, never chained) are chained by the next
+//!   write, before its own, and by `audit::chain_waiting` (what `audit --verify` runs
+//!   first).
+
+use std::collections::BTreeMap;
+
+use threadgate::audit::{self, AuditEvent, AuditFilter, AuditRecord};
+use threadgate::secrets::Redactor;
+use threadgate::store::testing::TestDb;
+use threadgate::store::{Db, SqlError};
+
+/// A fresh database and three handles on it, or `None` (said on stderr) without a
+/// server.
+fn three_instances(test: &str) -> Option<(TestDb, [Db; 3])> {
+    let Some(db) = TestDb::postgres_from_env() else {
+        eprintln!("{test}: THREADGATE_TEST_DATABASE_URL is not set: skipped");
+        return None;
+    };
+    let handles = [
+        db.open().expect("first instance"),
+        db.open().expect("second instance"),
+        db.open().expect("third instance"),
+    ];
+    Some((db, handles))
+}
+
+fn step(execution: &str, event: AuditEvent) -> AuditRecord {
+    AuditRecord {
+        execution_id: Some(execution.to_owned()),
+        ..AuditRecord::new(event)
+    }
+}
+
+/// The rows of one write: 1 to 3 steps of its execution.
+fn steps(i: usize) -> Vec<AuditRecord> {
+    let events = [AuditEvent::Requested, AuditEvent::Decided, AuditEvent::Ran];
+    events
+        .into_iter()
+        .take(1 + i % 3)
+        .map(|e| step(&format!("ex_{i}"), e))
+        .collect()
+}
+
+async fn pending(db: &Db) -> i64 {
+    db.read(audit::pending_count)
+        .await
+        .expect("count the rows waiting")
+}
+
+async fn verified(db: &Db) -> usize {
+    db.read(|c| Ok(audit::verify(c)))
+        .await
+        .expect("read")
+        .expect("the chain verifies")
+}
+
+/// (id, execution, event) of every chained row, oldest first.
+async fn chained(db: &Db) -> Vec<(i64, String, String)> {
+    let mut rows: Vec<_> = db
+        .read(|c| audit::query(c, &AuditFilter::default()))
+        .await
+        .expect("rows")
+        .into_iter()
+        .map(|r| (r.id, r.execution_id.unwrap_or_default(), r.event))
+        .collect();
+    rows.sort();
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn audited_writes_of_three_instances_at_once_make_one_chain() {
+    let Some((_db, handles)) = three_instances("audit chain of three instances") else {
+        return;
+    };
+    const WRITES: usize = 90;
+    let mut tasks = Vec::new();
+    for i in 0..WRITES {
+        let db = handles[i % 3].clone();
+        tasks.push(tokio::spawn(async move {
+            db.write(move |c| {
+                // The state change the rows record, in the same transaction.
+                c.execute(
+                    "INSERT INTO meta (key, value) VALUES (?1, 'x')",
+                    [format!("write-{i}")],
+                )?;
+                audit::append_all(c, &steps(i), &Redactor::empty())
+            })
+            .await
+            .expect("append")
+        }));
+    }
+    for task in tasks {
+        task.await.expect("join");
+    }
+    let total: usize = (0..WRITES).map(|i| steps(i).len()).sum();
+    for db in &handles {
+        assert_eq!(
+            pending(db).await,
+            0,
+            "nothing waits once every write resolved"
+        );
+    }
+    assert_eq!(verified(&handles[2]).await, total);
+    let rows = chained(&handles[1]).await;
+    assert_eq!(rows.len(), total);
+    let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    assert_eq!(
+        ids,
+        (1..=i64::try_from(total).expect("small")).collect::<Vec<_>>()
+    );
+    // Each write's rows together and in the order written.
+    let mut by_write: BTreeMap<&str, Vec<(i64, &str)>> = BTreeMap::new();
+    for (id, execution, event) in &rows {
+        by_write
+            .entry(execution.as_str())
+            .or_default()
+            .push((*id, event.as_str()));
+    }
+    assert_eq!(by_write.len(), WRITES, "every write's rows are chained");
+    for (execution, written) in by_write {
+        let first = written[0].0;
+        let expected: Vec<(i64, &str)> = ["requested", "decided", "ran"]
+            .into_iter()
+            .take(written.len())
+            .enumerate()
+            .map(|(k, e)| (first + i64::try_from(k).expect("small"), e))
+            .collect();
+        assert_eq!(
+            written, expected,
+            "{execution}: its rows together, in order"
+        );
+    }
+    let states: i64 = handles[0]
+        .read(|c| {
+            c.query_row(
+                "SELECT count(*) FROM meta WHERE key LIKE 'write-%'",
+                (),
+                |r| r.get(0),
+            )
+        })
+        .await
+        .expect("count");
+    assert_eq!(states, i64::try_from(WRITES).expect("small"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_does_not_commit_leaves_no_audit_row() {
+    let Some((_db, [a, b, _])) = three_instances("audit of a failed write") else {
+        return;
+    };
+    let failed = a
+        .write(|c| {
+            audit::append(
+                c,
+                &step("ex_failed", AuditEvent::Requested),
+                &Redactor::empty(),
+            )?;
+            Err::<(), _>(SqlError::other(std::io::Error::other(
+                "the state change fails",
+            )))
+        })
+        .await;
+    assert!(failed.is_err());
+    b.write(|c| audit::append(c, &step("ex_ok", AuditEvent::Requested), &Redactor::empty()))
+        .await
+        .expect("append");
+    assert_eq!(pending(&a).await, 0);
+    assert_eq!(verified(&a).await, 1);
+    let rows = chained(&b).await;
+    assert_eq!(rows, vec![(1, "ex_ok".to_owned(), "requested".to_owned())]);
+}
+
+/// What a crash between a write's commit and its chaining leaves: committed rows in
+/// `audit_pending`, never chained.
+async fn left_by_a_crash(db: &Db, execution: &'static str, n: usize) {
+    db.write(move |c| {
+        for _ in 0..n {
+            c.execute(
+                "INSERT INTO audit_pending (at_ms, execution_id, event) VALUES (1, ?1, 'ran')",
+                [execution],
+            )?;
+        }
+        Ok(())
+    })
+    .await
+    .expect("rows left waiting");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_a_crash_left_waiting_are_chained_by_the_next_write_before_its_own() {
+    let Some((_db, [a, b, c])) = three_instances("audit rows left waiting") else {
+        return;
+    };
+    a.write(|c| audit::append(c, &step("ex_1", AuditEvent::Requested), &Redactor::empty()))
+        .await
+        .expect("append");
+    left_by_a_crash(&b, "ex_crashed", 2).await;
+    assert_eq!(pending(&c).await, 2);
+    c.write(|c| audit::append(c, &step("ex_2", AuditEvent::Requested), &Redactor::empty()))
+        .await
+        .expect("append");
+    assert_eq!(pending(&a).await, 0);
+    assert_eq!(verified(&b).await, 4);
+    let executions: Vec<String> = chained(&a).await.into_iter().map(|r| r.1).collect();
+    assert_eq!(executions, ["ex_1", "ex_crashed", "ex_crashed", "ex_2"]);
+
+    // `audit --verify` chains what waits first.
+    left_by_a_crash(&c, "ex_crashed_again", 3).await;
+    let waiting = audit::chain_waiting(&b)
+        .await
+        .expect("chain the waiting rows");
+    assert_eq!(waiting, 0);
+    assert_eq!(verified(&c).await, 7);
+}
