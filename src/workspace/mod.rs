@@ -51,6 +51,7 @@ mod changes;
 mod commit;
 mod error;
 mod handoff;
+mod mirror;
 mod names;
 mod pod;
 mod prepare;
