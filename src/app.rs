@@ -320,19 +320,14 @@ fn readiness(settings: &Settings, base: &Foundation, gate: &Arc<Gate>) -> crate:
 }
 
 /// Records in the instance registry where the other instances send a relay whose
-/// session runs here: `[relay] advertise`, else the bound relay address unless it is
-/// unspecified; none (no relay listener, or `0.0.0.0` without `advertise`) clears it.
+/// session runs here: `[relay] advertise` (with the bound port when it names none), else
+/// the bound relay address unless it is unspecified; none (no relay listener, or `0.0.0.0` without `advertise`) clears it.
 async fn advertise_relay(
     settings: &Settings,
     base: &Foundation,
     bound: Option<SocketAddr>,
 ) -> anyhow::Result<()> {
-    let advertised = bound.and_then(|bound| {
-        settings
-            .relay
-            .advertise
-            .or((!bound.ip().is_unspecified()).then_some(bound))
-    });
+    let advertised = bound.and_then(|bound| settings.relay.advertised(bound));
     let (id, nonce) = (base.instance_id.clone(), base.boot_nonce.clone());
     let text = advertised.map(|a| a.to_string());
     base.db
@@ -653,8 +648,8 @@ impl Application {
         let sockets = session_sockets(&settings, &base, &gate, model, handle.clone(), &tasks);
         let pod_workspaces = Arc::new(crate::relay::PodWorkspaces::new(
             base.workspaces.clone(),
-            crate::workspace::BundleLimits::default(),
-            crate::relay::pod_workspace::PULL_WAIT,
+            settings.relay.workspace.limits(),
+            settings.relay.workspace.pull_timeout,
         ));
         let mut parts = supervisor_parts(&settings, &base, &gate, sockets.clone(), &tasks);
         // Only sessions whose relay asked for their workspace are pulled from a pod; with

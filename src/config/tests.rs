@@ -304,6 +304,31 @@ fn a_wrong_value_names_the_key_and_its_source() {
             "t.toml:2: store.pool_size: pool_size must be at least 1",
         ),
         (
+            Some("[relay.workspace]\nmax_objects = 0\n"),
+            &[],
+            "t.toml:2: relay.workspace.max_objects: must be at least 1",
+        ),
+        (
+            Some("[relay.workspace]\nmax_bytes = 10\n"),
+            &[],
+            "t.toml:2: relay.workspace.max_bytes: must be at least 1024",
+        ),
+        (
+            None,
+            &[("THREADGATE_RELAY__WORKSPACE__SYNC_EVERY", "200ms")],
+            "relay.workspace.sync_every: must be 0s (off) or at least 1s",
+        ),
+        (
+            None,
+            &[("THREADGATE_RELAY__WORKSPACE__MAX_TIME", "0s")],
+            "relay.workspace.max_time: must be at least 1s",
+        ),
+        (
+            Some("[relay]\nadvertise = \"gateway.internal:8443\"\n"),
+            &[],
+            "t.toml:2: relay.advertise:",
+        ),
+        (
             Some("[github]\non_done = \"merge\"\n"),
             &[],
             "t.toml:2: github.on_done: must be one of draft, ready, close",

@@ -548,3 +548,58 @@ fn a_pull_writes_only_what_changed() {
     assert_eq!(files["swap"], (0o100644, b"a file again\n".to_vec()));
     assert!(!files.contains_key("notes/a.md") && files.contains_key("notes/b.md"));
 }
+
+/// `[relay.workspace]` caps lowered in the settings refuse a bundle the defaults take,
+/// and the refusal changes nothing; `sync_every = "0s"` turns the sync off.
+#[test]
+fn a_cap_lowered_in_the_settings_refuses_a_bundle_and_changes_nothing() {
+    let s = setup();
+    s.handed_out();
+    for i in 0..4 {
+        std::fs::write(s.pod.work_dir.join(format!("f{i}.txt")), format!("{i}\n")).unwrap();
+    }
+    let sent = s.pod.bundle_changes(CommitLimits::default()).unwrap();
+    let vars = [
+        ("THREADGATE_RELAY__WORKSPACE__MAX_ENTRIES", "4"),
+        ("THREADGATE_RELAY__WORKSPACE__SYNC_EVERY", "0s"),
+    ]
+    .map(|(k, v)| (k.into(), v.into()));
+    let settings = crate::config::Settings::load_with_env(None, vars).unwrap();
+    assert_eq!(settings.relay.workspace.sync_period(), None);
+    let limits = settings.relay.workspace.limits();
+    assert_eq!(limits.max_entries, 4);
+    assert_eq!(
+        BundleLimits {
+            max_entries: BundleLimits::default().max_entries,
+            ..limits
+        },
+        BundleLimits::default(),
+        "the other caps keep their defaults"
+    );
+    refused(
+        &s,
+        &sent,
+        &limits,
+        |e| matches!(e, BundleError::TreeTooLarge { cap } if cap == "4 entries"),
+    );
+    let bytes = crate::config::Settings::load_with_env(
+        None,
+        [(
+            "THREADGATE_RELAY__WORKSPACE__MAX_BYTES".into(),
+            "1024".into(),
+        )],
+    )
+    .unwrap()
+    .relay
+    .workspace
+    .limits();
+    let mut large = sent.clone();
+    large.resize(2048, 0);
+    refused(&s, &large, &bytes, |e| {
+        matches!(e, BundleError::TooLarge { limit: 1024 })
+    });
+    // The defaults take it.
+    s.workspaces
+        .receive(&s.thread, &sent, &BundleLimits::default())
+        .unwrap();
+}
