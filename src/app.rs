@@ -340,6 +340,25 @@ async fn advertise_relay(
     Ok(())
 }
 
+/// On Kubernetes, the relay listener's certificate must verify, against the CA the pods
+/// are given, for the host of the URL they dial (which they keep checking when sent to
+/// another replica): refused at start, naming the keys, rather than by every relay.
+fn check_relay_certificate(settings: &Settings) -> anyhow::Result<()> {
+    let k8s = &settings.sandbox.kubernetes;
+    if settings.sandbox.backend != crate::sandbox::k8s::Backend::Kubernetes
+        || settings.relay.listen.is_none()
+    {
+        return Ok(());
+    }
+    // A missing file is refused where it is read, naming its key.
+    let (Some(cert_file), Some(ca_file)) = (&settings.relay.cert_file, &k8s.ca_file) else {
+        return Ok(());
+    };
+    let host = crate::relay::client::gateway_host(&k8s.gateway_url)
+        .map_err(|e| anyhow::anyhow!("sandbox.kubernetes.gateway_url: {e}"))?;
+    crate::relay::tls::check_names(cert_file, ca_file, &host)
+}
+
 /// Binds the metrics listener and serves `GET /metrics` on it in the background.
 async fn serve_metrics(
     at: SocketAddr,
@@ -650,6 +669,7 @@ impl Application {
             base.workspaces.clone(),
             settings.relay.workspace.limits(),
             settings.relay.workspace.pull_timeout,
+            settings.relay.workspace.sync_period(),
         ));
         let mut parts = supervisor_parts(&settings, &base, &gate, sockets.clone(), &tasks);
         // Only sessions whose relay asked for their workspace are pulled from a pod; with
@@ -685,6 +705,7 @@ impl Application {
             Some(at) => Some(serve_metrics(at, &base.db, &base.clock, limits, &tasks).await?),
             None => None,
         };
+        check_relay_certificate(&settings)?;
         let relay_addr = crate::relay::start(
             &settings.relay,
             RelayParts {
