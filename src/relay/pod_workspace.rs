@@ -523,4 +523,107 @@ mod tests {
         let e = pulling.await.unwrap().unwrap_err().to_string();
         assert!(e.contains("larger than 1024 bytes"), "{e}");
     }
+
+    /// A sync asks for the pod's work `if_changed` only once this gateway took a bundle
+    /// of the session; such a request may be answered `unchanged` (nothing written),
+    /// a checkpoint's may not.
+    #[tokio::test]
+    async fn a_sync_may_be_answered_unchanged_once_a_bundle_was_taken() {
+        let s = setup(Duration::from_secs(30));
+        let (_, handed) = send(&s.router, "GET", WORKSPACE_PATH, Vec::new()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let pod = crate::workspace::PodWorkspace {
+            work_dir: dir.path().join("work"),
+            git_dir: dir.path().join("git"),
+        };
+        pod.receive_base(&handed, &BundleLimits::default()).unwrap();
+        std::fs::write(pod.work_dir.join("FINDINGS.md"), "found\n").unwrap();
+
+        // The first sync: a full request, answered with a bundle.
+        let pods = s.pods.clone();
+        let session = s.session.clone();
+        let syncing = tokio::spawn(async move { pods.sync(&session).await });
+        let (_, wanted) = send(
+            &s.router,
+            "GET",
+            &format!("{WANTED_PATH}?after=0"),
+            Vec::new(),
+        )
+        .await;
+        let wanted: Wanted = serde_json::from_slice(&wanted).unwrap();
+        assert_eq!((wanted.seq, wanted.if_changed), (1, false));
+        let (status, _) = send(
+            &s.router,
+            "PUT",
+            "/relay/v1/workspace?seq=1&unchanged=true",
+            Vec::new(),
+        )
+        .await;
+        assert_eq!(status, 409, "a full request takes no 'unchanged'");
+        let bundle = pod.bundle_changes(CommitLimits::default()).unwrap();
+        let (status, _) = send(&s.router, "PUT", "/relay/v1/workspace?seq=1", bundle).await;
+        assert_eq!(status, 200);
+        assert!(syncing.await.unwrap().unwrap());
+
+        // The next sync may be answered unchanged; the worktree stays as it is.
+        let worktree = s._dir.path().join("worktrees/th_1");
+        std::fs::write(worktree.join("FINDINGS.md"), "kept\n").unwrap();
+        let pods = s.pods.clone();
+        let session = s.session.clone();
+        let syncing = tokio::spawn(async move { pods.sync(&session).await });
+        let (_, wanted) = send(
+            &s.router,
+            "GET",
+            &format!("{WANTED_PATH}?after=1"),
+            Vec::new(),
+        )
+        .await;
+        let wanted: Wanted = serde_json::from_slice(&wanted).unwrap();
+        assert_eq!((wanted.seq, wanted.if_changed), (2, true));
+        let (status, answer) = send(
+            &s.router,
+            "PUT",
+            "/relay/v1/workspace?seq=2&unchanged=true",
+            Vec::new(),
+        )
+        .await;
+        assert_eq!(status, 200);
+        let answer: Taken = serde_json::from_slice(&answer).unwrap();
+        assert_eq!(answer.outcome, "unchanged");
+        assert!(syncing.await.unwrap().unwrap());
+        assert_eq!(
+            std::fs::read(worktree.join("FINDINGS.md")).unwrap(),
+            b"kept\n"
+        );
+
+        // A checkpoint's pull is never answered so.
+        let pods = s.pods.clone();
+        let session = s.session.clone();
+        let pulling = tokio::spawn(async move { pods.pull(&session).await });
+        let (_, wanted) = send(
+            &s.router,
+            "GET",
+            &format!("{WANTED_PATH}?after=2"),
+            Vec::new(),
+        )
+        .await;
+        let wanted: Wanted = serde_json::from_slice(&wanted).unwrap();
+        assert_eq!((wanted.seq, wanted.if_changed), (3, false));
+        let (status, _) = send(
+            &s.router,
+            "PUT",
+            "/relay/v1/workspace?seq=3&unchanged=true",
+            Vec::new(),
+        )
+        .await;
+        assert_eq!(status, 409);
+        let bundle = pod.bundle_changes(CommitLimits::default()).unwrap();
+        let (status, _) = send(&s.router, "PUT", "/relay/v1/workspace?seq=3", bundle).await;
+        assert_eq!(status, 200);
+        assert!(pulling.await.unwrap().unwrap());
+        assert_eq!(
+            std::fs::read(worktree.join("FINDINGS.md")).unwrap(),
+            b"found\n"
+        );
+    }
 }
