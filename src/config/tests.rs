@@ -667,3 +667,19 @@ fn the_store_url_is_read_from_the_file_or_the_environment_and_never_printed_whol
         );
     }
 }
+
+/// The Deployment's `THREADGATE_RELAY__ADVERTISE=$(POD_IP)`: a bare IPv4 or IPv6
+/// address, written out with the listener's port (and brackets).
+#[test]
+fn a_bare_pod_ip_is_advertised_with_the_listeners_port() {
+    for (pod_ip, advertised) in [("fd00::1", "[fd00::1]:8443"), ("10.0.3.7", "10.0.3.7:8443")] {
+        let s = load(
+            Some("[relay]\nlisten = \"0.0.0.0:8443\"\n"),
+            &[("THREADGATE_RELAY__ADVERTISE", pod_ip)],
+        )
+        .unwrap_or_else(|e| panic!("{pod_ip}: {e}"));
+        let bound = s.relay.listen.expect("listen");
+        let addr = s.relay.advertised(bound).expect("advertised");
+        assert_eq!(addr.to_string(), advertised);
+    }
+}
