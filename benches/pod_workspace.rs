@@ -1,10 +1,11 @@
 //! A workspace carried into a pod and back as git bundles, on a repository of 2,000
 //! files (1 KiB to 8 KiB, 8.6 MiB in all, 20 directories): the gateway's hand-out, the
 //! pod writing it, the pod packing its work (one file changed, one added) and the
-//! gateway receiving it (quarantine, checks, the worktree rewritten), and beside the
-//! last, the commit of that worktree that follows it at a checkpoint (as on Docker).
+//! gateway receiving it (quarantine, checks, then the worktree updated: side by side,
+//! every file written again as each pull once did, and only what differs), and beside
+//! the last, the commit of that worktree that follows it at a checkpoint (as on Docker).
 //!
-//! `cargo bench --bench pod_workspace`.
+//! `cargo bench --bench pod_workspace` (`--profile dev` for a debug build's figures).
 
 #![expect(
     clippy::expect_used,
@@ -68,6 +69,8 @@ fn round_trip(c: &mut Criterion) {
     };
     let handed = workspaces.hand_out(&thread).expect("hand out");
     println!("hand-out bundle: {} bytes", handed.len());
+    // Written once here too, so the later functions run when this one is filtered out.
+    pod.receive_base(&handed, &limits).expect("receive base");
 
     let mut group = c.benchmark_group("pod_workspace");
     group.sample_size(10);
@@ -87,6 +90,21 @@ fn round_trip(c: &mut Criterion) {
     });
     let sent = pod.bundle_changes(CommitLimits::default()).expect("bundle");
     println!("pod bundle: {} bytes", sent.len());
+    let worktree = dir.path().join("worktrees/th_bench");
+    workspaces
+        .receive(&thread, &sent, &limits)
+        .expect("receive");
+    // Side by side: every file written again (what each pull did before it compared
+    // the worktree with the tree: the worktree emptied, then the tree written), and
+    // only what differs (the worktree already shows the last pull).
+    group.bench_function("gateway_receive_rewrite_all", |b| {
+        b.iter(|| {
+            empty(&worktree);
+            workspaces
+                .receive(&thread, &sent, &limits)
+                .expect("receive")
+        });
+    });
     group.bench_function("gateway_receive", |b| {
         b.iter(|| {
             workspaces
@@ -98,6 +116,18 @@ fn round_trip(c: &mut Criterion) {
         b.iter(|| workspaces.commit(&thread, &[]).expect("commit"));
     });
     group.finish();
+}
+
+/// Removes everything inside `dir`, keeping `dir`.
+fn empty(dir: &Path) {
+    for entry in std::fs::read_dir(dir).expect("read") {
+        let path = entry.expect("entry").path();
+        if std::fs::symlink_metadata(&path).expect("meta").is_dir() {
+            std::fs::remove_dir_all(&path).expect("remove");
+        } else {
+            std::fs::remove_file(&path).expect("remove");
+        }
+    }
 }
 
 criterion_group!(benches, round_trip);

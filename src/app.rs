@@ -320,19 +320,14 @@ fn readiness(settings: &Settings, base: &Foundation, gate: &Arc<Gate>) -> crate:
 }
 
 /// Records in the instance registry where the other instances send a relay whose
-/// session runs here: `[relay] advertise`, else the bound relay address unless it is
-/// unspecified; none (no relay listener, or `0.0.0.0` without `advertise`) clears it.
+/// session runs here: `[relay] advertise` (with the bound port when it names none), else
+/// the bound relay address unless it is unspecified; none (no relay listener, or `0.0.0.0` without `advertise`) clears it.
 async fn advertise_relay(
     settings: &Settings,
     base: &Foundation,
     bound: Option<SocketAddr>,
 ) -> anyhow::Result<()> {
-    let advertised = bound.and_then(|bound| {
-        settings
-            .relay
-            .advertise
-            .or((!bound.ip().is_unspecified()).then_some(bound))
-    });
+    let advertised = bound.and_then(|bound| settings.relay.advertised(bound));
     let (id, nonce) = (base.instance_id.clone(), base.boot_nonce.clone());
     let text = advertised.map(|a| a.to_string());
     base.db
@@ -343,6 +338,25 @@ async fn advertise_relay(
         tracing::info!(%addr, "relay address advertised to the other instances");
     }
     Ok(())
+}
+
+/// On Kubernetes, the relay listener's certificate must verify, against the CA the pods
+/// are given, for the host of the URL they dial (which they keep checking when sent to
+/// another replica): refused at start, naming the keys, rather than by every relay.
+fn check_relay_certificate(settings: &Settings) -> anyhow::Result<()> {
+    let k8s = &settings.sandbox.kubernetes;
+    if settings.sandbox.backend != crate::sandbox::k8s::Backend::Kubernetes
+        || settings.relay.listen.is_none()
+    {
+        return Ok(());
+    }
+    // A missing file is refused where it is read, naming its key.
+    let (Some(cert_file), Some(ca_file)) = (&settings.relay.cert_file, &k8s.ca_file) else {
+        return Ok(());
+    };
+    let host = crate::relay::client::gateway_host(&k8s.gateway_url)
+        .map_err(|e| anyhow::anyhow!("sandbox.kubernetes.gateway_url: {e}"))?;
+    crate::relay::tls::check_names(cert_file, ca_file, &host)
 }
 
 /// Binds the metrics listener and serves `GET /metrics` on it in the background.
@@ -654,8 +668,9 @@ impl Application {
         let sockets = session_sockets(&settings, &base, &gate, model, handle.clone(), &tasks);
         let pod_workspaces = Arc::new(crate::relay::PodWorkspaces::new(
             base.workspaces.clone(),
-            crate::workspace::BundleLimits::default(),
-            crate::relay::pod_workspace::PULL_WAIT,
+            settings.relay.workspace.limits(),
+            settings.relay.workspace.pull_timeout,
+            settings.relay.workspace.sync_period(),
         ));
         let mut parts = supervisor_parts(&settings, &base, &gate, sockets.clone(), &tasks);
         // Only sessions whose relay asked for their workspace are pulled from a pod; with
@@ -691,6 +706,7 @@ impl Application {
             Some(at) => Some(serve_metrics(at, &base.db, &base.clock, limits, &tasks).await?),
             None => None,
         };
+        check_relay_certificate(&settings)?;
         let relay_addr = crate::relay::start(
             &settings.relay,
             RelayParts {

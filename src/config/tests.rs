@@ -304,6 +304,31 @@ fn a_wrong_value_names_the_key_and_its_source() {
             "t.toml:2: store.pool_size: pool_size must be at least 1",
         ),
         (
+            Some("[relay.workspace]\nmax_objects = 0\n"),
+            &[],
+            "t.toml:2: relay.workspace.max_objects: must be at least 1",
+        ),
+        (
+            Some("[relay.workspace]\nmax_bytes = 10\n"),
+            &[],
+            "t.toml:2: relay.workspace.max_bytes: must be at least 1024",
+        ),
+        (
+            None,
+            &[("THREADGATE_RELAY__WORKSPACE__SYNC_EVERY", "200ms")],
+            "relay.workspace.sync_every: must be 0s (off) or at least 1s",
+        ),
+        (
+            None,
+            &[("THREADGATE_RELAY__WORKSPACE__MAX_TIME", "0s")],
+            "relay.workspace.max_time: must be at least 1s",
+        ),
+        (
+            Some("[relay]\nadvertise = \"gateway.internal:8443\"\n"),
+            &[],
+            "t.toml:2: relay.advertise:",
+        ),
+        (
             Some("[github]\non_done = \"merge\"\n"),
             &[],
             "t.toml:2: github.on_done: must be one of draft, ready, close",
@@ -640,5 +665,21 @@ fn the_store_url_is_read_from_the_file_or_the_environment_and_never_printed_whol
             shown.contains("postgres://tg:***@db.test:5432/tg"),
             "{shown}"
         );
+    }
+}
+
+/// The Deployment's `THREADGATE_RELAY__ADVERTISE=$(POD_IP)`: a bare IPv4 or IPv6
+/// address, written out with the listener's port (and brackets).
+#[test]
+fn a_bare_pod_ip_is_advertised_with_the_listeners_port() {
+    for (pod_ip, advertised) in [("fd00::1", "[fd00::1]:8443"), ("10.0.3.7", "10.0.3.7:8443")] {
+        let s = load(
+            Some("[relay]\nlisten = \"0.0.0.0:8443\"\n"),
+            &[("THREADGATE_RELAY__ADVERTISE", pod_ip)],
+        )
+        .unwrap_or_else(|e| panic!("{pod_ip}: {e}"));
+        let bound = s.relay.listen.expect("listen");
+        let addr = s.relay.advertised(bound).expect("advertised");
+        assert_eq!(addr.to_string(), advertised);
     }
 }

@@ -546,6 +546,14 @@ fn now_ms() -> i64 {
     crate::clock::Clock::system().now_ms()
 }
 
+/// The host of a gateway URL (`https://HOST:PORT`), as a relay checks the certificate
+/// against it; an error says what is wrong with the URL.
+pub fn gateway_host(url: &str) -> anyhow::Result<String> {
+    parse_gateway(url)
+        .map(|(host, _)| host)
+        .map_err(|e| anyhow::anyhow!("{}", e.to_string().trim_start_matches("--gateway: ")))
+}
+
 /// `https://HOST:PORT` (the port defaults to 443) as host and port.
 fn parse_gateway(text: &str) -> anyhow::Result<(String, u16)> {
     let uri: axum::http::Uri = text

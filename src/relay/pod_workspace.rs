@@ -5,11 +5,14 @@
 //!   relay writes into the agent's workspace volume before it opens the agent's socket
 //!   (`Workspaces::hand_out`).
 //! - `GET /relay/v1/workspace/wanted?after=N`: a long poll (at most [`WANTED_WAIT`])
-//!   answering `{"seq": S}` once the gateway wants the pod's work (request `S > N`),
-//!   else `{"seq": N}`.
+//!   answering `{"seq": S, "if_changed": B}` once the gateway wants the pod's work
+//!   (request `S > N`), else `{"seq": N}`. `if_changed` (a sync's request, once this
+//!   gateway took a bundle of the session): the relay may answer that nothing changed.
 //! - `PUT /relay/v1/workspace?seq=S`: the pod's work for request `S`, a bundle of one
 //!   commit on the base handed out, verified and written into the thread's worktree
 //!   (`Workspaces::receive`); 422 naming the refusal, 409 when no such request is open.
+//!   `PUT /relay/v1/workspace?seq=S&unchanged=true` (no body) answers an `if_changed`
+//!   request: the pod's tree is the one it last sent; nothing is written.
 //!
 //! [`PodWorkspaces`] is the session's [`PodSync`]: before a checkpoint's or a stop's
 //! commit the supervisor asks for the pod's work and waits (at most
@@ -51,12 +54,17 @@ pub const BUNDLE_TYPE: &str = "application/x-git-bundle";
 pub struct Wanted {
     /// The latest request (the one asked for when greater than `after`).
     pub seq: u64,
+    /// The request is a sync's: the relay may answer `unchanged` when its tree is the
+    /// one it last sent.
+    #[serde(default)]
+    pub if_changed: bool,
 }
 
 /// The answer of a received bundle.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Taken {
-    /// `mirrored` (in the worktree) or `diverged` (kept under a backup ref).
+    /// `mirrored` (in the worktree), `diverged` (kept under a backup ref) or
+    /// `unchanged` (the relay's tree was the one it last sent).
     pub outcome: String,
 }
 
@@ -67,6 +75,8 @@ struct Seq {
     after: Option<u64>,
     #[serde(default)]
     seq: Option<u64>,
+    #[serde(default)]
+    unchanged: bool,
 }
 
 /// The pods' workspaces of the sessions served here.
@@ -74,27 +84,37 @@ pub struct PodWorkspaces {
     workspaces: Workspaces,
     limits: BundleLimits,
     wait: Duration,
+    sync_every: Option<Duration>,
     sessions: Mutex<HashMap<SessionId, Arc<Channel>>>,
 }
 
 /// One session's requests and what became of them.
 struct Channel {
-    /// The latest request's number.
-    wanted: watch::Sender<u64>,
+    /// The latest request's number, and whether it is a sync's (`if_changed`).
+    wanted: watch::Sender<(u64, bool)>,
     /// The latest request answered, and how (a refusal's text).
     done: watch::Sender<(u64, Result<(), String>)>,
     /// One bundle received at a time per session.
     receiving: tokio::sync::Mutex<()>,
+    /// Whether a bundle of the session was taken here.
+    taken: watch::Sender<bool>,
 }
 
 impl PodWorkspaces {
     /// Pods' workspaces over `workspaces`, each bundle within `limits`, each pull
-    /// waiting at most `wait` for the relay.
-    pub fn new(workspaces: Workspaces, limits: BundleLimits, wait: Duration) -> PodWorkspaces {
+    /// waiting at most `wait` for the relay, running sessions synced every `sync_every`
+    /// (never when `None`).
+    pub fn new(
+        workspaces: Workspaces,
+        limits: BundleLimits,
+        wait: Duration,
+        sync_every: Option<Duration>,
+    ) -> PodWorkspaces {
         PodWorkspaces {
             workspaces,
             limits,
             wait,
+            sync_every,
             sessions: Mutex::new(HashMap::new()),
         }
     }
@@ -113,25 +133,31 @@ impl PodWorkspaces {
             return None;
         }
         let channel = Arc::new(Channel {
-            wanted: watch::Sender::new(0),
+            wanted: watch::Sender::new((0, false)),
             done: watch::Sender::new((0, Ok(()))),
             receiving: tokio::sync::Mutex::new(()),
+            taken: watch::Sender::new(false),
         });
         sessions.insert(session.clone(), channel.clone());
         Some(channel)
     }
 }
 
-#[async_trait::async_trait]
-impl PodSync for PodWorkspaces {
-    async fn pull(&self, session_id: &SessionId) -> anyhow::Result<bool> {
+impl PodWorkspaces {
+    /// One request for the session's work and its answer; `if_changed` when the relay
+    /// may answer that nothing changed.
+    async fn request(&self, session_id: &SessionId, if_changed: bool) -> anyhow::Result<bool> {
         let Some(channel) = self.channel(session_id, false) else {
             return Ok(false);
         };
+        // Only once this gateway holds a bundle of the session: a fresh instance's
+        // worktree (a takeover) must get the pod's work whatever the relay sent before.
+        let if_changed = if_changed && *channel.taken.borrow();
         let mut seq = 0;
         channel.wanted.send_modify(|wanted| {
-            *wanted += 1;
-            seq = *wanted;
+            wanted.0 += 1;
+            wanted.1 = if_changed;
+            seq = wanted.0;
         });
         let mut done = channel.done.subscribe();
         let answered = tokio::time::timeout(self.wait, done.wait_for(|(at, _)| *at >= seq)).await;
@@ -145,6 +171,21 @@ impl PodSync for PodWorkspaces {
         };
         outcome.map_err(|refused| anyhow::anyhow!("the pod's workspace was refused: {refused}"))?;
         Ok(true)
+    }
+}
+
+#[async_trait::async_trait]
+impl PodSync for PodWorkspaces {
+    async fn pull(&self, session_id: &SessionId) -> anyhow::Result<bool> {
+        self.request(session_id, false).await
+    }
+
+    async fn sync(&self, session_id: &SessionId) -> anyhow::Result<bool> {
+        self.request(session_id, true).await
+    }
+
+    fn sync_every(&self) -> Option<Duration> {
+        self.sync_every
     }
 
     fn forget(&self, session_id: &SessionId) {
@@ -207,11 +248,12 @@ async fn wanted(State(served): State<Served>, Query(query): Query<Seq>) -> Respo
         return ApiError::internal().into_response();
     };
     let mut wanted = channel.wanted.subscribe();
-    let seq = match tokio::time::timeout(WANTED_WAIT, wanted.wait_for(|s| *s > after)).await {
-        Ok(Ok(seq)) => *seq,
-        _ => after,
-    };
-    json(&Wanted { seq })
+    let (seq, if_changed) =
+        match tokio::time::timeout(WANTED_WAIT, wanted.wait_for(|(s, _)| *s > after)).await {
+            Ok(Ok(wanted)) => *wanted,
+            _ => (after, false),
+        };
+    json(&Wanted { seq, if_changed })
 }
 
 async fn take(State(served): State<Served>, Query(query): Query<Seq>, body: Body) -> Response {
@@ -228,9 +270,20 @@ async fn take(State(served): State<Served>, Query(query): Query<Seq>, body: Body
         return not_asked();
     };
     let _one = channel.receiving.lock().await;
-    let (wanted, done) = (*channel.wanted.borrow(), channel.done.borrow().0);
+    let ((wanted, if_changed), done) = (*channel.wanted.borrow(), channel.done.borrow().0);
     if seq > wanted || seq <= done {
         return not_asked();
+    }
+    if query.unchanged {
+        // Only a sync's request may be answered so: a checkpoint's or a stop's takes
+        // the pod's work whatever the relay last sent.
+        if seq != wanted || !if_changed {
+            return not_asked();
+        }
+        channel.done.send_modify(|d| *d = (seq, Ok(())));
+        return json(&Taken {
+            outcome: "unchanged".to_owned(),
+        });
     }
     let limits = served.pods.limits;
     let bytes = match axum::body::to_bytes(body, limits.max_bytes).await {
@@ -256,6 +309,7 @@ async fn take(State(served): State<Served>, Query(query): Query<Seq>, body: Body
     };
     match received {
         Ok(outcome) => {
+            channel.taken.send_replace(true);
             channel.done.send_modify(|d| *d = (seq, Ok(())));
             let outcome = match outcome {
                 Received::Mirrored { .. } => "mirrored",
@@ -349,7 +403,7 @@ mod tests {
         let thread = crate::ids::ThreadId::parse("th_1").unwrap();
         workspaces.prepare(&thread).unwrap();
         let session = SessionId::parse("s_1").unwrap();
-        let pods = Arc::new(PodWorkspaces::new(workspaces, limits, wait));
+        let pods = Arc::new(PodWorkspaces::new(workspaces, limits, wait, None));
         let scope = SessionScope {
             session_id: session.clone(),
             thread_id: thread.clone(),
@@ -468,5 +522,108 @@ mod tests {
         assert!(answer.contains("larger than 1024 bytes"), "{answer}");
         let e = pulling.await.unwrap().unwrap_err().to_string();
         assert!(e.contains("larger than 1024 bytes"), "{e}");
+    }
+
+    /// A sync asks for the pod's work `if_changed` only once this gateway took a bundle
+    /// of the session; such a request may be answered `unchanged` (nothing written),
+    /// a checkpoint's may not.
+    #[tokio::test]
+    async fn a_sync_may_be_answered_unchanged_once_a_bundle_was_taken() {
+        let s = setup(Duration::from_secs(30));
+        let (_, handed) = send(&s.router, "GET", WORKSPACE_PATH, Vec::new()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let pod = crate::workspace::PodWorkspace {
+            work_dir: dir.path().join("work"),
+            git_dir: dir.path().join("git"),
+        };
+        pod.receive_base(&handed, &BundleLimits::default()).unwrap();
+        std::fs::write(pod.work_dir.join("FINDINGS.md"), "found\n").unwrap();
+
+        // The first sync: a full request, answered with a bundle.
+        let pods = s.pods.clone();
+        let session = s.session.clone();
+        let syncing = tokio::spawn(async move { pods.sync(&session).await });
+        let (_, wanted) = send(
+            &s.router,
+            "GET",
+            &format!("{WANTED_PATH}?after=0"),
+            Vec::new(),
+        )
+        .await;
+        let wanted: Wanted = serde_json::from_slice(&wanted).unwrap();
+        assert_eq!((wanted.seq, wanted.if_changed), (1, false));
+        let (status, _) = send(
+            &s.router,
+            "PUT",
+            "/relay/v1/workspace?seq=1&unchanged=true",
+            Vec::new(),
+        )
+        .await;
+        assert_eq!(status, 409, "a full request takes no 'unchanged'");
+        let bundle = pod.bundle_changes(CommitLimits::default()).unwrap();
+        let (status, _) = send(&s.router, "PUT", "/relay/v1/workspace?seq=1", bundle).await;
+        assert_eq!(status, 200);
+        assert!(syncing.await.unwrap().unwrap());
+
+        // The next sync may be answered unchanged; the worktree stays as it is.
+        let worktree = s._dir.path().join("worktrees/th_1");
+        std::fs::write(worktree.join("FINDINGS.md"), "kept\n").unwrap();
+        let pods = s.pods.clone();
+        let session = s.session.clone();
+        let syncing = tokio::spawn(async move { pods.sync(&session).await });
+        let (_, wanted) = send(
+            &s.router,
+            "GET",
+            &format!("{WANTED_PATH}?after=1"),
+            Vec::new(),
+        )
+        .await;
+        let wanted: Wanted = serde_json::from_slice(&wanted).unwrap();
+        assert_eq!((wanted.seq, wanted.if_changed), (2, true));
+        let (status, answer) = send(
+            &s.router,
+            "PUT",
+            "/relay/v1/workspace?seq=2&unchanged=true",
+            Vec::new(),
+        )
+        .await;
+        assert_eq!(status, 200);
+        let answer: Taken = serde_json::from_slice(&answer).unwrap();
+        assert_eq!(answer.outcome, "unchanged");
+        assert!(syncing.await.unwrap().unwrap());
+        assert_eq!(
+            std::fs::read(worktree.join("FINDINGS.md")).unwrap(),
+            b"kept\n"
+        );
+
+        // A checkpoint's pull is never answered so.
+        let pods = s.pods.clone();
+        let session = s.session.clone();
+        let pulling = tokio::spawn(async move { pods.pull(&session).await });
+        let (_, wanted) = send(
+            &s.router,
+            "GET",
+            &format!("{WANTED_PATH}?after=2"),
+            Vec::new(),
+        )
+        .await;
+        let wanted: Wanted = serde_json::from_slice(&wanted).unwrap();
+        assert_eq!((wanted.seq, wanted.if_changed), (3, false));
+        let (status, _) = send(
+            &s.router,
+            "PUT",
+            "/relay/v1/workspace?seq=3&unchanged=true",
+            Vec::new(),
+        )
+        .await;
+        assert_eq!(status, 409);
+        let bundle = pod.bundle_changes(CommitLimits::default()).unwrap();
+        let (status, _) = send(&s.router, "PUT", "/relay/v1/workspace?seq=3", bundle).await;
+        assert_eq!(status, 200);
+        assert!(pulling.await.unwrap().unwrap());
+        assert_eq!(
+            std::fs::read(worktree.join("FINDINGS.md")).unwrap(),
+            b"found\n"
+        );
     }
 }

@@ -14,6 +14,7 @@ use crate::secrets::SecretString;
 use crate::store::Db;
 
 mod checkpoint;
+mod pod_sync;
 
 #[derive(Default)]
 pub(super) struct FakeWorkspaces {
@@ -151,7 +152,14 @@ fn harness_with(
     sandbox: Arc<FakeRuntime>,
     db_dir: Option<tempfile::TempDir>,
 ) -> Harness {
-    harness_full(max_live, sandbox, db_dir, Duration::from_secs(300), None)
+    harness_full(
+        max_live,
+        sandbox,
+        db_dir,
+        Duration::from_secs(300),
+        None,
+        None,
+    )
 }
 
 fn harness_checkpointing(
@@ -160,7 +168,7 @@ fn harness_checkpointing(
     db_dir: Option<tempfile::TempDir>,
     checkpoint_every: Duration,
 ) -> Harness {
-    harness_full(max_live, sandbox, db_dir, checkpoint_every, None)
+    harness_full(max_live, sandbox, db_dir, checkpoint_every, None, None)
 }
 
 /// A harness whose supervisor takes parked sandboxes from `pool` (over `sandbox`).
@@ -170,7 +178,26 @@ pub(super) fn harness_with_pool(
     db_dir: Option<tempfile::TempDir>,
     pool: Option<Arc<crate::session::SandboxPool>>,
 ) -> Harness {
-    harness_full(max_live, sandbox, db_dir, Duration::from_secs(300), pool)
+    harness_full(
+        max_live,
+        sandbox,
+        db_dir,
+        Duration::from_secs(300),
+        pool,
+        None,
+    )
+}
+
+/// A harness whose sessions' workspaces live in pods reached through `pods`.
+pub(super) fn harness_with_pods(pods: Arc<dyn crate::session::PodSync>) -> Harness {
+    harness_full(
+        4,
+        Arc::new(FakeRuntime::new()),
+        None,
+        Duration::from_secs(300),
+        None,
+        Some(pods),
+    )
 }
 
 fn harness_full(
@@ -179,6 +206,7 @@ fn harness_full(
     db_dir: Option<tempfile::TempDir>,
     checkpoint_every: Duration,
     pool: Option<Arc<crate::session::SandboxPool>>,
+    pod_sync: Option<Arc<dyn crate::session::PodSync>>,
 ) -> Harness {
     let dir = db_dir.unwrap_or_else(|| tempfile::tempdir().expect("tempdir"));
     let db = Db::open(&dir.path().join("t.db")).expect("db");
@@ -208,7 +236,7 @@ fn harness_full(
         checkpoint_every,
         tasks: crate::tasks::Tasks::new(),
         pool,
-        pod_sync: None,
+        pod_sync,
     });
     Harness {
         _dir: dir,

@@ -23,7 +23,7 @@ use crate::ids::ThreadId;
 use crate::workspace::bundle::{self, BundleError, BundleLimits, Deadline, Quarantine};
 use crate::workspace::refs::branch_tip;
 use crate::workspace::remote::BACKUP_PREFIX;
-use crate::workspace::{Settings, WorkspaceError, prepare};
+use crate::workspace::{Settings, WorkspaceError, mirror};
 
 /// What receiving a pod's bundle did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,8 +163,8 @@ fn keep_diverged(
     Ok(Received::Diverged { backup })
 }
 
-/// Empties `worktree` (never following a symlink) and writes `tree` into it. In place,
-/// not swapped in, since the worktree may be a mounted workspace filesystem.
+/// Makes `worktree` show `tree`, writing only what differs (`mirror.rs`). In place, not
+/// swapped in, since the worktree may be a mounted workspace filesystem.
 fn mirror(
     held: &Repository,
     thread_id: &ThreadId,
@@ -184,14 +184,12 @@ fn mirror(
         }
         Err(e) => return Err(BundleError::io(worktree)(e)),
     }
-    empty_dir(worktree)?;
     let tree = held
         .find_tree(tree)
         .map_err(BundleError::git("reading the tip's tree"))?;
-    prepare::write_tree(held, thread_id, &tree, worktree, 0).map_err(|e| BundleError::Io {
-        path: worktree.to_owned(),
-        source: std::io::Error::other(e.to_string()),
-    })
+    let changes = mirror::mirror_tree(held, &tree, worktree)?;
+    tracing::debug!(thread_id = %thread_id, written = changes.written, modes = changes.modes, removed = changes.removed, kept = changes.kept, "the worktree follows the pod's tree");
+    Ok(())
 }
 
 /// Removes everything inside `dir`, keeping `dir`. `remove_dir_all` never follows a

@@ -51,6 +51,7 @@ mod changes;
 mod commit;
 mod error;
 mod handoff;
+mod mirror;
 mod names;
 mod pod;
 mod prepare;
@@ -77,7 +78,7 @@ pub use bundle::{BundleError, BundleLimits};
 pub use changes::{ChangedFiles, FileChange};
 pub use error::WorkspaceError;
 pub use handoff::Received;
-pub use pod::{PodBase, PodWorkspace};
+pub use pod::{PodBase, PodWork, PodWorkspace};
 pub use remote::RemoteSync;
 pub use snapshot::{LOOSE_BLOB_BYTES, MAX_DEPTH, MAX_FILE_BYTES};
 

@@ -34,6 +34,20 @@ pub struct PodWorkspace {
     pub git_dir: PathBuf,
 }
 
+/// The pod's work, packed or not.
+#[derive(Debug)]
+pub enum PodWork {
+    /// The workspace's tree is the one last sent.
+    Unchanged,
+    /// A bundle of one commit on the base, with its tree.
+    Bundle {
+        /// The tree of its commit.
+        tree: Oid,
+        /// The bundle.
+        bytes: Vec<u8>,
+    },
+}
+
 /// What the gateway handed out, as the pod recorded it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodBase {
@@ -131,6 +145,21 @@ impl PodWorkspace {
     /// What the agent left in the workspace as one commit on the base, bundled with
     /// the objects the base does not hold.
     pub fn bundle_changes(&self, limits: CommitLimits) -> Result<Vec<u8>, BundleError> {
+        match self.bundle_changes_unless(limits, None)? {
+            PodWork::Bundle { bytes, .. } => Ok(bytes),
+            PodWork::Unchanged => Err(BundleError::Garbled {
+                reason: "no tree to compare with was given".into(),
+            }),
+        }
+    }
+
+    /// As [`PodWorkspace::bundle_changes`], unless the workspace's tree is `sent` (the
+    /// tree of the last bundle the gateway took): then nothing is packed.
+    pub fn bundle_changes_unless(
+        &self,
+        limits: CommitLimits,
+        sent: Option<Oid>,
+    ) -> Result<PodWork, BundleError> {
         let base = self.base()?.ok_or_else(|| BundleError::Base {
             reason: "the workspace was never handed out".into(),
         })?;
@@ -156,6 +185,9 @@ impl PodWorkspace {
         let skipped = snapshot.into_skipped();
         for file in skipped.iter().take(20) {
             tracing::warn!(file = %file.path.display(), reason = %file.reason, "left a file out of the workspace sent back");
+        }
+        if sent == Some(tree) {
+            return Ok(PodWork::Unchanged);
         }
         let tree = repo
             .find_tree(tree)
@@ -184,11 +216,10 @@ impl PodWorkspace {
         let mut bytes = git2::Buf::new();
         pack.write_buf(&mut bytes)
             .map_err(BundleError::git("packing"))?;
-        Ok(bundle::write(
-            &[base.commit],
-            &[(tip, base.branch.as_str())],
-            &bytes,
-        ))
+        Ok(PodWork::Bundle {
+            tree: tree.id(),
+            bytes: bundle::write(&[base.commit], &[(tip, base.branch.as_str())], &bytes),
+        })
     }
 
     /// The relay's repository, made on first use.

@@ -430,3 +430,176 @@ fn a_pod_whose_base_the_branch_left_is_kept_under_a_backup_ref() {
         "the worktree was left alone"
     );
 }
+
+/// Files, links and the executable bit below `dir` (`.git` left out), as a map.
+fn files_below(dir: &Path) -> BTreeMap<String, String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut files = BTreeMap::new();
+    let mut pending = vec![(dir.to_path_buf(), String::new())];
+    while let Some((at, prefix)) = pending.pop() {
+        for entry in std::fs::read_dir(&at).unwrap() {
+            let entry = entry.unwrap();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if prefix.is_empty() && name == ".git" {
+                continue;
+            }
+            let path = entry.path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let rel = format!("{prefix}{name}");
+            if meta.is_dir() {
+                pending.push((path, format!("{rel}/")));
+            } else if meta.is_symlink() {
+                let target = std::fs::read_link(&path).unwrap();
+                files.insert(rel, format!("link {}", target.display()));
+            } else {
+                let exec = meta.permissions().mode() & 0o100 != 0;
+                let content = String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned();
+                files.insert(rel, format!("file exec={exec} {content:?}"));
+            }
+        }
+    }
+    files
+}
+
+fn inode(path: &Path) -> u64 {
+    std::os::unix::fs::MetadataExt::ino(&std::fs::symlink_metadata(path).unwrap())
+}
+
+fn pull(s: &Setup) -> Received {
+    let sent = s.pod.bundle_changes(CommitLimits::default()).unwrap();
+    s.workspaces
+        .receive(&s.thread, &sent, &BundleLimits::default())
+        .unwrap()
+}
+
+/// A pull writes only what changed: deletions, renames, a mode change, a file that
+/// became a directory and back, a retargeted symlink all land as a full rewrite would
+/// have them, an unchanged file is not written again, and a worktree damaged in between
+/// (a crash mid-pull) is completed without following a symlink out of it.
+#[test]
+fn a_pull_writes_only_what_changed() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let s = setup();
+    s.handed_out();
+    let work = s.pod.work_dir.clone();
+    let worktree = s.worktree();
+    std::fs::write(work.join("run.sh"), "echo hi\n").unwrap();
+    std::fs::create_dir(work.join("notes")).unwrap();
+    std::fs::write(work.join("notes/a.md"), "a\n").unwrap();
+    std::fs::write(work.join("swap"), "a file for now\n").unwrap();
+    std::os::unix::fs::symlink("README", work.join("link")).unwrap();
+    assert!(matches!(pull(&s), Received::Mirrored { .. }));
+    assert_eq!(files_below(&worktree), files_below(&work));
+    let readme = inode(&worktree.join("README"));
+    let script = inode(&worktree.join("run.sh"));
+
+    // A rename, a deletion (its directory goes with it), a mode change alone, a file
+    // that becomes a directory, a retargeted link, an edit.
+    std::fs::rename(work.join("notes/a.md"), work.join("notes/b.md")).unwrap();
+    std::fs::remove_dir_all(work.join("dir")).unwrap();
+    std::fs::set_permissions(work.join("run.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::remove_file(work.join("swap")).unwrap();
+    std::fs::create_dir(work.join("swap")).unwrap();
+    std::fs::write(work.join("swap/inner.txt"), "inside\n").unwrap();
+    std::fs::remove_file(work.join("link")).unwrap();
+    std::os::unix::fs::symlink("notes/b.md", work.join("link")).unwrap();
+    std::fs::write(work.join("new.txt"), "new\n").unwrap();
+    pull(&s);
+    assert_eq!(files_below(&worktree), files_below(&work));
+    assert!(!worktree.join("dir").exists());
+    assert_eq!(
+        inode(&worktree.join("README")),
+        readme,
+        "unchanged: not written"
+    );
+    assert_eq!(
+        inode(&worktree.join("run.sh")),
+        script,
+        "a mode change: not written"
+    );
+
+    // The directory becomes a file again.
+    std::fs::remove_dir_all(work.join("swap")).unwrap();
+    std::fs::write(work.join("swap"), "a file again\n").unwrap();
+    pull(&s);
+    assert_eq!(files_below(&worktree), files_below(&work));
+
+    // A pull cut short leaves a mix: the next one completes it, and a symlink standing
+    // where a directory belongs is replaced, never written through.
+    let outside = s._dir.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::remove_dir_all(worktree.join("notes")).unwrap();
+    std::os::unix::fs::symlink(&outside, worktree.join("notes")).unwrap();
+    std::fs::write(worktree.join("README"), "torn").unwrap();
+    std::fs::remove_file(worktree.join("new.txt")).unwrap();
+    std::fs::write(worktree.join("stray.txt"), "left by a crash\n").unwrap();
+    pull(&s);
+    assert_eq!(files_below(&worktree), files_below(&work));
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+
+    // And the commit takes exactly the pod's files.
+    let committed = s.workspaces.commit(&s.thread, &[]).unwrap();
+    let files = tree_files(
+        &s.repo(),
+        Oid::from_str(committed.commit.as_deref().unwrap()).unwrap(),
+    );
+    assert_eq!(files["run.sh"].0, 0o100755);
+    assert_eq!(files["link"], (0o120000, b"notes/b.md".to_vec()));
+    assert_eq!(files["swap"], (0o100644, b"a file again\n".to_vec()));
+    assert!(!files.contains_key("notes/a.md") && files.contains_key("notes/b.md"));
+}
+
+/// `[relay.workspace]` caps lowered in the settings refuse a bundle the defaults take,
+/// and the refusal changes nothing; `sync_every = "0s"` turns the sync off.
+#[test]
+fn a_cap_lowered_in_the_settings_refuses_a_bundle_and_changes_nothing() {
+    let s = setup();
+    s.handed_out();
+    for i in 0..4 {
+        std::fs::write(s.pod.work_dir.join(format!("f{i}.txt")), format!("{i}\n")).unwrap();
+    }
+    let sent = s.pod.bundle_changes(CommitLimits::default()).unwrap();
+    let vars = [
+        ("THREADGATE_RELAY__WORKSPACE__MAX_ENTRIES", "4"),
+        ("THREADGATE_RELAY__WORKSPACE__SYNC_EVERY", "0s"),
+    ]
+    .map(|(k, v)| (k.into(), v.into()));
+    let settings = crate::config::Settings::load_with_env(None, vars).unwrap();
+    assert_eq!(settings.relay.workspace.sync_period(), None);
+    let limits = settings.relay.workspace.limits();
+    assert_eq!(limits.max_entries, 4);
+    assert_eq!(
+        BundleLimits {
+            max_entries: BundleLimits::default().max_entries,
+            ..limits
+        },
+        BundleLimits::default(),
+        "the other caps keep their defaults"
+    );
+    refused(
+        &s,
+        &sent,
+        &limits,
+        |e| matches!(e, BundleError::TreeTooLarge { cap } if cap == "4 entries"),
+    );
+    let bytes = crate::config::Settings::load_with_env(
+        None,
+        [(
+            "THREADGATE_RELAY__WORKSPACE__MAX_BYTES".into(),
+            "1024".into(),
+        )],
+    )
+    .unwrap()
+    .relay
+    .workspace
+    .limits();
+    let mut large = sent.clone();
+    large.resize(2048, 0);
+    refused(&s, &large, &bytes, |e| {
+        matches!(e, BundleError::TooLarge { limit: 1024 })
+    });
+    // The defaults take it.
+    s.workspaces
+        .receive(&s.thread, &sent, &BundleLimits::default())
+        .unwrap();
+}

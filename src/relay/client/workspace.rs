@@ -1,8 +1,9 @@
 //! The relay's side of the session's workspace (`--workspace-dir`): before the agent's
 //! socket opens, the thread's branch tip is fetched and written into the workspace
 //! volume (the agent, which waits for its socket, never starts on an empty one); then
-//! a long poll waits for the gateway to want the pod's work (a checkpoint, a stop) and
-//! answers each request with a bundle of what the agent left there.
+//! a long poll waits for the gateway to want the pod's work (a checkpoint, a sync, a
+//! stop) and answers each request with a bundle of what the agent left there, or, to a
+//! sync's request, `unchanged` when the workspace's tree is the one last taken.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +16,7 @@ use tracing::Instrument as _;
 
 use super::{Dialer, Purpose};
 use crate::relay::pod_workspace::{BUNDLE_TYPE, WANTED_PATH, WANTED_WAIT, WORKSPACE_PATH, Wanted};
-use crate::workspace::{BundleLimits, CommitLimits, PodWorkspace};
+use crate::workspace::{BundleLimits, CommitLimits, PodWork, PodWorkspace};
 
 /// Time for a workspace to go either way, beyond the long poll's own wait.
 const TRANSFER_TIMEOUT: Duration = Duration::from_secs(300);
@@ -92,8 +93,10 @@ impl Dialer {
     pub(super) async fn keep_synced(self: Arc<Self>, workspace: PodWorkspace) {
         let mut after = 0;
         let mut failed = 0;
+        // The tree of the last bundle the gateway took.
+        let mut sent = None;
         loop {
-            match self.serve_one(&workspace, after).await {
+            match self.serve_one(&workspace, after, &mut sent).await {
                 Ok(seq) => {
                     after = seq;
                     failed = 0;
@@ -111,7 +114,12 @@ impl Dialer {
     }
 
     /// One long poll and, when the gateway wants the pod's work, one bundle sent.
-    async fn serve_one(&self, workspace: &PodWorkspace, after: u64) -> anyhow::Result<u64> {
+    async fn serve_one(
+        &self,
+        workspace: &PodWorkspace,
+        after: u64,
+        sent: &mut Option<git2::Oid>,
+    ) -> anyhow::Result<u64> {
         let path = format!("{WANTED_PATH}?after={after}");
         let (status, body) = self
             .exchange(
@@ -129,24 +137,35 @@ impl Dialer {
             return Ok(after);
         }
         let packing = workspace.clone();
-        let bundle = crate::tasks::Tasks::spawn_blocking(move || {
-            packing.bundle_changes(CommitLimits::default())
+        let unless = if wanted.if_changed { *sent } else { None };
+        let work = crate::tasks::Tasks::spawn_blocking(move || {
+            packing.bundle_changes_unless(CommitLimits::default(), unless)
         })
         .await??;
-        let sent = bundle.len();
-        let path = format!("{WORKSPACE_PATH}?seq={}", wanted.seq);
+        let (tree, bundle, path) = match work {
+            PodWork::Unchanged => (
+                None,
+                Vec::new(),
+                format!("{WORKSPACE_PATH}?seq={}&unchanged=true", wanted.seq),
+            ),
+            PodWork::Bundle { tree, bytes } => (
+                Some(tree),
+                bytes,
+                format!("{WORKSPACE_PATH}?seq={}", wanted.seq),
+            ),
+        };
+        let bytes = bundle.len();
         let (status, body) = self
             .exchange("PUT", &path, bundle, MAX_SMALL_ANSWER, TRANSFER_TIMEOUT)
             .await?;
         if !status.is_success() {
             // The gateway's refusal names what was wrong; the request is answered.
             tracing::warn!(%status, answer = %String::from_utf8_lossy(&body), "the gateway refused the workspace");
+        } else if let Some(tree) = tree {
+            *sent = Some(tree);
+            tracing::info!(seq = wanted.seq, bytes, "the workspace was sent back");
         } else {
-            tracing::info!(
-                seq = wanted.seq,
-                bytes = sent,
-                "the workspace was sent back"
-            );
+            tracing::debug!(seq = wanted.seq, "the workspace is as last sent");
         }
         Ok(wanted.seq)
     }

@@ -146,12 +146,17 @@ impl Supervisor {
         self.checkpoints.last_ms.insert(thread.clone(), now);
         self.checkpoints.taken_ms.insert(thread.clone(), now);
         let retry_push = self.checkpoints.unpushed.contains(&thread);
+        self.syncs.synced(&thread, now);
+        let worktree = self.syncs.lock_of(&thread);
         let parts = self.parts.clone();
         let tx = self.tx.clone();
         let asked = reply.is_some();
         let span = tracing::info_span!("session_checkpoint", thread_id = %row.thread_id, session_id = %row.session_id, asked);
         let work = async move {
+            // A sync in flight ends first; none starts until the commit is done.
+            let worktree = super::sync::hold(worktree).await;
             let result = checkpoint_session(&parts, &row, retry_push).await;
+            drop(worktree);
             let push = match &result {
                 Ok(done) => Some(done.push),
                 Err(e) => {

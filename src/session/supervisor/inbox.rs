@@ -60,6 +60,7 @@ impl Supervisor {
             quiet_waiters: Vec::new(),
             last_reconcile_ms: 0,
             checkpoints: Default::default(),
+            syncs: Default::default(),
             leases: Arc::new(Mutex::new(HashMap::new())),
             reaping: Arc::default(),
             tick_queued: Arc::default(),

@@ -19,6 +19,7 @@ mod inbox;
 mod lifecycle;
 mod ownership;
 mod parts;
+mod sync;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -61,6 +62,8 @@ pub struct Supervisor {
     quiet_waiters: Vec<oneshot::Sender<()>>,
     last_reconcile_ms: i64,
     checkpoints: checkpoint::Checkpoints,
+    /// Each thread's worktree lock and its syncs (`sync.rs`).
+    syncs: sync::Syncs,
     /// The session leases this instance holds, shared with their renewal task.
     leases: ownership::Held,
     /// Whether a pass of the secrets reaper is running (at most one at a time).
@@ -469,8 +472,11 @@ impl Supervisor {
         self.busy.insert(row.thread_id.clone(), false);
         let parts = self.parts.clone();
         let tx = self.tx.clone();
+        let worktree = self.syncs.lock_of(&row.thread_id);
         let span = tracing::info_span!("session_stop", thread_id = %row.thread_id, session_id = %row.session_id, end);
         let stop = async move {
+            // A sync in flight ends first: it never writes the worktree the stop commits.
+            let _worktree = sync::hold(worktree).await;
             let began = std::time::Instant::now();
             let outcome = match stop_session(&parts, &row, end, lease).await {
                 Ok(()) => Outcome::Stopped { ended: end },
@@ -640,6 +646,7 @@ impl Supervisor {
         }
         self.stop_full_workspaces().await;
         self.checkpoints_due().await;
+        self.syncs_due().await;
         // A dead owner's live sessions first: its customers have no agent meanwhile.
         self.take_over_unowned().await;
         // Events stored by any instance for threads this one owns (or no one owns).

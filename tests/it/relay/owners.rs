@@ -91,6 +91,57 @@ async fn a_relay_that_reaches_another_instance_is_sent_to_its_sessions_owner() {
     owner.stop().await;
 }
 
+/// A session's owner whose relay listener is on an IPv6 address, advertised bare (as
+/// the downward API gives a pod's IP): the registry holds it with brackets and the
+/// listener's port, the other instance redirects to that literal, and a relay follows
+/// it, checking the certificate against the name it dials (`localhost`), not the
+/// address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_is_sent_to_an_owner_advertised_by_a_bare_ipv6_address() {
+    let mut world = World::new().await;
+    let tls = world.use_relay();
+    let ipv4 = world.settings.clone();
+    world.settings.relay.listen = Some("[::1]:0".parse().expect("addr"));
+    world.settings.relay.advertise = Some("::1".parse().expect("advertise"));
+    let owner = world.start().await;
+    let owner_addr = owner.relay_addr.expect("relay listener");
+    assert!(owner_addr.is_ipv6(), "{owner_addr}");
+    let other = {
+        let mut settings = ipv4;
+        settings.data_dir = world.dir.path().join("data-b");
+        settings.database_file = world.settings.database_path();
+        std::fs::create_dir_all(&settings.data_dir).expect("data dir");
+        let overrides = Overrides {
+            sandbox: Some(Arc::new(FakeRuntime::new())),
+            clock: None,
+        };
+        spawn_app(settings, overrides).await
+    };
+    let ada = world
+        .customer_session(&owner, "ada@example.com", &[5000])
+        .await;
+    let id = SessionId::parse(ada.session.id.as_str()).expect("session id");
+    let credential = owner.relay_credentials.mint(&id);
+
+    let (answer, _) = greet(&other, &tls.ca_file, &greeting(credential.expose_secret())).await;
+    assert_eq!(answer, format!("GO [::1]:{}\n", owner_addr.port()));
+    let relay = RunningRelay::presenting(
+        &other,
+        world.dir.path(),
+        "ada",
+        &tls.ca_file,
+        credential.clone(),
+    )
+    .await;
+    let pod = relay.session(&ada.session);
+    let (_, relayed) = pod.get("/v1/events?after=0").await;
+    let (_, direct) = ada.session.get("/v1/events?after=0").await;
+    assert_eq!(relayed, direct);
+    relay.stop().await;
+    other.stop().await;
+    owner.stop().await;
+}
+
 /// A gateway that sends every relay back to itself: the relay stops following after
 /// `MAX_REDIRECTS` and answers its agent with a 502.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -143,6 +143,75 @@ async fn a_workspace_goes_into_the_pod_and_its_commit_comes_back_to_the_branch()
     app.stop().await;
 }
 
+/// With `[relay.workspace] sync_every` set, the pod's work reaches the gateway's
+/// worktree between checkpoints without a commit; when the pod dies before the stop,
+/// the stop commits what the last sync brought, and only what came after is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_brings_the_pods_work_before_the_pod_dies() {
+    let mut world = World::new().await;
+    let tls = world.use_relay();
+    world.settings.relay.workspace.sync_every = std::time::Duration::from_secs(1);
+    world.settings.relay.workspace.pull_timeout = std::time::Duration::from_secs(2);
+    let app = world.start().await;
+    let ada = world.customer_session(&app, "ada@example.com", &[]).await;
+    let thread = ada.session.thread_id.clone();
+    let session_id = SessionId::parse(ada.session.id.as_str()).expect("session id");
+    let base = thread_tip(&world.settings.repo.path, &thread).expect("the thread's branch");
+    let pod = PodWorkspace {
+        work_dir: world.dir.path().join("pod/workspace"),
+        git_dir: world.dir.path().join("pod/relay-git"),
+    };
+    let relay = RunningRelay::start_with(
+        &app,
+        world.dir.path(),
+        "ada",
+        RelaySetup {
+            ca_file: &tls.ca_file,
+            credential: app.relay_credentials.mint(&session_id),
+            secrets_dir: None,
+            max_connections: 32,
+            workspace: None,
+        },
+        Some(pod.clone()),
+    )
+    .await;
+    let worktree = world.settings.worktrees_dir().join(&thread);
+    std::fs::write(pod.work_dir.join("FINDINGS.md"), "rounding twice\n").expect("write");
+    crate::support::wait::eventually("the sync brings the pod's file", || async {
+        std::fs::read(worktree.join("FINDINGS.md")).ok().as_deref()
+            == Some(b"rounding twice\n".as_slice())
+    })
+    .await;
+    std::fs::remove_file(pod.work_dir.join("README.md")).expect("remove");
+    crate::support::wait::eventually("the sync brings the deletion", || async {
+        !worktree.join("README.md").exists()
+    })
+    .await;
+    // A sync commits nothing: the branch is where the session started.
+    assert_eq!(thread_tip(&world.settings.repo.path, &thread), Some(base));
+
+    // The pod dies; what the agent wrote after the last sync is lost, what the sync
+    // brought is committed at the stop (after its pull gave up on the dead relay).
+    relay.stop().await;
+    std::fs::write(pod.work_dir.join("LATE.md"), "after the pod died\n").expect("write");
+    mark_done(&app, &thread).await;
+    app.session_stops(&thread).await;
+    let ended = thread_tip(&world.settings.repo.path, &thread).expect("branch");
+    assert_ne!(ended, base);
+    let files = files_of(&world.settings.repo.path, ended);
+    assert!(
+        files.contains(&("FINDINGS.md".into(), b"rounding twice\n".to_vec())),
+        "{files:?}"
+    );
+    assert!(
+        !files
+            .iter()
+            .any(|(p, _)| p == "README.md" || p == "LATE.md"),
+        "{files:?}"
+    );
+    app.stop().await;
+}
+
 /// Delivers the thread's move to DONE (Plain's example, re-aimed at `thread`).
 async fn mark_done(app: &crate::support::app::TestApp, thread: &str) {
     use crate::support::plain;

@@ -294,7 +294,16 @@ fn threadgate_runs_replicated_on_postgres_unprivileged() {
         .position(|e| e.name == "THREADGATE_RELAY__ADVERTISE")
         .expect("THREADGATE_RELAY__ADVERTISE");
     assert!(pod_ip < advertise, "POD_IP is defined before it is used");
-    assert_eq!(env[advertise].value.as_deref(), Some("$(POD_IP):8443"));
+    // The bare pod IP (IPv6 has no brackets there): the listener's port is added.
+    let value = env[advertise].value.as_deref().expect("a value");
+    assert_eq!(value, "$(POD_IP)");
+    for pod_ip in ["10.0.3.7", "fd00::1"] {
+        let given: crate::relay::settings::Advertise = value
+            .replace("$(POD_IP)", pod_ip)
+            .parse()
+            .expect("advertise");
+        assert_eq!(given.ip.to_string(), pod_ip);
+    }
     let database = env
         .iter()
         .find(|e| e.name == "THREADGATE_DATABASE_URL")
