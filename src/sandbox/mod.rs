@@ -165,9 +165,9 @@ pub struct ParkSpec {
 /// report it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParkedSandbox {
-    /// The runtime's id of the sandbox (Docker's container id).
+    /// The runtime's id of the sandbox (Docker's container id, the pod's name).
     pub container_id: String,
-    /// Its name, `threadgate-<instance>-pool-<slot>`.
+    /// Its name, `threadgate-<instance>-pool-<slot>` (a pod's `tg-<instance>-pool-<slot>-<hash>`).
     pub name: String,
     /// The pool (agent definition) it was parked for.
     pub pool: String,

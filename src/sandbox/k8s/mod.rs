@@ -17,6 +17,10 @@
 //! server's TokenReview against the pod recorded when the claim was bound
 //! ([`Adoptions`], `review.rs`).
 //!
+//! Without agent-sandbox the runtime keeps parked pods for `session::pool` itself
+//! (`pool.rs`): the template's pod with nothing of any thread, adopted by one
+//! conditional patch and recorded in [`Adoptions`] like a claimed pod.
+//!
 //! The contract is the Docker runtime's: `start` returns once the pod is ready and
 //! leaves nothing behind when it fails (a 409 is [`SandboxError::AlreadyExists`]);
 //! `stop` is idempotent and refuses another instance's object; `list` is what adopting

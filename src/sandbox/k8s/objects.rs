@@ -1,5 +1,6 @@
 //! The objects one session is made of on Kubernetes, built as values: the pod (or the
-//! claim that gets one from a warm pool) and the credential Secret of its relay.
+//! claim that gets one from a warm pool) and the credential Secret of its relay; a
+//! parked pod of threadgate's own pool and the patch that adopts it.
 //!
 //! The pod has two containers sharing an `emptyDir` socket directory and the
 //! `emptyDir` workspace (the relay writes the thread's branch there before the agent's

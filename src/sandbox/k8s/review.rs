@@ -1,6 +1,6 @@
-//! Claimed pods' relays: the pod recorded when a claim is bound ([`Adoptions`], kept by
-//! the runtime), and the relay's projected service-account token, checked with the API
-//! server's TokenReview against it.
+//! Claimed and adopted parked pods' relays: the pod recorded when a claim is bound or a
+//! parked pod adopted ([`Adoptions`], kept by the runtime), and the relay's projected
+//! service-account token, checked with the API server's TokenReview against it.
 //!
 //! A pod drawn from a warm pool was started before any thread existed, so it cannot
 //! carry a session credential. Its relay presents the token the kubelet projects for

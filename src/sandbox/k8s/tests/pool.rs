@@ -343,7 +343,7 @@ async fn a_crash_between_adoption_and_binding_leaves_no_pod_bound_to_a_thread() 
         .collect();
     assert_eq!(
         parked,
-        [spare.name.clone()],
+        std::slice::from_ref(&spare.name),
         "an adopted pod is never parked again"
     );
     let listed = after.list().await.expect("list");
