@@ -116,11 +116,15 @@ impl KubeRuntime {
             reason: reason.to_owned(),
         };
         for _ in 0..ADOPT_ATTEMPTS {
-            let pod = self
-                .pods()
-                .get_opt(name)
-                .await
-                .map_err(|e| kube_err("read", name, e))?;
+            let pod = match self.pods().get_opt(name).await {
+                Ok(pod) => pod,
+                Err(e) => {
+                    // Taken from the pool, it is never handed out again: removed (the
+                    // pool's sweep skips a taken pod), adopted by no one.
+                    self.remove_parked(name).await;
+                    return Err(kube_err("read", name, e));
+                }
+            };
             let Some(pod) = pod else {
                 return Err(refuse("it is gone"));
             };
@@ -176,6 +180,9 @@ impl KubeRuntime {
                 name: name.to_owned(),
             });
         }
+        // Still parked at the last read, yet every patch lost: taken from the pool, it is
+        // never handed out again.
+        self.remove_parked(name).await;
         Err(refuse("it kept changing while it was being adopted"))
     }
 
