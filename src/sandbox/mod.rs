@@ -139,7 +139,7 @@ pub trait SandboxRuntime: Send + Sync {
     }
 
     /// The verifier of the tokens this runtime's sandboxes' relays present in place of a
-    /// minted credential (claimed pods' service-account tokens); none for a runtime
+    /// minted credential (claimed and adopted parked pods' service-account tokens); none for a runtime
     /// whose sandboxes all carry a minted credential or no relay.
     fn pod_token_verifier(&self) -> Option<std::sync::Arc<dyn PodTokenVerifier>> {
         None
@@ -210,9 +210,9 @@ pub enum PodTokenError {
     Unavailable,
 }
 
-/// Verifies the token a claimed sandbox's relay presents (the pod-bound service-account
-/// token the kubelet projects, as no per-session credential can be in a warm pod): the
-/// one session its pod was adopted for. Implemented by the Kubernetes backend's
+/// Verifies the token a claimed or parked sandbox's relay presents (the pod-bound
+/// service-account token the kubelet projects, as no per-session credential can be in a
+/// warm pod): the one session its pod was adopted for. Implemented by the Kubernetes backend's
 /// `TokenReviewer`, handed to the gateway's relay listener.
 #[async_trait::async_trait]
 pub trait PodTokenVerifier: Send + Sync {
