@@ -61,9 +61,9 @@ struct Store {
     tokens: HashMap<String, IssuedToken>,
     /// Token reviews are answered 503, as an API server that cannot be reached.
     fail_reviews: bool,
-    /// A merge patch another writer applies just before the next PATCH is served (the
-    /// race a conditional patch must lose).
-    race_next_patch: Option<Value>,
+    /// A merge patch another writer applies just before each of the next PATCHes is
+    /// served (the race a conditional patch must lose), and how many more times.
+    race_next_patch: Option<(Value, usize)>,
 }
 
 /// What the fake API server issued a pod token for.
@@ -151,7 +151,12 @@ impl FakeApi {
     /// Before the next PATCH is served, `patch` is merged into its object as another
     /// writer's change (its resourceVersion moves on).
     pub(crate) fn race_next_patch(&self, patch: Value) {
-        self.lock().race_next_patch = Some(patch);
+        self.race_next_patches(patch, 1);
+    }
+
+    /// As [`FakeApi::race_next_patch`], before each of the next `n` PATCHes.
+    pub(crate) fn race_next_patches(&self, patch: Value, n: usize) {
+        self.lock().race_next_patch = (n > 0).then_some((patch, n));
     }
 
     /// A pod-bound token as the kubelet projects it (a JWT whose payload names the pod),
@@ -615,7 +620,11 @@ fn patch(fake: &FakeApi, plural: &str, name: &str, body: &Bytes) -> Response {
     };
     let mut store = fake.lock();
     let key = (plural.to_string(), name.to_string());
-    if let Some(race) = store.race_next_patch.take()
+    let race = store.race_next_patch.take().map(|(race, n)| {
+        store.race_next_patch = (n > 1).then(|| (race.clone(), n - 1));
+        race
+    });
+    if let Some(race) = race
         && let Some(mut object) = store.objects.get(&key).cloned()
     {
         merge(&mut object, &race);

@@ -262,6 +262,27 @@ async fn a_conflicting_adoption_loses_to_the_winner_and_a_mere_change_is_retried
     );
 }
 
+/// A parked pod whose every conditional patch loses while it stays parked (only this
+/// instance adopts its pods) is removed: taken from the pool, it is never handed out
+/// again, nor left for the pool to skip forever.
+#[tokio::test]
+async fn a_parked_pod_that_keeps_changing_is_removed_not_left_taken() {
+    let fake = FakeApi::start(false).await;
+    let rt = runtime(&fake, settings()).await;
+    let restless = rt.park(&park_spec("support")).await.expect("park");
+    fake.race_next_patches(
+        json!({"metadata": {"annotations": {"example.com/touched": "yes"}}}),
+        3,
+    );
+    let refused = rt.adopt(&restless, &spec("s1")).await;
+    assert!(
+        matches!(&refused, Err(SandboxError::NotAdoptable { reason, .. }) if reason.contains("kept changing")),
+        "{refused:?}"
+    );
+    assert!(fake.objects("pods").is_empty(), "removed");
+    assert!(rt.adoptions().is_empty());
+}
+
 #[tokio::test]
 async fn a_parked_pod_that_never_becomes_ready_is_removed() {
     let fake = FakeApi::start(false).await;
