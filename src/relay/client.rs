@@ -21,6 +21,10 @@
 //! - With `--secrets-dir`, the session's granted secrets are fetched before the socket
 //!   is opened and written there as read-only files (a memory-backed volume). Neither a
 //!   credential nor a secret is ever logged.
+//! - A relay presenting its pod's token (a parked or claimed pod, started before its
+//!   thread was known) is refused until its pod is adopted; it asks again every
+//!   `UNASSIGNED_POLL` (250 ms) meanwhile, so an adoption reaches it at once, where any
+//!   other failure backs off.
 
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -63,6 +67,9 @@ const DRAIN_UNREAD: Duration = Duration::from_secs(1);
 const WARM_MAX_AGE: Duration = Duration::from_secs(4);
 /// Redirects followed for one connection before giving up.
 pub const MAX_REDIRECTS: usize = 3;
+/// How often a relay presenting its pod's token asks again while its pod is not adopted
+/// yet (a parked pod): each ask is one TLS handshake, refused before any API call.
+const UNASSIGNED_POLL: Duration = Duration::from_millis(250);
 /// The shortest wait between renewals, and the first wait after a failed one.
 const MIN_RENEW_WAIT: Duration = Duration::from_secs(1);
 
@@ -249,8 +256,12 @@ impl Relay {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     failed += 1;
-                    let wait = crate::retry::SESSION_START.wait(failed);
-                    tracing::warn!(error = %format!("{e:#}"), retry_in = ?wait, "cannot fetch the session's workspace");
+                    let wait = self.wait_after(failed, &e);
+                    if wait == UNASSIGNED_POLL {
+                        tracing::debug!("the pod is not adopted yet; asking again");
+                    } else {
+                        tracing::warn!(error = %format!("{e:#}"), retry_in = ?wait, "cannot fetch the session's workspace");
+                    }
                     tokio::time::sleep(wait).await;
                 }
             }
@@ -266,13 +277,40 @@ impl Relay {
                 Ok(files) => return write_secrets(dir, &files),
                 Err(e) => {
                     failed += 1;
-                    let wait = crate::retry::SESSION_START.wait(failed);
-                    tracing::warn!(error = %e, retry_in = ?wait, "cannot fetch the session's secrets");
+                    let wait = self.wait_after(failed, &e);
+                    if wait == UNASSIGNED_POLL {
+                        tracing::debug!("the pod is not adopted yet; asking again");
+                    } else {
+                        tracing::warn!(error = %e, retry_in = ?wait, "cannot fetch the session's secrets");
+                    }
                     tokio::time::sleep(wait).await;
                 }
             }
         }
     }
+}
+
+impl Relay {
+    /// The wait after the `failed`th failure to fetch what the socket waits on. A relay
+    /// presenting its pod's token (a parked or claimed pod, started before its thread
+    /// was known) is refused `invalid` until its pod is adopted: it asks again every
+    /// [`UNASSIGNED_POLL`], so it learns of the adoption at once rather than after a
+    /// doubling backoff of up to five minutes. Anything else backs off.
+    fn wait_after(&self, failed: u32, error: &anyhow::Error) -> Duration {
+        fetch_retry_wait(failed, error, self.dialer.current().expose_secret())
+    }
+}
+
+/// See [`Relay::wait_after`]: `credential` is what the relay presents.
+fn fetch_retry_wait(failed: u32, error: &anyhow::Error, credential: &str) -> Duration {
+    let refused_invalid = matches!(
+        error.downcast_ref::<DialError>(),
+        Some(DialError::Refused(Refused::Invalid))
+    );
+    if refused_invalid && !super::credential::is_minted(credential) {
+        return UNASSIGNED_POLL;
+    }
+    crate::retry::SESSION_START.wait(failed)
 }
 
 impl Dialer {
@@ -663,6 +701,35 @@ mod tests {
             let e = parse_gateway(bad).expect_err(bad).to_string();
             assert!(e.starts_with("--gateway"), "{e}");
         }
+    }
+
+    /// A parked pod's relay (its pod's token, refused `invalid` until adopted) asks
+    /// again at a short fixed interval; a minted credential refused, or any other
+    /// failure, backs off.
+    #[test]
+    fn an_unadopted_pods_relay_asks_again_soon_and_everything_else_backs_off() {
+        let refused = || anyhow::Error::from(DialError::Refused(Refused::Invalid));
+        let pod_token = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJwb2QifQ.sig";
+        for failed in [1, 5, 20] {
+            assert_eq!(
+                fetch_retry_wait(failed, &refused(), pod_token),
+                UNASSIGNED_POLL
+            );
+            let wrapped = refused().context("control connection");
+            assert_eq!(
+                fetch_retry_wait(failed, &wrapped, pod_token),
+                UNASSIGNED_POLL
+            );
+        }
+        let backoff = crate::retry::SESSION_START.wait(5);
+        assert!(backoff > UNASSIGNED_POLL);
+        let minted = "tgr1.s1.91000.n.m";
+        assert!(super::super::credential::is_minted(minted));
+        assert_eq!(fetch_retry_wait(5, &refused(), minted), backoff);
+        let unavailable = anyhow::Error::from(DialError::Refused(Refused::Unavailable));
+        assert_eq!(fetch_retry_wait(5, &unavailable, pod_token), backoff);
+        let io = anyhow::anyhow!("connection refused");
+        assert_eq!(fetch_retry_wait(5, &io, pod_token), backoff);
     }
 
     #[test]

@@ -139,8 +139,8 @@ pub trait SandboxRuntime: Send + Sync {
     }
 
     /// The verifier of the tokens this runtime's sandboxes' relays present in place of a
-    /// minted credential (claimed pods' service-account tokens); none for a runtime
-    /// whose sandboxes all carry a minted credential or no relay.
+    /// minted credential (claimed and adopted parked pods' service-account tokens); none
+    /// for a runtime whose sandboxes all carry a minted credential or no relay.
     fn pod_token_verifier(&self) -> Option<std::sync::Arc<dyn PodTokenVerifier>> {
         None
     }
@@ -165,9 +165,10 @@ pub struct ParkSpec {
 /// report it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParkedSandbox {
-    /// The runtime's id of the sandbox (Docker's container id).
+    /// The runtime's id of the sandbox (Docker's container id, the pod's name).
     pub container_id: String,
-    /// Its name, `threadgate-<instance>-pool-<slot>`.
+    /// Its name, `threadgate-<instance>-pool-<slot>` (a pod's
+    /// `tg-<instance>-pool-<slot>-<hash>`).
     pub name: String,
     /// The pool (agent definition) it was parked for.
     pub pool: String,
@@ -210,10 +211,10 @@ pub enum PodTokenError {
     Unavailable,
 }
 
-/// Verifies the token a claimed sandbox's relay presents (the pod-bound service-account
-/// token the kubelet projects, as no per-session credential can be in a warm pod): the
-/// one session its pod was adopted for. Implemented by the Kubernetes backend's
-/// `TokenReviewer`, handed to the gateway's relay listener.
+/// Verifies the token a claimed or parked sandbox's relay presents (the pod-bound
+/// service-account token the kubelet projects, as no per-session credential can be in a
+/// warm pod): the one session its pod was adopted for. Implemented by the Kubernetes
+/// backend's `TokenReviewer`, handed to the gateway's relay listener.
 #[async_trait::async_trait]
 pub trait PodTokenVerifier: Send + Sync {
     /// The session `token`'s pod was adopted for.

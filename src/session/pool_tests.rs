@@ -320,3 +320,28 @@ async fn an_adoption_that_fails_falls_back_to_a_cold_start() {
         "and it is never parked again"
     );
 }
+
+/// A parked sandbox refused as not adoptable (another adopter won it: a 409 on
+/// Kubernetes) is left to its winner, and the start takes the next one: still warm.
+#[tokio::test]
+async fn a_sandbox_another_adopter_won_is_skipped_for_the_next() {
+    let fake = Arc::new(FakeRuntime::with_pool());
+    let pool = full_pool(&fake, 2).await;
+    let parked = ids(&fake.parked());
+    fake.fail_next_adopt(SandboxError::NotAdoptable {
+        container: parked[0].clone(),
+        reason: "another adopter won it".into(),
+    });
+    let h = harness_with_pool(4, fake.clone(), None, Some(pool));
+    h.event("th_1", "customer", 1_000).await;
+    assert_eq!(h.state("th_1").await, Some(SessionState::Running));
+    assert_eq!(
+        fake.start_count(),
+        0,
+        "no container started: the next one was adopted"
+    );
+    let listed = fake.list().await.unwrap();
+    let th1 = listed.iter().find(|c| c.thread_id == "th_1").unwrap();
+    assert!(parked.contains(&th1.container_id));
+    assert_eq!(fake.adopted().len(), 2, "two tried, one adopted");
+}

@@ -17,6 +17,10 @@
 //! server's TokenReview against the pod recorded when the claim was bound
 //! ([`Adoptions`], `review.rs`).
 //!
+//! Without agent-sandbox the runtime keeps parked pods for `session::pool` itself
+//! (`pool.rs`): the template's pod with nothing of any thread, adopted by one
+//! conditional patch and recorded in [`Adoptions`] like a claimed pod.
+//!
 //! The contract is the Docker runtime's: `start` returns once the pod is ready and
 //! leaves nothing behind when it fails (a 409 is [`SandboxError::AlreadyExists`]);
 //! `stop` is idempotent and refuses another instance's object; `list` is what adopting
@@ -25,6 +29,7 @@
 
 mod crd;
 mod objects;
+mod pool;
 mod review;
 mod settings;
 mod wait;
@@ -50,8 +55,8 @@ pub use review::{Adopted, Adoptions, TokenReviewer};
 pub use settings::{Backend, ClaimMode, KubernetesSettings};
 
 use super::{
-    LABEL_INSTANCE, RelayMinter, SandboxError, SandboxHandle, SandboxInfo, SandboxRuntime,
-    SandboxSpec,
+    LABEL_INSTANCE, LABEL_SLOT, ParkSpec, ParkedSandbox, RelayMinter, SandboxError, SandboxHandle,
+    SandboxInfo, SandboxRuntime, SandboxSpec,
 };
 use crate::secrets::ExposeSecret as _;
 use objects::{
@@ -164,9 +169,8 @@ impl KubeRuntime {
             adoptions: Adoptions::default(),
             ca_pem,
         };
-        if kind == Kind::Claims {
-            runtime.restore_adoptions().await?;
-        }
+        // Claimed pods, and parked pods adopted before a restart.
+        runtime.restore_adoptions().await?;
         tracing::info!(namespace = %runtime.settings.namespace, kind = ?kind, "kubernetes sandbox runtime ready");
         Ok(runtime)
     }
@@ -344,11 +348,7 @@ impl KubeRuntime {
     }
 
     async fn delete_object(&self, name: &str) -> Result<(), SandboxError> {
-        let params = DeleteParams {
-            grace_period_seconds: u32::try_from(GRACE_SECONDS).ok(),
-            propagation_policy: Some(PropagationPolicy::Background),
-            ..Default::default()
-        };
+        let params = grace();
         match self.kind {
             Kind::Pods => delete_quietly(&self.pods(), name, &params).await,
             Kind::Claims => delete_quietly(&self.claims(), name, &params).await,
@@ -446,12 +446,20 @@ impl SandboxRuntime for KubeRuntime {
         }
         self.delete_object(container_id).await?;
         delete_quietly(&self.secrets(), &credential_name(container_id), &now()).await?;
-        let session = meta
-            .annotations
-            .unwrap_or_default()
-            .remove(ANNOTATION_SESSION);
-        if let Some(Ok(session)) = session.map(crate::ids::SessionId::parse) {
-            self.adoptions.forget_session(&session);
+        if labels.contains_key(LABEL_SLOT) {
+            // A pod of the pool: only this pod's adoption is forgotten (a stray of a
+            // crash must not take the record of its session's live pod with it).
+            if let Some(uid) = &meta.uid {
+                self.adoptions.forget_pod(uid);
+            }
+        } else {
+            let session = meta
+                .annotations
+                .unwrap_or_default()
+                .remove(ANNOTATION_SESSION);
+            if let Some(Ok(session)) = session.map(crate::ids::SessionId::parse) {
+                self.adoptions.forget_session(&session);
+            }
         }
         tracing::info!("sandbox stopped");
         Ok(())
@@ -489,10 +497,27 @@ impl SandboxRuntime for KubeRuntime {
         Ok(removed)
     }
 
+    async fn park(&self, spec: &ParkSpec) -> Result<ParkedSandbox, SandboxError> {
+        self.park_pod(spec).await
+    }
+
+    #[tracing::instrument(skip_all, fields(session = %spec.session_id, container = %parked.container_id))]
+    async fn adopt(
+        &self,
+        parked: &ParkedSandbox,
+        spec: &SandboxSpec,
+    ) -> Result<SandboxHandle, SandboxError> {
+        self.adopt_pod(parked, spec).await
+    }
+
+    async fn list_parked(&self) -> Result<Vec<ParkedSandbox>, SandboxError> {
+        self.parked_pods().await
+    }
+
     fn pod_token_verifier(&self) -> Option<Arc<dyn super::PodTokenVerifier>> {
-        // Only a claimed pod's relay presents its service-account token.
-        (self.kind == Kind::Claims)
-            .then(|| Arc::new(self.token_reviewer()) as Arc<dyn super::PodTokenVerifier>)
+        // A claimed pod's relay, and an adopted parked pod's, present the pod's
+        // service-account token (a cold plain pod's a minted credential).
+        Some(Arc::new(self.token_reviewer()))
     }
 
     async fn check_ready(&self, _image: &str) -> Result<(), SandboxError> {
@@ -599,6 +624,15 @@ where
         Ok(_) => Ok(()),
         Err(e) if status_of(&e) == Some(404) => Ok(()),
         Err(e) => Err(kube_err("delete", name, e)),
+    }
+}
+
+/// Delete after the sandbox's grace period, its dependents in the background.
+fn grace() -> DeleteParams {
+    DeleteParams {
+        grace_period_seconds: u32::try_from(GRACE_SECONDS).ok(),
+        propagation_policy: Some(PropagationPolicy::Background),
+        ..Default::default()
     }
 }
 

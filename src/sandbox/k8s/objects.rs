@@ -1,5 +1,6 @@
 //! The objects one session is made of on Kubernetes, built as values: the pod (or the
-//! claim that gets one from a warm pool) and the credential Secret of its relay.
+//! claim that gets one from a warm pool) and the credential Secret of its relay; a
+//! parked pod of threadgate's own pool and the patch that adopts it.
 //!
 //! The pod has two containers sharing an `emptyDir` socket directory and the
 //! `emptyDir` workspace (the relay writes the thread's branch there before the agent's
@@ -30,8 +31,8 @@ use super::crd::{
 };
 use super::settings::KubernetesSettings;
 use crate::sandbox::{
-    CONTAINER_SECRETS_DIR, CONTAINER_SOCKET_DIR, CONTAINER_WORKSPACE, LABEL_INSTANCE,
-    LABEL_SESSION, LABEL_THREAD, SANDBOX_UID, SandboxSpec,
+    CONTAINER_SECRETS_DIR, CONTAINER_SOCKET_DIR, CONTAINER_WORKSPACE, LABEL_INSTANCE, LABEL_POOL,
+    LABEL_SESSION, LABEL_SLOT, LABEL_THREAD, SANDBOX_UID, SandboxSpec,
 };
 
 /// The label every sandbox pod carries, selected by the sandbox NetworkPolicy.
@@ -199,7 +200,19 @@ pub fn template_pod_spec(
     image: &str,
     limits: crate::sandbox::Limits,
 ) -> PodSpec {
-    let credential = Volume {
+    PodSpec {
+        service_account_name: Some(SANDBOX_SERVICE_ACCOUNT.to_string()),
+        ..pod_spec(settings, image, None, &[], projected_credential(), limits)
+    }
+}
+
+/// The relay credential of a pod started before its thread was known (a claimed or a
+/// parked pod): the pod-bound token of the `threadgate-sandbox` service account with
+/// the relay's audience, projected and rotated by the kubelet, beside the relay
+/// listener's CA. It names the pod, never a session: the session is the one the pod is
+/// adopted for.
+fn projected_credential() -> Volume {
+    Volume {
         name: VOLUME_CREDENTIAL.to_string(),
         projected: Some(ProjectedVolumeSource {
             default_mode: Some(0o400),
@@ -227,11 +240,82 @@ pub fn template_pod_spec(
             ]),
         }),
         ..Default::default()
-    };
-    PodSpec {
-        service_account_name: Some(SANDBOX_SERVICE_ACCOUNT.to_string()),
-        ..pod_spec(settings, image, None, &[], credential, limits)
     }
+}
+
+/// `LABEL_COMPONENT` on parked pods (threadgate's own pool, without agent-sandbox).
+/// Adoption changes it to [`COMPONENT_SANDBOX`], once: a pod is parked only until then.
+pub(crate) const COMPONENT_POOL: &str = "pool";
+/// Annotation naming the instance that adopted a parked pod (set by the adoption).
+pub(crate) const ANNOTATION_ADOPTED_BY: &str = "threadgate.adopted-by";
+
+/// A parked pod of `spec.pool`: the template's pod (the projected, pod-bound relay
+/// token; no Secret) with the agent's command and environment, labelled with the
+/// instance, the pool, the slot and `component=pool` only. Nothing of any thread: no
+/// session or thread label, no annotation, a name made of the slot.
+pub(crate) fn parked_pod(
+    settings: &KubernetesSettings,
+    instance_id: &str,
+    name: &str,
+    slot: &str,
+    spec: &crate::sandbox::ParkSpec,
+) -> Pod {
+    let labels = BTreeMap::from([
+        (LABEL_INSTANCE.to_string(), instance_id.to_string()),
+        (LABEL_POOL.to_string(), spec.pool.clone()),
+        (LABEL_SLOT.to_string(), slot.to_string()),
+        (LABEL_COMPONENT.to_string(), COMPONENT_POOL.to_string()),
+        (LABEL_APP.to_string(), APP_SANDBOX.to_string()),
+        (
+            "app.kubernetes.io/managed-by".to_string(),
+            "threadgate".to_string(),
+        ),
+    ]);
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(settings.namespace.clone()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            service_account_name: Some(SANDBOX_SERVICE_ACCOUNT.to_string()),
+            ..pod_spec(
+                settings,
+                &spec.image,
+                spec.command.clone(),
+                &spec.env,
+                projected_credential(),
+                spec.limits,
+            )
+        }),
+        status: None,
+    }
+}
+
+/// The merge patch that adopts a parked pod for `spec`'s session, applied only at
+/// `resource_version` (the API server answers 409 to a pod changed since it was read,
+/// so of two adopters one wins): the session's labels (`component` becomes `sandbox`,
+/// so it is listed as a session's and never as parked again) and annotations, and the
+/// adopting instance.
+pub(crate) fn adoption_patch(
+    instance_id: &str,
+    spec: &SandboxSpec,
+    resource_version: &str,
+) -> serde_json::Value {
+    let mut annotations = session_annotations(spec);
+    annotations.insert(ANNOTATION_ADOPTED_BY.to_string(), instance_id.to_string());
+    serde_json::json!({
+        "metadata": {
+            "resourceVersion": resource_version,
+            "labels": {
+                LABEL_COMPONENT: COMPONENT_SANDBOX,
+                LABEL_SESSION: label_value(&spec.session_id),
+                LABEL_THREAD: label_value(&spec.thread_id),
+            },
+            "annotations": annotations,
+        }
+    })
 }
 
 /// The audience of the projected token a claimed sandbox's relay presents.

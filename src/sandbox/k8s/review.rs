@@ -1,6 +1,6 @@
-//! Claimed pods' relays: the pod recorded when a claim is bound ([`Adoptions`], kept by
-//! the runtime), and the relay's projected service-account token, checked with the API
-//! server's TokenReview against it.
+//! Claimed and adopted parked pods' relays: the pod recorded when a claim is bound or a
+//! parked pod adopted ([`Adoptions`], kept by the runtime), and the relay's projected
+//! service-account token, checked with the API server's TokenReview against it.
 //!
 //! A pod drawn from a warm pool was started before any thread existed, so it cannot
 //! carry a session credential. Its relay presents the token the kubelet projects for
@@ -86,6 +86,18 @@ impl Adoptions {
         pods.insert(uid, adopted);
     }
 
+    /// Records the pod `uid` again after a restart, beside any other pod of the same
+    /// session (a pod adopted before a crash its session's row never named is one:
+    /// reconciliation removes it, and forgets only it, [`Adoptions::forget_pod`]).
+    fn restore(&self, uid: String, adopted: Adopted) {
+        self.lock().insert(uid, adopted);
+    }
+
+    /// Forgets the pod `uid`: its token reaches nothing from now on.
+    pub fn forget_pod(&self, uid: &str) {
+        self.lock().remove(uid);
+    }
+
     /// Forgets the pod of `session`: its token reaches nothing from now on.
     pub fn forget_session(&self, session: &SessionId) {
         self.lock().retain(|_, a| &a.session != session);
@@ -114,7 +126,9 @@ impl Adoptions {
 
 impl super::KubeRuntime {
     /// Records the pod of every claim of this instance again (after a restart): the
-    /// pods carry the claim's labels and the session's annotation.
+    /// pods carry the claim's labels and the session's annotation. With plain pods, the
+    /// parked pods adopted before (a slot label and the session's annotation); a cold
+    /// pod's relay presents a minted credential and is recorded nowhere.
     pub(super) async fn restore_adoptions(&self) -> Result<(), SandboxError> {
         let params =
             ListParams::default().labels(&instance_selector(&self.instance_id, COMPONENT_SANDBOX));
@@ -123,9 +137,13 @@ impl super::KubeRuntime {
             .list(&params)
             .await
             .map_err(|e| kube_err("list", "claimed sandbox pods", e))?;
+        let pooled = |pod: &Pod| pod.labels().contains_key(crate::sandbox::LABEL_SLOT);
         for pod in pods {
+            if self.kind == super::Kind::Pods && !pooled(&pod) {
+                continue;
+            }
             if let Some((uid, adopted)) = adopted_pod(&pod) {
-                self.adoptions.record(uid, adopted);
+                self.adoptions.restore(uid, adopted);
             }
         }
         Ok(())

@@ -104,22 +104,34 @@ pub(super) async fn drop_local(parts: &SupervisorParts, thread: &ThreadId) -> an
 
 /// Adopts a parked sandbox of the agent's pool when there is one (`warm`), otherwise
 /// (a miss, or an adoption that failed: the runtime removed that sandbox) starts a
-/// container (`cold`).
+/// container (`cold`). A parked sandbox refused as not adoptable (another adopter won
+/// it: a 409 on Kubernetes) is left to its winner and the next one is taken, at most
+/// [`ADOPT_TRIES`] in all.
 async fn launch(
     parts: &SupervisorParts,
     agent: &str,
     spec: &SandboxSpec,
 ) -> Result<(SandboxHandle, &'static str), SandboxError> {
-    if let Some(parked) = parts.pool.as_ref().and_then(|pool| pool.take(agent)) {
+    for _ in 0..ADOPT_TRIES {
+        let Some(parked) = parts.pool.as_ref().and_then(|pool| pool.take(agent)) else {
+            break;
+        };
         match parts.sandbox.adopt(&parked, spec).await {
             Ok(handle) => return Ok((handle, "warm")),
+            Err(e @ SandboxError::NotAdoptable { .. }) => {
+                tracing::warn!(container = %parked.container_id, error = %e, "a parked sandbox cannot be adopted; taking the next");
+            }
             Err(e) => {
                 tracing::warn!(container = %parked.container_id, error = %e, "cannot adopt a parked sandbox; starting a container");
+                break;
             }
         }
     }
     parts.sandbox.start(spec).await.map(|h| (h, "cold"))
 }
+
+/// Parked sandboxes a start tries to adopt before it starts one cold.
+const ADOPT_TRIES: usize = 3;
 
 /// Removes the container, commits the worktree onto the thread's branch, and when the
 /// session ends also pushes the branch and removes the worktree.

@@ -8,9 +8,11 @@
 //! "controller" makes with the claim's labels and annotations, owned by the claim.
 //! `POST /apis/authentication.k8s.io/v1/tokenreviews` reviews the pod-bound tokens it
 //! issued ([`FakeApi::pod_token`]) as the real server does (audiences intersected,
-//! the service account as the user, the pod in `extra`). Faults are switched on per
-//! test: watches closed as soon as they open, watches answered 410 Gone, reviews
-//! answered 503.
+//! the service account as the user, the pod in `extra`). `PATCH` applies a JSON merge
+//! patch, with a `metadata.resourceVersion` in it as a precondition (409 Conflict when
+//! the object has moved on). Faults are switched on per test: watches closed as soon as
+//! they open, watches answered 410 Gone, reviews answered 503, another writer's change
+//! just before the next patch.
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -59,6 +61,9 @@ struct Store {
     tokens: HashMap<String, IssuedToken>,
     /// Token reviews are answered 503, as an API server that cannot be reached.
     fail_reviews: bool,
+    /// A merge patch another writer applies just before each of the next PATCHes is
+    /// served (the race a conditional patch must lose), and how many more times.
+    race_next_patch: Option<(Value, usize)>,
 }
 
 /// What the fake API server issued a pod token for.
@@ -93,6 +98,7 @@ impl FakeApi {
             requests: Vec::new(),
             tokens: HashMap::new(),
             fail_reviews: false,
+            race_next_patch: None,
         }));
         let (changed, _) = tokio::sync::watch::channel(100);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -140,6 +146,17 @@ impl FakeApi {
     /// Token reviews answer 503 (`true`) or are served again (`false`).
     pub(crate) fn fail_reviews(&self, fail: bool) {
         self.lock().fail_reviews = fail;
+    }
+
+    /// Before the next PATCH is served, `patch` is merged into its object as another
+    /// writer's change (its resourceVersion moves on).
+    pub(crate) fn race_next_patch(&self, patch: Value) {
+        self.race_next_patches(patch, 1);
+    }
+
+    /// As [`FakeApi::race_next_patch`], before each of the next `n` PATCHes.
+    pub(crate) fn race_next_patches(&self, patch: Value, n: usize) {
+        self.lock().race_next_patch = (n > 0).then_some((patch, n));
     }
 
     /// A pod-bound token as the kubelet projects it (a JWT whose payload names the pod),
@@ -297,7 +314,7 @@ fn stamp(store: &mut Store, object: &mut Value) {
     let meta = &mut object["metadata"];
     meta["resourceVersion"] = json!(store.rv.to_string());
     meta["uid"] = json!(uuid::Uuid::new_v4().to_string());
-    meta["creationTimestamp"] = json!("2026-12-02T12:00:00Z");
+    meta["creationTimestamp"] = json!(chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string());
 }
 
 /// `(apiVersion, kind)` of each served plural.
@@ -416,6 +433,7 @@ async fn handle(
             }
         }
         (Method::DELETE, Some(name)) => delete(&fake, &plural, &name),
+        (Method::PATCH, Some(name)) => patch(&fake, &plural, &name, &body),
         (method, _) => status(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",
@@ -571,6 +589,76 @@ fn create(fake: &FakeApi, plural: &str, body: &Bytes) -> Response {
         fake.schedule(plural, &name);
     }
     (StatusCode::CREATED, axum::Json(object)).into_response()
+}
+
+/// A JSON merge patch (RFC 7386), as `application/merge-patch+json` is applied.
+fn merge(target: &mut Value, patch: &Value) {
+    let Some(fields) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    for (key, value) in fields {
+        if value.is_null() {
+            if let Some(map) = target.as_object_mut() {
+                map.remove(key);
+            }
+        } else {
+            merge(&mut target[key.as_str()], value);
+        }
+    }
+}
+
+/// A merge patch; a `metadata.resourceVersion` in it is a precondition (409 Conflict
+/// when the object has moved on), as the real server treats it.
+fn patch(fake: &FakeApi, plural: &str, name: &str, body: &Bytes) -> Response {
+    let patch: Value = match serde_json::from_slice(body) {
+        Ok(patch) => patch,
+        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
+    };
+    let mut store = fake.lock();
+    let key = (plural.to_string(), name.to_string());
+    let race = store.race_next_patch.take().map(|(race, n)| {
+        store.race_next_patch = (n > 1).then(|| (race.clone(), n - 1));
+        race
+    });
+    if let Some(race) = race
+        && let Some(mut object) = store.objects.get(&key).cloned()
+    {
+        merge(&mut object, &race);
+        store.rv += 1;
+        object["metadata"]["resourceVersion"] = json!(store.rv.to_string());
+        store.record(plural, "MODIFIED", &object);
+        store.objects.insert(key.clone(), object);
+    }
+    let Some(mut object) = store.objects.get(&key).cloned() else {
+        return not_found(plural, name);
+    };
+    if let Some(wanted) = patch["metadata"]["resourceVersion"].as_str()
+        && object["metadata"]["resourceVersion"].as_str() != Some(wanted)
+    {
+        let message = format!(
+            "Operation cannot be fulfilled on {plural} \"{name}\": the object has been \
+             modified; please apply your changes to the latest version and try again"
+        );
+        return status(StatusCode::CONFLICT, "Conflict", message);
+    }
+    merge(&mut object, &patch);
+    if plural == "pods"
+        && let Err(e) = serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(object.clone())
+    {
+        return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", e.to_string());
+    }
+    store.rv += 1;
+    object["metadata"]["resourceVersion"] = json!(store.rv.to_string());
+    store.record(plural, "MODIFIED", &object);
+    store.objects.insert(key, object.clone());
+    let rv = store.rv;
+    drop(store);
+    fake.changed.send_replace(rv);
+    axum::Json(object).into_response()
 }
 
 /// Deletes the object, and (as the garbage collector would) every object it owns.

@@ -329,7 +329,11 @@ fn rbac_is_the_least_threadgate_needs_in_its_namespace() {
     };
     assert_eq!(role.metadata.namespace.as_deref(), Some("threadgate"));
     let allowed: BTreeMap<&str, &[&str]> = BTreeMap::from([
-        ("pods", &["get", "list", "watch", "create", "delete"][..]),
+        // `patch`: adopting a parked pod (a conditional merge patch of its metadata).
+        (
+            "pods",
+            &["get", "list", "watch", "create", "patch", "delete"][..],
+        ),
         ("secrets", &["get", "list", "create", "delete"][..]),
         (
             "sandboxclaims",

@@ -5,6 +5,7 @@
 
 mod fake_api;
 mod manifests;
+mod pool;
 mod review;
 
 use std::path::PathBuf;
