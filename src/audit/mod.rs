@@ -280,10 +280,11 @@ pub fn append_all(
         return Ok(0);
     }
     if conn.dialect() == crate::store::Dialect::Postgres {
-        let mut last = 0;
-        for record in records {
-            last = insert_pending(conn, &redacted_row(record, redactor)?)?;
-        }
+        let rows = records
+            .iter()
+            .map(|record| redacted_row(record, redactor))
+            .collect::<crate::store::Result<Vec<_>>>()?;
+        let last = insert_pending(conn, &rows)?;
         // One step per transaction whatever its appends: the last row is the newest.
         conn.after_postgres_commit("audit.chain", move |c| {
             chain_pending(c, Some(last)).map(|_| ())
@@ -323,21 +324,26 @@ pub fn append_all(
 /// rows it chains leave `audit_pending` in the same statement that reads them, so none
 /// is chained twice or skipped.
 pub(crate) fn chain_pending(conn: &Conn<'_>, mine: Option<i64>) -> crate::store::Result<usize> {
-    // Chained by another writer's step already: no lock taken.
-    if let Some(seq) = mine {
-        let waiting: i64 = cached_query_row(
-            conn,
-            "SELECT count(*) FROM audit_pending WHERE seq = ?1",
-            [seq],
-            |r| r.get(0),
-        )?;
-        if waiting == 0 {
-            return Ok(0);
+    // The chain's lock, taken in the statement that checks whether `mine` is still
+    // waiting: chained by another writer's step already, no lock is taken. A row chained
+    // while this step waited for the lock is simply not among those it takes.
+    match mine {
+        Some(seq) => {
+            let locked: i64 = cached_query_row(
+                conn,
+                "SELECT count(*) FROM \
+                     (SELECT pg_advisory_xact_lock(?1) FROM audit_pending WHERE seq = ?2) l",
+                [AUDIT_CHAIN_LOCK, seq],
+                |r| r.get(0),
+            )?;
+            if locked == 0 {
+                return Ok(0);
+            }
+        }
+        None => {
+            cached_execute(conn, "SELECT pg_advisory_xact_lock(?1)", [AUDIT_CHAIN_LOCK])?;
         }
     }
-    // Under the lock, one statement takes the rows and reads the head, and one
-    // statement per chunk inserts them: few round trips while the lock is held.
-    cached_execute(conn, "SELECT pg_advisory_xact_lock(?1)", [AUDIT_CHAIN_LOCK])?;
     let mut chained = 0;
     loop {
         let (mut rows, head) = take_pending(conn)?;
@@ -432,15 +438,12 @@ fn take_pending(conn: &Conn<'_>) -> crate::store::Result<Taken> {
     Ok((rows, head))
 }
 
-/// Inserts chained rows, several per statement (chunks of 32, 8 and 1 rows, so a few
-/// statements are prepared per connection).
+/// Inserts chained rows, up to 32 per statement (one statement text per chunk size, at
+/// most 32 prepared per connection): the few rows of one call's step are one round trip.
 fn insert_rows(conn: &Conn<'_>, rows: &[AuditRecordRow]) -> crate::store::Result<()> {
     let mut rest = rows;
     while !rest.is_empty() {
-        let size = [32, 8, 1]
-            .into_iter()
-            .find(|n| *n <= rest.len())
-            .unwrap_or(1);
+        let size = rest.len().min(32);
         let (chunk, after) = rest.split_at(size);
         let tuples: Vec<String> = (0..size)
             .map(|i| {
@@ -483,33 +486,51 @@ fn insert_rows(conn: &Conn<'_>, rows: &[AuditRecordRow]) -> crate::store::Result
     Ok(())
 }
 
-/// Adds a redacted row to `audit_pending`; answers its number.
-fn insert_pending(conn: &Conn<'_>, row: &AuditRecordRow) -> crate::store::Result<i64> {
-    cached_query_row(
-        conn,
+/// Adds redacted rows to `audit_pending` in one statement, in their order; answers
+/// the last one's number.
+fn insert_pending(conn: &Conn<'_>, rows: &[AuditRecordRow]) -> crate::store::Result<i64> {
+    const COLUMNS: usize = 14;
+    let tuples: Vec<String> = (0..rows.len())
+        .map(|i| {
+            let marks: Vec<String> = (1..=COLUMNS)
+                .map(|k| format!("?{}", i * COLUMNS + k))
+                .collect();
+            format!("({})", marks.join(", "))
+        })
+        .collect();
+    // A transaction writes a handful of rows: one statement text per count, cached.
+    let sql = format!(
         "INSERT INTO audit_pending (at_ms, execution_id, event, session_id, thread_id, \
              agent, tool, args_redacted, decision, rule, policy_hash, reviewer, outcome, \
              duration_ms) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
-         RETURNING seq",
-        params![
-            row.at_ms,
-            row.execution_id,
-            row.event,
-            row.session_id,
-            row.thread_id,
-            row.agent,
-            row.tool,
-            row.args_redacted,
-            row.decision,
-            row.rule,
-            row.policy_hash,
-            row.reviewer,
-            row.outcome,
-            row.duration_ms,
-        ],
-        |r| r.get(0),
-    )
+         VALUES {} RETURNING seq",
+        tuples.join(", ")
+    );
+    let mut values: Vec<&dyn crate::store::ToSql> = Vec::with_capacity(rows.len() * COLUMNS);
+    for row in rows {
+        values.extend([
+            &row.at_ms as &dyn crate::store::ToSql,
+            &row.execution_id,
+            &row.event,
+            &row.session_id,
+            &row.thread_id,
+            &row.agent,
+            &row.tool,
+            &row.args_redacted,
+            &row.decision,
+            &row.rule,
+            &row.policy_hash,
+            &row.reviewer,
+            &row.outcome,
+            &row.duration_ms,
+        ]);
+    }
+    // Rows of one VALUES list get their serial numbers in list order.
+    let seqs = conn
+        .prepare_cached(&sql)?
+        .query_map(values, |r| r.get::<_, i64>(0))?
+        .collect::<crate::store::Result<Vec<i64>>>()?;
+    Ok(seqs.into_iter().max().unwrap_or(0))
 }
 
 /// Makes `row` row `id` of the chain, after a row whose hash is `prev_hash`.

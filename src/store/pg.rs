@@ -374,6 +374,7 @@ fn run_after_commit(
     step: AfterCommit,
 ) {
     let _span = tracing::trace_span!("pg.after_commit", key).entered();
+    super::counts::bump(super::counts::Event::RoundTrip);
     let tx = match client
         .build_transaction()
         .isolation_level(IsolationLevel::ReadCommitted)
@@ -390,7 +391,13 @@ fn run_after_commit(
     let Some(PgParts { tx, .. }) = conn.into_postgres() else {
         return;
     };
-    let done = done.and_then(|()| tx.commit().map_err(SqlError::Postgres));
+    let done = done.and_then(|()| {
+        super::counts::bump(super::counts::Event::RoundTrip);
+        tx.commit().map_err(SqlError::Postgres)
+    });
+    if done.is_ok() {
+        super::counts::bump(super::counts::Event::Commit);
+    }
     if let Err(e) = done {
         tracing::warn!(step = key, error = %e, "a step after a commit failed; a later one does its work");
     }
