@@ -82,7 +82,12 @@ impl FromStr for Anchor {
     }
 }
 
-/// The current head: the last row's id and hash (an empty chain is `0…0:0`).
+/// The current head: the last row's id and hash (an empty chain is `0…0:0`). On
+/// Postgres it is answered only once it is durable: the chaining step commits without
+/// waiting for its WAL flush (`super::chain_pending`), so this waits until the WAL is
+/// flushed past every commit this snapshot sees (the WAL writer flushes within a few
+/// hundred milliseconds), and an anchor kept outside never names a head a crash could
+/// take back.
 pub fn head(conn: &Conn<'_>) -> Result<Anchor, AuditError> {
     let last: Option<(i64, Vec<u8>)> = conn
         .query_row(
@@ -91,6 +96,9 @@ pub fn head(conn: &Conn<'_>) -> Result<Anchor, AuditError> {
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
         .optional()?;
+    if conn.dialect() == crate::store::Dialect::Postgres {
+        wait_for_wal_flush(conn)?;
+    }
     let Some((count, hash)) = last else {
         return Ok(Anchor {
             hash: [0; 32],
@@ -102,6 +110,35 @@ pub fn head(conn: &Conn<'_>) -> Result<Anchor, AuditError> {
         reason: "its hash is not 32 bytes".into(),
     })?;
     Ok(Anchor { hash, count })
+}
+
+/// The longest [`head`] waits for the WAL to be flushed: the WAL writer's own rounds
+/// (`wal_writer_delay`, 200 ms by default) flush an unflushed commit within three.
+const WAL_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Waits until Postgres has flushed its WAL up to where it was inserting now: every
+/// commit visible before this call is then durable.
+fn wait_for_wal_flush(conn: &Conn<'_>) -> Result<(), AuditError> {
+    let target: String =
+        conn.query_row("SELECT pg_current_wal_insert_lsn()::text", (), |r| r.get(0))?;
+    let began = std::time::Instant::now();
+    loop {
+        let flushed: bool = conn.query_row(
+            "SELECT pg_current_wal_flush_lsn() >= ?1::text::pg_lsn",
+            [target.as_str()],
+            |r| r.get(0),
+        )?;
+        if flushed {
+            return Ok(());
+        }
+        if began.elapsed() > WAL_FLUSH_WAIT {
+            return Err(AuditError::NotDurable {
+                target,
+                waited: WAL_FLUSH_WAIT,
+            });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }
 
 /// Checks that the chain still holds row `anchor.count` with `anchor.hash` (so nothing

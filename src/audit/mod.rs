@@ -218,6 +218,18 @@ pub enum AuditError {
         /// What is wrong with it.
         reason: String,
     },
+    /// Postgres did not flush its WAL past the head in time, so the head is not
+    /// anchored (a crash could take back its newest, unflushed chaining step).
+    #[error(
+        "the database's WAL was not flushed to {target} within {waited:?}: the audit head is \
+         not durable yet, so it is not anchored"
+    )]
+    NotDurable {
+        /// The WAL position waited for.
+        target: String,
+        /// How long it was waited for.
+        waited: std::time::Duration,
+    },
     /// The database failed.
     #[error("cannot read the audit log: {0}")]
     Sql(#[from] crate::store::SqlError),
@@ -327,12 +339,22 @@ pub(crate) fn chain_pending(conn: &Conn<'_>, mine: Option<i64>) -> crate::store:
     // The chain's lock, taken in the statement that checks whether `mine` is still
     // waiting: chained by another writer's step already, no lock is taken. A row chained
     // while this step waited for the lock is simply not among those it takes.
+    //
+    // The same statement lets this transaction commit without waiting for its WAL flush
+    // (`synchronous_commit` off for it alone). Nothing is lost that way: the rows it
+    // chains were made durable in `audit_pending` by their writer's own (synchronous)
+    // commit, and it moves them in one transaction, so a crash that loses it leaves them
+    // waiting there, for the next step to chain. The WAL is flushed in order, so a later
+    // durable commit (any writer's) makes this one durable too; an anchor is taken only
+    // once the WAL is flushed past the head it names (`anchor::head`).
     match mine {
         Some(seq) => {
             let locked: i64 = cached_query_row(
                 conn,
                 "SELECT count(*) FROM \
-                     (SELECT pg_advisory_xact_lock(?1) FROM audit_pending WHERE seq = ?2) l",
+                     (SELECT pg_advisory_xact_lock(?1), \
+                             set_config('synchronous_commit', 'off', true) \
+                      FROM audit_pending WHERE seq = ?2) l",
                 [AUDIT_CHAIN_LOCK, seq],
                 |r| r.get(0),
             )?;
@@ -341,7 +363,11 @@ pub(crate) fn chain_pending(conn: &Conn<'_>, mine: Option<i64>) -> crate::store:
             }
         }
         None => {
-            cached_execute(conn, "SELECT pg_advisory_xact_lock(?1)", [AUDIT_CHAIN_LOCK])?;
+            cached_execute(
+                conn,
+                "SELECT pg_advisory_xact_lock(?1), set_config('synchronous_commit', 'off', true)",
+                [AUDIT_CHAIN_LOCK],
+            )?;
         }
     }
     let mut chained = 0;

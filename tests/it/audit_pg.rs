@@ -223,3 +223,61 @@ async fn rows_a_crash_left_waiting_are_chained_by_the_next_write_before_its_own(
     assert_eq!(waiting, 0);
     assert_eq!(verified(&c).await, 7);
 }
+
+/// The chaining step commits without waiting for its WAL flush, for itself alone: on a
+/// pool of one connection (so the step and every later statement share it), the
+/// writer's own transactions and reads still run with `synchronous_commit` on, and the
+/// anchor names the chained head only once the WAL is flushed past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chaining_steps_unflushed_commit_stays_its_own() {
+    let Some(test_db) = TestDb::postgres_from_env() else {
+        eprintln!("chaining step's commit: THREADGATE_TEST_DATABASE_URL is not set: skipped");
+        return;
+    };
+    let db = Db::connect_pooled(test_db.url().expect("a url"), 1).expect("a pool of one");
+    let setting_in_write = db
+        .write(|c| {
+            audit::append_all(c, &steps(2), &Redactor::empty())?;
+            c.query_row("SELECT current_setting('synchronous_commit')", (), |r| {
+                r.get::<_, String>(0)
+            })
+        })
+        .await
+        .expect("an audited write");
+    assert_eq!(
+        setting_in_write, "on",
+        "the writer's own transaction commits durably"
+    );
+    let setting_after = db
+        .write(|c| {
+            c.query_row("SELECT current_setting('synchronous_commit')", (), |r| {
+                r.get::<_, String>(0)
+            })
+        })
+        .await
+        .expect("the next write on the same connection");
+    assert_eq!(
+        setting_after, "on",
+        "the step's setting ended with its transaction"
+    );
+    assert_eq!(pending(&db).await, 0, "the step chained the rows");
+    // Where the WAL was once the step had committed (other tests' databases on the same
+    // server may add to it meanwhile: only this position is asserted).
+    let (head, flushed) = db
+        .read(|c| {
+            let after_step: String =
+                c.query_row("SELECT pg_current_wal_insert_lsn()::text", (), |r| r.get(0))?;
+            let head = audit::anchor::head(c).map_err(SqlError::other)?;
+            let flushed: bool = c.query_row(
+                "SELECT pg_current_wal_flush_lsn() >= ?1::text::pg_lsn",
+                [after_step.as_str()],
+                |r| r.get(0),
+            )?;
+            Ok((head, flushed))
+        })
+        .await
+        .expect("the head");
+    assert_eq!(head.count, 3, "the three chained rows");
+    assert!(flushed, "the WAL was flushed before the head was answered");
+    assert_eq!(verified(&db).await, 3);
+}
