@@ -683,3 +683,25 @@ fn a_bare_pod_ip_is_advertised_with_the_listeners_port() {
         assert_eq!(addr.to_string(), advertised);
     }
 }
+
+#[test]
+fn relay_workspace_caps_from_the_environment_keep_the_other_defaults() {
+    let vars = [
+        ("THREADGATE_RELAY__WORKSPACE__MAX_ENTRIES", "4"),
+        ("THREADGATE_RELAY__WORKSPACE__SYNC_EVERY", "0s"),
+    ]
+    .map(|(k, v)| (k.into(), v.into()));
+    let settings = Settings::load_with_env(None, vars).unwrap();
+    assert_eq!(settings.relay.workspace.sync_period(), None);
+    let limits = settings.relay.workspace.limits();
+    assert_eq!(limits.max_entries, 4);
+    let defaults = crate::workspace::BundleLimits::default();
+    assert_eq!(
+        crate::workspace::BundleLimits {
+            max_entries: defaults.max_entries,
+            ..limits
+        },
+        defaults,
+        "the other caps keep their defaults"
+    );
+}

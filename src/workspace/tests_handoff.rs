@@ -559,40 +559,21 @@ fn a_cap_lowered_in_the_settings_refuses_a_bundle_and_changes_nothing() {
         std::fs::write(s.pod.work_dir.join(format!("f{i}.txt")), format!("{i}\n")).unwrap();
     }
     let sent = s.pod.bundle_changes(CommitLimits::default()).unwrap();
-    let vars = [
-        ("THREADGATE_RELAY__WORKSPACE__MAX_ENTRIES", "4"),
-        ("THREADGATE_RELAY__WORKSPACE__SYNC_EVERY", "0s"),
-    ]
-    .map(|(k, v)| (k.into(), v.into()));
-    let settings = crate::config::Settings::load_with_env(None, vars).unwrap();
-    assert_eq!(settings.relay.workspace.sync_period(), None);
-    let limits = settings.relay.workspace.limits();
-    assert_eq!(limits.max_entries, 4);
-    assert_eq!(
-        BundleLimits {
-            max_entries: BundleLimits::default().max_entries,
-            ..limits
-        },
-        BundleLimits::default(),
-        "the other caps keep their defaults"
-    );
+    // As `[relay.workspace] max_entries = 4` gives them (config tests load the keys).
+    let limits = BundleLimits {
+        max_entries: 4,
+        ..BundleLimits::default()
+    };
     refused(
         &s,
         &sent,
         &limits,
         |e| matches!(e, BundleError::TreeTooLarge { cap } if cap == "4 entries"),
     );
-    let bytes = crate::config::Settings::load_with_env(
-        None,
-        [(
-            "THREADGATE_RELAY__WORKSPACE__MAX_BYTES".into(),
-            "1024".into(),
-        )],
-    )
-    .unwrap()
-    .relay
-    .workspace
-    .limits();
+    let bytes = BundleLimits {
+        max_bytes: 1024,
+        ..BundleLimits::default()
+    };
     let mut large = sent.clone();
     large.resize(2048, 0);
     refused(&s, &large, &bytes, |e| {
