@@ -16,7 +16,7 @@ pub mod anchor;
 mod chain;
 mod table;
 
-use crate::store::{Conn, OptionalExtension as _, Row, params};
+use crate::store::{Conn, OptionalExtension as _, Row};
 use serde_json::Value;
 
 pub use anchor::{Anchor, AnchorError};
@@ -464,50 +464,60 @@ fn take_pending(conn: &Conn<'_>) -> crate::store::Result<Taken> {
     Ok((rows, head))
 }
 
+/// The columns of a record as written, `at_ms` to `duration_ms`: in `audit_pending`
+/// all of them, in `audit` between `id` and the two hashes.
+const RECORD_COLUMNS: &str = "at_ms, execution_id, event, session_id, thread_id, agent, tool, \
+     args_redacted, decision, rule, policy_hash, reviewer, outcome, duration_ms";
+
+/// `row`'s values for [`RECORD_COLUMNS`], in their order.
+fn record_values(row: &AuditRecordRow) -> [&dyn crate::store::ToSql; 14] {
+    [
+        &row.at_ms,
+        &row.execution_id,
+        &row.event,
+        &row.session_id,
+        &row.thread_id,
+        &row.agent,
+        &row.tool,
+        &row.args_redacted,
+        &row.decision,
+        &row.rule,
+        &row.policy_hash,
+        &row.reviewer,
+        &row.outcome,
+        &row.duration_ms,
+    ]
+}
+
+/// `(?1, …, ?c), (?c+1, …)`: the placeholders of `rows` tuples of `columns` values.
+fn values_list(rows: usize, columns: usize) -> String {
+    let tuples: Vec<String> = (0..rows)
+        .map(|i| {
+            let marks: Vec<String> = (1..=columns)
+                .map(|k| format!("?{}", i * columns + k))
+                .collect();
+            format!("({})", marks.join(", "))
+        })
+        .collect();
+    tuples.join(", ")
+}
+
 /// Inserts chained rows, up to 32 per statement (one statement text per chunk size, at
 /// most 32 prepared per connection): the few rows of one call's step are one round trip.
 fn insert_rows(conn: &Conn<'_>, rows: &[AuditRecordRow]) -> crate::store::Result<()> {
-    let mut rest = rows;
-    while !rest.is_empty() {
-        let size = rest.len().min(32);
-        let (chunk, after) = rest.split_at(size);
-        let tuples: Vec<String> = (0..size)
-            .map(|i| {
-                let n = i * 17;
-                let marks: Vec<String> = (1..=17).map(|k| format!("?{}", n + k)).collect();
-                format!("({})", marks.join(", "))
-            })
-            .collect();
+    const COLUMNS: usize = 17;
+    for chunk in rows.chunks(32) {
         let sql = format!(
-            "INSERT INTO audit (id, at_ms, execution_id, event, session_id, thread_id, agent, \
-                 tool, args_redacted, decision, rule, policy_hash, reviewer, outcome, \
-                 duration_ms, prev_hash, hash) VALUES {}",
-            tuples.join(", ")
+            "INSERT INTO audit (id, {RECORD_COLUMNS}, prev_hash, hash) VALUES {}",
+            values_list(chunk.len(), COLUMNS)
         );
-        let mut values: Vec<&dyn crate::store::ToSql> = Vec::with_capacity(size * 17);
+        let mut values: Vec<&dyn crate::store::ToSql> = Vec::with_capacity(chunk.len() * COLUMNS);
         for row in chunk {
-            values.extend([
-                &row.id as &dyn crate::store::ToSql,
-                &row.at_ms,
-                &row.execution_id,
-                &row.event,
-                &row.session_id,
-                &row.thread_id,
-                &row.agent,
-                &row.tool,
-                &row.args_redacted,
-                &row.decision,
-                &row.rule,
-                &row.policy_hash,
-                &row.reviewer,
-                &row.outcome,
-                &row.duration_ms,
-                &row.prev_hash,
-                &row.hash,
-            ]);
+            values.push(&row.id);
+            values.extend(record_values(row));
+            values.extend([&row.prev_hash as &dyn crate::store::ToSql, &row.hash]);
         }
         cached_execute(conn, &sql, values)?;
-        rest = after;
     }
     Ok(())
 }
@@ -516,41 +526,12 @@ fn insert_rows(conn: &Conn<'_>, rows: &[AuditRecordRow]) -> crate::store::Result
 /// the last one's number.
 fn insert_pending(conn: &Conn<'_>, rows: &[AuditRecordRow]) -> crate::store::Result<i64> {
     const COLUMNS: usize = 14;
-    let tuples: Vec<String> = (0..rows.len())
-        .map(|i| {
-            let marks: Vec<String> = (1..=COLUMNS)
-                .map(|k| format!("?{}", i * COLUMNS + k))
-                .collect();
-            format!("({})", marks.join(", "))
-        })
-        .collect();
     // A transaction writes a handful of rows: one statement text per count, cached.
     let sql = format!(
-        "INSERT INTO audit_pending (at_ms, execution_id, event, session_id, thread_id, \
-             agent, tool, args_redacted, decision, rule, policy_hash, reviewer, outcome, \
-             duration_ms) \
-         VALUES {} RETURNING seq",
-        tuples.join(", ")
+        "INSERT INTO audit_pending ({RECORD_COLUMNS}) VALUES {} RETURNING seq",
+        values_list(rows.len(), COLUMNS)
     );
-    let mut values: Vec<&dyn crate::store::ToSql> = Vec::with_capacity(rows.len() * COLUMNS);
-    for row in rows {
-        values.extend([
-            &row.at_ms as &dyn crate::store::ToSql,
-            &row.execution_id,
-            &row.event,
-            &row.session_id,
-            &row.thread_id,
-            &row.agent,
-            &row.tool,
-            &row.args_redacted,
-            &row.decision,
-            &row.rule,
-            &row.policy_hash,
-            &row.reviewer,
-            &row.outcome,
-            &row.duration_ms,
-        ]);
-    }
+    let values: Vec<&dyn crate::store::ToSql> = rows.iter().flat_map(record_values).collect();
     // Rows of one VALUES list get their serial numbers in list order.
     let seqs = conn
         .prepare_cached(&sql)?
@@ -601,33 +582,7 @@ fn redacted_row(record: &AuditRecord, redactor: &Redactor) -> crate::store::Resu
 }
 
 fn insert_row(conn: &Conn<'_>, row: &AuditRecordRow) -> crate::store::Result<()> {
-    cached_execute(
-        conn,
-        "INSERT INTO audit (id, at_ms, execution_id, event, session_id, thread_id, agent,
-             tool, args_redacted, decision, rule, policy_hash, reviewer, outcome,
-             duration_ms, prev_hash, hash)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
-        params![
-            row.id,
-            row.at_ms,
-            row.execution_id,
-            row.event,
-            row.session_id,
-            row.thread_id,
-            row.agent,
-            row.tool,
-            row.args_redacted,
-            row.decision,
-            row.rule,
-            row.policy_hash,
-            row.reviewer,
-            row.outcome,
-            row.duration_ms,
-            row.prev_hash,
-            row.hash,
-        ],
-    )?;
-    Ok(())
+    insert_rows(conn, std::slice::from_ref(row))
 }
 
 /// Checks the whole chain: ids without gaps from 1, each `prev_hash` equal to the
