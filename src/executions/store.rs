@@ -165,35 +165,48 @@ pub fn insert_run_by(
             "INSERT INTO executions ({COLUMNS}, runner) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, \
              ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)"
         ),
-        params![
-            e.id,
-            e.session_id,
-            e.thread_id,
-            e.agent,
-            e.tool,
-            e.args,
-            e.account,
-            e.binding_hash,
-            e.diagnosis,
-            e.verdict,
-            e.because,
-            e.rule_line,
-            e.policy_hash,
-            e.status.as_str(),
-            e.summary,
-            e.expires_at_ms,
-            e.reviewer,
-            e.decision_message,
-            e.decided_at_ms,
-            e.result,
-            e.error,
-            e.attempts,
-            e.created_at_ms,
-            e.finished_at_ms,
-            runner,
-        ],
+        row_values(e, &e.status.as_str(), &runner, &[]),
     )?;
     Ok(())
+}
+
+/// The values of an execution's row and its runner, in the order of `COLUMNS, runner`
+/// (placeholders ?1 to ?25), followed by `more` (?26 on).
+fn row_values<'a>(
+    e: &'a Execution,
+    status: &'a &'static str,
+    runner: &'a Option<&'a str>,
+    more: &[&'a dyn crate::store::ToSql],
+) -> Vec<&'a dyn crate::store::ToSql> {
+    let mut values: Vec<&'a dyn crate::store::ToSql> = vec![
+        &e.id,
+        &e.session_id,
+        &e.thread_id,
+        &e.agent,
+        &e.tool,
+        &e.args,
+        &e.account,
+        &e.binding_hash,
+        &e.diagnosis,
+        &e.verdict,
+        &e.because,
+        &e.rule_line,
+        &e.policy_hash,
+        status,
+        &e.summary,
+        &e.expires_at_ms,
+        &e.reviewer,
+        &e.decision_message,
+        &e.decided_at_ms,
+        &e.result,
+        &e.error,
+        &e.attempts,
+        &e.created_at_ms,
+        &e.finished_at_ms,
+        runner,
+    ];
+    values.extend_from_slice(more);
+    values
 }
 
 /// [`insert`] under `lease`: the row is written only while `lease` is the thread's
@@ -213,36 +226,12 @@ pub fn insert_fenced(
              RETURNING CASE WHEN {} THEN 1 ELSE 0 END",
             crate::store::leases::fence_clause(26, 27, 28)
         ),
-        params![
-            e.id,
-            e.session_id,
-            e.thread_id,
-            e.agent,
-            e.tool,
-            e.args,
-            e.account,
-            e.binding_hash,
-            e.diagnosis,
-            e.verdict,
-            e.because,
-            e.rule_line,
-            e.policy_hash,
-            e.status.as_str(),
-            e.summary,
-            e.expires_at_ms,
-            e.reviewer,
-            e.decision_message,
-            e.decided_at_ms,
-            e.result,
-            e.error,
-            e.attempts,
-            e.created_at_ms,
-            e.finished_at_ms,
-            None::<String>,
-            lease.thread_id,
-            lease.owner,
-            lease.token,
-        ],
+        row_values(
+            e,
+            &e.status.as_str(),
+            &None,
+            &[&lease.thread_id, &lease.owner, &lease.token],
+        ),
         |r| r.get(0),
     )?;
     if fenced == 0 {
