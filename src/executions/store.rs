@@ -673,8 +673,12 @@ pub fn expired_holds(conn: &Conn<'_>, now_ms: i64) -> crate::store::Result<Vec<E
     rows.collect()
 }
 
-/// The total of unreleased charges on `key` since `since_ms`.
+/// The total of unreleased charges on `key` since `since_ms`, read under the key's
+/// lock ([`Conn::lock_name`], held to the end of the transaction): a transaction that
+/// reads a total and then charges against it is the only one doing so for that key
+/// until it ends, whatever its isolation.
 pub fn charged_total(conn: &Conn<'_>, key: &str, since_ms: i64) -> crate::store::Result<i64> {
+    conn.lock_name(&format!("limit:{key}"))?;
     cached_query_row(
         conn,
         "SELECT coalesce(sum(amount), 0) FROM limit_charges WHERE key = ?1 AND at_ms > ?2 \

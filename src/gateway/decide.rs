@@ -98,10 +98,13 @@ impl Gate {
         let holds = self.holds.clone();
         let max_holds = self.max_pending_holds;
         self.db
-            .write(move |conn| {
+            .write_locking(move |conn| {
                 // Refused (and nothing below written) once another instance has taken
-                // the session's thread over.
-                leases::fence(conn, &cx.scope.lease)?;
+                // the session's thread over; the thread's lease row stays locked to the
+                // end, so the session's other deciding writes, and any takeover, wait
+                // for this one (what is read below is the thread's own, or a limit
+                // total read under its key's lock).
+                leases::fence_exclusive(conn, &cx.scope.lease)?;
                 // The session's earlier calls that bear on this one, in one statement.
                 let earlier = exec_store::earlier_calls(
                     conn,

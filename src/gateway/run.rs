@@ -184,7 +184,11 @@ impl Gate {
         let duration = crate::clock::ms(started.elapsed());
         let written = self
             .db
-            .write(move |conn| write_outcome(conn, &redactor, &exec, &outcome, duration, now))
+            // Reads nothing it decides on: the outcome is written by id, its charges
+            // given back by execution id.
+            .write_locking(move |conn| {
+                write_outcome(conn, &redactor, &exec, &outcome, duration, now)
+            })
             .instrument(tracing::trace_span!("gate.outcome"))
             .await;
         if let Err(e) = written {

@@ -189,6 +189,33 @@ pub fn fence(conn: &Conn<'_>, lease: &Lease) -> crate::store::Result<()> {
     Ok(())
 }
 
+/// As [`fence`], for a [`crate::store::Db::write_locking`] transaction: on Postgres the
+/// lease row is locked (`FOR NO KEY UPDATE`) until this transaction ends, so the
+/// thread's other locking writes wait for it, and a takeover or renewal (an `UPDATE`
+/// of the row) waits too: no new owner can begin while this write is undecided, and a
+/// takeover that committed first is seen (the row's new token no longer matches and
+/// the write is refused). On SQLite it is [`fence`]: the writer is alone.
+pub fn fence_exclusive(conn: &Conn<'_>, lease: &Lease) -> crate::store::Result<()> {
+    use crate::store::{Dialect, OptionalExtension as _};
+    let sql = match conn.dialect() {
+        Dialect::Sqlite => return fence(conn, lease),
+        Dialect::Postgres => {
+            "SELECT 1 FROM session_leases WHERE thread_id = ?1 AND owner = ?2 AND token = ?3 \
+             FOR NO KEY UPDATE"
+        }
+    };
+    let current = conn
+        .prepare_cached(sql)?
+        .query_row(params![lease.thread_id, lease.owner, lease.token], |r| {
+            r.get::<_, i64>(0)
+        })
+        .optional()?;
+    if current.is_none() {
+        return Err(lease.lost());
+    }
+    Ok(())
+}
+
 /// The owner of `thread`'s lease and whether it is unexpired at `now_ms`, if the thread
 /// ever had one.
 pub fn holder(

@@ -155,6 +155,8 @@ enum Mode {
     Transaction,
     /// One statement, a transaction of its own.
     Single,
+    /// A READ COMMITTED transaction whose closure locks what it reads.
+    Locking,
 }
 
 enum Backend {
@@ -286,6 +288,28 @@ impl Db {
             .await
     }
 
+    /// A write whose closure takes a lock on every row or name its decision rests on
+    /// before it reads it: [`leases::fence_exclusive`] for a thread's own rows,
+    /// [`Conn::lock_name`] for a name shared across threads (a limit's key). On SQLite
+    /// it is exactly [`Db::write`] (the single writer serialises everything). On
+    /// Postgres it is a READ COMMITTED transaction, which a concurrent writer never makes
+    /// fail at commit: where SERIALIZABLE would roll back (and run again) every
+    /// transaction whose reads touched an index page another one wrote, two such writes
+    /// wait for each other only when they take the same lock. Meant for the gate's hot
+    /// path; what it reads without a lock must be safe to read stale (a compare-and-set
+    /// `UPDATE … WHERE status = …` re-checks its row; an insert's unique key is checked
+    /// against the latest rows). Run again on 40P01 (deadlock) as [`Db::write`].
+    pub async fn write_locking<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: Fn(&Conn<'_>) -> sql::Result<R> + Send + 'static,
+    {
+        use tracing::Instrument as _;
+        self.write_now(f, Mode::Locking)
+            .instrument(tracing::trace_span!("db.write"))
+            .await
+    }
+
     async fn write_now<R, F>(&self, f: F, mode: Mode) -> Result<R, StoreError>
     where
         R: Send + 'static,
@@ -309,6 +333,7 @@ impl Db {
                     counts::on_thread(counter, || match (&*db.inner, mode) {
                         (Backend::Postgres(pg), Mode::Transaction) => pg.write(&f),
                         (Backend::Postgres(pg), Mode::Single) => pg.write_single(&f),
+                        (Backend::Postgres(pg), Mode::Locking) => pg.write_locking(&f),
                         (Backend::Sqlite(_), _) => Err(StoreError::WriterGone),
                     })
                 })

@@ -176,7 +176,18 @@ impl PgStore {
     /// Runs `f` in a SERIALIZABLE transaction and commits it, running it again (up to
     /// [`MAX_ATTEMPTS`] in all, after a short random pause) when it loses a race.
     pub(crate) fn write<R>(&self, f: &dyn Fn(&Conn<'_>) -> Result<R>) -> Result<R, StoreError> {
-        self.retrying(|| self.write_once(f))
+        self.retrying(|| self.write_once(f, IsolationLevel::Serializable))
+    }
+
+    /// Runs `f` in a READ COMMITTED transaction and commits it: each statement sees
+    /// what committed before it began, and nothing is checked at commit, so `f` must
+    /// lock every row or name its decision rests on before it reads it (a row lock, or
+    /// [`Conn::lock_name`]). Run again, as [`PgStore::write`], only on a deadlock.
+    pub(crate) fn write_locking<R>(
+        &self,
+        f: &dyn Fn(&Conn<'_>) -> Result<R>,
+    ) -> Result<R, StoreError> {
+        self.retrying(|| self.write_once(f, IsolationLevel::ReadCommitted))
     }
 
     /// Runs `f`, which sends one statement, with no transaction around it: the
@@ -246,7 +257,11 @@ impl PgStore {
         }
     }
 
-    fn write_once<R>(&self, f: &dyn Fn(&Conn<'_>) -> Result<R>) -> Result<R, Attempt> {
+    fn write_once<R>(
+        &self,
+        f: &dyn Fn(&Conn<'_>) -> Result<R>,
+        isolation: IsolationLevel,
+    ) -> Result<R, Attempt> {
         let _attempt = tracing::trace_span!("pg.transaction").entered();
         let mut lease = self.lease().map_err(Attempt::Failed)?;
         let Some(Pooled { client, cache }) = lease.conn.as_mut() else {
@@ -255,7 +270,7 @@ impl PgStore {
         super::counts::bump(super::counts::Event::RoundTrip);
         let tx = client
             .build_transaction()
-            .isolation_level(IsolationLevel::Serializable)
+            .isolation_level(isolation)
             .start()
             .map_err(|e| Attempt::from_sql(SqlError::Postgres(e)))?;
         let conn = Conn::postgres(tx, cache);

@@ -328,6 +328,20 @@ impl<'a> Conn<'a> {
         }
     }
 
+    /// On Postgres, takes the transaction's lock on `name` (an advisory lock on its
+    /// 64-bit hash, held until commit or rollback), waiting while another transaction
+    /// holds it: two writers that lock one name before they read what it guards see
+    /// each other's writes. Sent as a statement of its own, so the next statement of a
+    /// READ COMMITTED transaction ([`crate::store::Db::write_locking`]) sees everything
+    /// the holder it waited for committed. Nothing on SQLite, whose writer is alone.
+    pub fn lock_name(&self, name: &str) -> Result<()> {
+        if let ConnInner::Postgres(_) = &self.0 {
+            self.prepare_cached("SELECT pg_advisory_xact_lock(hashtextextended(?1, 0))")?
+                .query_row([name], |_| Ok(()))?;
+        }
+        Ok(())
+    }
+
     /// The SQL dialect of the connection.
     pub fn dialect(&self) -> Dialect {
         match self.0 {

@@ -243,21 +243,82 @@ async fn one_of_two_instances_wins_each_approval_step() {
     }
 }
 
+/// How a deciding transaction runs: SERIALIZABLE (`Db::write`) or READ COMMITTED with
+/// its locks (`Db::write_locking`, the gate's way).
+#[derive(Clone, Copy, Debug)]
+enum Isolation {
+    Serializable,
+    Locking,
+}
+
+async fn write_as<R, F>(db: &Db, how: Isolation, f: F) -> Result<R, StoreError>
+where
+    R: Send + 'static,
+    F: Fn(&threadgate::store::Conn<'_>) -> threadgate::store::Result<R> + Send + 'static,
+{
+    match how {
+        Isolation::Serializable => db.write(f).await,
+        Isolation::Locking => db.write_locking(f).await,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_instances_deciding_at_once_never_overspend_a_limit() {
-    let Some((_db, a, b)) = two_instances("limits") else {
+    overspend_race(Isolation::Serializable).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_deciding_at_once_with_locks_never_overspend_a_limit() {
+    overspend_race(Isolation::Locking).await;
+}
+
+/// Racers meeting between their read and their write: each waits until `n` have
+/// arrived or `patience` has passed (a racer kept out by a lock never arrives).
+struct Gather {
+    arrived: std::sync::Mutex<usize>,
+    all: std::sync::Condvar,
+    n: usize,
+}
+
+impl Gather {
+    fn arrive_and_wait(&self, patience: std::time::Duration) {
+        let mut arrived = self.arrived.lock().expect("gather");
+        *arrived += 1;
+        self.all.notify_all();
+        let deadline = std::time::Instant::now() + patience;
+        while *arrived < self.n {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            arrived = self.all.wait_timeout(arrived, left).expect("gather").0;
+        }
+    }
+}
+
+async fn overspend_race(how: Isolation) {
+    let Some((_db, a, b)) = two_instances(&format!("limits ({how:?})")) else {
         return;
     };
     const LIMIT: i64 = 100;
     const AMOUNT: i64 = 30;
+    const RACERS: usize = 8;
+    // Every racer reads the total before any writes, unless something keeps it out.
+    let gather = Arc::new(Gather {
+        arrived: std::sync::Mutex::new(0),
+        all: std::sync::Condvar::new(),
+        n: RACERS,
+    });
     let mut tasks = Vec::new();
-    for i in 0..24 {
+    for i in 0..RACERS {
         let db = handle(i, &a, &b);
+        let gather = gather.clone();
         tasks.push(tokio::spawn(async move {
-            db.write(move |c| {
+            write_as(&db, how, move |c| {
                 // What `Gate::decide` does in its one transaction: read the key's total
                 // (`SqlHistory`), decide, record the execution and its charge.
                 let total = exec_store::charged_total(c, "refunds", 0)?;
+                gather.arrive_and_wait(std::time::Duration::from_millis(300));
                 if total + AMOUNT > LIMIT {
                     return Ok(false);
                 }
@@ -636,4 +697,75 @@ async fn two_instances_never_sync_one_threads_labels_at_once() {
         .await
         .expect("again");
     assert_eq!(again, (0, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_locking_write_keeps_a_takeover_out_until_it_ends_and_is_refused_after_one() {
+    use threadgate::store::leases;
+    let Some((_db, a, b)) = two_instances("fence_exclusive") else {
+        return;
+    };
+    let thread = ThreadId::parse("th_1").expect("thread");
+    let t = thread.clone();
+    let lease = a
+        .write(move |c| leases::acquire(c, &t, "instance-a", 0, 1_000))
+        .await
+        .expect("acquire")
+        .expect("a lease");
+    // A's write locks the lease row, says so, and holds it for a while.
+    let (fenced_tx, fenced_rx) = std::sync::mpsc::channel::<()>();
+    let fenced_tx = std::sync::Mutex::new(fenced_tx);
+    let held = lease.clone();
+    let writer = tokio::spawn(async move {
+        a.write_locking(move |c| {
+            leases::fence_exclusive(c, &held)?;
+            let _ = fenced_tx.lock().map(|tx| tx.send(()));
+            std::thread::sleep(std::time::Duration::from_secs(3));
+            exec_store::insert(c, &execution("ex_fenced", Status::Running))
+        })
+        .await
+    });
+    tokio::task::spawn_blocking(move || fenced_rx.recv())
+        .await
+        .expect("join")
+        .expect("A fenced");
+    // B's takeover of the (expired) lease cannot take the row while A's write runs.
+    let t = thread.clone();
+    let blocked = b
+        .write(move |c| {
+            c.execute("SET LOCAL lock_timeout = '500ms'", ())?;
+            leases::acquire(c, &t, "instance-b", 5_000, 1_000)
+        })
+        .await;
+    let err = blocked.expect_err("the takeover waited for A's lock and gave up");
+    assert!(
+        err.to_string().contains("lock"),
+        "a lock timeout, not another error: {err}"
+    );
+    writer.await.expect("join").expect("A's write committed");
+    // Once A's write has ended the takeover goes through, and A's lease is refused.
+    let t = thread.clone();
+    let taken = b
+        .write(move |c| leases::acquire(c, &t, "instance-b", 5_000, 1_000))
+        .await
+        .expect("takeover")
+        .expect("B's lease");
+    assert_eq!(taken.token, lease.token + 1);
+    let stale = lease.clone();
+    let refused = b
+        .write_locking(move |c| {
+            leases::fence_exclusive(c, &stale)?;
+            exec_store::insert(c, &execution("ex_stale", Status::Running))
+        })
+        .await;
+    assert!(refused.is_err(), "a stale lease writes nothing");
+    let rows: Vec<String> = b
+        .read(|c| {
+            let mut stmt = c.prepare("SELECT id FROM executions ORDER BY id")?;
+            let rows = stmt.query_map((), |r| r.get::<_, String>(0))?;
+            rows.collect()
+        })
+        .await
+        .expect("rows");
+    assert_eq!(rows, vec!["ex_fenced".to_owned()]);
 }
