@@ -676,7 +676,12 @@ pub fn expired_holds(conn: &Conn<'_>, now_ms: i64) -> crate::store::Result<Vec<E
 /// The total of unreleased charges on `key` since `since_ms`, read under the key's
 /// lock ([`Conn::lock_name`], held to the end of the transaction): a transaction that
 /// reads a total and then charges against it is the only one doing so for that key
-/// until it ends, whatever its isolation.
+/// until it ends. A READ COMMITTED reader ([`crate::store::Db::write_locking`], the
+/// gate's decision) sees every charge committed before it got the lock. A SERIALIZABLE
+/// reader (an approval's re-decision) keeps the snapshot it began with, so it may miss
+/// a charge a locking writer committed meanwhile: it is then ordered before that
+/// writer, which is harmless because a re-decision only reads totals and never
+/// charges.
 pub fn charged_total(conn: &Conn<'_>, key: &str, since_ms: i64) -> crate::store::Result<i64> {
     conn.lock_name(&format!("limit:{key}"))?;
     cached_query_row(
