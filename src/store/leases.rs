@@ -174,11 +174,18 @@ pub fn reclaim(
 /// the same job but made two gated calls of one session, and each renewal, conflict on
 /// the row and retry.
 pub fn fence(conn: &Conn<'_>, lease: &Lease) -> crate::store::Result<()> {
+    fence_by(conn, lease, FENCE)
+}
+
+/// The lease row's check, as [`fence`] and [`fence_exclusive`] send it.
+const FENCE: &str =
+    "SELECT 1 FROM session_leases WHERE thread_id = ?1 AND owner = ?2 AND token = ?3";
+
+/// Refuses the rest of the transaction unless `sql` (the lease row's check) finds the row.
+fn fence_by(conn: &Conn<'_>, lease: &Lease, sql: &str) -> crate::store::Result<()> {
     use crate::store::OptionalExtension as _;
     let current = conn
-        .prepare_cached(
-            "SELECT 1 FROM session_leases WHERE thread_id = ?1 AND owner = ?2 AND token = ?3",
-        )?
+        .prepare_cached(sql)?
         .query_row(params![lease.thread_id, lease.owner, lease.token], |r| {
             r.get::<_, i64>(0)
         })
@@ -196,24 +203,12 @@ pub fn fence(conn: &Conn<'_>, lease: &Lease) -> crate::store::Result<()> {
 /// takeover that committed first is seen (the row's new token no longer matches and
 /// the write is refused). On SQLite it is [`fence`]: the writer is alone.
 pub fn fence_exclusive(conn: &Conn<'_>, lease: &Lease) -> crate::store::Result<()> {
-    use crate::store::{Dialect, OptionalExtension as _};
-    let sql = match conn.dialect() {
-        Dialect::Sqlite => return fence(conn, lease),
-        Dialect::Postgres => {
-            "SELECT 1 FROM session_leases WHERE thread_id = ?1 AND owner = ?2 AND token = ?3 \
-             FOR NO KEY UPDATE"
+    match conn.dialect() {
+        crate::store::Dialect::Sqlite => fence(conn, lease),
+        crate::store::Dialect::Postgres => {
+            fence_by(conn, lease, &format!("{FENCE} FOR NO KEY UPDATE"))
         }
-    };
-    let current = conn
-        .prepare_cached(sql)?
-        .query_row(params![lease.thread_id, lease.owner, lease.token], |r| {
-            r.get::<_, i64>(0)
-        })
-        .optional()?;
-    if current.is_none() {
-        return Err(lease.lost());
     }
-    Ok(())
 }
 
 /// The owner of `thread`'s lease and whether it is unexpired at `now_ms`, if the thread
