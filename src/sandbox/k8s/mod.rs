@@ -35,7 +35,7 @@ mod settings;
 mod wait;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::collections::HashSet;
 use std::sync::Arc;
