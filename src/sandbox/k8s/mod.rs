@@ -51,7 +51,7 @@ pub use crd::{
     API_VERSION as AGENT_SANDBOX_API_VERSION, SandboxClaim, SandboxTemplate, SandboxWarmPool,
 };
 pub use objects::{object_name, pod_spec, relay_args, template_pod_spec};
-pub use review::{Adopted, Adoptions, TokenReviewer};
+pub use review::{Adopted, AdoptionWaiter, Adoptions, MAX_ADOPTION_WAITERS, TokenReviewer};
 pub use settings::{Backend, ClaimMode, KubernetesSettings};
 
 use super::{
@@ -194,6 +194,7 @@ impl KubeRuntime {
             &self.settings.namespace,
             self.adoptions.clone(),
         )
+        .parking_for(self.pods(), &self.instance_id)
     }
 
     fn pods(&self) -> Api<Pod> {

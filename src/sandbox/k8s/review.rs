@@ -22,6 +22,15 @@
 //! connection, so a stopped session is refused at once. When the API server cannot be
 //! asked in [`REVIEW_TIMEOUT`] the token is refused ([`PodTokenError::Unavailable`]),
 //! never accepted. At most [`MAX_REVIEWS_IN_FLIGHT`] reviews run at once.
+//!
+//! A parked pod's relay waits for its adoption ([`PodTokenVerifier::wait_adopted`]):
+//! its token is reviewed first (a forged token naming any pod waits for nothing), then
+//! it holds one waiter in [`Adoptions`] that recording the pod's adoption wakes. One
+//! waiter per pod: a later wait for the same pod takes the earlier one's place (which
+//! is answered [`AdoptionWait::Superseded`]); at most [`MAX_ADOPTION_WAITERS`] pods'
+//! waits are held at once. A pod parked by another instance (its instance label) is
+//! answered [`AdoptionWait::Elsewhere`], so the listener sends the relay to the one
+//! instance that will adopt it instead of holding a wait nothing here would wake.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -46,7 +55,7 @@ use super::objects::{
 use super::{SandboxError, kube_err};
 use crate::ids::SessionId;
 use crate::sandbox::SandboxSpec;
-use crate::sandbox::{MAX_POD_TOKEN_LEN, PodTokenError, PodTokenVerifier};
+use crate::sandbox::{AdoptionWait, MAX_POD_TOKEN_LEN, PodTokenError, PodTokenVerifier};
 use crate::secrets::{ExposeSecret as _, SecretString};
 
 /// How long a positive review is trusted without asking again.
@@ -58,6 +67,8 @@ pub(crate) const MAX_REVIEWS_IN_FLIGHT: usize = 8;
 /// How long one review may take (the client retries a 503 with backoff meanwhile);
 /// within the relay listener's handshake time.
 pub(crate) const REVIEW_TIMEOUT: Duration = Duration::from_secs(3);
+/// Pods whose relays may wait for their adoption at once (one wait each).
+pub const MAX_ADOPTION_WAITERS: usize = REVIEW_CACHE_MAX;
 /// The `extra` keys the API server puts in a pod-bound token's review.
 const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
 const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
@@ -75,22 +86,114 @@ pub struct Adopted {
 #[derive(Debug, Clone, Default)]
 pub struct Adoptions {
     inner: Arc<Mutex<HashMap<String, Adopted>>>,
+    /// The relays waiting for their pod's adoption, by pod uid: one each.
+    waiters: Arc<Mutex<Waiters>>,
+}
+
+/// Waiting relays: the pod uid's one waiter (its number and how to wake it).
+#[derive(Debug, Default)]
+struct Waiters {
+    next: u64,
+    by_pod: HashMap<String, (u64, tokio::sync::oneshot::Sender<Woken>)>,
+}
+
+/// Why a waiter was woken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Woken {
+    Adopted,
+    Superseded,
+}
+
+/// One relay's wait for its pod's adoption; leaves its place when dropped.
+#[derive(Debug)]
+pub struct AdoptionWaiter {
+    uid: String,
+    id: u64,
+    woken: tokio::sync::oneshot::Receiver<Woken>,
+    waiters: Arc<Mutex<Waiters>>,
+}
+
+impl AdoptionWaiter {
+    /// Waits at most `hold` to be woken: `Adopted` when the pod's adoption was recorded
+    /// meanwhile (the caller looks it up), `Superseded` when a later wait for the same
+    /// pod took this one's place, `NotYet` when `hold` passed.
+    async fn woken(&mut self, hold: std::time::Duration) -> Option<Woken> {
+        match tokio::time::timeout(hold, &mut self.woken).await {
+            Ok(Ok(woken)) => Some(woken),
+            Ok(Err(_)) | Err(_) => None,
+        }
+    }
+}
+
+impl Drop for AdoptionWaiter {
+    fn drop(&mut self) {
+        let mut waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
+        if waiters
+            .by_pod
+            .get(&self.uid)
+            .is_some_and(|(id, _)| *id == self.id)
+        {
+            waiters.by_pod.remove(&self.uid);
+        }
+    }
 }
 
 impl Adoptions {
     /// Records that the pod `uid` serves `adopted.session`, replacing any earlier pod of
     /// the same session.
     pub fn record(&self, uid: String, adopted: Adopted) {
-        let mut pods = self.lock();
-        pods.retain(|_, a| a.session != adopted.session);
-        pods.insert(uid, adopted);
+        {
+            let mut pods = self.lock();
+            pods.retain(|_, a| a.session != adopted.session);
+            pods.insert(uid.clone(), adopted);
+        }
+        self.wake(&uid, Woken::Adopted);
+    }
+
+    /// A place to wait for the pod `uid`'s adoption, taking the place of an earlier
+    /// wait for the same pod (woken as superseded); `None` when [`MAX_ADOPTION_WAITERS`]
+    /// other pods' waits are held. Registered before the caller looks the adoption up,
+    /// so an adoption recorded in between still wakes it.
+    pub fn waiter(&self, uid: &str) -> Option<AdoptionWaiter> {
+        let mut waiters = self.waiters_lock();
+        if waiters.by_pod.len() >= MAX_ADOPTION_WAITERS && !waiters.by_pod.contains_key(uid) {
+            return None;
+        }
+        waiters.next += 1;
+        let id = waiters.next;
+        let (wake, woken) = tokio::sync::oneshot::channel();
+        if let Some((_, earlier)) = waiters.by_pod.insert(uid.to_owned(), (id, wake)) {
+            let _ = earlier.send(Woken::Superseded);
+        }
+        Some(AdoptionWaiter {
+            uid: uid.to_owned(),
+            id,
+            woken,
+            waiters: self.waiters.clone(),
+        })
+    }
+
+    /// Relays waiting now (tests, and the cap's check).
+    pub fn waiting(&self) -> usize {
+        self.waiters_lock().by_pod.len()
+    }
+
+    fn wake(&self, uid: &str, why: Woken) {
+        if let Some((_, waiter)) = self.waiters_lock().by_pod.remove(uid) {
+            let _ = waiter.send(why);
+        }
+    }
+
+    fn waiters_lock(&self) -> MutexGuard<'_, Waiters> {
+        self.waiters.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Records the pod `uid` again after a restart, beside any other pod of the same
     /// session (a pod adopted before a crash its session's row never named is one:
     /// reconciliation removes it, and forgets only it, [`Adoptions::forget_pod`]).
     fn restore(&self, uid: String, adopted: Adopted) {
-        self.lock().insert(uid, adopted);
+        self.lock().insert(uid.clone(), adopted);
+        self.wake(&uid, Woken::Adopted);
     }
 
     /// Forgets the pod `uid`: its token reaches nothing from now on.
@@ -209,6 +312,9 @@ pub struct TokenReviewer {
     reviews: Api<TokenReview>,
     username: String,
     adoptions: Adoptions,
+    /// The sandbox pods and this instance's id: a wait for a pod another instance
+    /// parked is sent there.
+    parking: Option<(Api<Pod>, String)>,
     cache: Mutex<HashMap<[u8; 32], Reviewed>>,
     in_flight: Semaphore,
 }
@@ -228,9 +334,41 @@ impl TokenReviewer {
             reviews: Api::all(client),
             username: format!("system:serviceaccount:{namespace}:{SANDBOX_SERVICE_ACCOUNT}"),
             adoptions,
+            parking: None,
             cache: Mutex::new(HashMap::new()),
             in_flight: Semaphore::new(MAX_REVIEWS_IN_FLIGHT),
         }
+    }
+
+    /// Pods parked by an instance other than `instance_id` (read from `pods`, the
+    /// sandbox namespace's) are waited for there ([`AdoptionWait::Elsewhere`]).
+    #[must_use]
+    pub fn parking_for(mut self, pods: Api<Pod>, instance_id: &str) -> TokenReviewer {
+        self.parking = Some((pods, instance_id.to_owned()));
+        self
+    }
+
+    /// The instance other than this one that parked the pod `reviewed`, read from its
+    /// instance label. `None` when it is this one's, carries no label (a warm pool's
+    /// pod, not claimed yet) or cannot be read now: the wait is then held here.
+    async fn parked_elsewhere(&self, reviewed: &Reviewed) -> Option<String> {
+        let (pods, me) = self.parking.as_ref()?;
+        let read = tokio::time::timeout(REVIEW_TIMEOUT, pods.get_opt(&reviewed.pod_name));
+        let pod = match read.await {
+            Ok(Ok(pod)) => pod?,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "cannot read a waiting relay's pod");
+                return None;
+            }
+            Err(_) => return None,
+        };
+        if pod.metadata.uid.as_deref() != Some(reviewed.pod_uid.as_str()) {
+            return None;
+        }
+        pod.labels()
+            .get(crate::sandbox::LABEL_INSTANCE)
+            .filter(|owner| *owner != me)
+            .cloned()
     }
 
     /// Positive reviews held now (tests, and the cap's check).
@@ -242,15 +380,20 @@ impl TokenReviewer {
         self.cache.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The pod `token` belongs to, from the cache or a fresh review.
-    async fn reviewed_pod(&self, token: &str) -> Result<Reviewed, PodTokenError> {
+    /// The pod `token` belongs to, from the cache or a fresh review. With
+    /// `adopted_only`, a token naming no adopted pod is refused `Unknown` unreviewed.
+    async fn reviewed_pod(
+        &self,
+        token: &str,
+        adopted_only: bool,
+    ) -> Result<Reviewed, PodTokenError> {
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let now = Instant::now();
         if let Some(hit) = self.cache_lock().get(&digest).filter(|r| r.until > now) {
             return Ok(hit.clone());
         }
         let claims = peek_claims(token).ok_or(PodTokenError::Invalid)?;
-        if self.adoptions.get(&claims.pod_uid).is_none() {
+        if adopted_only && self.adoptions.get(&claims.pod_uid).is_none() {
             return Err(PodTokenError::Unknown);
         }
         let _permit = self
@@ -342,12 +485,52 @@ impl PodTokenVerifier for TokenReviewer {
         if token.is_empty() || token.len() > MAX_POD_TOKEN_LEN {
             return Err(PodTokenError::Invalid);
         }
-        let reviewed = self.reviewed_pod(token).await?;
+        let reviewed = self.reviewed_pod(token, true).await?;
         // Looked up on every connection: a stopped session's pod is forgotten at once.
-        match self.adoptions.get(&reviewed.pod_uid) {
-            Some(adopted) if adopted.pod_name == reviewed.pod_name => Ok(adopted.session),
-            _ => Err(PodTokenError::Unknown),
+        self.adopted_session(&reviewed)
+            .ok_or(PodTokenError::Unknown)
+    }
+
+    async fn wait_adopted(
+        &self,
+        token: &SecretString,
+        hold: Duration,
+    ) -> Result<AdoptionWait, PodTokenError> {
+        let token = token.expose_secret();
+        if token.is_empty() || token.len() > MAX_POD_TOKEN_LEN {
+            return Err(PodTokenError::Invalid);
         }
+        // Reviewed even when its pod is not adopted: only a real pod's relay may wait.
+        let reviewed = self.reviewed_pod(token, false).await?;
+        if let Some(session) = self.adopted_session(&reviewed) {
+            return Ok(AdoptionWait::Adopted(session));
+        }
+        if let Some(owner) = self.parked_elsewhere(&reviewed).await {
+            return Ok(AdoptionWait::Elsewhere(owner));
+        }
+        let Some(mut waiter) = self.adoptions.waiter(&reviewed.pod_uid) else {
+            return Ok(AdoptionWait::TooMany);
+        };
+        if let Some(session) = self.adopted_session(&reviewed) {
+            return Ok(AdoptionWait::Adopted(session));
+        }
+        Ok(match waiter.woken(hold).await {
+            Some(Woken::Superseded) => AdoptionWait::Superseded,
+            Some(Woken::Adopted) => self
+                .adopted_session(&reviewed)
+                .map_or(AdoptionWait::NotYet, AdoptionWait::Adopted),
+            None => AdoptionWait::NotYet,
+        })
+    }
+}
+
+impl TokenReviewer {
+    /// The session `reviewed`'s pod is adopted for, if it is (by uid, under the same name).
+    fn adopted_session(&self, reviewed: &Reviewed) -> Option<SessionId> {
+        self.adoptions
+            .get(&reviewed.pod_uid)
+            .filter(|adopted| adopted.pod_name == reviewed.pod_name)
+            .map(|adopted| adopted.session)
     }
 }
 
