@@ -98,6 +98,10 @@ pub struct RelayOptions {
     /// The session's workspace to fetch before the socket opens and send back when the
     /// gateway asks (`client/workspace.rs`), if any.
     pub workspace: Option<crate::workspace::PodWorkspace>,
+    /// The caps the fetched workspace's bundle must keep (`--workspace-max-*`, from the
+    /// gateway's `[relay.workspace]`): past any of them it is refused and nothing is
+    /// written.
+    pub workspace_limits: crate::workspace::BundleLimits,
 }
 
 /// A relay, ready to run.
@@ -259,7 +263,11 @@ impl Relay {
     ) -> anyhow::Result<()> {
         let mut failed = 0;
         loop {
-            match self.dialer.fetch_workspace(workspace).await {
+            match self
+                .dialer
+                .fetch_workspace(workspace, self.options.workspace_limits)
+                .await
+            {
                 Ok(()) => return Ok(()),
                 Err(e) if self.unadopted(&e) => self.dialer.wait_adopted().await,
                 Err(e) => {

@@ -206,7 +206,7 @@ async fn a_pod_session_starts_locked_down_with_a_credential_only_its_relay_sees(
     let relay = spec_.containers.get(1).expect("relay");
     assert_eq!(
         relay.args.clone().unwrap_or_default(),
-        objects::relay_args(&settings().gateway_url)
+        objects::relay_args(&settings())
     );
     // The relay writes the granted secrets where its own mount of the secrets volume is
     // (without `--secrets-dir` a pod's agent would never get them).

@@ -102,7 +102,7 @@ async fn a_parked_pod_holds_nothing_of_any_thread() {
     assert_eq!(projected["audience"], RELAY_AUDIENCE);
     assert_eq!(
         spec_["containers"][1]["args"],
-        json!(objects::relay_args(&settings().gateway_url))
+        json!(objects::relay_args(&settings()))
     );
     assert!(
         fake.objects("secrets").is_empty(),
