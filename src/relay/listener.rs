@@ -155,8 +155,10 @@ impl Listener {
     ) {
         let greeted = tokio::time::timeout(self.handshake_timeout, self.greet(io)).await;
         let (mut stream, purpose, service) = match greeted {
-            Ok(Ok(Some(Greeted::Session(stream, purpose, service)))) => (stream, purpose, service),
-            Ok(Ok(Some(Greeted::Wait(stream, credential)))) => {
+            Ok(Ok(Some((stream, Greeted::Session(purpose, service))))) => {
+                (stream, purpose, *service)
+            }
+            Ok(Ok(Some((stream, Greeted::Wait(credential))))) => {
                 self.wait_adopted(stream, &credential, &peer, stop).await;
                 return;
             }
@@ -196,7 +198,7 @@ impl Listener {
 
     /// TLS, the greeting and its credential: the connection and the open session it
     /// reaches, or `None` once it has been refused.
-    async fn greet(&self, io: TcpStream) -> std::io::Result<Option<Greeted>> {
+    async fn greet(&self, io: TcpStream) -> std::io::Result<Option<(Relayed, Greeted)>> {
         let peer = io.peer_addr()?;
         let tls = self.acceptor.accept(io).await?;
         let mut stream = BufReader::new(tls);
@@ -208,7 +210,7 @@ impl Listener {
             return Ok(None);
         };
         if purpose == Purpose::Wait {
-            return Ok(Some(Greeted::Wait(stream, credential)));
+            return Ok(Some((stream, Greeted::Wait(credential))));
         }
         let session_id = match self.session_of(&credential).await {
             Ok(session_id) => session_id,
@@ -233,7 +235,7 @@ impl Listener {
             }
             return Ok(None);
         };
-        Ok(Some(Greeted::Session(stream, purpose, service)))
+        Ok(Some((stream, Greeted::Session(purpose, Box::new(service)))))
     }
 
     /// A `wait`: answers once `credential`'s pod is adopted (`OK`), or when the hold
@@ -305,10 +307,10 @@ impl Listener {
     }
 }
 
-/// A greeted connection: one for a session's service, or a `wait`.
+/// What a greeted connection is for: a session's service, or a `wait`.
 enum Greeted {
-    Session(Relayed, Purpose, SessionService),
-    Wait(Relayed, SecretString),
+    Session(Purpose, Box<SessionService>),
+    Wait(SecretString),
 }
 
 impl Listener {
