@@ -51,7 +51,10 @@ pub use crd::{
     API_VERSION as AGENT_SANDBOX_API_VERSION, SandboxClaim, SandboxTemplate, SandboxWarmPool,
 };
 pub use objects::{object_name, pod_spec, relay_args, template_pod_spec};
-pub use review::{Adopted, AdoptionWaiter, Adoptions, MAX_ADOPTION_WAITERS, TokenReviewer};
+pub use review::{
+    Adopted, AdoptionWaiter, Adoptions, MAX_ADOPTION_WAITERS, MAX_WAIT_REVIEWS_IN_FLIGHT,
+    TokenReviewer,
+};
 pub use settings::{Backend, ClaimMode, KubernetesSettings};
 
 use super::{

@@ -28,7 +28,8 @@
 //! it holds one waiter in [`Adoptions`] that recording the pod's adoption wakes. One
 //! waiter per pod: a later wait for the same pod takes the earlier one's place (which
 //! is answered [`AdoptionWait::Superseded`]); at most [`MAX_ADOPTION_WAITERS`] pods'
-//! waits are held at once. A pod parked by another instance (its instance label) is
+//! waits are held at once, and at most [`MAX_WAIT_REVIEWS_IN_FLIGHT`] reviews of tokens
+//! of pods not adopted run at once (one more wait is refused, never queued). A pod parked by another instance (its instance label) is
 //! answered [`AdoptionWait::Elsewhere`], so the listener sends the relay to the one
 //! instance that will adopt it instead of holding a wait nothing here would wake.
 
@@ -69,6 +70,10 @@ pub(crate) const MAX_REVIEWS_IN_FLIGHT: usize = 8;
 pub(crate) const REVIEW_TIMEOUT: Duration = Duration::from_secs(3);
 /// Pods whose relays may wait for their adoption at once (one wait each).
 pub const MAX_ADOPTION_WAITERS: usize = REVIEW_CACHE_MAX;
+/// Reviews of tokens of pods not adopted yet (waits) in flight at once, out of
+/// [`MAX_REVIEWS_IN_FLIGHT`]: a flood of waits with forged tokens gets no more of the API
+/// server, and never queues ahead of adopted pods' relays; one past it is refused.
+pub const MAX_WAIT_REVIEWS_IN_FLIGHT: usize = 2;
 /// The `extra` keys the API server puts in a pod-bound token's review.
 const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
 const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
@@ -317,6 +322,8 @@ pub struct TokenReviewer {
     parking: Option<(Api<Pod>, String)>,
     cache: Mutex<HashMap<[u8; 32], Reviewed>>,
     in_flight: Semaphore,
+    /// The waits' share of `in_flight`, taken without queueing.
+    waits_in_flight: Semaphore,
 }
 
 impl std::fmt::Debug for TokenReviewer {
@@ -337,6 +344,7 @@ impl TokenReviewer {
             parking: None,
             cache: Mutex::new(HashMap::new()),
             in_flight: Semaphore::new(MAX_REVIEWS_IN_FLIGHT),
+            waits_in_flight: Semaphore::new(MAX_WAIT_REVIEWS_IN_FLIGHT),
         }
     }
 
@@ -501,7 +509,16 @@ impl PodTokenVerifier for TokenReviewer {
             return Err(PodTokenError::Invalid);
         }
         // Reviewed even when its pod is not adopted: only a real pod's relay may wait.
-        let reviewed = self.reviewed_pod(token, false).await?;
+        // Those reviews have a small share of their own, refused when it is taken.
+        let reviewed = match self.reviewed_pod(token, true).await {
+            Err(PodTokenError::Unknown) => {
+                let Ok(_share) = self.waits_in_flight.try_acquire() else {
+                    return Ok(AdoptionWait::TooMany);
+                };
+                self.reviewed_pod(token, false).await?
+            }
+            other => other?,
+        };
         if let Some(session) = self.adopted_session(&reviewed) {
             return Ok(AdoptionWait::Adopted(session));
         }

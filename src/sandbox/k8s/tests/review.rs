@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::fake_api::{FakeApi, IssuedToken};
 use super::{runtime, settings, spec};
-use crate::sandbox::k8s::MAX_ADOPTION_WAITERS;
+use crate::sandbox::k8s::{MAX_ADOPTION_WAITERS, MAX_WAIT_REVIEWS_IN_FLIGHT};
 use crate::sandbox::{
     AdoptionWait, MAX_POD_TOKEN_LEN, PodTokenError, PodTokenVerifier as _, SandboxRuntime as _,
 };
@@ -268,4 +268,60 @@ async fn adoption_waits_are_capped() {
     drop(again);
     assert_eq!(adoptions.waiting(), MAX_ADOPTION_WAITERS - 1);
     assert!(adoptions.waiter("uid-one-more").is_some(), "a place freed");
+}
+
+/// Reviews for waits (tokens of pods not adopted) have a small share of their own: past
+/// it a wait is refused at once rather than queued, so a flood of waits with forged
+/// tokens neither loads the API server further nor delays adopted pods' relays.
+#[tokio::test]
+async fn waits_get_a_bounded_share_of_reviews() {
+    let fake = FakeApi::start(false).await;
+    let rt = runtime(&fake, settings()).await;
+    let reviewer = std::sync::Arc::new(rt.token_reviewer());
+    let parked = rt.park(&super::park_spec("support")).await.expect("park");
+    let pod = fake.objects("pods").remove(&parked.name).expect("the pod");
+    let uid = pod["metadata"]["uid"].as_str().expect("uid").to_owned();
+    // Reviews that hang (the API server answers 503, retried until the review's
+    // timeout): each wait holds its share meanwhile.
+    fake.fail_reviews(true);
+    let stuck: Vec<_> = (0..MAX_WAIT_REVIEWS_IN_FLIGHT)
+        .map(|_| {
+            let (reviewer, token) = (
+                reviewer.clone(),
+                token(&fake, &(parked.name.clone(), uid.clone())),
+            );
+            tokio::spawn(async move {
+                reviewer
+                    .wait_adopted(&token, Duration::from_millis(50))
+                    .await
+            })
+        })
+        .collect();
+    super::until("every share in review", || {
+        reviews(&fake) >= MAX_WAIT_REVIEWS_IN_FLIGHT
+    })
+    .await;
+    let one_more = token(&fake, &(parked.name.clone(), uid.clone()));
+    assert_eq!(
+        reviewer
+            .wait_adopted(&one_more, Duration::from_secs(25))
+            .await,
+        Ok(AdoptionWait::TooMany),
+        "refused at once: queued for a review it would have been `Unavailable`"
+    );
+    for wait in stuck {
+        assert_eq!(
+            wait.await.expect("wait"),
+            Err(PodTokenError::Unavailable),
+            "a review that cannot be had is refused, never let through"
+        );
+    }
+    fake.fail_reviews(false);
+    // With the shares free again, a wait is reviewed and held.
+    assert_eq!(
+        reviewer
+            .wait_adopted(&one_more, Duration::from_millis(50))
+            .await,
+        Ok(AdoptionWait::NotYet)
+    );
 }
