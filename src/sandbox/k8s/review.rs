@@ -29,12 +29,15 @@
 //! waiter per pod: a later wait for the same pod takes the earlier one's place (which
 //! is answered [`AdoptionWait::Superseded`]); at most [`MAX_ADOPTION_WAITERS`] pods'
 //! waits are held at once, and at most [`MAX_WAIT_REVIEWS_IN_FLIGHT`] reviews of tokens
-//! of pods not adopted run at once (one more wait is refused, never queued). A pod parked by another instance (its instance label) is
-//! answered [`AdoptionWait::Elsewhere`], so the listener sends the relay to the one
-//! instance that will adopt it instead of holding a wait nothing here would wake.
+//! of pods not adopted run at once (one more wait is refused, never queued). A pod that
+//! no instance has parked or claimed yet (a warm pool's pod) has its labels read again
+//! every [`RELABEL_CHECK`] while its wait is held. A pod parked by another instance
+//! (its instance label) is answered [`AdoptionWait::Elsewhere`], so the listener sends
+//! the relay to the one instance that will adopt it instead of holding a wait nothing
+//! here would wake.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -49,6 +52,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt as _;
 use kube::api::ListParams;
 
+use super::adoptions::{Adopted, Adoptions, Woken};
 use super::objects::{
     ANNOTATION_SESSION, COMPONENT_SANDBOX, RELAY_AUDIENCE, SANDBOX_SERVICE_ACCOUNT,
     instance_selector,
@@ -68,8 +72,9 @@ pub(crate) const MAX_REVIEWS_IN_FLIGHT: usize = 8;
 /// How long one review may take (the client retries a 503 with backoff meanwhile);
 /// within the relay listener's handshake time.
 pub(crate) const REVIEW_TIMEOUT: Duration = Duration::from_secs(3);
-/// Pods whose relays may wait for their adoption at once (one wait each).
-pub const MAX_ADOPTION_WAITERS: usize = REVIEW_CACHE_MAX;
+/// How often a wait for a pod no instance has claimed yet reads the pod's instance
+/// label again (a claim bound by another instance is told by nothing here).
+pub(crate) const RELABEL_CHECK: Duration = Duration::from_secs(2);
 /// Reviews of tokens of pods not adopted yet (waits) in flight at once, out of
 /// [`MAX_REVIEWS_IN_FLIGHT`]: a flood of waits with forged tokens gets no more of the API
 /// server, and never queues ahead of adopted pods' relays; one past it is refused.
@@ -77,160 +82,6 @@ pub const MAX_WAIT_REVIEWS_IN_FLIGHT: usize = 2;
 /// The `extra` keys the API server puts in a pod-bound token's review.
 const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
 const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
-
-/// A pod adopted for a session: its name, and the session it serves.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Adopted {
-    pub pod_name: String,
-    pub session: SessionId,
-}
-
-/// The pods this instance adopted for its sessions, by pod uid: recorded when a claim
-/// is bound (and again from the pods' labels after a restart), forgotten when the
-/// session's sandbox is stopped.
-#[derive(Debug, Clone, Default)]
-pub struct Adoptions {
-    inner: Arc<Mutex<HashMap<String, Adopted>>>,
-    /// The relays waiting for their pod's adoption, by pod uid: one each.
-    waiters: Arc<Mutex<Waiters>>,
-}
-
-/// Waiting relays: the pod uid's one waiter (its number and how to wake it).
-#[derive(Debug, Default)]
-struct Waiters {
-    next: u64,
-    by_pod: HashMap<String, (u64, tokio::sync::oneshot::Sender<Woken>)>,
-}
-
-/// Why a waiter was woken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Woken {
-    Adopted,
-    Superseded,
-}
-
-/// One relay's wait for its pod's adoption; leaves its place when dropped.
-#[derive(Debug)]
-pub struct AdoptionWaiter {
-    uid: String,
-    id: u64,
-    woken: tokio::sync::oneshot::Receiver<Woken>,
-    waiters: Arc<Mutex<Waiters>>,
-}
-
-impl AdoptionWaiter {
-    /// Waits at most `hold` to be woken: `Adopted` when the pod's adoption was recorded
-    /// meanwhile (the caller looks it up), `Superseded` when a later wait for the same
-    /// pod took this one's place, `NotYet` when `hold` passed.
-    async fn woken(&mut self, hold: std::time::Duration) -> Option<Woken> {
-        match tokio::time::timeout(hold, &mut self.woken).await {
-            Ok(Ok(woken)) => Some(woken),
-            Ok(Err(_)) | Err(_) => None,
-        }
-    }
-}
-
-impl Drop for AdoptionWaiter {
-    fn drop(&mut self) {
-        let mut waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
-        if waiters
-            .by_pod
-            .get(&self.uid)
-            .is_some_and(|(id, _)| *id == self.id)
-        {
-            waiters.by_pod.remove(&self.uid);
-        }
-    }
-}
-
-impl Adoptions {
-    /// Records that the pod `uid` serves `adopted.session`, replacing any earlier pod of
-    /// the same session.
-    pub fn record(&self, uid: String, adopted: Adopted) {
-        {
-            let mut pods = self.lock();
-            pods.retain(|_, a| a.session != adopted.session);
-            pods.insert(uid.clone(), adopted);
-        }
-        self.wake(&uid, Woken::Adopted);
-    }
-
-    /// A place to wait for the pod `uid`'s adoption, taking the place of an earlier
-    /// wait for the same pod (woken as superseded); `None` when [`MAX_ADOPTION_WAITERS`]
-    /// other pods' waits are held. Registered before the caller looks the adoption up,
-    /// so an adoption recorded in between still wakes it.
-    pub fn waiter(&self, uid: &str) -> Option<AdoptionWaiter> {
-        let mut waiters = self.waiters_lock();
-        if waiters.by_pod.len() >= MAX_ADOPTION_WAITERS && !waiters.by_pod.contains_key(uid) {
-            return None;
-        }
-        waiters.next += 1;
-        let id = waiters.next;
-        let (wake, woken) = tokio::sync::oneshot::channel();
-        if let Some((_, earlier)) = waiters.by_pod.insert(uid.to_owned(), (id, wake)) {
-            let _ = earlier.send(Woken::Superseded);
-        }
-        Some(AdoptionWaiter {
-            uid: uid.to_owned(),
-            id,
-            woken,
-            waiters: self.waiters.clone(),
-        })
-    }
-
-    /// Relays waiting now (tests, and the cap's check).
-    pub fn waiting(&self) -> usize {
-        self.waiters_lock().by_pod.len()
-    }
-
-    fn wake(&self, uid: &str, why: Woken) {
-        if let Some((_, waiter)) = self.waiters_lock().by_pod.remove(uid) {
-            let _ = waiter.send(why);
-        }
-    }
-
-    fn waiters_lock(&self) -> MutexGuard<'_, Waiters> {
-        self.waiters.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Records the pod `uid` again after a restart, beside any other pod of the same
-    /// session (a pod adopted before a crash its session's row never named is one:
-    /// reconciliation removes it, and forgets only it, [`Adoptions::forget_pod`]).
-    fn restore(&self, uid: String, adopted: Adopted) {
-        self.lock().insert(uid.clone(), adopted);
-        self.wake(&uid, Woken::Adopted);
-    }
-
-    /// Forgets the pod `uid`: its token reaches nothing from now on.
-    pub fn forget_pod(&self, uid: &str) {
-        self.lock().remove(uid);
-    }
-
-    /// Forgets the pod of `session`: its token reaches nothing from now on.
-    pub fn forget_session(&self, session: &SessionId) {
-        self.lock().retain(|_, a| &a.session != session);
-    }
-
-    /// The adoption of the pod `uid`.
-    pub fn get(&self, uid: &str) -> Option<Adopted> {
-        self.lock().get(uid).cloned()
-    }
-
-    /// How many pods are adopted.
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    /// Whether none is.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Adopted>> {
-        // Every statement leaves the map whole: a panic elsewhere half-writes nothing.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
 
 impl super::KubeRuntime {
     /// Records the pod of every claim of this instance again (after a restart): the
@@ -356,27 +207,30 @@ impl TokenReviewer {
         self
     }
 
-    /// The instance other than this one that parked the pod `reviewed`, read from its
-    /// instance label. `None` when it is this one's, carries no label (a warm pool's
-    /// pod, not claimed yet) or cannot be read now: the wait is then held here.
-    async fn parked_elsewhere(&self, reviewed: &Reviewed) -> Option<String> {
-        let (pods, me) = self.parking.as_ref()?;
+    /// Who parked the pod `reviewed`, read from its instance label: another instance,
+    /// this one, or nobody yet (a warm pool's pod before a claim binds it; also when the
+    /// pod cannot be read now, or without `parking_for`).
+    async fn parker(&self, reviewed: &Reviewed) -> Parker {
+        let Some((pods, me)) = self.parking.as_ref() else {
+            return Parker::Mine;
+        };
         let read = tokio::time::timeout(REVIEW_TIMEOUT, pods.get_opt(&reviewed.pod_name));
         let pod = match read.await {
-            Ok(Ok(pod)) => pod?,
+            Ok(Ok(Some(pod))) => pod,
+            Ok(Ok(None)) | Err(_) => return Parker::Nobody,
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "cannot read a waiting relay's pod");
-                return None;
+                return Parker::Nobody;
             }
-            Err(_) => return None,
         };
         if pod.metadata.uid.as_deref() != Some(reviewed.pod_uid.as_str()) {
-            return None;
+            return Parker::Nobody;
         }
-        pod.labels()
-            .get(crate::sandbox::LABEL_INSTANCE)
-            .filter(|owner| *owner != me)
-            .cloned()
+        match pod.labels().get(crate::sandbox::LABEL_INSTANCE) {
+            Some(owner) if owner == me => Parker::Mine,
+            Some(owner) => Parker::Elsewhere(owner.clone()),
+            None => Parker::Nobody,
+        }
     }
 
     /// Positive reviews held now (tests, and the cap's check).
@@ -522,7 +376,8 @@ impl PodTokenVerifier for TokenReviewer {
         if let Some(session) = self.adopted_session(&reviewed) {
             return Ok(AdoptionWait::Adopted(session));
         }
-        if let Some(owner) = self.parked_elsewhere(&reviewed).await {
+        let parker = self.parker(&reviewed).await;
+        if let Parker::Elsewhere(owner) = parker {
             return Ok(AdoptionWait::Elsewhere(owner));
         }
         let Some(mut waiter) = self.adoptions.waiter(&reviewed.pod_uid) else {
@@ -531,14 +386,41 @@ impl PodTokenVerifier for TokenReviewer {
         if let Some(session) = self.adopted_session(&reviewed) {
             return Ok(AdoptionWait::Adopted(session));
         }
-        Ok(match waiter.woken(hold).await {
-            Some(Woken::Superseded) => AdoptionWait::Superseded,
-            Some(Woken::Adopted) => self
-                .adopted_session(&reviewed)
-                .map_or(AdoptionWait::NotYet, AdoptionWait::Adopted),
-            None => AdoptionWait::NotYet,
-        })
+        // A pod nobody parked yet may be claimed by another instance, which no adoption
+        // here would tell: its label is read again every `RELABEL_CHECK`.
+        let step = match parker {
+            Parker::Nobody => RELABEL_CHECK,
+            Parker::Mine | Parker::Elsewhere(_) => hold,
+        };
+        let deadline = tokio::time::Instant::now() + hold;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Ok(AdoptionWait::NotYet);
+            }
+            match waiter.woken(left.min(step)).await {
+                Some(Woken::Superseded) => return Ok(AdoptionWait::Superseded),
+                Some(Woken::Adopted) => {
+                    return Ok(self
+                        .adopted_session(&reviewed)
+                        .map_or(AdoptionWait::NotYet, AdoptionWait::Adopted));
+                }
+                None => {}
+            }
+            if step < hold
+                && let Parker::Elsewhere(owner) = self.parker(&reviewed).await
+            {
+                return Ok(AdoptionWait::Elsewhere(owner));
+            }
+        }
     }
+}
+
+/// Who parked a waiting relay's pod.
+enum Parker {
+    Mine,
+    Elsewhere(String),
+    Nobody,
 }
 
 impl TokenReviewer {

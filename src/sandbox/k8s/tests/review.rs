@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use super::fake_api::{FakeApi, IssuedToken};
-use super::{runtime, settings, spec};
+use super::{INSTANCE, runtime, settings, spec};
 use crate::sandbox::k8s::{MAX_ADOPTION_WAITERS, MAX_WAIT_REVIEWS_IN_FLIGHT};
 use crate::sandbox::{
     AdoptionWait, MAX_POD_TOKEN_LEN, PodTokenError, PodTokenVerifier as _, SandboxRuntime as _,
@@ -324,4 +324,48 @@ async fn waits_get_a_bounded_share_of_reviews() {
             .await,
         Ok(AdoptionWait::NotYet)
     );
+}
+
+/// A wait for a pod no instance has claimed yet (a warm pool's pod, no instance label)
+/// is held here; when another instance's claim binds it (its labels name that
+/// instance), the wait is sent there instead of running out its hold.
+#[tokio::test]
+async fn a_wait_for_an_unclaimed_pod_follows_the_instance_that_claims_it() {
+    let fake = FakeApi::start(false).await;
+    let rt = runtime(&fake, settings()).await;
+    let reviewer = std::sync::Arc::new(rt.token_reviewer());
+    let mut warm = super::parked_object(INSTANCE, "tg-warm", "slot-w", super::IMAGE, Some("True"));
+    let labels = warm["metadata"]["labels"].as_object_mut().expect("labels");
+    labels.remove("threadgate.instance");
+    fake.insert("pods", warm.clone());
+    let uid = fake.objects("pods")["tg-warm"]["metadata"]["uid"]
+        .as_str()
+        .expect("uid")
+        .to_owned();
+    let pod_token = token(&fake, &("tg-warm".to_owned(), uid.clone()));
+    let hold = Duration::from_secs(25);
+    let started = Instant::now();
+    let waiting = {
+        let (reviewer, pod_token) = (reviewer.clone(), pod_token.clone());
+        tokio::spawn(async move { reviewer.wait_adopted(&pod_token, hold).await })
+    };
+    super::until("the wait held", || rt.adoptions().waiting() == 1).await;
+
+    // Another instance's claim binds it: the pod now carries that instance's labels.
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(fake.client(), "threadgate");
+    let bound = serde_json::json!({"metadata": {"labels": {"threadgate.instance": "other01"}}});
+    pods.patch(
+        "tg-warm",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&bound),
+    )
+    .await
+    .expect("the claim's labels");
+    assert_eq!(
+        waiting.await.expect("wait"),
+        Ok(AdoptionWait::Elsewhere("other01".to_owned()))
+    );
+    assert!(started.elapsed() < hold, "sent on, not timed out");
+    assert_eq!(rt.adoptions().waiting(), 0);
 }
