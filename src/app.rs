@@ -29,7 +29,7 @@ use crate::model::{ModelProxy, Upstream};
 use crate::policy::{Catalog, Policy};
 use crate::relay::{RelayCredentials, RelayParts};
 use crate::reviewers::hasher::{GLOBAL_MAX_WAITING, GLOBAL_PERMITS, Hasher};
-use crate::sandbox::k8s::Backend;
+use crate::sandbox::k8s::{Backend, KubernetesSettings};
 use crate::sandbox::{DockerRuntime, KubeRuntime, Limits, SandboxRuntime};
 use crate::secrets::{
     KeySource, MasterKey, Redactor, RedactorSource, SealPurpose, SecretStore, SecretString,
@@ -242,7 +242,10 @@ impl Foundation {
             (None, Backend::Kubernetes) => Arc::new(
                 KubeRuntime::connect(
                     &instance_id,
-                    settings.sandbox.kubernetes.clone(),
+                    KubernetesSettings {
+                        relay_workspace_limits: settings.relay.workspace.limits(),
+                        ..settings.sandbox.kubernetes.clone()
+                    },
                     relay_credentials.clone(),
                 )
                 .await?,

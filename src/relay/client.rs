@@ -22,9 +22,12 @@
 //!   is opened and written there as read-only files (a memory-backed volume). Neither a
 //!   credential nor a secret is ever logged.
 //! - A relay presenting its pod's token (a parked or claimed pod, started before its
-//!   thread was known) is refused until its pod is adopted; it asks again every
-//!   `UNASSIGNED_POLL` (250 ms) meanwhile, so an adoption reaches it at once, where any
-//!   other failure backs off.
+//!   thread was known) is refused until its pod is adopted; meanwhile it holds one
+//!   `wait` connection (`wire`) that the gateway answers the moment the pod is adopted,
+//!   or after [`wire::ADOPTION_WAIT_HOLD`] (then it asks again at once), so an adoption
+//!   reaches it without polling and a lost wake-up only delays it by one hold. A
+//!   gateway that knows no `wait` (an older one: `NO malformed`) is asked again every
+//!   `UNASSIGNED_POLL`. Any other failure backs off.
 
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -68,8 +71,12 @@ const WARM_MAX_AGE: Duration = Duration::from_secs(4);
 /// Redirects followed for one connection before giving up.
 pub const MAX_REDIRECTS: usize = 3;
 /// How often a relay presenting its pod's token asks again while its pod is not adopted
-/// yet (a parked pod): each ask is one TLS handshake, refused before any API call.
+/// yet when the gateway cannot hold a `wait` (an older gateway), or its wait failed.
 const UNASSIGNED_POLL: Duration = Duration::from_millis(250);
+/// How long the relay waits for the answer to a `wait`: the gateway's hold, and the
+/// time to review the token and reach it.
+const WAIT_ANSWER_TIMEOUT: Duration =
+    Duration::from_secs(wire::ADOPTION_WAIT_HOLD.as_secs() + 2 * DIAL_TIMEOUT.as_secs());
 /// The shortest wait between renewals, and the first wait after a failed one.
 const MIN_RENEW_WAIT: Duration = Duration::from_secs(1);
 
@@ -91,6 +98,10 @@ pub struct RelayOptions {
     /// The session's workspace to fetch before the socket opens and send back when the
     /// gateway asks (`client/workspace.rs`), if any.
     pub workspace: Option<crate::workspace::PodWorkspace>,
+    /// The caps the fetched workspace's bundle must keep (`--workspace-max-*`, from the
+    /// gateway's `[relay.workspace]`): past any of them it is refused and nothing is
+    /// written.
+    pub workspace_limits: crate::workspace::BundleLimits,
 }
 
 /// A relay, ready to run.
@@ -252,16 +263,17 @@ impl Relay {
     ) -> anyhow::Result<()> {
         let mut failed = 0;
         loop {
-            match self.dialer.fetch_workspace(workspace).await {
+            match self
+                .dialer
+                .fetch_workspace(workspace, self.options.workspace_limits)
+                .await
+            {
                 Ok(()) => return Ok(()),
+                Err(e) if self.unadopted(&e) => self.dialer.wait_adopted().await,
                 Err(e) => {
                     failed += 1;
-                    let wait = self.wait_after(failed, &e);
-                    if wait == UNASSIGNED_POLL {
-                        tracing::debug!("the pod is not adopted yet; asking again");
-                    } else {
-                        tracing::warn!(error = %format!("{e:#}"), retry_in = ?wait, "cannot fetch the session's workspace");
-                    }
+                    let wait = crate::retry::SESSION_START.wait(failed);
+                    tracing::warn!(error = %format!("{e:#}"), retry_in = ?wait, "cannot fetch the session's workspace");
                     tokio::time::sleep(wait).await;
                 }
             }
@@ -275,14 +287,11 @@ impl Relay {
         loop {
             match self.dialer.fetch_secrets().await {
                 Ok(files) => return write_secrets(dir, &files),
+                Err(e) if self.unadopted(&e) => self.dialer.wait_adopted().await,
                 Err(e) => {
                     failed += 1;
-                    let wait = self.wait_after(failed, &e);
-                    if wait == UNASSIGNED_POLL {
-                        tracing::debug!("the pod is not adopted yet; asking again");
-                    } else {
-                        tracing::warn!(error = %e, retry_in = ?wait, "cannot fetch the session's secrets");
-                    }
+                    let wait = crate::retry::SESSION_START.wait(failed);
+                    tracing::warn!(error = %e, retry_in = ?wait, "cannot fetch the session's secrets");
                     tokio::time::sleep(wait).await;
                 }
             }
@@ -291,26 +300,23 @@ impl Relay {
 }
 
 impl Relay {
-    /// The wait after the `failed`th failure to fetch what the socket waits on. A relay
-    /// presenting its pod's token (a parked or claimed pod, started before its thread
-    /// was known) is refused `invalid` until its pod is adopted: it asks again every
-    /// [`UNASSIGNED_POLL`], so it learns of the adoption at once rather than after a
-    /// doubling backoff of up to five minutes. Anything else backs off.
-    fn wait_after(&self, failed: u32, error: &anyhow::Error) -> Duration {
-        fetch_retry_wait(failed, error, self.dialer.current().expose_secret())
+    /// Whether fetching what the socket waits on failed because the relay's pod is not
+    /// adopted yet: a relay presenting its pod's token (a parked or claimed pod, started
+    /// before its thread was known) is refused `invalid` until then. It then waits for
+    /// the adoption ([`Dialer::wait_adopted`]) rather than backing off (up to five
+    /// minutes) or polling.
+    fn unadopted(&self, error: &anyhow::Error) -> bool {
+        refused_unadopted(error, self.dialer.current().expose_secret())
     }
 }
 
-/// See [`Relay::wait_after`]: `credential` is what the relay presents.
-fn fetch_retry_wait(failed: u32, error: &anyhow::Error, credential: &str) -> Duration {
+/// See [`Relay::unadopted`]: `credential` is what the relay presents.
+fn refused_unadopted(error: &anyhow::Error, credential: &str) -> bool {
     let refused_invalid = matches!(
         error.downcast_ref::<DialError>(),
         Some(DialError::Refused(Refused::Invalid))
     );
-    if refused_invalid && !super::credential::is_minted(credential) {
-        return UNASSIGNED_POLL;
-    }
-    crate::retry::SESSION_START.wait(failed)
+    refused_invalid && !super::credential::is_minted(credential)
 }
 
 impl Dialer {
@@ -391,6 +397,36 @@ impl Dialer {
         }
     }
 
+    /// Holds one `wait` until the gateway answers it: returns when the pod is adopted
+    /// (`OK`), and otherwise after a short pause, so the caller asks for what it fetches
+    /// again (a wake-up lost anywhere costs at most one hold). `NO not_adopted` (the hold
+    /// passed) is asked again at once (after [`UNASSIGNED_POLL`] when it came without a
+    /// hold); `GO` (another instance parked the pod) is followed; `NO malformed` (a gateway that knows no `wait`),
+    /// `NO superseded` or any failure returns after [`UNASSIGNED_POLL`].
+    async fn wait_adopted(&self) {
+        loop {
+            let asked = Instant::now();
+            match self.dial_retrying(Purpose::Wait).await {
+                Ok(_) => {
+                    tracing::debug!("the gateway says the pod is adopted");
+                    return;
+                }
+                Err(DialError::Refused(Refused::NotAdopted)) => {
+                    tracing::debug!("the pod is not adopted yet; waiting again");
+                    // An instance that could not hold the wait answers at once: no spin.
+                    if asked.elapsed() < MIN_RENEW_WAIT {
+                        tokio::time::sleep(UNASSIGNED_POLL).await;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot wait for the pod's adoption; asking again");
+                    tokio::time::sleep(UNASSIGNED_POLL).await;
+                    return;
+                }
+            }
+        }
+    }
+
     /// Dials; when the credential is refused as expired or invalid, reads the token file
     /// again and, if it holds another credential, dials once more with it.
     async fn dial_retrying(&self, purpose: Purpose) -> Result<Upstream, DialError> {
@@ -420,7 +456,15 @@ impl Dialer {
                     *self.owner.lock().unwrap_or_else(|p| p.into_inner()) = Some(addr);
                     target = Target::Owner(addr);
                 }
-                Err(e) if matches!(target, Target::Owner(_)) && redirects == 0 => {
+                // A wait the owner answered is no failure of the owner.
+                Err(e)
+                    if matches!(target, Target::Owner(_))
+                        && redirects == 0
+                        && !matches!(
+                            e,
+                            DialError::Refused(Refused::NotAdopted | Refused::Superseded)
+                        ) =>
+                {
                     tracing::debug!(error = %e, "the session's owner did not take the relay; dialling the gateway");
                     *self.owner.lock().unwrap_or_else(|p| p.into_inner()) = None;
                     target = Target::Gateway;
@@ -458,7 +502,11 @@ impl Dialer {
                 None => Err(DialError::Garbled),
             }
         };
-        tokio::time::timeout(DIAL_TIMEOUT, dialled)
+        let deadline = match purpose {
+            Purpose::Wait => WAIT_ANSWER_TIMEOUT,
+            Purpose::Stream | Purpose::Control => DIAL_TIMEOUT,
+        };
+        tokio::time::timeout(deadline, dialled)
             .await
             .map_err(|_| DialError::Timeout)?
     }
@@ -703,33 +751,23 @@ mod tests {
         }
     }
 
-    /// A parked pod's relay (its pod's token, refused `invalid` until adopted) asks
-    /// again at a short fixed interval; a minted credential refused, or any other
-    /// failure, backs off.
+    /// A parked pod's relay (its pod's token, refused `invalid` until adopted) waits for
+    /// its adoption; a minted credential refused, or any other failure, backs off.
     #[test]
-    fn an_unadopted_pods_relay_asks_again_soon_and_everything_else_backs_off() {
+    fn an_unadopted_pods_relay_waits_and_everything_else_backs_off() {
         let refused = || anyhow::Error::from(DialError::Refused(Refused::Invalid));
         let pod_token = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJwb2QifQ.sig";
-        for failed in [1, 5, 20] {
-            assert_eq!(
-                fetch_retry_wait(failed, &refused(), pod_token),
-                UNASSIGNED_POLL
-            );
-            let wrapped = refused().context("control connection");
-            assert_eq!(
-                fetch_retry_wait(failed, &wrapped, pod_token),
-                UNASSIGNED_POLL
-            );
-        }
-        let backoff = crate::retry::SESSION_START.wait(5);
-        assert!(backoff > UNASSIGNED_POLL);
+        assert!(refused_unadopted(&refused(), pod_token));
+        let wrapped = refused().context("control connection");
+        assert!(refused_unadopted(&wrapped, pod_token));
         let minted = "tgr1.s1.91000.n.m";
         assert!(super::super::credential::is_minted(minted));
-        assert_eq!(fetch_retry_wait(5, &refused(), minted), backoff);
+        assert!(!refused_unadopted(&refused(), minted));
         let unavailable = anyhow::Error::from(DialError::Refused(Refused::Unavailable));
-        assert_eq!(fetch_retry_wait(5, &unavailable, pod_token), backoff);
+        assert!(!refused_unadopted(&unavailable, pod_token));
         let io = anyhow::anyhow!("connection refused");
-        assert_eq!(fetch_retry_wait(5, &io, pod_token), backoff);
+        assert!(!refused_unadopted(&io, pod_token));
+        assert!(WAIT_ANSWER_TIMEOUT > wire::ADOPTION_WAIT_HOLD + DIAL_TIMEOUT);
     }
 
     #[test]

@@ -13,6 +13,13 @@
 //! authentic credential of a session open on another instance is answered `GO
 //! <address>` (`relay::redirect`) and closed. A connection ends when its peer closes it, when
 //! its session closes (its open request drains first) or at shutdown.
+//!
+//! A `wait` greeting (a parked pod's relay, presenting its pod's token) is held
+//! unanswered until the verifier says its pod is adopted (`OK`, then closed) or for
+//! [`wire::ADOPTION_WAIT_HOLD`] (`NO not_adopted`), so the relay learns of its adoption
+//! the moment it happens instead of asking again and again; the token is reviewed
+//! before it may wait, one wait per pod is held (a second supersedes the first), and a
+//! waiting connection counts against the listener's cap like any other.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -31,7 +38,7 @@ use super::settings::RelaySettings;
 use super::wire::{self, Purpose, Refused};
 use crate::gateway::SessionService;
 use crate::ids::SessionId;
-use crate::sandbox::PodTokenError;
+use crate::sandbox::{AdoptionWait, PodTokenError};
 use crate::secrets::{ExposeSecret as _, SecretString};
 use crate::tasks::Tasks;
 
@@ -148,7 +155,13 @@ impl Listener {
     ) {
         let greeted = tokio::time::timeout(self.handshake_timeout, self.greet(io)).await;
         let (mut stream, purpose, service) = match greeted {
-            Ok(Ok(Some(greeted))) => greeted,
+            Ok(Ok(Some((stream, Greeted::Session(purpose, service))))) => {
+                (stream, purpose, *service)
+            }
+            Ok(Ok(Some((stream, Greeted::Wait(credential))))) => {
+                self.wait_adopted(stream, &credential, &peer, stop).await;
+                return;
+            }
             Ok(Ok(None)) => return,
             Ok(Err(e)) => {
                 tracing::debug!(%peer, error = %e, "relay handshake failed");
@@ -177,16 +190,15 @@ impl Listener {
         let router = match purpose {
             Purpose::Stream => service.router.clone(),
             Purpose::Control => control::router(&service, &self.parts),
+            // Answered by `wait_adopted`, never greeted into a session.
+            Purpose::Wait => return,
         };
         crate::server::serve_connection(stream, router, end).await;
     }
 
     /// TLS, the greeting and its credential: the connection and the open session it
     /// reaches, or `None` once it has been refused.
-    async fn greet(
-        &self,
-        io: TcpStream,
-    ) -> std::io::Result<Option<(Relayed, Purpose, SessionService)>> {
+    async fn greet(&self, io: TcpStream) -> std::io::Result<Option<(Relayed, Greeted)>> {
         let peer = io.peer_addr()?;
         let tls = self.acceptor.accept(io).await?;
         let mut stream = BufReader::new(tls);
@@ -197,6 +209,9 @@ impl Listener {
             refuse(&mut stream, Refused::Malformed, &peer).await;
             return Ok(None);
         };
+        if purpose == Purpose::Wait {
+            return Ok(Some((stream, Greeted::Wait(credential))));
+        }
         let session_id = match self.session_of(&credential).await {
             Ok(session_id) => session_id,
             Err(why) => {
@@ -220,8 +235,82 @@ impl Listener {
             }
             return Ok(None);
         };
-        Ok(Some((stream, purpose, service)))
+        Ok(Some((stream, Greeted::Session(purpose, Box::new(service)))))
     }
+
+    /// A `wait`: answers once `credential`'s pod is adopted (`OK`), or when the hold
+    /// passed (`NO not_adopted`), another wait for the pod took its place (`NO
+    /// superseded`), too many are held (`NO busy`) or the token is refused; then
+    /// closes. A minted credential has nothing to wait for and is answered at once.
+    async fn wait_adopted(
+        &self,
+        mut stream: Relayed,
+        credential: &SecretString,
+        peer: &SocketAddr,
+        stop: impl Future<Output = ()> + Send,
+    ) {
+        let outcome = match &self.parts.pod_tokens {
+            Some(verifier) if !is_minted(credential.expose_secret()) => {
+                let waited = verifier.wait_adopted(credential, wire::ADOPTION_WAIT_HOLD);
+                // The review within the handshake's time, the hold after it.
+                let bound = self.handshake_timeout + wire::ADOPTION_WAIT_HOLD;
+                tokio::select! {
+                    waited = tokio::time::timeout(bound, waited) => match waited {
+                        Ok(Ok(AdoptionWait::Adopted(_))) => Ok(()),
+                        Ok(Ok(AdoptionWait::NotYet)) | Err(_) => Err(Refused::NotAdopted),
+                        Ok(Ok(AdoptionWait::Superseded)) => Err(Refused::Superseded),
+                        Ok(Ok(AdoptionWait::TooMany)) => Err(Refused::Busy),
+                        Ok(Ok(AdoptionWait::Elsewhere(owner))) => {
+                            return self.send_to_parker(stream, &owner, peer).await;
+                        }
+                        Ok(Err(PodTokenError::Invalid | PodTokenError::Unknown)) => {
+                            Err(Refused::Invalid)
+                        }
+                        Ok(Err(PodTokenError::Unavailable)) => Err(Refused::Unavailable),
+                    },
+                    () = stop => Err(Refused::Unavailable),
+                }
+            }
+            _ => tokio::time::timeout(self.handshake_timeout, self.session_of(credential))
+                .await
+                .unwrap_or(Err(Refused::Unavailable))
+                .map(|_| ()),
+        };
+        match outcome {
+            Ok(()) => {
+                tracing::debug!(%peer, "a waiting relay's pod is adopted");
+                let _ = write_answer(&mut stream, Ok(())).await;
+                let _ = stream.shutdown().await;
+            }
+            Err(why) => refuse(&mut stream, why, peer).await,
+        }
+    }
+}
+
+impl Listener {
+    /// A `wait` for a pod another instance parked (only it adopts the pod): answered
+    /// `GO <its address>` from the instance registry, else `NO not_adopted`.
+    async fn send_to_parker(&self, mut stream: Relayed, owner: &str, peer: &SocketAddr) {
+        let addr = match &self.parts.redirects {
+            Some(redirects) => redirects.instance_addr(owner).await,
+            None => None,
+        };
+        match addr {
+            Some(addr) => {
+                tracing::debug!(%peer, %owner, "a waiting relay sent to the instance that parked its pod");
+                let _ = stream.write_all(wire::redirect(addr).as_bytes()).await;
+                let _ = stream.flush().await;
+                let _ = stream.shutdown().await;
+            }
+            None => refuse(&mut stream, Refused::NotAdopted, peer).await,
+        }
+    }
+}
+
+/// What a greeted connection is for: a session's service, or a `wait`.
+enum Greeted {
+    Session(Purpose, Box<SessionService>),
+    Wait(SecretString),
 }
 
 impl Listener {
@@ -262,7 +351,7 @@ async fn write_answer(stream: &mut Relayed, outcome: Result<(), Refused>) -> std
 /// could have sent it (a flood of junk does not fill the log).
 async fn refuse(stream: &mut Relayed, why: Refused, peer: &SocketAddr) {
     match why {
-        Refused::Malformed | Refused::Invalid => {
+        Refused::Malformed | Refused::Invalid | Refused::NotAdopted | Refused::Superseded => {
             tracing::debug!(%peer, reason = %why, "relay connection refused");
         }
         Refused::Expired | Refused::Stopped | Refused::Busy | Refused::Unavailable => {

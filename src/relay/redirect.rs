@@ -29,6 +29,28 @@ pub struct Redirects {
 }
 
 impl Redirects {
+    /// The advertised relay address of the live instance `instance`, when that is
+    /// another instance (a parked pod's relay waits for its adoption there).
+    pub async fn instance_addr(&self, instance: &str) -> Option<SocketAddr> {
+        if instance == self.instance_id {
+            return None;
+        }
+        let owner = instance.to_owned();
+        let lease_ms = i64::try_from(self.lease_time.as_millis()).unwrap_or(i64::MAX);
+        let alive_after = self.clock.now_ms().saturating_sub(lease_ms);
+        let read = self
+            .db
+            .read(move |conn| crate::store::instances::relay_addr(conn, &owner, alive_after))
+            .await;
+        match read {
+            Ok(addr) => addr.and_then(|addr| addr.parse().ok()),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot look up a parked pod's instance");
+                None
+            }
+        }
+    }
+
     /// The advertised relay address of `session`'s live lease owner, when that is
     /// another instance.
     pub async fn owner_of(&self, session: &SessionId) -> Option<SocketAddr> {

@@ -2,10 +2,15 @@
 //! anything else, and the gateway's one-line answer.
 //!
 //! ```text
-//! relay   → gateway   TGR1 stream <credential>\n     (or `control`)
+//! relay   → gateway   TGR1 stream <credential>\n     (or `control`, or `wait`)
 //! gateway → relay     OK\n                           (or `NO <reason>\n`, then close)
 //!                     GO <ip:port>\n                 (the session runs there: dial it)
 //! ```
+//!
+//! `wait` is a parked pod's relay (presenting its pod's token) asking to be told of its
+//! pod's adoption: the gateway holds the line unanswered until the pod is adopted
+//! (`OK`, then close) or for at most [`ADOPTION_WAIT_HOLD`] (`NO not_adopted`: ask
+//! again). One wait per pod: a second takes the first one's place (`NO superseded`).
 //!
 //! After `OK` the connection is HTTP/1.1: for `stream`, the agent's own bytes, served by
 //! the session's router exactly as its unix socket serves them; for `control`, the
@@ -27,6 +32,9 @@ pub const MAX_LINE: usize = if MAX_CREDENTIAL_LEN > MAX_POD_TOKEN_LEN {
     MAX_POD_TOKEN_LEN
 } + 32;
 const VERSION: &str = "TGR1";
+/// The longest the gateway holds a `wait` before answering `NO not_adopted`; the relay
+/// then asks again, so a lost wake-up delays an adoption by at most this long.
+pub const ADOPTION_WAIT_HOLD: std::time::Duration = std::time::Duration::from_secs(25);
 
 /// What a relayed connection is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +43,8 @@ pub enum Purpose {
     Stream,
     /// The relay's own: renewing its credential, fetching the session's secrets.
     Control,
+    /// A parked pod's relay waiting for its pod's adoption: one answer line, no HTTP.
+    Wait,
 }
 
 impl Purpose {
@@ -42,6 +52,7 @@ impl Purpose {
         match self {
             Purpose::Stream => "stream",
             Purpose::Control => "control",
+            Purpose::Wait => "wait",
         }
     }
 }
@@ -63,6 +74,10 @@ pub enum Refused {
     /// The credential cannot be checked now (a pod token, and the API server that
     /// reviews it cannot be reached): refused, try again later.
     Unavailable,
+    /// A `wait`: the pod was not adopted within [`ADOPTION_WAIT_HOLD`]; ask again.
+    NotAdopted,
+    /// A `wait` another wait for the same pod took the place of.
+    Superseded,
 }
 
 impl Refused {
@@ -123,6 +138,7 @@ pub fn parse_greeting(line: String) -> Option<(Purpose, SecretString)> {
     let purpose = match purpose {
         "stream" => Purpose::Stream,
         "control" => Purpose::Control,
+        "wait" => Purpose::Wait,
         _ => return None,
     };
     Some((purpose, SecretString::from(credential.to_owned())))
@@ -167,6 +183,8 @@ mod tests {
         let mut closed = tokio::io::BufReader::new(&b"TGR1 stream x"[..]);
         assert_eq!(read_line(&mut closed).await.expect("io"), None);
 
+        let (purpose, _) = parse_greeting("TGR1 wait x".to_owned()).expect("a wait");
+        assert_eq!(purpose, Purpose::Wait);
         for bad in [
             "TGR2 stream x",
             "TGR1 other x",
@@ -179,7 +197,13 @@ mod tests {
 
     #[test]
     fn answers_read_back() {
-        for outcome in [Ok(()), Err(Refused::Expired), Err(Refused::Busy)] {
+        for outcome in [
+            Ok(()),
+            Err(Refused::Expired),
+            Err(Refused::Busy),
+            Err(Refused::NotAdopted),
+            Err(Refused::Superseded),
+        ] {
             let line = answer(outcome);
             assert_eq!(parse_answer(line.trim_end()), Some(outcome));
         }

@@ -222,6 +222,40 @@ pub trait PodTokenVerifier: Send + Sync {
         &self,
         token: &crate::secrets::SecretString,
     ) -> Result<SessionId, PodTokenError>;
+
+    /// Waits at most `hold` for `token`'s pod to be adopted: answers as soon as it is
+    /// (a parked pod's relay is told of its adoption, instead of asking again and
+    /// again). Only an authentic token may wait, and one wait per pod at a time: a later
+    /// wait for the same pod takes the earlier one's place ([`AdoptionWait::Superseded`]).
+    /// A verifier that cannot wait answers at once (the default).
+    async fn wait_adopted(
+        &self,
+        token: &crate::secrets::SecretString,
+        hold: std::time::Duration,
+    ) -> Result<AdoptionWait, PodTokenError> {
+        let _ = hold;
+        match self.session_of(token).await {
+            Ok(session) => Ok(AdoptionWait::Adopted(session)),
+            Err(PodTokenError::Unknown) => Ok(AdoptionWait::NotYet),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// What a wait for a pod's adoption ([`PodTokenVerifier::wait_adopted`]) came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdoptionWait {
+    /// The pod is adopted for this session.
+    Adopted(SessionId),
+    /// Not adopted within the wait: ask again.
+    NotYet,
+    /// A later wait for the same pod took this one's place.
+    Superseded,
+    /// As many waits are held as the verifier allows: ask again later.
+    TooMany,
+    /// The pod was parked by another instance (named), the only one that adopts it:
+    /// wait there.
+    Elsewhere(String),
 }
 
 /// Everything needed to start one session's container.

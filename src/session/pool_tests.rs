@@ -1,6 +1,8 @@
 //! The pool of parked sandboxes over the fake runtime: filling, taking, expiry, the
 //! take-over at start, a runtime that cannot park, and the supervisor's warm and cold
-//! launches.
+//! launches. `kubernetes`: the pool over the Kubernetes runtime's fake API server.
+
+mod kubernetes;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};

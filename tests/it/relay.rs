@@ -7,10 +7,13 @@
 //! session's credential reaches none; the relay renews its credential, caps its
 //! connections, refuses a gateway its CA did not sign, and writes the session's
 //! secrets as files without logging them, and carries the session's workspace into
-//! the pod and its work back to the thread's branch.
+//! the pod and its work back to the thread's branch. A parked pod's relay is told of its
+//! adoption by the one wait it holds.
 //!
 //! Needs `.venv-peers`: run `scripts/localstripe.sh setup` once.
 
+#[path = "relay/adoption_wait.rs"]
+mod adoption_wait;
 #[path = "relay/calls.rs"]
 mod calls;
 #[path = "relay/caps.rs"]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use http_body_util::{BodyExt as _, Full, Limited};
+use http_body_util::{BodyExt as _, Full, LengthLimitError, Limited};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use tracing::Instrument as _;
@@ -52,7 +52,10 @@ impl Dialer {
             let body = Limited::new(response.into_body(), max_answer)
                 .collect()
                 .await
-                .map_err(|e| anyhow::anyhow!("control answer: {e}"))?
+                .map_err(|e| match e.downcast::<LengthLimitError>() {
+                    Ok(over) => anyhow::Error::from(*over),
+                    Err(e) => anyhow::anyhow!("control answer: {e}"),
+                })?
                 .to_bytes();
             anyhow::Ok((status, body))
         };
@@ -64,16 +67,22 @@ impl Dialer {
     }
 
     /// Fetches the handed-out workspace and writes it, unless an earlier run of the
-    /// relay in this pod already did.
-    pub(super) async fn fetch_workspace(&self, workspace: &PodWorkspace) -> anyhow::Result<()> {
+    /// relay in this pod already did. A bundle past any of `limits` (read no further
+    /// than `max_bytes`) is refused, naming the cap, before anything is written.
+    pub(super) async fn fetch_workspace(
+        &self,
+        workspace: &PodWorkspace,
+        limits: BundleLimits,
+    ) -> anyhow::Result<()> {
         if workspace.base()?.is_some() {
             tracing::info!(
                 "the workspace was written by an earlier run; kept as the agent left it"
             );
             return Ok(());
         }
-        let limits = BundleLimits::default();
-        let (status, bundle) = self
+        let refused = "the session's workspace was refused under the relay's caps \
+                       (--workspace-max-*); nothing was written";
+        let fetched = self
             .exchange(
                 "GET",
                 WORKSPACE_PATH,
@@ -81,11 +90,21 @@ impl Dialer {
                 limits.max_bytes,
                 TRANSFER_TIMEOUT,
             )
-            .await?;
+            .await;
+        let (status, bundle) = match fetched {
+            Err(e) if over_length_limit(&e) => {
+                let too_large = crate::workspace::BundleError::TooLarge {
+                    limit: limits.max_bytes,
+                };
+                return Err(anyhow::Error::from(too_large).context(refused));
+            }
+            other => other?,
+        };
         anyhow::ensure!(status.is_success(), "{WORKSPACE_PATH} answered {status}");
         let workspace = workspace.clone();
         crate::tasks::Tasks::spawn_blocking(move || workspace.receive_base(&bundle, &limits))
-            .await??;
+            .await?
+            .context(refused)?;
         Ok(())
     }
 
@@ -169,4 +188,9 @@ impl Dialer {
         }
         Ok(wanted.seq)
     }
+}
+
+/// Whether `error` is an answer longer than the bytes it was read with.
+fn over_length_limit(error: &anyhow::Error) -> bool {
+    error.downcast_ref::<LengthLimitError>().is_some()
 }

@@ -27,6 +27,7 @@
 //! after a restart and reaping strays read; `reap_orphan_secrets` removes credential
 //! Secrets whose pod is gone.
 
+mod adoptions;
 mod crd;
 mod objects;
 mod pool;
@@ -35,7 +36,7 @@ mod settings;
 mod wait;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -47,11 +48,12 @@ use kube::api::{DeleteParams, ListParams, PostParams, PropagationPolicy};
 use kube::{Api, Client, Resource, ResourceExt as _};
 use serde::de::DeserializeOwned;
 
+pub use adoptions::{Adopted, AdoptionWaiter, Adoptions, MAX_ADOPTION_WAITERS};
 pub use crd::{
     API_VERSION as AGENT_SANDBOX_API_VERSION, SandboxClaim, SandboxTemplate, SandboxWarmPool,
 };
 pub use objects::{object_name, pod_spec, relay_args, template_pod_spec};
-pub use review::{Adopted, Adoptions, TokenReviewer};
+pub use review::{MAX_WAIT_REVIEWS_IN_FLIGHT, TokenReviewer};
 pub use settings::{Backend, ClaimMode, KubernetesSettings};
 
 use super::{
@@ -194,6 +196,7 @@ impl KubeRuntime {
             &self.settings.namespace,
             self.adoptions.clone(),
         )
+        .parking_for(self.pods(), &self.instance_id)
     }
 
     fn pods(&self) -> Api<Pod> {

@@ -405,7 +405,7 @@ pub fn pod_spec(
         image: Some(settings.relay_image.clone()),
         image_pull_policy: Some("IfNotPresent".to_string()),
         command: Some(vec!["threadgate".to_string()]),
-        args: Some(relay_args(&settings.gateway_url)),
+        args: Some(relay_args(settings)),
         security_context: Some(locked_down()),
         resources: Some(ResourceRequirements {
             limits: Some(relay_limits.clone()),
@@ -453,14 +453,16 @@ pub fn pod_spec(
     }
 }
 
-/// The relay sidecar's arguments after `threadgate`.
-pub fn relay_args(gateway_url: &str) -> Vec<String> {
-    [
+/// The relay sidecar's arguments after `threadgate`: with a `--workspace-max-*` flag for
+/// each of `[relay.workspace]`'s caps that is not the relay's default, so the pod's relay
+/// takes its workspace under the caps the gateway was configured with.
+pub fn relay_args(settings: &KubernetesSettings) -> Vec<String> {
+    let mut args = [
         "relay",
         "--listen",
         RELAY_SOCKET,
         "--gateway",
-        gateway_url,
+        &settings.gateway_url,
         "--token-file",
         &format!("{CREDENTIAL_DIR}/{TOKEN_KEY}"),
         "--ca-file",
@@ -473,7 +475,44 @@ pub fn relay_args(gateway_url: &str) -> Vec<String> {
         RELAY_GIT_DIR,
     ]
     .map(str::to_string)
-    .to_vec()
+    .to_vec();
+    let (limits, defaults) = (
+        settings.relay_workspace_limits,
+        crate::workspace::BundleLimits::default(),
+    );
+    let caps = [
+        (
+            "--workspace-max-bytes",
+            limits.max_bytes != defaults.max_bytes,
+            limits.max_bytes.to_string(),
+        ),
+        (
+            "--workspace-max-objects",
+            limits.max_objects != defaults.max_objects,
+            limits.max_objects.to_string(),
+        ),
+        (
+            "--workspace-max-entries",
+            limits.max_entries != defaults.max_entries,
+            limits.max_entries.to_string(),
+        ),
+        (
+            "--workspace-max-tree-bytes",
+            limits.max_tree_bytes != defaults.max_tree_bytes,
+            limits.max_tree_bytes.to_string(),
+        ),
+        (
+            "--workspace-max-time",
+            limits.max_time != defaults.max_time,
+            humantime::format_duration(limits.max_time).to_string(),
+        ),
+    ];
+    for (flag, set, value) in caps {
+        if set {
+            args.extend([flag.to_string(), value]);
+        }
+    }
+    args
 }
 
 fn locked_down() -> SecurityContext {

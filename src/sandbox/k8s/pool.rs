@@ -26,8 +26,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt as _;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 
+use super::adoptions::Adopted;
 use super::objects::{self, COMPONENT_POOL, instance_selector};
-use super::review::Adopted;
 use super::wait::{self, State};
 use super::{Kind, KubeRuntime, create_err, delete_quietly, grace, kube_err, status_of};
 use crate::sandbox::{

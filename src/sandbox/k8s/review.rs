@@ -22,9 +22,22 @@
 //! connection, so a stopped session is refused at once. When the API server cannot be
 //! asked in [`REVIEW_TIMEOUT`] the token is refused ([`PodTokenError::Unavailable`]),
 //! never accepted. At most [`MAX_REVIEWS_IN_FLIGHT`] reviews run at once.
+//!
+//! A parked pod's relay waits for its adoption ([`PodTokenVerifier::wait_adopted`]):
+//! its token is reviewed first (a forged token naming any pod waits for nothing), then
+//! it holds one waiter in [`Adoptions`] that recording the pod's adoption wakes. One
+//! waiter per pod: a later wait for the same pod takes the earlier one's place (which
+//! is answered [`AdoptionWait::Superseded`]); at most [`MAX_ADOPTION_WAITERS`] pods'
+//! waits are held at once, and at most [`MAX_WAIT_REVIEWS_IN_FLIGHT`] reviews of tokens
+//! of pods not adopted run at once (one more wait is refused, never queued). A pod that
+//! no instance has parked or claimed yet (a warm pool's pod) has its labels read again
+//! every [`RELABEL_CHECK`] while its wait is held. A pod parked by another instance
+//! (its instance label) is answered [`AdoptionWait::Elsewhere`], so the listener sends
+//! the relay to the one instance that will adopt it instead of holding a wait nothing
+//! here would wake.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -39,6 +52,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt as _;
 use kube::api::ListParams;
 
+use super::adoptions::{Adopted, Adoptions, Woken};
 use super::objects::{
     ANNOTATION_SESSION, COMPONENT_SANDBOX, RELAY_AUDIENCE, SANDBOX_SERVICE_ACCOUNT,
     instance_selector,
@@ -46,7 +60,7 @@ use super::objects::{
 use super::{SandboxError, kube_err};
 use crate::ids::SessionId;
 use crate::sandbox::SandboxSpec;
-use crate::sandbox::{MAX_POD_TOKEN_LEN, PodTokenError, PodTokenVerifier};
+use crate::sandbox::{AdoptionWait, MAX_POD_TOKEN_LEN, PodTokenError, PodTokenVerifier};
 use crate::secrets::{ExposeSecret as _, SecretString};
 
 /// How long a positive review is trusted without asking again.
@@ -58,71 +72,16 @@ pub(crate) const MAX_REVIEWS_IN_FLIGHT: usize = 8;
 /// How long one review may take (the client retries a 503 with backoff meanwhile);
 /// within the relay listener's handshake time.
 pub(crate) const REVIEW_TIMEOUT: Duration = Duration::from_secs(3);
+/// How often a wait for a pod no instance has claimed yet reads the pod's instance
+/// label again (a claim bound by another instance is told by nothing here).
+pub(crate) const RELABEL_CHECK: Duration = Duration::from_secs(2);
+/// Reviews of tokens of pods not adopted yet (waits) in flight at once, out of
+/// [`MAX_REVIEWS_IN_FLIGHT`]: a flood of waits with forged tokens gets no more of the API
+/// server, and never queues ahead of adopted pods' relays; one past it is refused.
+pub const MAX_WAIT_REVIEWS_IN_FLIGHT: usize = 2;
 /// The `extra` keys the API server puts in a pod-bound token's review.
 const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
 const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
-
-/// A pod adopted for a session: its name, and the session it serves.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Adopted {
-    pub pod_name: String,
-    pub session: SessionId,
-}
-
-/// The pods this instance adopted for its sessions, by pod uid: recorded when a claim
-/// is bound (and again from the pods' labels after a restart), forgotten when the
-/// session's sandbox is stopped.
-#[derive(Debug, Clone, Default)]
-pub struct Adoptions {
-    inner: Arc<Mutex<HashMap<String, Adopted>>>,
-}
-
-impl Adoptions {
-    /// Records that the pod `uid` serves `adopted.session`, replacing any earlier pod of
-    /// the same session.
-    pub fn record(&self, uid: String, adopted: Adopted) {
-        let mut pods = self.lock();
-        pods.retain(|_, a| a.session != adopted.session);
-        pods.insert(uid, adopted);
-    }
-
-    /// Records the pod `uid` again after a restart, beside any other pod of the same
-    /// session (a pod adopted before a crash its session's row never named is one:
-    /// reconciliation removes it, and forgets only it, [`Adoptions::forget_pod`]).
-    fn restore(&self, uid: String, adopted: Adopted) {
-        self.lock().insert(uid, adopted);
-    }
-
-    /// Forgets the pod `uid`: its token reaches nothing from now on.
-    pub fn forget_pod(&self, uid: &str) {
-        self.lock().remove(uid);
-    }
-
-    /// Forgets the pod of `session`: its token reaches nothing from now on.
-    pub fn forget_session(&self, session: &SessionId) {
-        self.lock().retain(|_, a| &a.session != session);
-    }
-
-    /// The adoption of the pod `uid`.
-    pub fn get(&self, uid: &str) -> Option<Adopted> {
-        self.lock().get(uid).cloned()
-    }
-
-    /// How many pods are adopted.
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    /// Whether none is.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Adopted>> {
-        // Every statement leaves the map whole: a panic elsewhere half-writes nothing.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
 
 impl super::KubeRuntime {
     /// Records the pod of every claim of this instance again (after a restart): the
@@ -209,8 +168,13 @@ pub struct TokenReviewer {
     reviews: Api<TokenReview>,
     username: String,
     adoptions: Adoptions,
+    /// The sandbox pods and this instance's id: a wait for a pod another instance
+    /// parked is sent there.
+    parking: Option<(Api<Pod>, String)>,
     cache: Mutex<HashMap<[u8; 32], Reviewed>>,
     in_flight: Semaphore,
+    /// The waits' share of `in_flight`, taken without queueing.
+    waits_in_flight: Semaphore,
 }
 
 impl std::fmt::Debug for TokenReviewer {
@@ -228,8 +192,44 @@ impl TokenReviewer {
             reviews: Api::all(client),
             username: format!("system:serviceaccount:{namespace}:{SANDBOX_SERVICE_ACCOUNT}"),
             adoptions,
+            parking: None,
             cache: Mutex::new(HashMap::new()),
             in_flight: Semaphore::new(MAX_REVIEWS_IN_FLIGHT),
+            waits_in_flight: Semaphore::new(MAX_WAIT_REVIEWS_IN_FLIGHT),
+        }
+    }
+
+    /// Pods parked by an instance other than `instance_id` (read from `pods`, the
+    /// sandbox namespace's) are waited for there ([`AdoptionWait::Elsewhere`]).
+    #[must_use]
+    pub fn parking_for(mut self, pods: Api<Pod>, instance_id: &str) -> TokenReviewer {
+        self.parking = Some((pods, instance_id.to_owned()));
+        self
+    }
+
+    /// Who parked the pod `reviewed`, read from its instance label: another instance,
+    /// this one, or nobody yet (a warm pool's pod before a claim binds it; also when the
+    /// pod cannot be read now, or without `parking_for`).
+    async fn parker(&self, reviewed: &Reviewed) -> Parker {
+        let Some((pods, me)) = self.parking.as_ref() else {
+            return Parker::Mine;
+        };
+        let read = tokio::time::timeout(REVIEW_TIMEOUT, pods.get_opt(&reviewed.pod_name));
+        let pod = match read.await {
+            Ok(Ok(Some(pod))) => pod,
+            Ok(Ok(None)) | Err(_) => return Parker::Nobody,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "cannot read a waiting relay's pod");
+                return Parker::Nobody;
+            }
+        };
+        if pod.metadata.uid.as_deref() != Some(reviewed.pod_uid.as_str()) {
+            return Parker::Nobody;
+        }
+        match pod.labels().get(crate::sandbox::LABEL_INSTANCE) {
+            Some(owner) if owner == me => Parker::Mine,
+            Some(owner) => Parker::Elsewhere(owner.clone()),
+            None => Parker::Nobody,
         }
     }
 
@@ -242,15 +242,20 @@ impl TokenReviewer {
         self.cache.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The pod `token` belongs to, from the cache or a fresh review.
-    async fn reviewed_pod(&self, token: &str) -> Result<Reviewed, PodTokenError> {
+    /// The pod `token` belongs to, from the cache or a fresh review. With
+    /// `adopted_only`, a token naming no adopted pod is refused `Unknown` unreviewed.
+    async fn reviewed_pod(
+        &self,
+        token: &str,
+        adopted_only: bool,
+    ) -> Result<Reviewed, PodTokenError> {
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let now = Instant::now();
         if let Some(hit) = self.cache_lock().get(&digest).filter(|r| r.until > now) {
             return Ok(hit.clone());
         }
         let claims = peek_claims(token).ok_or(PodTokenError::Invalid)?;
-        if self.adoptions.get(&claims.pod_uid).is_none() {
+        if adopted_only && self.adoptions.get(&claims.pod_uid).is_none() {
             return Err(PodTokenError::Unknown);
         }
         let _permit = self
@@ -342,12 +347,89 @@ impl PodTokenVerifier for TokenReviewer {
         if token.is_empty() || token.len() > MAX_POD_TOKEN_LEN {
             return Err(PodTokenError::Invalid);
         }
-        let reviewed = self.reviewed_pod(token).await?;
+        let reviewed = self.reviewed_pod(token, true).await?;
         // Looked up on every connection: a stopped session's pod is forgotten at once.
-        match self.adoptions.get(&reviewed.pod_uid) {
-            Some(adopted) if adopted.pod_name == reviewed.pod_name => Ok(adopted.session),
-            _ => Err(PodTokenError::Unknown),
+        self.adopted_session(&reviewed)
+            .ok_or(PodTokenError::Unknown)
+    }
+
+    async fn wait_adopted(
+        &self,
+        token: &SecretString,
+        hold: Duration,
+    ) -> Result<AdoptionWait, PodTokenError> {
+        let token = token.expose_secret();
+        if token.is_empty() || token.len() > MAX_POD_TOKEN_LEN {
+            return Err(PodTokenError::Invalid);
         }
+        // Reviewed even when its pod is not adopted: only a real pod's relay may wait.
+        // Those reviews have a small share of their own, refused when it is taken.
+        let reviewed = match self.reviewed_pod(token, true).await {
+            Err(PodTokenError::Unknown) => {
+                let Ok(_share) = self.waits_in_flight.try_acquire() else {
+                    return Ok(AdoptionWait::TooMany);
+                };
+                self.reviewed_pod(token, false).await?
+            }
+            other => other?,
+        };
+        if let Some(session) = self.adopted_session(&reviewed) {
+            return Ok(AdoptionWait::Adopted(session));
+        }
+        let parker = self.parker(&reviewed).await;
+        if let Parker::Elsewhere(owner) = parker {
+            return Ok(AdoptionWait::Elsewhere(owner));
+        }
+        let Some(mut waiter) = self.adoptions.waiter(&reviewed.pod_uid) else {
+            return Ok(AdoptionWait::TooMany);
+        };
+        if let Some(session) = self.adopted_session(&reviewed) {
+            return Ok(AdoptionWait::Adopted(session));
+        }
+        // A pod nobody parked yet may be claimed by another instance, which no adoption
+        // here would tell: its label is read again every `RELABEL_CHECK`.
+        let step = match parker {
+            Parker::Nobody => RELABEL_CHECK,
+            Parker::Mine | Parker::Elsewhere(_) => hold,
+        };
+        let deadline = tokio::time::Instant::now() + hold;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Ok(AdoptionWait::NotYet);
+            }
+            match waiter.woken(left.min(step)).await {
+                Some(Woken::Superseded) => return Ok(AdoptionWait::Superseded),
+                Some(Woken::Adopted) => {
+                    return Ok(self
+                        .adopted_session(&reviewed)
+                        .map_or(AdoptionWait::NotYet, AdoptionWait::Adopted));
+                }
+                None => {}
+            }
+            if step < hold
+                && let Parker::Elsewhere(owner) = self.parker(&reviewed).await
+            {
+                return Ok(AdoptionWait::Elsewhere(owner));
+            }
+        }
+    }
+}
+
+/// Who parked a waiting relay's pod.
+enum Parker {
+    Mine,
+    Elsewhere(String),
+    Nobody,
+}
+
+impl TokenReviewer {
+    /// The session `reviewed`'s pod is adopted for, if it is (by uid, under the same name).
+    fn adopted_session(&self, reviewed: &Reviewed) -> Option<SessionId> {
+        self.adoptions
+            .get(&reviewed.pod_uid)
+            .filter(|adopted| adopted.pod_name == reviewed.pod_name)
+            .map(|adopted| adopted.session)
     }
 }
 

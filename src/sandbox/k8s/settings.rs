@@ -61,6 +61,10 @@ pub struct KubernetesSettings {
     pub relay_memory_bytes: u64,
     /// The relay sidecar's CPU limit in millicores.
     pub relay_millicpus: u64,
+    /// Not a key of this table: `[relay.workspace]`'s caps, set by the application, so
+    /// each pod's relay is started with them (`relay_args`).
+    #[serde(skip)]
+    pub relay_workspace_limits: crate::workspace::BundleLimits,
 }
 
 impl Default for KubernetesSettings {
@@ -78,6 +82,7 @@ impl Default for KubernetesSettings {
             workspace_bytes: 2 << 30,
             relay_memory_bytes: 64 << 20,
             relay_millicpus: 200,
+            relay_workspace_limits: crate::workspace::BundleLimits::default(),
         }
     }
 }

@@ -4,10 +4,19 @@
 //! reaches the thread's branch and the remote at the agent's checkpoint, asked through
 //! the relay's socket, with the commit's guarantees (a stored secret is left out); a
 //! bundle sent when the gateway asked for none is refused and changes nothing; at the
-//! thread's end the pod's last work is brought back before the pod is stopped.
+//! thread's end the pod's last work is brought back before the pod is stopped. A relay
+//! started with caps smaller than the defaults refuses a workspace past them, says which,
+//! writes nothing and never opens the agent's socket.
+
+use std::time::Duration;
 
 use threadgate::ids::SessionId;
-use threadgate::workspace::PodWorkspace;
+use threadgate::relay::{Relay, RelayOptions};
+use threadgate::secrets::ExposeSecret as _;
+use threadgate::workspace::{BundleLimits, PodWorkspace};
+
+use crate::support::logs::captured_text;
+use crate::support::wait::wait_for;
 
 use crate::support::relay::{RelaySetup, RunningRelay, greet};
 use crate::support::sessions::{files_of, thread_tip};
@@ -233,4 +242,115 @@ async fn mark_done(app: &crate::support::app::TestApp, thread: &str) {
             .await,
         200
     );
+}
+
+/// Commits `noise.bin` (`len` bytes that do not compress) on `main` of the repository at
+/// `path`, so a handed-out workspace's bundle is larger than that.
+fn commit_noise(path: &std::path::Path, len: usize) {
+    let repo = git2::Repository::open(path).expect("repo");
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let noise: Vec<u8> = (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state.to_le_bytes()[0]
+        })
+        .collect();
+    let blob = repo.blob(&noise).expect("blob");
+    let parent = repo
+        .find_reference("refs/heads/main")
+        .and_then(|r| r.peel_to_commit())
+        .expect("main");
+    let mut tree = repo
+        .treebuilder(Some(&parent.tree().expect("tree")))
+        .expect("treebuilder");
+    tree.insert("noise.bin", blob, 0o100644).expect("insert");
+    let tree = repo
+        .find_tree(tree.write().expect("tree"))
+        .expect("find tree");
+    let sig = git2::Signature::now("test", "test@example.com").expect("signature");
+    repo.commit(
+        Some("refs/heads/main"),
+        &sig,
+        &sig,
+        "noise",
+        &tree,
+        &[&parent],
+    )
+    .expect("commit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workspace_past_the_relays_configured_caps_is_refused_and_nothing_is_written() {
+    let mut world = World::new().await;
+    let tls = world.use_relay();
+    commit_noise(&world.settings.repo.path, 8 << 10);
+    let app = world.start().await;
+    let ada = world.customer_session(&app, "ada@example.com", &[]).await;
+    let session_id = SessionId::parse(ada.session.id.as_str()).expect("session id");
+    let relay_addr = app.relay_addr.expect("relay listener");
+    let defaults = BundleLimits::default();
+
+    // Each cap smaller than its default, one at a time: what the refusal must say.
+    let cases = [
+        (
+            "bytes",
+            BundleLimits {
+                max_bytes: 4 << 10,
+                ..defaults
+            },
+            "the bundle is larger than 4096 bytes",
+        ),
+        (
+            "tree",
+            BundleLimits {
+                max_tree_bytes: 16,
+                ..defaults
+            },
+            "the bundle's tree holds more than 16 bytes of files",
+        ),
+    ];
+    for (name, limits, says) in cases {
+        let pod = PodWorkspace {
+            work_dir: world.dir.path().join(format!("pod-{name}/workspace")),
+            git_dir: world.dir.path().join(format!("pod-{name}/relay-git")),
+        };
+        let token_file = world.dir.path().join(format!("{name}.token"));
+        let credential = app.relay_credentials.mint(&session_id);
+        std::fs::write(&token_file, credential.expose_secret()).expect("token");
+        let socket = world.dir.path().join(format!("{name}.sock"));
+        let relay = Relay::new(RelayOptions {
+            listen: socket.clone(),
+            gateway: format!("https://localhost:{}", relay_addr.port()),
+            token_file,
+            ca_file: tls.ca_file.clone(),
+            secrets_dir: None,
+            max_connections: 32,
+            workspace: Some(pod.clone()),
+            workspace_limits: limits,
+        })
+        .expect("the relay starts");
+        let running = tokio::spawn(relay.run(std::future::pending::<()>()));
+
+        let refused = wait_for(Duration::from_secs(20), || async {
+            captured_text()
+                .lines()
+                .any(|line| line.contains(says) && line.contains("--workspace-max-"))
+                .then_some(())
+        })
+        .await;
+        assert!(refused.is_some(), "{name}: the refusal names the cap");
+        assert!(!socket.exists(), "{name}: the agent's socket never opens");
+        let written = std::fs::read_dir(&pod.work_dir)
+            .map(|entries| entries.count())
+            .unwrap_or(0);
+        assert_eq!(written, 0, "{name}: nothing written into the workspace");
+        assert!(
+            pod.base().expect("base").is_none(),
+            "{name}: no base recorded"
+        );
+        running.abort();
+    }
+    app.stop().await;
 }

@@ -171,6 +171,7 @@ impl RunningRelay {
             secrets_dir: setup.secrets_dir,
             max_connections: setup.max_connections,
             workspace: setup.workspace,
+            workspace_limits: threadgate::workspace::BundleLimits::default(),
         })
         .expect("the relay starts");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -2,8 +2,12 @@
 //! runtime's contract (start, stop, list, adopt, reap), the shape of what it creates,
 //! and the cluster's failures (409, 410 Gone, watches that end, sandboxes that never
 //! become ready). `manifests` checks `deploy/kubernetes/`.
+//!
+//! The fake server and the fixtures below are `pub(crate)` (tests only) so that the
+//! session pool's tests drive a `KubeRuntime` on them without the sandbox module
+//! importing the session module (`session::pool_tests::kubernetes`).
 
-mod fake_api;
+pub(crate) mod fake_api;
 mod manifests;
 mod pool;
 mod review;
@@ -12,18 +16,22 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::objects::{self, CREDENTIAL_DIR};
 use super::{ClaimMode, Kind, KubeRuntime, KubernetesSettings, SandboxClaim};
-use crate::sandbox::{Limits, SandboxError, SandboxRuntime, SandboxSpec};
+use crate::sandbox::{Limits, ParkSpec, SandboxError, SandboxRuntime, SandboxSpec};
 use crate::secrets::secret_bytes;
 use fake_api::{FakeApi, Kubelet};
 
-const INSTANCE: &str = "tgtest01";
+/// The instance id every runtime under test runs as.
+pub(crate) const INSTANCE: &str = "tgtest01";
+/// The image parked and started pods run.
+pub(crate) const IMAGE: &str = "threadgate-sandbox:latest";
 const CA: &[u8] = b"-----BEGIN CERTIFICATE-----\nfake\n-----END CERTIFICATE-----\n";
 
-fn settings() -> KubernetesSettings {
+/// The runtime's settings under test: a generous readiness deadline, gVisor.
+pub(crate) fn settings() -> KubernetesSettings {
     KubernetesSettings {
         ready_timeout: Duration::from_secs(20),
         runtime_class: Some("gvisor".into()),
@@ -31,11 +39,12 @@ fn settings() -> KubernetesSettings {
     }
 }
 
-fn spec(session: &str) -> SandboxSpec {
+/// A session's sandbox: thread `th_<session>`, one granted (fake) secret.
+pub(crate) fn spec(session: &str) -> SandboxSpec {
     SandboxSpec {
         session_id: crate::ids::SessionId::parse(session).expect("session id"),
         thread_id: crate::ids::ThreadId::parse(format!("th_{session}")).expect("thread id"),
-        image: "threadgate-sandbox:latest".to_string(),
+        image: IMAGE.to_string(),
         workspace_dir: PathBuf::from("/nonexistent/workspace"),
         socket_dir: PathBuf::from("/nonexistent/socket"),
         secrets: vec![(
@@ -48,10 +57,88 @@ fn spec(session: &str) -> SandboxSpec {
     }
 }
 
-async fn runtime(fake: &FakeApi, settings: KubernetesSettings) -> KubeRuntime {
+/// A runtime of [`INSTANCE`] on `fake`.
+pub(crate) async fn runtime(fake: &FakeApi, settings: KubernetesSettings) -> KubeRuntime {
     KubeRuntime::with_client(fake.client(), INSTANCE, settings, CA.to_vec(), minter())
         .await
         .expect("runtime")
+}
+
+/// A parked sandbox of `pool`: the agent runner, one agent variable, nothing of a thread.
+pub(crate) fn park_spec(pool: &str) -> ParkSpec {
+    ParkSpec {
+        pool: pool.into(),
+        image: IMAGE.into(),
+        limits: Limits::default(),
+        command: Some(vec!["threadgate-agent-runner".into()]),
+        env: vec![("THREADGATE_AGENT".into(), pool.into())],
+    }
+}
+
+/// A parked pod of pool `support` as an earlier run (or another instance) left it;
+/// `ready` is its Ready condition's status, `None` for one the kubelet never started.
+pub(crate) fn parked_object(
+    instance: &str,
+    name: &str,
+    slot: &str,
+    image: &str,
+    ready: Option<&str>,
+) -> Value {
+    let status = match ready {
+        Some(ready) => {
+            json!({"phase": "Running", "conditions": [{"type": "Ready", "status": ready}]})
+        }
+        None => json!({"phase": "Pending"}),
+    };
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name,
+        "labels": {"threadgate.instance": instance, "app.kubernetes.io/component": "pool",
+            "threadgate.pool": "support", "threadgate.slot": slot}},
+        "spec": {"containers": [{"name": "agent", "image": image}]},
+        "status": status})
+}
+
+/// Waits (up to ten seconds) until `check` holds, naming `what` when it never does.
+pub(crate) async fn until(what: &str, check: impl Fn() -> bool) {
+    for _ in 0..1000 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// A fake server whose next two watches end as soon as they open and whose third is
+/// answered 410 Gone, with pods ready only after the watcher's backoff following the
+/// 410 (so a watch opened after the fresh list is what sees them), and a runtime on it.
+async fn with_flaky_watches() -> (FakeApi, KubeRuntime) {
+    let fake = FakeApi::start(false).await;
+    let rt = runtime(&fake, settings()).await;
+    fake.set_kubelet(Kubelet::ReadyAfter(Duration::from_millis(2500)));
+    fake.drop_next_watches(2);
+    fake.gone_next_watches(1);
+    (fake, rt)
+}
+
+/// The pod lists and watches `fake` was asked for, in order.
+fn pod_reads(fake: &FakeApi) -> Vec<String> {
+    fake.requests()
+        .into_iter()
+        .filter(|r| r.starts_with("GET /api/v1/namespaces/threadgate/pods?"))
+        .collect()
+}
+
+/// A fake server (serving claims or not) whose pods and claims never become ready, and
+/// a runtime on it that gives up after `ready_timeout`.
+async fn never_ready(claims: bool, ready_timeout: Duration) -> (FakeApi, KubeRuntime) {
+    let fake = FakeApi::start(claims).await;
+    let quick = KubernetesSettings {
+        ready_timeout,
+        ..settings()
+    };
+    let rt = runtime(&fake, quick).await;
+    fake.set_kubelet(Kubelet::Never);
+    (fake, rt)
 }
 
 fn minter() -> std::sync::Arc<dyn crate::sandbox::RelayMinter> {
@@ -119,7 +206,7 @@ async fn a_pod_session_starts_locked_down_with_a_credential_only_its_relay_sees(
     let relay = spec_.containers.get(1).expect("relay");
     assert_eq!(
         relay.args.clone().unwrap_or_default(),
-        objects::relay_args(&settings().gateway_url)
+        objects::relay_args(&settings())
     );
     // The relay writes the granted secrets where its own mount of the secrets volume is
     // (without `--secrets-dir` a pod's agent would never get them).
@@ -359,19 +446,9 @@ async fn conflicts_on_create() {
 /// sees the pod become ready, by watching again and by listing afresh.
 #[tokio::test]
 async fn the_wait_survives_ended_watches_and_410_gone() {
-    let fake = FakeApi::start(false).await;
-    let rt = runtime(&fake, settings()).await;
-    // Ready only after the watcher's backoff following the 410, so that a watch opened
-    // after the fresh list is what sees it.
-    fake.set_kubelet(Kubelet::ReadyAfter(Duration::from_millis(2500)));
-    fake.drop_next_watches(2);
-    fake.gone_next_watches(1);
+    let (fake, rt) = with_flaky_watches().await;
     let handle = rt.start(&spec("s6")).await.expect("start");
-    let requests = fake.requests();
-    let pod_requests: Vec<&String> = requests
-        .iter()
-        .filter(|r| r.starts_with("GET /api/v1/namespaces/threadgate/pods?"))
-        .collect();
+    let pod_requests = pod_reads(&fake);
     let watches = pod_requests
         .iter()
         .filter(|r| r.contains("watch=true"))
@@ -404,13 +481,7 @@ async fn the_wait_survives_ended_watches_and_410_gone() {
 /// pod, no Secret and no token behind.
 #[tokio::test]
 async fn a_pod_that_never_becomes_ready_is_undone() {
-    let fake = FakeApi::start(false).await;
-    let quick = KubernetesSettings {
-        ready_timeout: Duration::from_millis(600),
-        ..settings()
-    };
-    let rt = runtime(&fake, quick).await;
-    fake.set_kubelet(Kubelet::Never);
+    let (fake, rt) = never_ready(false, Duration::from_millis(600)).await;
     let err = rt.start(&spec("s7")).await.expect_err("never ready");
     assert!(matches!(err, SandboxError::NotReady { .. }), "{err}");
     assert!(err.to_string().contains("not ready in time"), "{err}");
@@ -420,13 +491,7 @@ async fn a_pod_that_never_becomes_ready_is_undone() {
 
 #[tokio::test]
 async fn a_claim_that_never_becomes_ready_is_undone() {
-    let fake = FakeApi::start(true).await;
-    let quick = KubernetesSettings {
-        ready_timeout: Duration::from_millis(600),
-        ..settings()
-    };
-    let rt = runtime(&fake, quick).await;
-    fake.set_kubelet(Kubelet::Never);
+    let (fake, rt) = never_ready(true, Duration::from_millis(600)).await;
     let err = rt.start(&spec("s8")).await.expect_err("never ready");
     assert!(matches!(err, SandboxError::NotReady { .. }), "{err}");
     assert!(fake.objects("sandboxclaims").is_empty());
@@ -526,13 +591,7 @@ async fn claims_keep_the_contract_on_conflicts_and_ownership() {
 
 #[tokio::test]
 async fn a_start_that_times_out_says_why_the_watch_failed() {
-    let fake = FakeApi::start(false).await;
-    let quick = KubernetesSettings {
-        ready_timeout: Duration::from_millis(1500),
-        ..settings()
-    };
-    let rt = runtime(&fake, quick).await;
-    fake.set_kubelet(Kubelet::Never);
+    let (fake, rt) = never_ready(false, Duration::from_millis(1500)).await;
     fake.forbid_watches();
     let err = rt.start(&spec("s10")).await.expect_err("never seen ready");
     assert!(err.to_string().contains("watch failed"), "{err}");

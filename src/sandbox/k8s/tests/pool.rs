@@ -1,35 +1,23 @@
 //! Parked pods on a cluster without agent-sandbox, against the fake API server: what a
 //! parked pod holds (nothing of any thread), adoption as a conditional patch (409s, a
 //! pod adopted once is never adopted again), a crash between adoption and binding, a
-//! restart that keeps its healthy parked pods and removes the rest, pods that never
-//! become ready, and the watch's 410 Gone while parking.
+//! restart that finds its parked and adopted pods again, pods that never become ready,
+//! and the watch's 410 Gone while parking. The pool's take-over of parked pods after a
+//! restart is tested with the pool, in `session::pool_tests::kubernetes`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::fake_api::{FakeApi, IssuedToken, Kubelet};
-use super::{INSTANCE, runtime, settings, spec};
-use crate::clock::Clock;
+use super::fake_api::{FakeApi, IssuedToken};
+use super::{
+    IMAGE, INSTANCE, never_ready, park_spec, parked_object, pod_reads, runtime, settings, spec,
+    with_flaky_watches,
+};
 use crate::sandbox::k8s::objects::{self, RELAY_AUDIENCE, SANDBOX_SERVICE_ACCOUNT};
 use crate::sandbox::k8s::{ClaimMode, KubeRuntime, KubernetesSettings};
-use crate::sandbox::{Limits, ParkSpec, PodTokenError, SandboxError, SandboxRuntime as _};
+use crate::sandbox::{PodTokenError, SandboxError, SandboxRuntime as _};
 use crate::secrets::SecretString;
-use crate::session::{PoolSettings, SandboxPool};
-use crate::tasks::Tasks;
-
-const IMAGE: &str = "threadgate-sandbox:latest";
-
-fn park_spec(pool: &str) -> ParkSpec {
-    ParkSpec {
-        pool: pool.into(),
-        image: IMAGE.into(),
-        limits: Limits::default(),
-        command: Some(vec!["threadgate-agent-runner".into()]),
-        env: vec![("THREADGATE_AGENT".into(), pool.into())],
-    }
-}
 
 fn pod_json(fake: &FakeApi, name: &str) -> Value {
     fake.objects("pods").remove(name).expect("the pod exists")
@@ -114,7 +102,7 @@ async fn a_parked_pod_holds_nothing_of_any_thread() {
     assert_eq!(projected["audience"], RELAY_AUDIENCE);
     assert_eq!(
         spec_["containers"][1]["args"],
-        json!(objects::relay_args(&settings().gateway_url))
+        json!(objects::relay_args(&settings()))
     );
     assert!(
         fake.objects("secrets").is_empty(),
@@ -285,13 +273,7 @@ async fn a_parked_pod_that_keeps_changing_is_removed_not_left_taken() {
 
 #[tokio::test]
 async fn a_parked_pod_that_never_becomes_ready_is_removed() {
-    let fake = FakeApi::start(false).await;
-    let quick = KubernetesSettings {
-        ready_timeout: Duration::from_millis(600),
-        ..settings()
-    };
-    let rt = runtime(&fake, quick).await;
-    fake.set_kubelet(Kubelet::Never);
+    let (fake, rt) = never_ready(false, Duration::from_millis(600)).await;
     let err = rt
         .park(&park_spec("support"))
         .await
@@ -317,11 +299,7 @@ async fn a_parked_pod_that_never_becomes_ready_is_removed() {
 
 #[tokio::test]
 async fn parking_survives_ended_watches_and_410_gone() {
-    let fake = FakeApi::start(false).await;
-    let rt = runtime(&fake, settings()).await;
-    fake.set_kubelet(Kubelet::ReadyAfter(Duration::from_millis(2500)));
-    fake.drop_next_watches(2);
-    fake.gone_next_watches(1);
+    let (fake, rt) = with_flaky_watches().await;
     let parked = rt.park(&park_spec("support")).await.expect("park");
     assert!(
         rt.list_parked()
@@ -330,12 +308,9 @@ async fn parking_survives_ended_watches_and_410_gone() {
             .iter()
             .any(|p| p.name == parked.name)
     );
-    let relists = fake
-        .requests()
+    let relists = pod_reads(&fake)
         .iter()
-        .filter(|r| {
-            r.starts_with("GET /api/v1/namespaces/threadgate/pods?") && !r.contains("watch=true")
-        })
+        .filter(|r| !r.contains("watch=true"))
         .count();
     assert!(relists >= 2, "the 410 made it list again");
 }
@@ -392,64 +367,6 @@ async fn a_crash_between_adoption_and_binding_leaves_no_pod_bound_to_a_thread() 
     assert!(!fake.objects("pods").contains_key(&orphan.name));
 }
 
-/// After a restart the pool takes over this instance's parked pods that are ready and
-/// of the configured image, removes its other parked pods, leaves another instance's
-/// alone, and refills; a taken pod is adopted and replaced.
-#[tokio::test]
-async fn a_restarted_pool_keeps_its_healthy_parked_pods_and_removes_strays() {
-    let fake = FakeApi::start(false).await;
-    let before = runtime(&fake, settings()).await;
-    let kept_a = before.park(&park_spec("support")).await.expect("park");
-    let kept_b = before.park(&park_spec("support")).await.expect("park");
-    drop(before);
-    fake.insert(
-        "pods",
-        parked_object(INSTANCE, "tg-unready", "slot-1", IMAGE, None),
-    );
-    fake.insert(
-        "pods",
-        parked_object(INSTANCE, "tg-old-image", "slot-2", "old:1", Some("True")),
-    );
-    fake.insert(
-        "pods",
-        parked_object("other01", "tg-theirs", "slot-3", IMAGE, Some("True")),
-    );
-
-    let rt = Arc::new(runtime(&fake, settings()).await);
-    let pool = SandboxPool::new(
-        rt.clone(),
-        vec![park_spec("support")],
-        PoolSettings {
-            size: 2,
-            refill_per_second: 100,
-            max_idle: Duration::from_secs(600),
-        },
-        Clock::system(),
-    );
-    let tasks = Tasks::new();
-    tasks.spawn_until_shutdown(pool.clone().run(tasks.clone()));
-    until("the strays removed", || fake.objects("pods").len() == 3).await;
-    let mut held = pool.parked_ids("support");
-    held.sort();
-    let mut kept = vec![kept_a.name.clone(), kept_b.name.clone()];
-    kept.sort();
-    assert_eq!(
-        held, kept,
-        "the healthy ones are taken over, none parked anew"
-    );
-    assert!(
-        fake.objects("pods").contains_key("tg-theirs"),
-        "another instance's is left alone"
-    );
-
-    let taken = pool.take("support").expect("a warm pod");
-    rt.adopt(&taken, &spec("s1")).await.expect("adopt");
-    until("the pool refilled", || pool.parked("support") == 2).await;
-    assert!(!pool.parked_ids("support").contains(&taken.container_id));
-    assert_eq!(fake.objects("pods").len(), 4);
-    let _ = tasks.shutdown(Duration::from_secs(5)).await;
-}
-
 /// Where agent-sandbox serves claims, its warm pool is the pool: threadgate parks
 /// nothing, and its own pool turns off.
 #[tokio::test]
@@ -470,36 +387,4 @@ async fn with_claims_threadgate_parks_nothing() {
         matches!(bad, Err(SandboxError::InvalidSpec { .. })),
         "{bad:?}"
     );
-}
-
-/// A parked pod as an earlier run (or another instance) left it; `ready` is its Ready
-/// condition's status, `None` for one the kubelet never started.
-fn parked_object(
-    instance: &str,
-    name: &str,
-    slot: &str,
-    image: &str,
-    ready: Option<&str>,
-) -> Value {
-    let status = match ready {
-        Some(ready) => {
-            json!({"phase": "Running", "conditions": [{"type": "Ready", "status": ready}]})
-        }
-        None => json!({"phase": "Pending"}),
-    };
-    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name,
-        "labels": {"threadgate.instance": instance, "app.kubernetes.io/component": "pool",
-            "threadgate.pool": "support", "threadgate.slot": slot}},
-        "spec": {"containers": [{"name": "agent", "image": image}]},
-        "status": status})
-}
-
-async fn until(what: &str, check: impl Fn() -> bool) {
-    for _ in 0..1000 {
-        if check() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
