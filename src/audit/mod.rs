@@ -342,11 +342,13 @@ pub(crate) fn chain_pending(conn: &Conn<'_>, mine: Option<i64>) -> crate::store:
     //
     // The same statement lets this transaction commit without waiting for its WAL flush
     // (`synchronous_commit` off for it alone). Nothing is lost that way: the rows it
-    // chains were made durable in `audit_pending` by their writer's own (synchronous)
-    // commit, and it moves them in one transaction, so a crash that loses it leaves them
-    // waiting there, for the next step to chain. The WAL is flushed in order, so a later
-    // durable commit (any writer's) makes this one durable too; an anchor is taken only
-    // once the WAL is flushed past the head it names (`anchor::head`).
+    // chains were committed to `audit_pending` by their writers before this step began,
+    // so their commits precede this one in the WAL, which is flushed in order: a crash
+    // that loses this step leaves them waiting there, for the next step to chain (and
+    // one that loses a writer's unflushed commit, a read's decision, loses this step
+    // too). A later durable commit (any writer's) makes this one durable as well; an
+    // anchor is taken only once the WAL is flushed past the head it names
+    // (`anchor::head`).
     match mine {
         Some(seq) => {
             let locked: i64 = cached_query_row(
