@@ -636,13 +636,27 @@ pub fn finish(
     error: Option<&str>,
     now_ms: i64,
 ) -> crate::store::Result<()> {
-    cached_execute(
+    let changed = cached_execute(
         conn,
         "UPDATE executions SET status = ?2, result = ?3, error = ?4, finished_at_ms = ?5, \
          attempts = attempts + 1 WHERE id = ?1",
         params![id, status.as_str(), result, error, now_ms],
     )?;
+    if changed == 0 {
+        // The row its decision wrote is not there (a database crash lost an unflushed
+        // decision): nothing of this outcome is written.
+        return Err(crate::store::SqlError::other(ExecutionGone {
+            id: id.to_owned(),
+        }));
+    }
     Ok(())
+}
+
+/// An outcome refused because its execution's row is not in the database.
+#[derive(Debug, thiserror::Error)]
+#[error("execution {id} is not recorded; its outcome cannot be")]
+pub struct ExecutionGone {
+    pub id: String,
 }
 
 /// Marks the running call `id` that `runner` took over for a person to check
@@ -673,15 +687,15 @@ pub fn expired_holds(conn: &Conn<'_>, now_ms: i64) -> crate::store::Result<Vec<E
     rows.collect()
 }
 
-/// The total of unreleased charges on `key` since `since_ms`, read under the key's
-/// lock ([`Conn::lock_name`], held to the end of the transaction): a transaction that
-/// reads a total and then charges against it is the only one doing so for that key
-/// until it ends. A READ COMMITTED reader ([`crate::store::Db::write_locking`], the
-/// gate's decision) sees every charge committed before it got the lock. A SERIALIZABLE
-/// reader (an approval's re-decision) keeps the snapshot it began with, so it may miss
-/// a charge a locking writer committed meanwhile: it is then ordered before that
-/// writer, which is harmless because a re-decision only reads totals and never
-/// charges.
+/// The total of unreleased charges on `key` since `since_ms`. In a
+/// [`crate::store::Db::write_locking`] transaction (the gate's decision, the only one
+/// that charges) it is read under the key's lock ([`Conn::lock_name`], held to the end
+/// of the transaction), so a decision that reads a total and then charges against it
+/// is the only one doing so for that key until it ends, and it sees every charge
+/// committed before. Elsewhere it is read on the caller's snapshot: a SERIALIZABLE
+/// reader (an approval's re-decision) may miss a charge a locking decision committed
+/// meanwhile and is then ordered before it, which is harmless because a re-decision
+/// only reads totals and never charges.
 pub fn charged_total(conn: &Conn<'_>, key: &str, since_ms: i64) -> crate::store::Result<i64> {
     conn.lock_name(&format!("limit:{key}"))?;
     cached_query_row(

@@ -51,6 +51,7 @@ impl Gate {
                 }
             }
         }
+        let is_write = prepared.is_write;
         let decide = self.decide(scope, prepared);
         let decided = match decide.instrument(tracing::trace_span!("gate.decide")).await {
             Ok(d) => d,
@@ -68,7 +69,8 @@ impl Gate {
             }
         };
         match decided {
-            Decided::Run(exec) => self.execute(exec, started).await,
+            Decided::Run(exec) if is_write => self.execute(exec, started).await,
+            Decided::Run(exec) => self.execute_read(exec, started).await,
             Decided::Replay(exec) => CallReply::Ran {
                 execution_id: exec.id,
                 result: exec
@@ -128,6 +130,22 @@ impl Gate {
         ran.reply
     }
 
+    /// As [`Gate::execute`], for a read the write path decided (its rule reserves
+    /// limit amounts): its decision committed without waiting for its flush
+    /// (`decide::record`), so the agent gets the result only once the outcome, whose
+    /// synchronous commit flushes the decision too, is recorded; otherwise a 500 and
+    /// no result, as for a read decided on a snapshot (`read_call`).
+    async fn execute_read(&self, exec: Execution, started: Instant) -> CallReply {
+        let ran = self.run_decided(&exec).await;
+        let recorded = self.record_outcome(&exec, ran.record, started).await;
+        self.notify(&exec.id);
+        if recorded {
+            ran.reply
+        } else {
+            CallReply::Refused(Refusal::Internal)
+        }
+    }
+
     /// Runs a decided call through its connector and says what to record and what to
     /// answer; records nothing itself.
     pub(super) async fn run_decided(&self, exec: &Execution) -> Ran {
@@ -176,8 +194,9 @@ impl Gate {
         }
     }
 
-    /// Records how a call ended and its audit step, in one transaction.
-    async fn record_outcome(&self, exec: &Execution, outcome: Outcome, started: Instant) {
+    /// Records how a call ended and its audit step, in one transaction; whether it was
+    /// recorded.
+    async fn record_outcome(&self, exec: &Execution, outcome: Outcome, started: Instant) -> bool {
         let redactor = self.current_redactor();
         let now = self.now();
         let exec = exec.clone();
@@ -191,9 +210,10 @@ impl Gate {
             })
             .instrument(tracing::trace_span!("gate.outcome"))
             .await;
-        if let Err(e) = written {
+        if let Err(e) = &written {
             tracing::error!(error = %e, "cannot record a call's outcome");
         }
+        written.is_ok()
     }
 }
 

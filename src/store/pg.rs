@@ -274,6 +274,9 @@ impl PgStore {
             .start()
             .map_err(|e| Attempt::from_sql(SqlError::Postgres(e)))?;
         let conn = Conn::postgres(tx, cache);
+        if matches!(isolation, IsolationLevel::ReadCommitted) {
+            conn.set_locking();
+        }
         let outcome = f(&conn);
         let Some(PgParts {
             tx,

@@ -147,6 +147,9 @@ pub(crate) struct PgTx<'a> {
     /// What runs once this transaction has committed, by key
     /// ([`Conn::after_postgres_commit`]).
     pub(crate) after_commit: RefCell<Vec<(&'static str, AfterCommit)>>,
+    /// A READ COMMITTED transaction of [`crate::store::Db::write_locking`], where
+    /// [`Conn::lock_name`] takes its lock.
+    pub(crate) locking: Cell<bool>,
 }
 
 /// What a Postgres [`Conn`]'s statements run in.
@@ -261,7 +264,16 @@ impl<'a> Conn<'a> {
             retry: Cell::new(false),
             sent: Cell::new(0),
             after_commit: RefCell::default(),
+            locking: Cell::new(false),
         }))
+    }
+
+    /// Marks a Postgres transaction as READ COMMITTED under its own locks
+    /// ([`crate::store::Db::write_locking`]): [`Conn::lock_name`] takes its lock there.
+    pub(crate) fn set_locking(&self) {
+        if let ConnInner::Postgres(pg) = &self.0 {
+            pg.locking.set(true);
+        }
     }
 
     /// The Postgres transaction back, to commit it, whether it lost a race, and the
@@ -343,14 +355,19 @@ impl<'a> Conn<'a> {
         Ok(())
     }
 
-    /// On Postgres, takes the transaction's lock on `name` (an advisory lock on its
-    /// 64-bit hash, held until commit or rollback), waiting while another transaction
-    /// holds it: two writers that lock one name before they read what it guards see
-    /// each other's writes. Sent as a statement of its own, so the next statement of a
-    /// READ COMMITTED transaction ([`crate::store::Db::write_locking`]) sees everything
-    /// the holder it waited for committed. Nothing on SQLite, whose writer is alone.
+    /// In a [`crate::store::Db::write_locking`] transaction on Postgres, takes the
+    /// transaction's lock on `name` (an advisory lock on its 64-bit hash, held until
+    /// commit or rollback), waiting while another transaction holds it: two such
+    /// writers that lock one name before they read what it guards see each other's
+    /// writes. Sent as a statement of its own, so the next statement (READ COMMITTED)
+    /// sees everything the holder it waited for committed. Nothing elsewhere: a read
+    /// snapshot or a SERIALIZABLE transaction fixed its view before the lock, so the
+    /// lock would guard nothing there and only make it wait (SERIALIZABLE's own checks
+    /// guard those), nor on SQLite, whose writer is alone.
     pub fn lock_name(&self, name: &str) -> Result<()> {
-        if let ConnInner::Postgres(_) = &self.0 {
+        if let ConnInner::Postgres(pg) = &self.0
+            && pg.locking.get()
+        {
             self.prepare_cached("SELECT pg_advisory_xact_lock(hashtextextended(?1, 0))")?
                 .query_row([name], |_| Ok(()))?;
         }

@@ -739,8 +739,8 @@ async fn a_locking_write_keeps_a_takeover_out_until_it_ends_and_is_refused_after
         .await;
     let err = blocked.expect_err("the takeover waited for A's lock and gave up");
     assert!(
-        err.to_string().contains("lock"),
-        "a lock timeout, not another error: {err}"
+        err.to_string().contains("lock timeout"),
+        "a lock timeout (55P03), not another error: {err}"
     );
     writer.await.expect("join").expect("A's write committed");
     // Once A's write has ended the takeover goes through, and A's lease is refused.
@@ -758,7 +758,8 @@ async fn a_locking_write_keeps_a_takeover_out_until_it_ends_and_is_refused_after
             exec_store::insert(c, &execution("ex_stale", Status::Running))
         })
         .await;
-    assert!(refused.is_err(), "a stale lease writes nothing");
+    let refused = refused.expect_err("a stale lease writes nothing");
+    assert!(leases::is_lost(&refused), "refused as a lost lease: {refused}");
     let rows: Vec<String> = b
         .read(|c| {
             let mut stmt = c.prepare("SELECT id FROM executions ORDER BY id")?;

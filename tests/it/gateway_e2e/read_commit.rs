@@ -153,3 +153,60 @@ async fn a_write_is_decided_durably_before_it_runs() {
     app.verify_audit().await;
     app.stop().await;
 }
+
+/// Reads of a customer's charges run, each reserving its `limit` against a per-customer
+/// total: such a read is decided on the write path, its decision committed before it
+/// runs.
+const LIMITED_READS: &str = r#"
+policy:
+  default_mode: risk
+policies:
+  - match: "stripe.list_charges"
+    action: always_run
+    limits:
+      - sum: limit
+        per: customer
+        window: 24h
+        max: 1000
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limited_read_whose_outcome_is_not_recorded_is_never_returned() {
+    let world = World::with_policy_text(LIMITED_READS).await;
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[4900])
+        .await;
+    let args = json!({"customer": ada.id, "limit": 1});
+
+    // Its decision (and reservation) is written, it runs against localstripe, but its
+    // outcome cannot be recorded: the agent gets a 500 and no result.
+    fail_audit_event(&app, "ran").await;
+    let (status, body) = ada
+        .session
+        .call("stripe.list_charges", args.clone(), None)
+        .await;
+    assert_eq!(status, 500, "{body}");
+    assert!(body.get("result").is_none(), "{body}");
+    assert!(!body.to_string().contains("4900"), "{body}");
+    let decided = app
+        .executions()
+        .await
+        .into_iter()
+        .find(|e| e.tool == "stripe.list_charges")
+        .expect("the decision was written before the read ran");
+    assert_eq!(decided.verdict, "run");
+    assert_eq!(decided.status, "running", "its outcome was not recorded");
+
+    // Once the audit can be written again, the same read is answered and recorded.
+    allow_audit_event(&app, "ran").await;
+    let (status, body) = ada.session.call("stripe.list_charges", args, None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.to_string().contains("4900"), "{body}");
+    let id = body["execution_id"].as_str().expect("execution id");
+    assert_eq!(
+        events_of(&app.audit_rows().await, id),
+        ["requested", "decided", "ran"]
+    );
+    app.stop().await;
+}
