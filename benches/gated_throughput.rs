@@ -71,21 +71,6 @@ const STRIPE_KEY: &str = "sk_test_gated_throughput_7c1d";
 /// customer's email (the README's recommended set-up), so a read asks Stripe once.
 const STRIPE_WEBHOOK_SECRET: &str = "whsec_gated_throughput_0c4e";
 
-/// Reads of a customer's charges run, each reserving its `limit` against a per-customer
-/// total no run can reach.
-const POLICY: &str = r#"
-policy:
-  default_mode: risk
-policies:
-  - match: "stripe.list_charges"
-    action: always_run
-    limits:
-      - sum: limit
-        per: customer
-        window: 24h
-        max: 1000000000000
-"#;
-
 fn env_number(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -158,7 +143,12 @@ async fn run() {
         .await
         .expect("localstripe starts");
     let policy = world.root.path().join("gated.yaml");
-    std::fs::write(&policy, POLICY).expect("write the policy");
+    // A total no run can reach.
+    std::fs::write(
+        &policy,
+        support::world::limited_reads_policy(1_000_000_000_000),
+    )
+    .expect("write the policy");
     let agents = quiet_agents(&world.root.path().join("agents"));
     let options = InstanceOptions {
         max_live: per_instance + 2,

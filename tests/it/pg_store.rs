@@ -759,7 +759,10 @@ async fn a_locking_write_keeps_a_takeover_out_until_it_ends_and_is_refused_after
         })
         .await;
     let refused = refused.expect_err("a stale lease writes nothing");
-    assert!(leases::is_lost(&refused), "refused as a lost lease: {refused}");
+    assert!(
+        leases::is_lost(&refused),
+        "refused as a lost lease: {refused}"
+    );
     let rows: Vec<String> = b
         .read(|c| {
             let mut stmt = c.prepare("SELECT id FROM executions ORDER BY id")?;

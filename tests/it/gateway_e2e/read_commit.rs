@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::support::app::TestApp;
 use crate::support::rows::AuditRow;
-use crate::support::world::World;
+use crate::support::world::{World, limited_reads_policy};
 
 /// Makes every audit row of `event` fail to insert, as a full disk or a failed commit
 /// would: the job writing it rolls back whole.
@@ -154,25 +154,9 @@ async fn a_write_is_decided_durably_before_it_runs() {
     app.stop().await;
 }
 
-/// Reads of a customer's charges run, each reserving its `limit` against a per-customer
-/// total: such a read is decided on the write path, its decision committed before it
-/// runs.
-const LIMITED_READS: &str = r#"
-policy:
-  default_mode: risk
-policies:
-  - match: "stripe.list_charges"
-    action: always_run
-    limits:
-      - sum: limit
-        per: customer
-        window: 24h
-        max: 1000
-"#;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limited_read_whose_outcome_is_not_recorded_is_never_returned() {
-    let world = World::with_policy_text(LIMITED_READS).await;
+    let world = World::with_policy_text(&limited_reads_policy(1000)).await;
     let app = world.start().await;
     let ada = world
         .customer_session(&app, "ada@example.com", &[4900])

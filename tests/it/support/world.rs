@@ -406,3 +406,23 @@ pub async fn refunds(stripe: &LocalStripe) -> Vec<Value> {
         .cloned()
         .unwrap_or_default()
 }
+
+/// A policy under which reads of a customer's charges (`stripe.list_charges`) run, each
+/// reserving its `limit` argument against a per-customer total of at most `max` a day:
+/// such a read is decided on the write path, its decision committed before it runs.
+pub fn limited_reads_policy(max: u64) -> String {
+    format!(
+        r#"
+policy:
+  default_mode: risk
+policies:
+  - match: "stripe.list_charges"
+    action: always_run
+    limits:
+      - sum: limit
+        per: customer
+        window: 24h
+        max: {max}
+"#
+    )
+}
