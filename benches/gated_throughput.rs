@@ -228,6 +228,12 @@ async fn run() {
     let samples = sampler.await.expect("the sampler");
     print_samples(&samples);
     recorded(&db, &calls, &targets).await;
+    // The instances chain in the background: what their last steps have not reached yet
+    // is chained here first.
+    let waiting = threadgate::audit::chain_waiting(&db)
+        .await
+        .expect("chain the audit rows waiting");
+    println!("  audit rows still waiting after chaining: {waiting}");
     let rows = db
         .read(|c| Ok(threadgate::audit::verify(c)))
         .await

@@ -226,8 +226,14 @@ fn file_error(path: &Path, source: std::io::Error) -> AnchorError {
 
 /// The server's side: checks and advances the anchor file now and then every `every`.
 /// A divergence is logged as an error at each round (the file keeps the old anchor).
+/// Each round first chains the rows waiting on Postgres (`super::chain_waiting`): rows a
+/// crash left between a commit and its chaining are chained at start and within `every`
+/// even when nothing else is written.
 pub async fn keep(db: crate::store::Db, path: std::path::PathBuf, every: std::time::Duration) {
     loop {
+        if let Err(e) = super::chain_waiting(&db).await {
+            tracing::warn!(error = %e, "cannot chain the audit rows waiting");
+        }
         let file = path.clone();
         match db.read(move |c| Ok(check_and_advance(c, &file))).await {
             Ok(Ok(anchor)) => tracing::debug!(%anchor, "audit anchor advanced"),

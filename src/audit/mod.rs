@@ -280,9 +280,11 @@ pub fn append(
 /// writers run at once, the rows are added to `audit_pending` in the caller's
 /// transaction, with no lock and no read of the head (so they commit, or not, with the
 /// state change they record, and a concurrent writer never makes this transaction run
-/// again), and chained right after its commit, before the write resolves, by
-/// [`chain_pending`] in a transaction of its own: under the chain's lock, with a fresh
-/// view of the head, together with every row waiting then.
+/// again), and chained right after its commit by [`chain_pending`] in a transaction of
+/// its own on the store's background thread (the write resolves without waiting for
+/// it: [`crate::store::Db::background_settled`] waits): under the chain's lock, with a
+/// fresh view of the head, together with every row waiting then. A reader that must see
+/// every row committed so far chained, whoever wrote it, runs [`chain_waiting`] first.
 pub fn append_all(
     conn: &Conn<'_>,
     records: &[AuditRecord],
@@ -297,10 +299,12 @@ pub fn append_all(
             .map(|record| redacted_row(record, redactor))
             .collect::<crate::store::Result<Vec<_>>>()?;
         let last = insert_pending(conn, &rows)?;
-        // One step per transaction whatever its appends: the last row is the newest.
-        conn.after_postgres_commit("audit.chain", move |c| {
-            chain_pending(c, Some(last)).map(|_| ())
-        });
+        // One step per transaction whatever its appends, run in the background: the
+        // caller does not wait for it, and the steps of writes that commit while one
+        // runs are one step. It chains every row waiting, not only up to this write's
+        // (another instance may have chained those before a write that committed next
+        // to this one, whose step this one may stand for).
+        conn.after_postgres_commit_in_background("audit.chain", |c| chain_pending(c).map(|_| ()));
         return Ok(last);
     }
     let last: Option<(i64, Vec<u8>)> = cached_query_row(
@@ -328,50 +332,28 @@ pub fn append_all(
 /// first, and returns how many it chained. `conn` must be a READ COMMITTED transaction
 /// (a step after a commit, [`crate::store::Conn`]'s `after_postgres_commit`): every
 /// statement after the lock then sees the rows and the head the previous holder
-/// committed. With `mine` (a row's number), it does nothing when that row is chained
-/// already; otherwise it chains every row waiting, `mine` among them.
+/// committed. It chains every row waiting (none, when another step chained them while
+/// this one waited for the lock).
 ///
 /// INVARIANT: one chainer at a time, across every instance, reads the head and adds
 /// the next rows (the advisory lock, held until commit), so the chain never forks; the
 /// rows it chains leave `audit_pending` in the same statement that reads them, so none
 /// is chained twice or skipped.
-pub(crate) fn chain_pending(conn: &Conn<'_>, mine: Option<i64>) -> crate::store::Result<usize> {
-    // The chain's lock, taken in the statement that checks whether `mine` is still
-    // waiting: chained by another writer's step already, no lock is taken. A row chained
-    // while this step waited for the lock is simply not among those it takes.
-    //
-    // The same statement lets this transaction commit without waiting for its WAL flush
-    // (`synchronous_commit` off for it alone). Nothing is lost that way: the rows it
-    // chains were committed to `audit_pending` by their writers before this step began,
-    // so their commits precede this one in the WAL, which is flushed in order: a crash
-    // that loses this step leaves them waiting there, for the next step to chain (and
-    // one that loses a writer's unflushed commit, a read's decision, loses this step
-    // too). A later durable commit (any writer's) makes this one durable as well; an
-    // anchor is taken only once the WAL is flushed past the head it names
+pub(crate) fn chain_pending(conn: &Conn<'_>) -> crate::store::Result<usize> {
+    // The chain's lock. The same statement lets this transaction commit without waiting
+    // for its WAL flush (`synchronous_commit` off for it alone). Nothing is lost that
+    // way: the rows it chains were committed to `audit_pending` by their writers before
+    // this step began, so their commits precede this one in the WAL, which is flushed in
+    // order: a crash that loses this step leaves them waiting there, for the next step
+    // to chain (and one that loses a writer's unflushed commit, a read's decision, loses
+    // this step too). A later durable commit (any writer's) makes this one durable as
+    // well; an anchor is taken only once the WAL is flushed past the head it names
     // (`anchor::head`).
-    match mine {
-        Some(seq) => {
-            let locked: i64 = cached_query_row(
-                conn,
-                "SELECT count(*) FROM \
-                     (SELECT pg_advisory_xact_lock(?1), \
-                             set_config('synchronous_commit', 'off', true) \
-                      FROM audit_pending WHERE seq = ?2) l",
-                [AUDIT_CHAIN_LOCK, seq],
-                |r| r.get(0),
-            )?;
-            if locked == 0 {
-                return Ok(0);
-            }
-        }
-        None => {
-            cached_execute(
-                conn,
-                "SELECT pg_advisory_xact_lock(?1), set_config('synchronous_commit', 'off', true)",
-                [AUDIT_CHAIN_LOCK],
-            )?;
-        }
-    }
+    cached_execute(
+        conn,
+        "SELECT pg_advisory_xact_lock(?1), set_config('synchronous_commit', 'off', true)",
+        [AUDIT_CHAIN_LOCK],
+    )?;
     let mut chained = 0;
     loop {
         let (mut rows, head) = take_pending(conn)?;
@@ -406,8 +388,11 @@ pub fn pending_count(conn: &Conn<'_>) -> crate::store::Result<i64> {
 /// returns how many are still waiting after it: what `threadgate audit --verify` does
 /// first, so rows a crash left unchained are checked too.
 pub async fn chain_waiting(db: &crate::store::Db) -> Result<i64, crate::store::StoreError> {
+    if db.dialect() == crate::store::Dialect::Sqlite {
+        return Ok(0);
+    }
     db.write(|c| {
-        c.after_postgres_commit("audit.chain", |c| chain_pending(c, None).map(|_| ()));
+        c.after_postgres_commit("audit.chain", |c| chain_pending(c).map(|_| ()));
         Ok(())
     })
     .await?;

@@ -24,6 +24,7 @@ pub mod leases;
 pub mod meta;
 mod migrations;
 mod pg;
+mod pg_background;
 mod pg_tls;
 mod pg_value;
 mod sql;
@@ -245,6 +246,25 @@ impl Db {
         match &*self.inner {
             Backend::Sqlite(_) => Dialect::Sqlite,
             Backend::Postgres(_) => Dialect::Postgres,
+        }
+    }
+
+    /// Resolves once every step this handle's writes queued to run in the background
+    /// after their commit has run (on Postgres, the audit chain's steps: the rows of the
+    /// writes resolved so far are then chained, `audit::append_all`); at once on SQLite,
+    /// which queues none.
+    pub async fn background_settled(&self) {
+        if let Backend::Postgres(pg) = &*self.inner {
+            pg.background_settled().await;
+        }
+    }
+
+    /// Batches of background steps this handle has run (0 on SQLite): under load one
+    /// runs the steps of many writes.
+    pub fn background_batches(&self) -> u64 {
+        match &*self.inner {
+            Backend::Postgres(pg) => pg.background_batches(),
+            Backend::Sqlite(_) => 0,
         }
     }
 

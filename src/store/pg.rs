@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use postgres::{Client, IsolationLevel};
 
-use super::sql::{AfterCommit, Conn, PgParts, Result, SqlError, StatementCache};
+use super::pg_background::Background;
+use super::sql::{AfterCommit, AfterStep, Conn, PgParts, Result, SqlError, StatementCache};
 use super::{StoreError, lock};
 
 /// How long a caller waits for a free connection before it is an error.
@@ -38,6 +39,9 @@ pub(crate) struct PgStore {
     /// committed before it), and only one connection per process waits on a lock the
     /// step takes in the database.
     after_commit_turn: Mutex<()>,
+    /// Runs the steps queued to run after a commit in the background
+    /// ([`Conn::after_postgres_commit_in_background`]), on a connection of its own.
+    background: Background,
 }
 
 #[derive(Default)]
@@ -70,9 +74,11 @@ impl Drop for Lease<'_> {
 }
 
 impl Drop for PgStore {
-    /// Closes the pooled clients on a thread of their own: closing blocks, and the last
-    /// handle may go on an async worker.
+    /// Runs the background steps queued so far, then closes the pooled clients on a
+    /// thread of their own: closing blocks, and the last handle may go on an async
+    /// worker.
     fn drop(&mut self) {
+        self.background.stop();
         let idle = std::mem::take(&mut lock(&self.pool).idle);
         if idle.is_empty() {
             return;
@@ -99,6 +105,10 @@ impl PgStore {
         }
         config.application_name("threadgate");
         config.ssl_mode(tls.mode.ssl_mode());
+        let background = {
+            let (config, tls, shown) = (config.clone(), tls.clone(), shown.clone());
+            Background::start(Box::new(move || open_client(&config, &tls, &shown)))?
+        };
         let store = PgStore {
             config,
             tls,
@@ -107,6 +117,7 @@ impl PgStore {
             pool: Mutex::new(PoolState::default()),
             freed: Condvar::new(),
             after_commit_turn: Mutex::new(()),
+            background,
         };
         let mut client = store.open_client()?;
         super::migrations::apply_postgres(&mut client, &store.shown)?;
@@ -124,11 +135,40 @@ impl PgStore {
     }
 
     fn open_client(&self) -> Result<Client, StoreError> {
-        self.config.connect(self.tls.connector()).map_err(|e| {
-            self.tls
-                .explain(&self.shown, &e)
-                .unwrap_or_else(|| connect_error(&self.shown, &self.config, &e))
-        })
+        open_client(&self.config, &self.tls, &self.shown)
+    }
+
+    /// Runs the steps a write registered once it has committed: those for the
+    /// background are queued for its thread; the others run here, on the writer's
+    /// connection, one writer of this process at a time, before the write resolves.
+    fn after_commit(
+        &self,
+        client: &mut Client,
+        cache: &RefCell<StatementCache>,
+        steps: Vec<AfterStep>,
+    ) {
+        if steps.is_empty() {
+            return;
+        }
+        let mut turn = None;
+        for step in steps {
+            if step.in_background {
+                self.background.queue(step.key, step.run);
+            } else {
+                turn.get_or_insert_with(|| lock(&self.after_commit_turn));
+                run_after_commit(client, cache, step.key, step.run);
+            }
+        }
+    }
+
+    /// Resolves once every background step queued so far has run.
+    pub(crate) async fn background_settled(&self) {
+        self.background.settled().await;
+    }
+
+    /// Batches of background steps run so far.
+    pub(crate) fn background_batches(&self) -> u64 {
+        self.background.batches()
     }
 
     fn lease(&self) -> Result<Lease<'_>, StoreError> {
@@ -246,12 +286,7 @@ impl PgStore {
             // implicit transaction's commit: an error at commit would have been `Err`.
             Ok(value) => {
                 super::counts::bump(super::counts::Event::Commit);
-                if !after_commit.is_empty() {
-                    let _turn = lock(&self.after_commit_turn);
-                    for (key, step) in after_commit {
-                        run_after_commit(client, cache, key, step);
-                    }
-                }
+                self.after_commit(client, cache, after_commit);
                 Ok(value)
             }
         }
@@ -295,12 +330,7 @@ impl PgStore {
             }) {
                 Ok(()) => {
                     super::counts::bump(super::counts::Event::Commit);
-                    if !after_commit.is_empty() {
-                        let _turn = lock(&self.after_commit_turn);
-                        for (key, step) in after_commit {
-                            run_after_commit(client, cache, key, step);
-                        }
-                    }
+                    self.after_commit(client, cache, after_commit);
                     Ok(value)
                 }
                 Err(e) => {
@@ -385,7 +415,7 @@ impl PgStore {
 /// transaction of its own on `client`, and commits it. A failure is logged: the write
 /// before it has committed, and what the step leaves undone is left for a later one
 /// (the audit chain's step chains every row waiting).
-fn run_after_commit(
+pub(super) fn run_after_commit(
     client: &mut Client,
     cache: &RefCell<StatementCache>,
     key: &'static str,
@@ -436,6 +466,19 @@ impl Attempt {
             Attempt::Failed(StoreError::Sql(e))
         }
     }
+}
+
+/// Opens one connection to the database `config` names, over `tls`; errors name what
+/// is wrong with `shown` (the URL without its password).
+fn open_client(
+    config: &postgres::Config,
+    tls: &super::pg_tls::Tls,
+    shown: &str,
+) -> Result<Client, StoreError> {
+    config.connect(tls.connector()).map_err(|e| {
+        tls.explain(shown, &e)
+            .unwrap_or_else(|| connect_error(shown, config, &e))
+    })
 }
 
 /// A connection error, named for what is wrong and never showing the password.

@@ -146,7 +146,7 @@ pub(crate) struct PgTx<'a> {
     pub(crate) sent: Cell<u32>,
     /// What runs once this transaction has committed, by key
     /// ([`Conn::after_postgres_commit`]).
-    pub(crate) after_commit: RefCell<Vec<(&'static str, AfterCommit)>>,
+    pub(crate) after_commit: RefCell<Vec<AfterStep>>,
     /// A READ COMMITTED transaction of [`crate::store::Db::write_locking`], where
     /// [`Conn::lock_name`] takes its lock.
     pub(crate) locking: Cell<bool>,
@@ -200,15 +200,25 @@ impl PgSession<'_> {
 }
 
 /// A step run once a Postgres write transaction has committed, in a READ COMMITTED
-/// transaction of its own on the same connection ([`Conn::after_postgres_commit`]).
-pub(crate) type AfterCommit = Box<dyn FnOnce(&Conn<'_>) -> Result<()>>;
+/// transaction of its own ([`Conn::after_postgres_commit`],
+/// [`Conn::after_postgres_commit_in_background`]).
+pub(crate) type AfterCommit = Box<dyn FnOnce(&Conn<'_>) -> Result<()> + Send>;
+
+/// A step registered on a Postgres write, with where it runs once the write commits.
+pub(crate) struct AfterStep {
+    pub(crate) key: &'static str,
+    pub(crate) run: AfterCommit,
+    /// On the store's background thread, after the write resolves (else on the
+    /// writer's connection, before it resolves).
+    pub(crate) in_background: bool,
+}
 
 /// A Postgres [`Conn`] taken apart once its closure is done.
 pub(crate) struct PgParts<'a> {
     pub(crate) tx: postgres::Transaction<'a>,
     /// A statement lost a race: run the transaction again.
     pub(crate) lost: bool,
-    pub(crate) after_commit: Vec<(&'static str, AfterCommit)>,
+    pub(crate) after_commit: Vec<AfterStep>,
 }
 
 /// Statements prepared on one Postgres connection, by their `?N` text.
@@ -303,7 +313,7 @@ impl<'a> Conn<'a> {
 
     /// The steps registered with [`Conn::after_postgres_commit`] on an autocommit
     /// connection, to run once its one statement has committed.
-    pub(crate) fn take_after_commit(&self) -> Vec<(&'static str, AfterCommit)> {
+    pub(crate) fn take_after_commit(&self) -> Vec<AfterStep> {
         match &self.0 {
             ConnInner::Postgres(pg) => pg.after_commit.take(),
             ConnInner::Sqlite(_) => Vec::new(),
@@ -322,12 +332,35 @@ impl<'a> Conn<'a> {
     pub(crate) fn after_postgres_commit(
         &self,
         key: &'static str,
-        step: impl FnOnce(&Conn<'_>) -> Result<()> + 'static,
+        step: impl FnOnce(&Conn<'_>) -> Result<()> + Send + 'static,
     ) {
+        self.register_after_commit(key, Box::new(step), false);
+    }
+
+    /// As [`Conn::after_postgres_commit`], but the step runs on the store's background
+    /// thread (its own connection), after the write has resolved: the caller never
+    /// waits for it. Steps queued while one runs are run together after it, a later
+    /// step of a `key` replacing the earlier ones (it must do what they would), so under
+    /// load one step does the work of many writes. [`crate::store::Db::background_settled`]
+    /// waits for the steps queued so far. A step lost (a crash, a failure: logged) must
+    /// leave its work to a later one.
+    pub(crate) fn after_postgres_commit_in_background(
+        &self,
+        key: &'static str,
+        step: impl FnOnce(&Conn<'_>) -> Result<()> + Send + 'static,
+    ) {
+        self.register_after_commit(key, Box::new(step), true);
+    }
+
+    fn register_after_commit(&self, key: &'static str, run: AfterCommit, in_background: bool) {
         if let ConnInner::Postgres(pg) = &self.0 {
             let mut steps = pg.after_commit.borrow_mut();
-            steps.retain(|(k, _)| *k != key);
-            steps.push((key, Box::new(step)));
+            steps.retain(|s| s.key != key);
+            steps.push(AfterStep {
+                key,
+                run,
+                in_background,
+            });
         }
     }
 

@@ -1,17 +1,21 @@
 //! The audit chain on Postgres with several instances writing at once (issue 19): a
 //! write adds its rows to `audit_pending` inside its transaction and they are chained
-//! right after its commit, under the chain's lock, with every row waiting then. Each test
+//! after its commit by the store's background thread, under the chain's lock, with
+//! every row waiting then (`Db::background_settled` waits for it). Each test
 //! makes a fresh database on the server `THREADGATE_TEST_DATABASE_URL` names and opens
 //! three `Db` handles on it, three pools as three instances would have; without the
 //! variable each test says so and passes.
 //!
 //! - audited writes of three instances at once (each with a state change) make one
-//!   chain that verifies, with nothing left waiting once every write has resolved, each
+//!   chain that verifies, with nothing left waiting once their steps have run, each
 //!   write's rows together and in order, and every state change's rows present;
 //! - a write that fails or rolls back leaves no audit row, waiting or chained;
 //! - rows a crash left waiting (committed, never chained) are chained by the next
-//!   write, before its own, and by `audit::chain_waiting` (what `audit --verify` runs
-//!   first).
+//!   write's step, before its own, and by `audit::chain_waiting` (what `audit --verify`
+//!   and the anchor's rounds run first);
+//! - a write resolves without waiting for its chaining: while another holds the chain's
+//!   lock, writes resolve and their rows wait; once it is released they are chained,
+//!   the steps queued meanwhile run as one.
 
 use std::collections::BTreeMap;
 
@@ -105,10 +109,13 @@ async fn audited_writes_of_three_instances_at_once_make_one_chain() {
     }
     let total: usize = (0..WRITES).map(|i| steps(i).len()).sum();
     for db in &handles {
+        db.background_settled().await;
+    }
+    for db in &handles {
         assert_eq!(
             pending(db).await,
             0,
-            "nothing waits once every write resolved"
+            "nothing waits once every write's step has run"
         );
     }
     assert_eq!(verified(&handles[2]).await, total);
@@ -175,6 +182,7 @@ async fn a_write_that_does_not_commit_leaves_no_audit_row() {
     b.write(|c| audit::append(c, &step("ex_ok", AuditEvent::Requested), &Redactor::empty()))
         .await
         .expect("append");
+    b.background_settled().await;
     assert_eq!(pending(&a).await, 0);
     assert_eq!(verified(&a).await, 1);
     let rows = chained(&b).await;
@@ -198,18 +206,20 @@ async fn left_by_a_crash(db: &Db, execution: &'static str, n: usize) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rows_a_crash_left_waiting_are_chained_by_the_next_write_before_its_own() {
+async fn rows_a_crash_left_waiting_are_chained_by_the_next_writes_step_before_its_own() {
     let Some((_db, [a, b, c])) = three_instances("audit rows left waiting") else {
         return;
     };
     a.write(|c| audit::append(c, &step("ex_1", AuditEvent::Requested), &Redactor::empty()))
         .await
         .expect("append");
+    a.background_settled().await;
     left_by_a_crash(&b, "ex_crashed", 2).await;
     assert_eq!(pending(&c).await, 2);
     c.write(|c| audit::append(c, &step("ex_2", AuditEvent::Requested), &Redactor::empty()))
         .await
         .expect("append");
+    c.background_settled().await;
     assert_eq!(pending(&a).await, 0);
     assert_eq!(verified(&b).await, 4);
     let executions: Vec<String> = chained(&a).await.into_iter().map(|r| r.1).collect();
@@ -224,8 +234,7 @@ async fn rows_a_crash_left_waiting_are_chained_by_the_next_write_before_its_own(
     assert_eq!(verified(&c).await, 7);
 }
 
-/// The chaining step commits without waiting for its WAL flush, for itself alone: on a
-/// pool of one connection (so the step and every later statement share it), the
+/// The chaining step commits without waiting for its WAL flush, for itself alone: the
 /// writer's own transactions and reads still run with `synchronous_commit` on, and the
 /// anchor names the chained head only once the WAL is flushed past it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -260,6 +269,7 @@ async fn the_chaining_steps_unflushed_commit_stays_its_own() {
         setting_after, "on",
         "the step's setting ended with its transaction"
     );
+    db.background_settled().await;
     assert_eq!(pending(&db).await, 0, "the step chained the rows");
     // Where the WAL was once the step had committed (other tests' databases on the same
     // server may add to it meanwhile: only this position is asserted).
@@ -280,4 +290,72 @@ async fn the_chaining_steps_unflushed_commit_stays_its_own() {
     assert_eq!(head.count, 3, "the three chained rows");
     assert!(flushed, "the WAL was flushed before the head was answered");
     assert_eq!(verified(&db).await, 3);
+}
+
+/// A write resolves without waiting for its rows to be chained: while another instance
+/// holds the chain's lock (here a write that takes it and waits), 20 audited writes on
+/// one handle resolve and their rows wait; once the lock is released they are chained,
+/// and the steps queued meanwhile run as one batch (the first step, blocked on the
+/// lock, and one more), not twenty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writes_resolve_while_the_chain_is_locked_and_their_steps_run_as_one() {
+    let Some((_db, [a, b, _])) = three_instances("chaining in the background") else {
+        return;
+    };
+    const WRITES: usize = 20;
+    // The chain's advisory lock ("tgaudit" in ASCII), as `audit::chain_pending` takes it.
+    const AUDIT_CHAIN_LOCK: i64 = 0x0074_6761_7564_6974;
+    let (locked_tx, locked) = std::sync::mpsc::channel::<()>();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let signals = std::sync::Arc::new(std::sync::Mutex::new((locked_tx, released)));
+    let holder = tokio::spawn({
+        let b = b.clone();
+        async move {
+            b.write(move |c| {
+                c.execute("SELECT pg_advisory_xact_lock(?1)", [AUDIT_CHAIN_LOCK])?;
+                let signals = signals.lock().expect("signals");
+                signals.0.send(()).expect("say locked");
+                signals.1.recv().expect("wait for the release");
+                Ok(())
+            })
+            .await
+            .expect("the lock holder's write")
+        }
+    });
+    tokio::task::spawn_blocking(move || locked.recv())
+        .await
+        .expect("join")
+        .expect("the lock is held");
+    let batches_before = a.background_batches();
+    let writes = async {
+        for i in 0..WRITES {
+            a.write(move |c| {
+                audit::append(
+                    c,
+                    &step(&format!("ex_{i}"), AuditEvent::Requested),
+                    &Redactor::empty(),
+                )
+            })
+            .await
+            .expect("append");
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(60), writes)
+        .await
+        .expect("the writes resolve while the chain's lock is held");
+    assert_eq!(
+        pending(&a).await,
+        i64::try_from(WRITES).expect("small"),
+        "every row waits while the lock is held"
+    );
+    release.send(()).expect("release");
+    holder.await.expect("join");
+    a.background_settled().await;
+    assert_eq!(pending(&a).await, 0, "chained once the lock is free");
+    assert_eq!(verified(&b).await, WRITES);
+    let batches = a.background_batches() - batches_before;
+    assert!(
+        (1..=2).contains(&batches),
+        "{WRITES} writes' steps ran in {batches} batches"
+    );
 }

@@ -145,36 +145,33 @@ async fn a_read_and_a_write_with_these_commits_and_round_trips_on_postgres() {
     let (read, write) = counts_of(&world).await;
     println!("postgres: read {read:?}\npostgres: write {write:?}");
     // On Postgres a transaction's audit rows are not chained in it: they go to
-    // `audit_pending` in one statement, and right after its commit, before the call is
-    // answered, a step of its own (a READ COMMITTED transaction, a second commit) takes
-    // the chain's lock in the statement that checks they still wait, takes them out with
-    // the chain's head in one statement and inserts them chained in one more. Every
-    // statement is a round trip, and so are each transaction's BEGIN and COMMIT (the
-    // small reads run outside a transaction: one round trip each).
+    // `audit_pending` in one statement, and are chained after its commit by the store's
+    // background thread (its own connection and transaction: not the call's work, and
+    // not waited for). Every statement is a round trip, and so are each transaction's
+    // BEGIN and COMMIT (the small reads run outside a transaction: one round trip each).
     //
     // A read: the small reads; its transaction (the row under the lease, the pending
-    // rows); the chaining step.
+    // rows).
     assert_eq!(
         without_prepares(read),
         Counts {
-            commits: 2,
+            commits: 1,
             reads: 3,
-            statements: 3 + 2 + 3,
-            round_trips: 3 + (2 + 2) + (3 + 2),
+            statements: 3 + 2,
+            round_trips: 3 + (2 + 2),
             prepares: 0,
             provider_requests: 1,
         }
     );
     // A write: the small reads; the deciding transaction (fence, the session's earlier
-    // calls, the row, the pending rows) and its step; the outcome's (status, the pending
-    // row) and its step.
+    // calls, the row, the pending rows); the outcome's (status, the pending row).
     assert_eq!(
         without_prepares(write),
         Counts {
-            commits: 4,
+            commits: 2,
             reads: 4,
-            statements: 4 + 4 + 3 + 2 + 3,
-            round_trips: 4 + (4 + 2) + (3 + 2) + (2 + 2) + (3 + 2),
+            statements: 4 + 4 + 2,
+            round_trips: 4 + (4 + 2) + (2 + 2),
             prepares: 0,
             provider_requests: 2,
         }

@@ -182,6 +182,10 @@ impl Cluster {
 
     /// Audit steps of one execution, by event (and the recheck's outcome).
     async fn audit_steps(&self, id: &str) -> Vec<(String, Option<String>)> {
+        // The instances chain in the background: chain what waits first.
+        threadgate::audit::chain_waiting(&self.db)
+            .await
+            .expect("chain the audit rows waiting");
         let id = id.to_owned();
         self.db
             .read(move |c| {

@@ -414,6 +414,8 @@ async fn several_instances_append_one_audit_chain() {
     for task in tasks {
         assert!(ids.insert(task.await.expect("join")));
     }
+    a.background_settled().await;
+    b.background_settled().await;
     let verified = b
         .read(|c| Ok(threadgate::audit::verify(c)))
         .await
@@ -453,6 +455,8 @@ async fn several_instances_append_steps_of_several_rows_in_one_chain() {
     for task in tasks {
         task.await.expect("join");
     }
+    a.background_settled().await;
+    b.background_settled().await;
     let verified = b
         .read(|c| Ok(audit::verify(c)))
         .await

@@ -77,8 +77,10 @@ impl TestApp {
             .unwrap_or_else(|| panic!("no execution {id}"))
     }
 
-    /// Every audit row, oldest first.
+    /// Every audit row, oldest first (on Postgres, every row committed so far chained
+    /// first).
     pub async fn audit_rows(&self) -> Vec<AuditRow> {
+        self.chain_waiting().await;
         self.db
             .read(|c| {
                 let mut stmt = c.prepare(
@@ -111,8 +113,18 @@ impl TestApp {
             .collect()
     }
 
+    /// Chains the audit rows waiting on Postgres (the instances' background steps may
+    /// not have run yet); nothing on SQLite.
+    pub async fn chain_waiting(&self) {
+        let waiting = threadgate::audit::chain_waiting(&self.db)
+            .await
+            .expect("chain the audit rows waiting");
+        assert_eq!(waiting, 0, "audit rows still waiting after chaining");
+    }
+
     /// Checks the audit chain; returns its length.
     pub async fn verify_audit(&self) -> usize {
+        self.chain_waiting().await;
         self.db
             .read(|conn| Ok(threadgate::audit::verify(conn)))
             .await
