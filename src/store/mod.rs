@@ -139,8 +139,8 @@ fn restrict_files(path: &Path) -> std::io::Result<()> {
 type Finish = Box<dyn FnOnce(Result<(), String>) + Send>;
 type Job = Box<dyn FnOnce(&Connection) -> (bool, Finish) + Send>;
 
-/// Postgres connections one instance keeps open at most, unless `[store] pool_size`
-/// says otherwise.
+/// Postgres connections one instance's callers keep open at most, unless `[store]
+/// pool_size` says otherwise (the store's background thread has one more of its own).
 pub const DEFAULT_POOL_SIZE: usize = 16;
 
 /// A handle on the database; cheap to clone.
