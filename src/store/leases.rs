@@ -127,6 +127,49 @@ pub fn renew(
     Ok(changed > 0)
 }
 
+/// Renewals of one [`renew_all`] in flight at once, each a statement of its own.
+const RENEWALS_AT_ONCE: usize = 4;
+
+/// Renews each of `leases` to `now_ms + lease_ms` ([`renew`]), each by a write of one
+/// statement of its own ([`crate::store::Db::write_single`]: on Postgres one round trip
+/// and no transaction around it), [`RENEWALS_AT_ONCE`] at a time, and answers the leases
+/// the database refused (taken over or released: their sessions must be dropped). A
+/// renewal that fails for another reason is logged and left for the next round.
+///
+/// A renewal that waits for a decision holding its lease's row ([`fence_exclusive`])
+/// delays that lease only: one transaction renewing every lease waited for each such
+/// decision in turn before any renewal committed. On SQLite the renewals share group
+/// commits.
+pub async fn renew_all(
+    db: &crate::store::Db,
+    leases: Vec<Lease>,
+    now_ms: i64,
+    lease_ms: i64,
+) -> Vec<Lease> {
+    use futures::StreamExt as _;
+    let mut renewals = futures::stream::iter(leases.into_iter().map(|lease| async move {
+        let held = lease.clone();
+        let renewed = db
+            .write_single(move |c| renew(c, &held, now_ms, lease_ms))
+            .await;
+        (lease, renewed)
+    }))
+    .buffer_unordered(RENEWALS_AT_ONCE);
+    let mut refused = Vec::new();
+    while let Some((lease, renewed)) = renewals.next().await {
+        match renewed {
+            Ok(true) => {}
+            Ok(false) => refused.push(lease),
+            Err(e) => tracing::error!(
+                thread = %lease.thread_id,
+                error = %e,
+                "cannot renew a session lease; retried at the next round"
+            ),
+        }
+    }
+    refused
+}
+
 /// Gives `lease` up: it expires now (its row and token stay, so the next owner's token
 /// is larger). `false`: it was not held any more.
 pub fn release(conn: &Conn<'_>, lease: &Lease) -> crate::store::Result<bool> {

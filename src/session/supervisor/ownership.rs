@@ -215,10 +215,10 @@ impl Supervisor {
     }
 }
 
-/// Renews every lease in `held` every `every` until shutdown; a renewal the database
-/// refuses is reported to the actor as [`Msg::LeaseLost`]. A renewal that fails for
-/// another reason is logged and tried again at the next round (the lease lasts three
-/// rounds).
+/// Renews every lease in `held` every `every` until shutdown
+/// ([`leases::renew_all`]: a statement per lease); a renewal the database refuses is
+/// reported to the actor as [`Msg::LeaseLost`]. A renewal that fails for another reason
+/// is logged and tried again at the next round (the lease lasts three rounds).
 pub(super) fn spawn_renewal(
     tasks: &Tasks,
     (db, clock): (Db, Clock),
@@ -235,27 +235,10 @@ pub(super) fn spawn_renewal(
             if leases.is_empty() {
                 continue;
             }
-            let now = clock.now_ms();
-            let renewed = db
-                .write(move |c| {
-                    let mut refused = Vec::new();
-                    for lease in &leases {
-                        if !leases::renew(c, lease, now, lease_ms)? {
-                            refused.push(lease.clone());
-                        }
-                    }
-                    Ok(refused)
-                })
-                .await;
-            match renewed {
-                Ok(refused) => {
-                    for lease in refused {
-                        if tx.send(Msg::LeaseLost(lease)).is_err() {
-                            return;
-                        }
-                    }
+            for lease in leases::renew_all(&db, leases, clock.now_ms(), lease_ms).await {
+                if tx.send(Msg::LeaseLost(lease)).is_err() {
+                    return;
                 }
-                Err(e) => tracing::error!(error = %e, "cannot renew the session leases; retried"),
             }
         }
     });

@@ -176,3 +176,115 @@ async fn a_stale_tokens_fenced_write_changes_nothing() {
         .unwrap();
     assert_eq!(value, "fresh");
 }
+
+/// The expiry of `thread`'s lease row.
+async fn expiry(db: &Db, thread_id: &str) -> i64 {
+    let t = thread(thread_id);
+    db.read(move |c| {
+        c.query_row(
+            "SELECT expires_at_ms FROM session_leases WHERE thread_id = ?1",
+            [&t],
+            |r| r.get(0),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_renewal_round_renews_what_it_holds_and_answers_what_was_taken_over() {
+    let (_dir, db) = db();
+    let kept = acquire_at(&db, "th_k", "inst-a", 1_000).await.unwrap();
+    let lost = acquire_at(&db, "th_l", "inst-a", 1_000).await.unwrap();
+    // th_l expires and is taken over; th_k is renewed in time.
+    let taker = acquire_at(&db, "th_l", "inst-b", 20_000).await.unwrap();
+    let refused = renew_all(&db, vec![kept.clone(), lost.clone()], 15_000, LEASE_MS).await;
+    assert_eq!(refused, vec![lost]);
+    assert_eq!(expiry(&db, "th_k").await, 15_000 + LEASE_MS);
+    assert_eq!(
+        expiry(&db, "th_l").await,
+        20_000 + LEASE_MS,
+        "{taker:?} kept"
+    );
+}
+
+/// On Postgres a decision holds its lease's row for its transaction
+/// (`fence_exclusive`): a renewal round waits for that lease alone; the others are
+/// renewed and committed meanwhile. (One transaction renewing them all committed none
+/// until the decision ended.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_decision_holding_one_lease_delays_the_renewal_of_that_lease_alone() {
+    let Some(test_db) = crate::store::testing::TestDb::postgres_from_env() else {
+        eprintln!("renewal beside a decision: THREADGATE_TEST_DATABASE_URL is not set: skipped");
+        return;
+    };
+    let db = test_db.open().unwrap();
+    let deciding = test_db.open().unwrap();
+    let busy = acquire_at(&db, "th_busy", "inst-a", 1_000).await.unwrap();
+    let idle: Vec<Lease> = {
+        let mut idle = Vec::new();
+        for i in 0..6 {
+            idle.push(
+                acquire_at(&db, &format!("th_idle{i}"), "inst-a", 1_000)
+                    .await
+                    .unwrap(),
+            );
+        }
+        idle
+    };
+    // A decision of th_busy: its lease's row locked, until told to end.
+    let (locked_tx, locked) = std::sync::mpsc::channel::<()>();
+    let (end, ended) = std::sync::mpsc::channel::<()>();
+    let signals = std::sync::Arc::new(std::sync::Mutex::new((locked_tx, ended)));
+    let decision = tokio::spawn({
+        let busy = busy.clone();
+        async move {
+            deciding
+                .write_locking(move |c| {
+                    fence_exclusive(c, &busy)?;
+                    let signals = signals.lock().unwrap();
+                    signals.0.send(()).unwrap();
+                    signals.1.recv().unwrap();
+                    Ok(())
+                })
+                .await
+                .unwrap()
+        }
+    });
+    tokio::task::spawn_blocking(move || locked.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    // The busy lease first: one transaction would wait on it before the others.
+    let mut round = vec![busy.clone()];
+    round.extend(idle.iter().cloned());
+    let renewing = tokio::spawn({
+        let db = db.clone();
+        async move { renew_all(&db, round, 5_000, LEASE_MS).await }
+    });
+    let renewed_meanwhile = async {
+        loop {
+            let mut all = true;
+            for i in 0..6 {
+                all &= expiry(&db, &format!("th_idle{i}")).await == 5_000 + LEASE_MS;
+            }
+            if all {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(30), renewed_meanwhile)
+        .await
+        .expect("the idle leases are renewed while the decision holds the busy one");
+    assert_eq!(
+        expiry(&db, "th_busy").await,
+        1_000 + LEASE_MS,
+        "the busy lease waits for its decision"
+    );
+    end.send(()).unwrap();
+    decision.await.unwrap();
+    let refused = renewing.await.unwrap();
+    assert!(refused.is_empty(), "{refused:?}");
+    assert_eq!(expiry(&db, "th_busy").await, 5_000 + LEASE_MS);
+}
