@@ -207,14 +207,18 @@ async fn an_email_change_sent_to_one_instance_reaches_anothers_read_scope() {
     let mut world = World::new().await;
     world.use_postgres(pg.url().expect("a postgres url")).await;
     world.use_stripe_events(WEBHOOK_SECRET).await;
-    let told = world.start().await;
-    // The second instance: its own data directory (and instance id), the same database.
-    world.settings.data_dir = world.dir.path().join("data-second");
-    std::fs::create_dir_all(&world.settings.data_dir).expect("data dir");
+    // The instance that reads, with the session running before the other starts: with
+    // both running, either could take the new thread's lease, and the session's socket
+    // is in the data directory of the one that did.
     let reads = world.start().await;
     let ada = world
         .customer_session(&reads, "ada@example.com", &[5000])
         .await;
+    // The second instance, which Stripe tells: its own data directory (and instance
+    // id), the same database.
+    world.settings.data_dir = world.dir.path().join("data-second");
+    std::fs::create_dir_all(&world.settings.data_dir).expect("data dir");
+    let told = world.start().await;
 
     let (status, body) = read_ada(&ada.session, &ada.id).await;
     assert_eq!(status, 200, "{body}");
