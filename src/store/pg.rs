@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use postgres::{Client, IsolationLevel};
 
-use super::pg_background::Background;
-use super::sql::{AfterCommit, AfterStep, Conn, PgParts, Result, SqlError, StatementCache};
+use super::pg_background::{Background, run_after_commit};
+use super::sql::{AfterStep, Conn, PgParts, Result, SqlError, StatementCache};
 use super::{StoreError, lock};
 
 /// How long a caller waits for a free connection before it is an error.
@@ -408,46 +408,6 @@ impl PgStore {
                 .map_err(|e| StoreError::Sql(SqlError::Postgres(e)))?;
         }
         Ok(value)
-    }
-}
-
-/// Runs a step registered with [`Conn::after_postgres_commit`] in a READ COMMITTED
-/// transaction of its own on `client`, and commits it. A failure is logged: the write
-/// before it has committed, and what the step leaves undone is left for a later one
-/// (the audit chain's step chains every row waiting).
-pub(super) fn run_after_commit(
-    client: &mut Client,
-    cache: &RefCell<StatementCache>,
-    key: &'static str,
-    step: AfterCommit,
-) {
-    let _span = tracing::trace_span!("pg.after_commit", key).entered();
-    super::counts::bump(super::counts::Event::RoundTrip);
-    let tx = match client
-        .build_transaction()
-        .isolation_level(IsolationLevel::ReadCommitted)
-        .start()
-    {
-        Ok(tx) => tx,
-        Err(e) => {
-            tracing::warn!(step = key, error = %e, "cannot begin a step after a commit");
-            return;
-        }
-    };
-    let conn = Conn::postgres(tx, cache);
-    let done = step(&conn);
-    let Some(PgParts { tx, .. }) = conn.into_postgres() else {
-        return;
-    };
-    let done = done.and_then(|()| {
-        super::counts::bump(super::counts::Event::RoundTrip);
-        tx.commit().map_err(SqlError::Postgres)
-    });
-    if done.is_ok() {
-        super::counts::bump(super::counts::Event::Commit);
-    }
-    if let Err(e) = done {
-        tracing::warn!(step = key, error = %e, "a step after a commit failed; a later one does its work");
     }
 }
 

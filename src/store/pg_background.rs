@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, mpsc};
 use std::thread;
 
-use postgres::Client;
+use postgres::{Client, IsolationLevel};
 
-use super::sql::{AfterCommit, StatementCache};
+use super::sql::{AfterCommit, Conn, PgParts, SqlError, StatementCache};
 use super::{StoreError, lock};
 
 /// How a new connection is opened (the store's URL, TLS and timeouts).
@@ -131,10 +131,50 @@ fn run(
         }
         if let Some(client) = client.as_mut() {
             for (key, step) in steps {
-                super::pg::run_after_commit(client, &cache, key, step);
+                run_after_commit(client, &cache, key, step);
             }
             batches.fetch_add(1, Ordering::Relaxed);
         }
         done.send_replace(last);
+    }
+}
+
+/// Runs a step registered with [`Conn::after_postgres_commit`] in a READ COMMITTED
+/// transaction of its own on `client`, and commits it. A failure is logged: the write
+/// before it has committed, and what the step leaves undone is left for a later one
+/// (the audit chain's step chains every row waiting).
+pub(super) fn run_after_commit(
+    client: &mut Client,
+    cache: &RefCell<StatementCache>,
+    key: &'static str,
+    step: AfterCommit,
+) {
+    let _span = tracing::trace_span!("pg.after_commit", key).entered();
+    super::counts::bump(super::counts::Event::RoundTrip);
+    let tx = match client
+        .build_transaction()
+        .isolation_level(IsolationLevel::ReadCommitted)
+        .start()
+    {
+        Ok(tx) => tx,
+        Err(e) => {
+            tracing::warn!(step = key, error = %e, "cannot begin a step after a commit");
+            return;
+        }
+    };
+    let conn = Conn::postgres(tx, cache);
+    let done = step(&conn);
+    let Some(PgParts { tx, .. }) = conn.into_postgres() else {
+        return;
+    };
+    let done = done.and_then(|()| {
+        super::counts::bump(super::counts::Event::RoundTrip);
+        tx.commit().map_err(SqlError::Postgres)
+    });
+    if done.is_ok() {
+        super::counts::bump(super::counts::Event::Commit);
+    }
+    if let Err(e) = done {
+        tracing::warn!(step = key, error = %e, "a step after a commit failed; a later one does its work");
     }
 }
