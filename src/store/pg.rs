@@ -33,11 +33,11 @@ pub(crate) struct PgStore {
     shown: String,
     pool: Mutex<PoolState>,
     freed: Condvar,
-    /// Taken while a step after a commit runs ([`Conn::after_postgres_commit`]): this
-    /// process's writers run their steps one at a time, so a step that waits finds its
-    /// work often done by the one before it (the audit chain's step chains every row
-    /// committed before it), and only one connection per process waits on a lock the
-    /// step takes in the database.
+    /// Taken while a step runs after a commit on the writer's own connection
+    /// ([`Conn::after_postgres_commit`]: today `audit::chain_waiting`'s): this process's
+    /// writers run such steps one at a time, so only one connection per process waits
+    /// on a lock the step takes in the database. The writers' audit chaining steps run
+    /// on the background thread instead, one at a time by construction.
     after_commit_turn: Mutex<()>,
     /// Runs the steps queued to run after a commit in the background
     /// ([`Conn::after_postgres_commit_in_background`]), on a connection of its own.
