@@ -196,18 +196,12 @@ async fn probe_output(instance: &str) -> Vec<Value> {
     let deadline = Instant::now() + PROBE_WAIT;
     let filter = format!("label={LABEL_INSTANCE}={instance}");
     loop {
-        let ids = Command::new("docker")
-            .args(["ps", "-aq", "--filter", &filter])
-            .output()
-            .expect("docker ps");
+        let (_, ids, _) = crate::support::docker::docker(&["ps", "-aq", "--filter", &filter]);
         let mut logs = String::new();
-        for id in String::from_utf8_lossy(&ids.stdout).split_whitespace() {
-            let out = Command::new("docker")
-                .args(["logs", id])
-                .output()
-                .expect("docker logs");
-            logs.push_str(&String::from_utf8_lossy(&out.stdout));
-            logs.push_str(&String::from_utf8_lossy(&out.stderr));
+        for id in ids.split_whitespace() {
+            let (_, out, err) = crate::support::docker::docker(&["logs", id]);
+            logs.push_str(&out);
+            logs.push_str(&err);
         }
         if logs.contains("PROBE DONE") {
             return logs

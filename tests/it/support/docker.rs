@@ -7,10 +7,11 @@
 //! `THREADGATE_REQUIRE_DOCKER=1` (set by `scripts/test.sh`, so in CI) a missing Docker
 //! fails the test instead.
 
-use std::io::Write as _;
-use std::process::Command;
+use std::io::{Read as _, Write as _};
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use threadgate::sandbox::LABEL_INSTANCE;
@@ -28,11 +29,12 @@ static SKIPPED: AtomicUsize = AtomicUsize::new(0);
 pub fn missing() -> Option<String> {
     MISSING
         .get_or_init(|| {
-            let engine = Command::new("docker")
-                .args(["version", "--format", "{{.Server.Version}}"])
-                .output();
+            let engine = docker_within(
+                &["version", "--format", "{{.Server.Version}}"],
+                Duration::from_secs(30),
+            );
             match engine {
-                Err(e) => return Some(format!("no docker CLI ({e}); run scripts/docker-up.sh")),
+                Err(e) => return Some(e),
                 Ok(out) if !out.status.success() => {
                     let err = String::from_utf8_lossy(&out.stderr);
                     let first = err.lines().next().unwrap_or("no answer").trim().to_owned();
@@ -43,9 +45,7 @@ pub fn missing() -> Option<String> {
                 Ok(_) => {}
             }
             let image = image();
-            let found = Command::new("docker")
-                .args(["image", "inspect", &image])
-                .output()
+            let found = docker_within(&["image", "inspect", &image], Duration::from_secs(30))
                 .is_ok_and(|o| o.status.success());
             (!found)
                 .then(|| format!("image {image} is missing; run scripts/build-sandbox-image.sh"))
@@ -110,12 +110,62 @@ impl Container {
     }
 }
 
-/// Runs `docker ARGS`, returning (exit code, stdout, stderr).
-pub fn docker(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new("docker")
+/// How long one docker CLI command may take before the engine is taken for wedged.
+/// The slowest the tests run (`docker rm -f` of a world's containers, an `exec` of a
+/// script) take seconds; a wedged engine never answers, and without a deadline the test
+/// would hang the whole suite instead of failing.
+pub const CLI_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Runs `docker ARGS` and waits at most `deadline` for it: `Err` names the command and
+/// says the engine did not answer (the command is killed), otherwise its output.
+pub fn docker_within(args: &[&str], deadline: Duration) -> Result<Output, String> {
+    let mut child = Command::new("docker")
         .args(args)
-        .output()
-        .expect("run docker");
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run docker ({e}); run scripts/docker-up.sh"))?;
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as Box<_>));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as Box<_>));
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Ok(None) | Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "`docker {}` did not answer within {deadline:?}: the Docker engine is \
+                     wedged (restart it: pkill dockerd containerd; scripts/docker-up.sh)",
+                    args.join(" ")
+                ));
+            }
+        }
+    };
+    Ok(Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    })
+}
+
+/// Runs `docker ARGS`, returning (exit code, stdout, stderr); panics, naming the
+/// command, when the engine does not answer within [`CLI_DEADLINE`].
+pub fn docker(args: &[&str]) -> (i32, String, String) {
+    let out = docker_within(args, CLI_DEADLINE).unwrap_or_else(|e| panic!("{e}"));
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -166,21 +216,25 @@ pub fn running_count(instance: &str) -> usize {
     out.split_whitespace().count()
 }
 
-/// Force-removes every container labelled with `instance` (a world's cleanup).
+/// Force-removes every container labelled with `instance` (a world's cleanup, often run
+/// from `Drop`: it never panics; a wedged engine is said on the terminal and left).
 pub fn remove_instance_containers(instance: &str) {
     let filter = format!("label={LABEL_INSTANCE}={instance}");
-    let Ok(out) = Command::new("docker")
-        .args(["ps", "-aq", "--filter", &filter])
-        .output()
-    else {
-        return;
+    let out = match docker_within(&["ps", "-aq", "--filter", &filter], CLI_DEADLINE) {
+        Ok(out) => out,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "cleanup of {instance}: {e}");
+            return;
+        }
     };
     let out = String::from_utf8_lossy(&out.stdout);
     let ids: Vec<&str> = out.split_whitespace().collect();
     if !ids.is_empty() {
         let mut args = vec!["rm", "-f"];
         args.extend(ids);
-        let _ = docker(&args);
+        if let Err(e) = docker_within(&args, CLI_DEADLINE) {
+            let _ = writeln!(std::io::stderr(), "cleanup of {instance}: {e}");
+        }
     }
 }
 
@@ -201,4 +255,21 @@ pub fn unmount_under(root: &std::path::Path) {
     for point in points {
         let _ = Command::new("umount").arg("-l").arg(&point).status();
     }
+}
+
+/// A command that never ends on its own (`docker events` follows the engine's events)
+/// is killed at its deadline and named in the error, instead of hanging the test.
+#[test]
+fn a_docker_command_past_its_deadline_is_killed_and_named() {
+    if skip() {
+        return;
+    }
+    let err = docker_within(&["events"], Duration::from_millis(500))
+        .expect_err("docker events does not end by itself");
+    assert!(
+        err.contains("`docker events` did not answer within"),
+        "{err}"
+    );
+    let done = docker_within(&["version"], CLI_DEADLINE).expect("docker version answers");
+    assert!(done.status.success(), "{done:?}");
 }
