@@ -42,6 +42,7 @@ pub mod support;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -139,9 +140,11 @@ async fn run() {
     MasterKey::generate()
         .write_to(&shared.master_key)
         .expect("master key");
-    let stripe = tokio::task::spawn_blocking(LocalStripe::start)
-        .await
-        .expect("localstripe starts");
+    let stripe = Arc::new(
+        tokio::task::spawn_blocking(LocalStripe::start)
+            .await
+            .expect("localstripe starts"),
+    );
     let policy = world.root.path().join("gated.yaml");
     // A total no run can reach.
     std::fs::write(
@@ -227,6 +230,7 @@ async fn run() {
     );
     let samples = sampler.await.expect("the sampler");
     print_samples(&samples);
+    straight(&stripe, &targets, in_flight, seconds).await;
     recorded(&db, &calls, &targets).await;
     // The instances chain in the background: what their last steps have not reached yet
     // is chained here first.
@@ -380,6 +384,53 @@ async fn list_charges(t: &Target) -> Call {
         answer: body["status"].as_str().unwrap_or_default().to_owned(),
         body,
     }
+}
+
+/// The ceiling the upstream sets, in the same run: the same read (`GET
+/// /v1/charges?customer=…&limit=1`) straight to localstripe from one pooled HTTP client,
+/// as many in flight as the gated phase had, for as long. No gated figure can pass
+/// it: every gated call makes this request once.
+async fn straight(stripe: &Arc<LocalStripe>, targets: &[Target], in_flight: usize, seconds: usize) {
+    let load_before = load_average();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(seconds as u64);
+    let mut workers = tokio::task::JoinSet::new();
+    for t in targets {
+        for _ in 0..in_flight {
+            let stripe = Arc::clone(stripe);
+            let path = format!("charges?customer={}&limit=1", t.customer);
+            workers.spawn(async move {
+                let mut took = Vec::new();
+                while Instant::now() < deadline {
+                    let call = Instant::now();
+                    let page = stripe.get(&path).await;
+                    assert_eq!(page["data"].as_array().map(Vec::len), Some(1), "{page}");
+                    took.push(call.elapsed());
+                }
+                took
+            });
+        }
+    }
+    let mut times = Vec::new();
+    while let Some(done) = workers.join_next().await {
+        times.extend(done.expect("a straight worker"));
+    }
+    let secs = started.elapsed().as_secs_f64();
+    times.sort();
+    println!(
+        "the same read straight to localstripe (the upstream's ceiling), {} in flight, \
+         {secs:.1} s; load average {load_before} before, {} after",
+        targets.len() * in_flight,
+        load_average()
+    );
+    println!(
+        "  {:<12} {:>7} calls ok {:>8.1} calls/s   p50 {:>8.0} us   p99 {:>8.0} us",
+        "straight",
+        times.len(),
+        times.len() as f64 / secs,
+        micros(percentile(&times, 0.5)),
+        micros(percentile(&times, 0.99)),
+    );
 }
 
 /// Commits and rollbacks on the shared database so far (its statistics; they lag by
