@@ -135,6 +135,10 @@ impl Credential {
 #[async_trait]
 impl CredentialSource for crate::secrets::SecretStore {
     async fn generation(&self) -> Result<u64, String> {
+        // Read once per gated call, at its start (`secrets::call_generation`).
+        if let Some(generation) = crate::secrets::call_generation::seen() {
+            return Ok(generation);
+        }
         crate::secrets::SecretStore::generation(self)
             .await
             .map_err(|e| e.to_string())

@@ -33,7 +33,10 @@ impl Gate {
         let value = |key: &str| rows.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
         if let Some(source) = &self.redactor_source {
             match parse_generation(value(GENERATION_KEY)) {
-                Ok(generation) => source.refresh_at(generation, &self.redactor).await,
+                Ok(generation) => {
+                    crate::secrets::call_generation::observed(generation);
+                    source.refresh_at(generation, &self.redactor).await;
+                }
                 Err(e) => tracing::warn!(error = %e, "cannot read the secrets' generation"),
             }
         }

@@ -25,6 +25,12 @@ impl Gate {
     /// or answers that it is held or blocked.
     #[tracing::instrument(name = "gate", skip_all, fields(thread_id = %scope.thread_id, session_id = %scope.session_id))]
     pub async fn call(&self, scope: &SessionScope, req: CallRequest) -> CallReply {
+        // The secrets' generation read before the checks serves the call's provider
+        // requests too (`secrets::call_generation`).
+        crate::secrets::call_generation::within(self.call_within(scope, req)).await
+    }
+
+    async fn call_within(&self, scope: &SessionScope, req: CallRequest) -> CallReply {
         let started = Instant::now();
         // The `gate.*` spans (trace level, off in production) time a call's phases for
         // `benches/gateway_call.rs`.

@@ -15,6 +15,7 @@
 //! INVARIANT: no error, log line or `Debug` output of this module contains a secret
 //! value or key material; names are not secret and appear in messages.
 
+pub mod call_generation;
 mod cipher;
 mod key;
 mod live;

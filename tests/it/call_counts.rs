@@ -101,32 +101,33 @@ async fn a_read_commits_once_and_a_write_twice_with_these_statements_on_sqlite()
     let (read, write) = counts_of(&world().await).await;
     println!("sqlite: read {read:?}\nsqlite: write {write:?}");
     // A read: the first look-up (the secrets' generation and the Stripe customer-change
-    // mark, one statement) before the call and again before its result is redacted;
-    // the Stripe key's generation before the request (one statement); then one
-    // transaction: the row inserted under the lease, the audit chain's head, three audit
-    // rows. One request to Stripe: the call itself (owner and email remembered).
+    // mark, one statement) before the call and again before its result is redacted
+    // (the Stripe key's generation is the first look-up's: `secrets::call_generation`);
+    // then one transaction: the row inserted under the lease, the audit chain's head,
+    // three audit rows. One request to Stripe: the call itself (owner and email
+    // remembered).
     assert_eq!(
         read,
         Counts {
             commits: 1,
-            reads: 3,
-            statements: 3 + 5,
+            reads: 2,
+            statements: 2 + 5,
             round_trips: 0,
             prepares: 0,
             provider_requests: 1,
         }
     );
-    // A write: the first look-up twice, the Stripe key's generation before each of its
-    // two requests (the charge with its customer: ownership, currency, amount; then the
-    // refund); the deciding transaction (fence, the session's earlier calls, the row, the
+    // A write: the first look-up twice (its generation serves both Stripe requests: the
+    // charge with its customer, for ownership, currency and amount; then the refund);
+    // the deciding transaction (fence, the session's earlier calls, the row, the
     // chain's head, two audit rows) and the outcome's (status, the chain's head, one
     // audit row).
     assert_eq!(
         write,
         Counts {
             commits: 2,
-            reads: 4,
-            statements: 4 + 6 + 3,
+            reads: 2,
+            statements: 2 + 6 + 3,
             round_trips: 0,
             prepares: 0,
             provider_requests: 2,
@@ -156,9 +157,9 @@ async fn a_read_and_a_write_with_these_commits_and_round_trips_on_postgres() {
         without_prepares(read),
         Counts {
             commits: 1,
-            reads: 3,
-            statements: 3 + 2,
-            round_trips: 3 + (2 + 2),
+            reads: 2,
+            statements: 2 + 2,
+            round_trips: 2 + (2 + 2),
             prepares: 0,
             provider_requests: 1,
         }
@@ -169,9 +170,9 @@ async fn a_read_and_a_write_with_these_commits_and_round_trips_on_postgres() {
         without_prepares(write),
         Counts {
             commits: 2,
-            reads: 4,
-            statements: 4 + 4 + 2,
-            round_trips: 4 + (4 + 2) + (2 + 2),
+            reads: 2,
+            statements: 2 + 4 + 2,
+            round_trips: 2 + (4 + 2) + (2 + 2),
             prepares: 0,
             provider_requests: 2,
         }
