@@ -50,7 +50,7 @@ use threadgate::secrets::{MasterKey, SecretString};
 use threadgate::store::Db;
 use threadgate::store::testing::{TestDb, test_database_url};
 
-use support::figures::{load_average, micros, percentile};
+use support::figures::{cpu_by_command, cpu_spent, load_average, micros, percentile};
 use support::instances::{
     InstanceOptions, Serve, Shared, SharedDb, deliver, quiet_agents, serve_with, threadgate_bin,
 };
@@ -196,6 +196,7 @@ async fn run() {
 
     let load_before = load_average();
     let (commits_before, rollbacks_before) = transactions(&db).await;
+    let cpu_before = cpu_by_command();
     let started = Instant::now();
     let deadline = started + Duration::from_secs(seconds as u64);
     let mut workers = tokio::task::JoinSet::new();
@@ -217,6 +218,7 @@ async fn run() {
         calls.extend(done.expect("a worker"));
     }
     let elapsed = started.elapsed();
+    let cpu_after = cpu_by_command();
     let load_after = load_average();
     let (commits_after, rollbacks_after) = transactions(&db).await;
 
@@ -228,6 +230,7 @@ async fn run() {
         rollbacks_after - rollbacks_before,
         (rollbacks_after - rollbacks_before) as f64 / calls.len().max(1) as f64
     );
+    print_cpu(&cpu_before, &cpu_after, calls.len());
     let samples = sampler.await.expect("the sampler");
     print_samples(&samples);
     straight(&stripe, &targets, in_flight, seconds).await;
@@ -392,6 +395,7 @@ async fn list_charges(t: &Target) -> Call {
 /// it: every gated call makes this request once.
 async fn straight(stripe: &Arc<LocalStripe>, targets: &[Target], in_flight: usize, seconds: usize) {
     let load_before = load_average();
+    let cpu_before = cpu_by_command();
     let started = Instant::now();
     let deadline = started + Duration::from_secs(seconds as u64);
     let mut workers = tokio::task::JoinSet::new();
@@ -415,6 +419,7 @@ async fn straight(stripe: &Arc<LocalStripe>, targets: &[Target], in_flight: usiz
     while let Some(done) = workers.join_next().await {
         times.extend(done.expect("a straight worker"));
     }
+    let cpu_after = cpu_by_command();
     let secs = started.elapsed().as_secs_f64();
     times.sort();
     println!(
@@ -431,6 +436,25 @@ async fn straight(stripe: &Arc<LocalStripe>, targets: &[Target], in_flight: usiz
         micros(percentile(&times, 0.5)),
         micros(percentile(&times, 0.99)),
     );
+    print_cpu(&cpu_before, &cpu_after, times.len());
+}
+
+/// The CPU each kind of process spent in a phase, in all and per call: where a call's
+/// cost goes on a machine the instances, Postgres, localstripe and this client share.
+fn print_cpu(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>, calls: usize) {
+    let spent = cpu_spent(before, after);
+    let total: u64 = spent.iter().map(|(_, ms)| ms).sum();
+    let per_call = |ms: u64| ms as f64 * 1000.0 / calls.max(1) as f64;
+    println!(
+        "  CPU spent: {total} ms in all, {:.0} us per call; by process (command name):",
+        per_call(total)
+    );
+    for (comm, ms) in spent.iter().take(8) {
+        println!(
+            "    {comm:<16} {ms:>7} ms  {:>6.0} us per call",
+            per_call(*ms)
+        );
+    }
 }
 
 /// Commits and rollbacks on the shared database so far (its statistics; they lag by
