@@ -328,6 +328,50 @@ pub fn append_all(
     Ok(id)
 }
 
+/// Runs `lead`, one data-modifying statement that changes at most one row (its
+/// parameters `?1`… are `lead_params`), and when it changed a row appends `record` as
+/// [`append`] does; whether it did (when not, nothing is written). On Postgres the two
+/// are one statement (`WITH lead AS (… RETURNING 1) INSERT INTO audit_pending … SELECT
+/// … FROM lead`): one round trip, so a write of just these two is sent with no
+/// transaction around it (`Db::write_single`). On SQLite they are the two statements
+/// they say, in the caller's transaction.
+pub fn append_after(
+    conn: &Conn<'_>,
+    (lead, lead_params): (&str, &[&dyn crate::store::ToSql]),
+    record: &AuditRecord,
+    redactor: &Redactor,
+) -> crate::store::Result<bool> {
+    if conn.dialect() != crate::store::Dialect::Postgres {
+        if conn.prepare_cached(lead)?.execute(lead_params)? == 0 {
+            return Ok(false);
+        }
+        append(conn, record, redactor)?;
+        return Ok(true);
+    }
+    const COLUMNS: usize = 14;
+    let row = redacted_row(record, redactor)?;
+    let first = lead_params.len();
+    let marks: Vec<String> = (1..=COLUMNS).map(|k| format!("?{}", first + k)).collect();
+    // The record's values take their types from `audit_pending`'s columns (INSERT …
+    // SELECT coerces them); the lead's row, if any, is what makes the SELECT yield one.
+    let sql = format!(
+        "WITH lead AS ({lead} RETURNING 1) INSERT INTO audit_pending ({RECORD_COLUMNS}) \
+         SELECT {} FROM (SELECT 1 FROM lead LIMIT 1) AS changed RETURNING seq",
+        marks.join(", ")
+    );
+    let mut values: Vec<&dyn crate::store::ToSql> = lead_params.to_vec();
+    values.extend(record_values(&row));
+    let appended = !conn
+        .prepare_cached(&sql)?
+        .query_map(values, |r| r.get::<_, i64>(0))?
+        .collect::<crate::store::Result<Vec<i64>>>()?
+        .is_empty();
+    if appended {
+        conn.after_postgres_commit_in_background("audit.chain", |c| chain_pending(c).map(|_| ()));
+    }
+    Ok(appended)
+}
+
 /// Chains the rows waiting in `audit_pending` (Postgres) onto the audit chain, oldest
 /// first, and returns how many it chained. `conn` must be a READ COMMITTED transaction
 /// (a step after a commit, [`crate::store::Conn`]'s `after_postgres_commit`): every

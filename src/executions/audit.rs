@@ -30,13 +30,48 @@ pub fn record_all(
     exec: &Execution,
     steps: Vec<AuditRecord>,
 ) -> crate::store::Result<()> {
+    audit::append_all(conn, &completed(redactor, exec, steps), redactor)?;
+    Ok(())
+}
+
+/// Writes how `exec` ended ([`super::store::finish`]'s update) and its outcome step,
+/// completed as [`record`] completes one, together: on Postgres one statement
+/// ([`audit::append_after`]), which a write may send with no transaction around it.
+/// Fails with [`super::store::ExecutionGone`], writing nothing, when the row is not
+/// there.
+pub fn finish_recorded(
+    conn: &Conn<'_>,
+    redactor: &Redactor,
+    exec: &Execution,
+    (status, result, error): (super::Status, Option<&str>, Option<&str>),
+    now_ms: i64,
+    step: AuditRecord,
+) -> crate::store::Result<()> {
+    let records = completed(redactor, exec, vec![step]);
+    let [record] = records.as_slice() else {
+        unreachable!("one step completes to one record")
+    };
+    let id = exec.id.as_str();
+    let finish = (
+        super::store::FINISH,
+        crate::store::params![id, status.as_str(), result, error, now_ms],
+    );
+    if audit::append_after(conn, finish, record, redactor)? {
+        Ok(())
+    } else {
+        Err(super::store::ExecutionGone { id: id.to_owned() }.into())
+    }
+}
+
+/// `steps` of `exec`, each completed with the execution's fields (arguments redacted).
+fn completed(redactor: &Redactor, exec: &Execution, steps: Vec<AuditRecord>) -> Vec<AuditRecord> {
     let args: serde_json::Value = serde_json::from_str(&exec.args).unwrap_or_default();
     let args = redact_args(redactor, &args);
     let rule = match exec.rule_line {
         Some(line) => format!("{} (line {line})", exec.because),
         None => exec.because.clone(),
     };
-    let records: Vec<AuditRecord> = steps
+    steps
         .into_iter()
         .map(|step| AuditRecord {
             execution_id: Some(exec.id.to_string()),
@@ -50,9 +85,7 @@ pub fn record_all(
             policy_hash: Some(step.policy_hash.unwrap_or_else(|| exec.policy_hash.clone())),
             ..step
         })
-        .collect();
-    audit::append_all(conn, &records, redactor)?;
-    Ok(())
+        .collect()
 }
 
 /// Appends a call refused before any decision (out of scope, a secret in the

@@ -638,18 +638,25 @@ pub fn finish(
 ) -> crate::store::Result<()> {
     let changed = cached_execute(
         conn,
-        "UPDATE executions SET status = ?2, result = ?3, error = ?4, finished_at_ms = ?5, \
-         attempts = attempts + 1 WHERE id = ?1",
+        FINISH,
         params![id, status.as_str(), result, error, now_ms],
     )?;
     if changed == 0 {
         // The row its decision wrote is not there (a database crash lost an unflushed
         // decision): nothing of this outcome is written.
-        return Err(crate::store::SqlError::other(ExecutionGone {
-            id: id.to_owned(),
-        }));
+        return Err(ExecutionGone { id: id.to_owned() }.into());
     }
     Ok(())
+}
+
+/// [`finish`]'s statement: `?1` the id, then status, result, error and the time.
+pub(super) const FINISH: &str = "UPDATE executions SET status = ?2, result = ?3, error = ?4, \
+     finished_at_ms = ?5, attempts = attempts + 1 WHERE id = ?1";
+
+impl From<ExecutionGone> for crate::store::SqlError {
+    fn from(gone: ExecutionGone) -> Self {
+        crate::store::SqlError::other(gone)
+    }
 }
 
 /// An outcome refused because its execution's row is not in the database.

@@ -16,7 +16,9 @@ pub(super) struct Ran {
 }
 
 /// Writes how a call ended (its final status, result or error, limit charges given
-/// back on a definite failure) and its audit step, inside the caller's transaction.
+/// back on a definite failure) and its audit step, inside the caller's transaction:
+/// when [`outcome_is_one_write`], the status and the step together
+/// (`executions::audit::finish_recorded`: one statement on Postgres).
 pub(super) fn write_outcome(
     conn: &crate::store::Conn<'_>,
     redactor: &Redactor,
@@ -26,6 +28,11 @@ pub(super) fn write_outcome(
     now: i64,
 ) -> crate::store::Result<()> {
     let (status, result, error) = outcome.fields();
+    let step = outcome.step().duration_ms(duration);
+    if outcome_is_one_write(exec, outcome) {
+        let fields = (status, result.as_deref(), error);
+        return executions::audit::finish_recorded(conn, redactor, exec, fields, now, step);
+    }
     exec_store::finish(conn, &exec.id, status, result.as_deref(), error, now)?;
     if status == Status::Failed {
         exec_store::release_charges(conn, &exec.id)?;
@@ -33,7 +40,14 @@ pub(super) fn write_outcome(
     if trail::was_held(exec) {
         trail::enqueue(conn, &trail::ran(exec, status, error, redactor), now)?;
     }
-    executions::audit(conn, redactor, exec, outcome.step().duration_ms(duration))
+    executions::audit(conn, redactor, exec, step)
+}
+
+/// Whether [`write_outcome`] writes only the status and the audit step (no charges
+/// given back: the call did not definitely fail; no note of a held call's run), so that
+/// on Postgres it is one statement and needs no transaction around it.
+pub(super) fn outcome_is_one_write(exec: &Execution, outcome: &Outcome) -> bool {
+    !matches!(outcome, Outcome::Failed(_)) && !trail::was_held(exec)
 }
 
 /// Writes a call decided on a snapshot and already run, as one new row in its final

@@ -4,12 +4,13 @@
 
 use std::time::Instant;
 
+use futures::FutureExt as _;
 use serde_json::Value;
 use tracing::Instrument as _;
 
 use super::decide::Decided;
 use super::gate::{CallReply, CallRequest, Gate};
-use super::outcome::{Outcome, Ran, write_outcome};
+use super::outcome::{Outcome, Ran, outcome_is_one_write, write_outcome};
 use super::read_call::ReadDecision;
 use super::refusal::Refusal;
 use super::scope;
@@ -207,15 +208,20 @@ impl Gate {
         let now = self.now();
         let exec = exec.clone();
         let duration = crate::clock::ms(started.elapsed());
-        let written = self
-            .db
-            // Reads nothing it decides on: the outcome is written by id, its charges
-            // given back by execution id.
-            .write_locking(move |conn| {
-                write_outcome(conn, &redactor, &exec, &outcome, duration, now)
-            })
-            .instrument(tracing::trace_span!("gate.outcome"))
-            .await;
+        let one_write = outcome_is_one_write(&exec, &outcome);
+        let write = move |conn: &crate::store::Conn<'_>| {
+            write_outcome(conn, &redactor, &exec, &outcome, duration, now)
+        };
+        // Reads nothing it decides on: the outcome is written by id, its charges given
+        // back by execution id. The usual outcome is one statement on Postgres, sent
+        // with no transaction around it (one round trip where BEGIN and COMMIT made four).
+        let written = if one_write {
+            self.db.write_single(write).boxed()
+        } else {
+            self.db.write_locking(write).boxed()
+        }
+        .instrument(tracing::trace_span!("gate.outcome"))
+        .await;
         if let Err(e) = &written {
             tracing::error!(error = %e, "cannot record a call's outcome");
         }

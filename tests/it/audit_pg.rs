@@ -359,3 +359,55 @@ async fn writes_resolve_while_the_chain_is_locked_and_their_steps_run_as_one() {
         "{WRITES} writes' steps ran in {batches} batches"
     );
 }
+
+/// `audit::append_after` (an outcome's status and its audit row; on Postgres one
+/// statement with no transaction around it): the audit row is written only with the
+/// change it records, on both backends. A lead that changes nothing writes nothing and
+/// says so; one that changes its row writes the row and the audit row, chained and
+/// verified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_audit_row_after_a_statement_is_written_only_with_its_change() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for test_db in threadgate::store::testing::each_backend(dir.path()) {
+        let db = test_db.open().expect("open");
+        let backend = format!("{:?}", db.dialect());
+        db.write(|c| threadgate::store::meta::set(c, "after_test", "before"))
+            .await
+            .expect("seed");
+        let lead = |key: &'static str| {
+            move |c: &threadgate::store::Conn<'_>| {
+                let record = step("ex_after", AuditEvent::Ran);
+                audit::append_after(
+                    c,
+                    (
+                        "UPDATE meta SET value = ?2 WHERE key = ?1",
+                        &[&key as &dyn threadgate::store::ToSql, &"after"],
+                    ),
+                    &record,
+                    &Redactor::empty(),
+                )
+            }
+        };
+        let missed = db.write_single(lead("no_such_key")).await.expect("write");
+        assert!(!missed, "{backend}: a lead that changed nothing");
+        db.background_settled().await;
+        assert_eq!(pending(&db).await, 0, "{backend}");
+        assert!(chained(&db).await.is_empty(), "{backend}: no audit row");
+
+        let hit = db.write_single(lead("after_test")).await.expect("write");
+        assert!(hit, "{backend}: the lead changed its row");
+        db.background_settled().await;
+        audit::chain_waiting(&db).await.expect("chain");
+        let value = db
+            .read(|c| threadgate::store::meta::get(c, "after_test"))
+            .await
+            .expect("read");
+        assert_eq!(value.as_deref(), Some("after"), "{backend}");
+        assert_eq!(
+            chained(&db).await,
+            vec![(1, "ex_after".to_owned(), "ran".to_owned())],
+            "{backend}"
+        );
+        assert_eq!(verified(&db).await, 1, "{backend}");
+    }
+}

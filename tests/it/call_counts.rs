@@ -165,14 +165,15 @@ async fn a_read_and_a_write_with_these_commits_and_round_trips_on_postgres() {
         }
     );
     // A write: the small reads; the deciding transaction (fence, the session's earlier
-    // calls, the row, the pending rows); the outcome's (status, the pending row).
+    // calls, the row, the pending rows); the outcome, one statement with no transaction
+    // around it (the status and the pending row: `audit::append_after`).
     assert_eq!(
         without_prepares(write),
         Counts {
             commits: 2,
             reads: 2,
-            statements: 2 + 4 + 2,
-            round_trips: 2 + (4 + 2) + (2 + 2),
+            statements: 2 + 4 + 1,
+            round_trips: 2 + (4 + 2) + 1,
             prepares: 0,
             provider_requests: 2,
         }
