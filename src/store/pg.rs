@@ -105,6 +105,10 @@ impl PgStore {
         }
         config.application_name("threadgate");
         config.ssl_mode(tls.mode.ssl_mode());
+        // The first connection and the migrations before anything else starts: a URL
+        // that is refused, or a schema newer than this binary, starts no thread.
+        let mut client = open_client(&config, &tls, &shown)?;
+        super::migrations::apply_postgres(&mut client, &shown)?;
         let background = {
             let (config, tls, shown) = (config.clone(), tls.clone(), shown.clone());
             Background::start(Box::new(move || open_client(&config, &tls, &shown)))?
@@ -119,8 +123,6 @@ impl PgStore {
             after_commit_turn: Mutex::new(()),
             background,
         };
-        let mut client = store.open_client()?;
-        super::migrations::apply_postgres(&mut client, &store.shown)?;
         lock(&store.pool).idle.push(Pooled {
             client,
             cache: RefCell::default(),
