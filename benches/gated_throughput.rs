@@ -439,9 +439,12 @@ async fn straight(stripe: &Arc<LocalStripe>, targets: &[Target], in_flight: usiz
     print_cpu(&cpu_before, &cpu_after, times.len());
 }
 
+/// What [`cpu_by_command`] answers.
+type CpuSnapshot = BTreeMap<(u32, u64), (String, u64)>;
+
 /// The CPU each kind of process spent in a phase, in all and per call: where a call's
 /// cost goes on a machine the instances, Postgres, localstripe and this client share.
-fn print_cpu(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>, calls: usize) {
+fn print_cpu(before: &CpuSnapshot, after: &CpuSnapshot, calls: usize) {
     let spent = cpu_spent(before, after);
     let total: u64 = spent.iter().map(|(_, ms)| ms).sum();
     let per_call = |ms: u64| ms as f64 * 1000.0 / calls.max(1) as f64;

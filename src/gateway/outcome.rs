@@ -16,20 +16,21 @@ pub(super) struct Ran {
 }
 
 /// Writes how a call ended (its final status, result or error, limit charges given
-/// back on a definite failure) and its audit step, inside the caller's transaction:
-/// when [`outcome_is_one_write`], the status and the step together
-/// (`executions::audit::finish_recorded`: one statement on Postgres).
+/// back on a definite failure) and its audit step, inside the caller's transaction.
+/// `one_write` is [`outcome_is_one_write`], worked out once by the caller, which sends
+/// this with no transaction around it on Postgres when it is set: then the status and
+/// the step go together (`executions::audit::finish_recorded`: one statement there),
+/// and nothing else may be written.
 pub(super) fn write_outcome(
     conn: &crate::store::Conn<'_>,
     redactor: &Redactor,
-    exec: &Execution,
-    outcome: &Outcome,
+    (exec, outcome, one_write): (&Execution, &Outcome, bool),
     duration: i64,
     now: i64,
 ) -> crate::store::Result<()> {
     let (status, result, error) = outcome.fields();
     let step = outcome.step().duration_ms(duration);
-    if outcome_is_one_write(exec, outcome) {
+    if one_write {
         let fields = (status, result.as_deref(), error);
         return executions::audit::finish_recorded(conn, redactor, exec, fields, now, step);
     }

@@ -210,7 +210,7 @@ impl Gate {
         let duration = crate::clock::ms(started.elapsed());
         let one_write = outcome_is_one_write(&exec, &outcome);
         let write = move |conn: &crate::store::Conn<'_>| {
-            write_outcome(conn, &redactor, &exec, &outcome, duration, now)
+            write_outcome(conn, &redactor, (&exec, &outcome, one_write), duration, now)
         };
         // Reads nothing it decides on: the outcome is written by id, its charges given
         // back by execution id. The usual outcome is one statement on Postgres, sent

@@ -5,8 +5,10 @@
 //! each provider request, to know whether the stored key changed: read again, that was
 //! one more statement, and on Postgres one more round trip, per request (one for a
 //! read, two for a write). Inside a call ([`within`]) the credential takes the
-//! generation the call read ([`observed`]) instead: the key used is the one stored when
-//! the call began, and a key stored since is used by the next call. Outside a call (an
+//! generation the call read ([`observed`]) instead, so a key stored after the call
+//! began is used by the next call at the latest (a key read on a cache miss is the one
+//! stored then, labelled with the call's generation, which is never newer than it: the
+//! next call that reads a later generation reads the key again). Outside a call (an
 //! approved call run later, the model proxy, Stripe's events) nothing is kept and the
 //! credential reads the generation itself.
 

@@ -45,10 +45,13 @@ pub fn missing() -> Option<String> {
                 Ok(_) => {}
             }
             let image = image();
-            let found = docker_within(&["image", "inspect", &image], Duration::from_secs(30))
-                .is_ok_and(|o| o.status.success());
-            (!found)
-                .then(|| format!("image {image} is missing; run scripts/build-sandbox-image.sh"))
+            match docker_within(&["image", "inspect", &image], Duration::from_secs(30)) {
+                Err(e) => Some(e),
+                Ok(out) if !out.status.success() => Some(format!(
+                    "image {image} is missing; run scripts/build-sandbox-image.sh"
+                )),
+                Ok(_) => None,
+            }
         })
         .clone()
 }

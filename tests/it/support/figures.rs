@@ -26,20 +26,19 @@ pub fn load_average() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
-/// CPU time used so far by every process on the machine, by command name (the
-/// kernel's `comm`, at most 15 bytes), in clock ticks (`/proc/PID/stat`'s utime +
-/// stime; a process that ended is not counted). Two snapshots around a phase give what
+/// CPU time used so far by every process on the machine, in clock ticks
+/// (`/proc/PID/stat`'s utime + stime), by process: (pid, start time) → (command name,
+/// the kernel's `comm`, at most 15 bytes; ticks). Two snapshots around a phase give what
 /// each kind of process spent in it: [`cpu_spent`].
-pub fn cpu_by_command() -> std::collections::BTreeMap<String, u64> {
+pub fn cpu_by_command() -> std::collections::BTreeMap<(u32, u64), (String, u64)> {
     let mut by = std::collections::BTreeMap::new();
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return by;
     };
     for entry in entries.flatten() {
-        let name = entry.file_name();
-        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
-        }
+        };
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
             continue;
         };
@@ -53,10 +52,11 @@ pub fn cpu_by_command() -> std::collections::BTreeMap<String, u64> {
             .unwrap_or_default()
             .split_whitespace()
             .collect();
-        // Fields 14 and 15 of the line; the 12th and 13th after the state (the 1st here).
-        let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok());
-        if let (Some(utime), Some(stime)) = (ticks(11), ticks(12)) {
-            *by.entry(comm).or_insert(0) += utime + stime;
+        // Fields 14, 15 and 22 of the line (utime, stime, starttime): the 12th, 13th
+        // and 20th after the state, the 1st here.
+        let number = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok());
+        if let (Some(utime), Some(stime), Some(start)) = (number(11), number(12), number(19)) {
+            by.insert((pid, start), (comm, utime + stime));
         }
     }
     by
@@ -64,20 +64,18 @@ pub fn cpu_by_command() -> std::collections::BTreeMap<String, u64> {
 
 /// What each command spent between two [`cpu_by_command`] snapshots, in milliseconds
 /// (100 ticks a second, Linux's `USER_HZ`), largest first, those under 10 ms left out.
+/// A process started in between counts whole; one that ended in between is not seen
+/// (a process is its pid and start time, so a reused pid is another process).
 pub fn cpu_spent(
-    before: &std::collections::BTreeMap<String, u64>,
-    after: &std::collections::BTreeMap<String, u64>,
+    before: &std::collections::BTreeMap<(u32, u64), (String, u64)>,
+    after: &std::collections::BTreeMap<(u32, u64), (String, u64)>,
 ) -> Vec<(String, u64)> {
-    let mut spent: Vec<(String, u64)> = after
-        .iter()
-        .map(|(comm, t)| {
-            (
-                comm.clone(),
-                t.saturating_sub(before.get(comm).copied().unwrap_or(0)) * 10,
-            )
-        })
-        .filter(|(_, ms)| *ms >= 10)
-        .collect();
+    let mut by: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    for (process, (comm, ticks)) in after {
+        let earlier = before.get(process).map_or(0, |(_, t)| *t);
+        *by.entry(comm.clone()).or_insert(0) += ticks.saturating_sub(earlier) * 10;
+    }
+    let mut spent: Vec<(String, u64)> = by.into_iter().filter(|(_, ms)| *ms >= 10).collect();
     spent.sort_by_key(|s| std::cmp::Reverse(s.1));
     spent
 }
@@ -113,4 +111,39 @@ impl Series {
             self.label
         );
     }
+}
+
+/// A snapshot sees this process; what a phase spent is counted per process, so one
+/// that ended in between takes nothing from another of its name, and one that started
+/// in between counts whole.
+#[test]
+fn cpu_is_counted_per_process_not_per_name() {
+    let now = cpu_by_command();
+    let me = std::process::id();
+    assert!(
+        now.keys().any(|(pid, _)| *pid == me),
+        "this process is in the snapshot"
+    );
+    let snapshot = |entries: &[((u32, u64), &str, u64)]| {
+        entries
+            .iter()
+            .map(|(key, comm, ticks)| (*key, ((*comm).to_owned(), *ticks)))
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    // postgres 1 ends after 500 ticks; postgres 2 goes from 10 to 40; postgres 3 (the
+    // pid of 1, started later) starts and spends 7; python from 0 to 100.
+    let before = snapshot(&[
+        ((1, 5), "postgres", 500),
+        ((2, 6), "postgres", 10),
+        ((9, 1), "python", 0),
+    ]);
+    let after = snapshot(&[
+        ((1, 80), "postgres", 7),
+        ((2, 6), "postgres", 40),
+        ((9, 1), "python", 100),
+    ]);
+    assert_eq!(
+        cpu_spent(&before, &after),
+        vec![("python".to_owned(), 1000), ("postgres".to_owned(), 370)]
+    );
 }
