@@ -105,14 +105,22 @@ impl Gate {
                 // for this one (what is read below is the thread's own, or a limit
                 // total read under its key's lock).
                 leases::fence_exclusive(conn, &cx.scope.lease)?;
-                // The session's earlier calls that bear on this one, in one statement.
-                let earlier = exec_store::earlier_calls(
-                    conn,
-                    &cx.scope.session_id,
-                    &call.binding_hash,
-                    &call.tool,
-                    cx.now,
-                )?;
+                // The session's earlier calls that bear on this one, in one statement. A
+                // read in a session with no hold mark has none: what it could find is a
+                // pending twin or a held call to its tool, and a hold marks its session
+                // before it commits, in a transaction the lease row's lock orders before
+                // this one (`holds`). A write always asks: a succeeded twin is replayed.
+                let earlier = if call.is_write || holds.may_have(&cx.scope.session_id) {
+                    exec_store::earlier_calls(
+                        conn,
+                        &cx.scope.session_id,
+                        &call.binding_hash,
+                        &call.tool,
+                        cx.now,
+                    )?
+                } else {
+                    exec_store::EarlierCalls::default()
+                };
                 if call.is_write
                     && let Some(done) = earlier.succeeded
                 {

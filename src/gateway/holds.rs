@@ -7,7 +7,10 @@
 //! creates holds (`decide.rs`), and it marks the session before its commit; at start,
 //! every session with a held or approved execution is marked
 //! ([`HoldMarks::load`]). A read in an unmarked session therefore has nothing to find,
-//! and a read in a marked one asks the database as before.
+//! and a read in a marked one asks the database as before: on a snapshot
+//! (`read_call`), and in the deciding transaction for a read whose rule reserves a
+//! limit (`decide.rs` skips its look-up of the session's earlier calls; it runs after
+//! the fence, which orders it after any deciding transaction of the session).
 //!
 //! With several instances on one database, a session's holds may have been made on
 //! another instance (the one that ran the session before it died): every session is

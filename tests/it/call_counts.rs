@@ -24,6 +24,13 @@ policies:
     action: always_run
   - match: "stripe.get_*"
     action: always_run
+  - match: "stripe.list_charges"
+    action: always_run
+    limits:
+      - sum: limit
+        per: customer
+        window: 24h
+        max: 1000000
 "#;
 
 /// The scope the session's socket serves, as the supervisor built it.
@@ -64,9 +71,12 @@ async fn call(app: &TestApp, scope: &SessionScope, tool: &str, args: serde_json:
     counts
 }
 
-/// A read and a write on `world`'s app: their counts, after one of each warmed the
-/// memory (charge owner, customer email) and the statement caches.
-async fn counts_of(world: &World) -> (Counts, Counts) {
+/// A read, a write, and a read whose rule reserves a limit amount
+/// (`stripe.list_charges` of the thread's customer: decided in a write transaction,
+/// which reads the limit's total under its key's lock, its outcome recorded after) on
+/// `world`'s app: their counts, after one of each warmed the memory (charge owner,
+/// customer email) and the statement caches.
+async fn counts_of(world: &World) -> (Counts, Counts, Counts) {
     let app = world.start().await;
     let ada = world
         .customer_session(&app, "ada@example.com", &[4900, 1_000_000])
@@ -78,8 +88,11 @@ async fn counts_of(world: &World) -> (Counts, Counts) {
     call(&app, &scope, "stripe.create_refund", refund(100)).await;
     let read = call(&app, &scope, "stripe.get_charge", read).await;
     let write = call(&app, &scope, "stripe.create_refund", refund(200)).await;
+    let list = json!({"customer": ada.id, "limit": 1});
+    call(&app, &scope, "stripe.list_charges", list.clone()).await;
+    let limited = call(&app, &scope, "stripe.list_charges", list).await;
     app.stop().await;
-    (read, write)
+    (read, write, limited)
 }
 
 async fn world() -> World {
@@ -98,8 +111,8 @@ fn without_prepares(counts: Counts) -> Counts {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_commits_once_and_a_write_twice_with_these_statements_on_sqlite() {
-    let (read, write) = counts_of(&world().await).await;
-    println!("sqlite: read {read:?}\nsqlite: write {write:?}");
+    let (read, write, limited) = counts_of(&world().await).await;
+    println!("sqlite: read {read:?}\nsqlite: write {write:?}\nsqlite: limited read {limited:?}");
     // A read: the first look-up (the secrets' generation and the Stripe customer-change
     // mark, one statement) before the call and again before its result is redacted
     // (the Stripe key's generation is the first look-up's: `secrets::call_generation`);
@@ -133,6 +146,21 @@ async fn a_read_commits_once_and_a_write_twice_with_these_statements_on_sqlite()
             provider_requests: 2,
         }
     );
+    // A read whose rule reserves a limit: the first look-up twice; the deciding
+    // transaction (fence, the limit's total, the row, its charge, the chain's head, two
+    // audit rows; no look-up of the session's earlier calls: it has no hold mark) and the
+    // outcome's (status, the chain's head, one audit row).
+    assert_eq!(
+        limited,
+        Counts {
+            commits: 2,
+            reads: 2,
+            statements: 2 + 7 + 3,
+            round_trips: 0,
+            prepares: 0,
+            provider_requests: 1,
+        }
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -143,8 +171,10 @@ async fn a_read_and_a_write_with_these_commits_and_round_trips_on_postgres() {
     };
     let mut world = world().await;
     world.use_postgres(pg.url().expect("a postgres url")).await;
-    let (read, write) = counts_of(&world).await;
-    println!("postgres: read {read:?}\npostgres: write {write:?}");
+    let (read, write, limited) = counts_of(&world).await;
+    println!(
+        "postgres: read {read:?}\npostgres: write {write:?}\npostgres: limited read {limited:?}"
+    );
     // On Postgres a transaction's audit rows are not chained in it: they go to
     // `audit_pending` in one statement, and are chained after its commit by the store's
     // background thread (its own connection and transaction: not the call's work, and
@@ -176,6 +206,21 @@ async fn a_read_and_a_write_with_these_commits_and_round_trips_on_postgres() {
             round_trips: 2 + (4 + 2) + 1,
             prepares: 0,
             provider_requests: 2,
+        }
+    );
+    // A read whose rule reserves a limit: the small reads; the deciding transaction
+    // (fence, the limit key's lock, its total, the row, its charge, the pending rows,
+    // `synchronous_commit` off; no look-up of the session's earlier calls: it has no
+    // hold mark); the outcome, one statement.
+    assert_eq!(
+        without_prepares(limited),
+        Counts {
+            commits: 2,
+            reads: 2,
+            statements: 2 + 7 + 1,
+            round_trips: 2 + (7 + 2) + 1,
+            prepares: 0,
+            provider_requests: 1,
         }
     );
     drop(pg);

@@ -199,3 +199,75 @@ async fn an_agent_note_with_a_held_calls_marker_does_not_suppress_the_real_note(
     assert!(real[0].contains(&format!("/approvals/{id}")), "{}", real[0]);
     app.stop().await;
 }
+
+/// A read whose rule reserves a limit is decided in the write path, which skips the
+/// look-up of the session's earlier calls while the session has no hold mark. Once a
+/// call of the session is held, that look-up is back: a read of the held tool the policy
+/// alone would run is held behind it, and the held read asked again is the same hold.
+/// On SQLite, and on Postgres when `THREADGATE_TEST_DATABASE_URL` names a server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limited_read_in_a_session_with_a_hold_waits_behind_it() {
+    const POLICY: &str = r#"
+policy:
+  default_mode: risk
+policies:
+  - match: "stripe.list_charges"
+    action: always_run
+    conditions:
+      - arg: limit
+        lte: 10
+    limits:
+      - sum: limit
+        per: customer
+        window: 24h
+        max: 1000000
+  - match: "stripe.list_charges"
+    action: require_approval
+"#;
+    let pg = threadgate::store::testing::TestDb::postgres_from_env();
+    let mut backends = vec![None];
+    if let Some(pg) = &pg {
+        backends.push(Some(pg.url().expect("a postgres url").to_owned()));
+    }
+    for url in backends {
+        let backend = if url.is_some() { "postgres" } else { "sqlite" };
+        let mut world = World::with_policy_text(POLICY).await;
+        if let Some(url) = &url {
+            world.use_postgres(url).await;
+        }
+        let app = world.start().await;
+        let ada = world
+            .customer_session(&app, "ada@example.com", &[5000])
+            .await;
+        let list = |limit: u64| json!({"customer": ada.id, "limit": limit});
+        let session = &ada.session;
+
+        let (status, ran) = session.call("stripe.list_charges", list(1), None).await;
+        assert_eq!(
+            (status, &ran["status"]),
+            (200, &json!("ok")),
+            "{backend}: {ran}"
+        );
+
+        let (status, held) = session.call("stripe.list_charges", list(50), None).await;
+        assert_eq!(status, 202, "{backend}: {held}");
+        let held_id = held["execution_id"].as_str().expect("id").to_owned();
+
+        let (status, behind) = session.call("stripe.list_charges", list(2), None).await;
+        assert_eq!(status, 202, "{backend}: the policy alone runs it: {behind}");
+        let summary = behind["approval_summary"].as_str().unwrap_or_default();
+        assert!(
+            summary.contains(&format!("({held_id}) is waiting for a person")),
+            "{backend}: {behind}"
+        );
+
+        let (status, again) = session.call("stripe.list_charges", list(50), None).await;
+        assert_eq!(status, 202, "{backend}: {again}");
+        assert_eq!(
+            again["execution_id"],
+            held_id.as_str(),
+            "{backend}: the same hold"
+        );
+        app.stop().await;
+    }
+}
