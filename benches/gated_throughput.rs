@@ -421,22 +421,15 @@ async fn straight(stripe: &Arc<LocalStripe>, targets: &[Target], in_flight: usiz
     }
     let cpu_after = cpu_by_command();
     let secs = started.elapsed().as_secs_f64();
-    times.sort();
     println!(
         "the same read straight to localstripe (the upstream's ceiling), {} in flight, \
          {secs:.1} s; load average {load_before} before, {} after",
         targets.len() * in_flight,
         load_average()
     );
-    println!(
-        "  {:<12} {:>7} calls ok {:>8.1} calls/s   p50 {:>8.0} us   p99 {:>8.0} us",
-        "straight",
-        times.len(),
-        times.len() as f64 / secs,
-        micros(percentile(&times, 0.5)),
-        micros(percentile(&times, 0.99)),
-    );
-    print_cpu(&cpu_before, &cpu_after, times.len());
+    let calls = times.len();
+    print_rate("straight", times, secs);
+    print_cpu(&cpu_before, &cpu_after, calls);
 }
 
 /// What [`cpu_by_command`] answers.
@@ -476,6 +469,19 @@ async fn transactions(db: &Db) -> (i64, i64) {
     .expect("read the database's statistics")
 }
 
+/// One line of a phase's figures: `label`, the calls that succeeded (`times`), their
+/// rate over `secs`, p50 and p99.
+fn print_rate(label: &str, mut times: Vec<Duration>, secs: f64) {
+    times.sort();
+    println!(
+        "  {label:<12} {:>7} calls ok {:>8.1} calls/s   p50 {:>8.0} us   p99 {:>8.0} us",
+        times.len(),
+        times.len() as f64 / secs,
+        micros(percentile(&times, 0.5)),
+        micros(percentile(&times, 0.99)),
+    );
+}
+
 fn report(calls: &[Call], elapsed: Duration, (before, after): (&str, &str)) {
     let secs = elapsed.as_secs_f64();
     println!(
@@ -484,23 +490,16 @@ fn report(calls: &[Call], elapsed: Duration, (before, after): (&str, &str)) {
         secs
     );
     let ok = |c: &Call| c.status == 200 && c.answer == "ok";
-    let line = |label: String, of: Vec<&Call>| {
-        let mut times: Vec<Duration> = of.iter().filter(|c| ok(c)).map(|c| c.took).collect();
-        times.sort();
-        println!(
-            "  {label:<12} {:>7} calls ok {:>8.1} calls/s   p50 {:>8.0} us   p99 {:>8.0} us",
-            times.len(),
-            times.len() as f64 / secs,
-            micros(percentile(&times, 0.5)),
-            micros(percentile(&times, 0.99)),
-        );
+    let times = |of: &dyn Fn(&Call) -> bool| -> Vec<Duration> {
+        calls
+            .iter()
+            .filter(|c| ok(c) && of(c))
+            .map(|c| c.took)
+            .collect()
     };
-    line("all".into(), calls.iter().collect());
+    print_rate("all", times(&|_| true), secs);
     for i in 0..INSTANCES {
-        line(
-            format!("instance {i}"),
-            calls.iter().filter(|c| c.instance == i).collect(),
-        );
+        print_rate(&format!("instance {i}"), times(&|c| c.instance == i), secs);
     }
     let mut failed: BTreeMap<(u16, String), (usize, String)> = BTreeMap::new();
     for c in calls.iter().filter(|c| !ok(c)) {

@@ -299,12 +299,7 @@ pub fn append_all(
             .map(|record| redacted_row(record, redactor))
             .collect::<crate::store::Result<Vec<_>>>()?;
         let last = insert_pending(conn, &rows)?;
-        // One step per transaction whatever its appends, run in the background: the
-        // caller does not wait for it, and the steps of writes that commit while one
-        // runs are one step. It chains every row waiting, not only up to this write's
-        // (another instance may have chained those before a write that committed next
-        // to this one, whose step this one may stand for).
-        conn.after_postgres_commit_in_background("audit.chain", |c| chain_pending(c).map(|_| ()));
+        chain_after_commit(conn);
         return Ok(last);
     }
     let last: Option<(i64, Vec<u8>)> = cached_query_row(
@@ -342,22 +337,19 @@ pub fn append_after(
     redactor: &Redactor,
 ) -> crate::store::Result<bool> {
     if conn.dialect() != crate::store::Dialect::Postgres {
-        if conn.prepare_cached(lead)?.execute(lead_params)? == 0 {
+        if cached_execute(conn, lead, lead_params)? == 0 {
             return Ok(false);
         }
         append(conn, record, redactor)?;
         return Ok(true);
     }
-    const COLUMNS: usize = 14;
     let row = redacted_row(record, redactor)?;
-    let first = lead_params.len();
-    let marks: Vec<String> = (1..=COLUMNS).map(|k| format!("?{}", first + k)).collect();
     // The record's values take their types from `audit_pending`'s columns (INSERT …
     // SELECT coerces them); the lead's row, if any, is what makes the SELECT yield one.
     let sql = format!(
         "WITH lead AS ({lead} RETURNING 1) INSERT INTO audit_pending ({RECORD_COLUMNS}) \
          SELECT {} FROM (SELECT 1 FROM lead LIMIT 1) AS changed RETURNING seq",
-        marks.join(", ")
+        placeholders(lead_params.len(), RECORD_VALUES)
     );
     let mut values: Vec<&dyn crate::store::ToSql> = lead_params.to_vec();
     values.extend(record_values(&row));
@@ -367,9 +359,19 @@ pub fn append_after(
         .collect::<crate::store::Result<Vec<i64>>>()?
         .is_empty();
     if appended {
-        conn.after_postgres_commit_in_background("audit.chain", |c| chain_pending(c).map(|_| ()));
+        chain_after_commit(conn);
     }
     Ok(appended)
+}
+
+/// Queues the chaining of the rows this Postgres transaction adds to `audit_pending`:
+/// one step per transaction whatever its appends (one key), run in the background: the
+/// caller does not wait for it, and the steps of writes that commit while one runs are
+/// one step. It chains every row waiting, not only up to this write's (another instance
+/// may have chained those before a write that committed next to this one, whose step
+/// this one may stand for).
+fn chain_after_commit(conn: &Conn<'_>) {
+    conn.after_postgres_commit_in_background("audit.chain", |c| chain_pending(c).map(|_| ()));
 }
 
 /// Chains the rows waiting in `audit_pending` (Postgres) onto the audit chain, oldest
@@ -500,8 +502,11 @@ fn take_pending(conn: &Conn<'_>) -> crate::store::Result<Taken> {
 const RECORD_COLUMNS: &str = "at_ms, execution_id, event, session_id, thread_id, agent, tool, \
      args_redacted, decision, rule, policy_hash, reviewer, outcome, duration_ms";
 
+/// How many [`RECORD_COLUMNS`] there are.
+const RECORD_VALUES: usize = 14;
+
 /// `row`'s values for [`RECORD_COLUMNS`], in their order.
-fn record_values(row: &AuditRecordRow) -> [&dyn crate::store::ToSql; 14] {
+fn record_values(row: &AuditRecordRow) -> [&dyn crate::store::ToSql; RECORD_VALUES] {
     [
         &row.at_ms,
         &row.execution_id,
@@ -523,20 +528,21 @@ fn record_values(row: &AuditRecordRow) -> [&dyn crate::store::ToSql; 14] {
 /// `(?1, …, ?c), (?c+1, …)`: the placeholders of `rows` tuples of `columns` values.
 fn values_list(rows: usize, columns: usize) -> String {
     let tuples: Vec<String> = (0..rows)
-        .map(|i| {
-            let marks: Vec<String> = (1..=columns)
-                .map(|k| format!("?{}", i * columns + k))
-                .collect();
-            format!("({})", marks.join(", "))
-        })
+        .map(|i| format!("({})", placeholders(i * columns, columns)))
         .collect();
     tuples.join(", ")
+}
+
+/// `?{after+1}, …, ?{after+count}`: `count` placeholders after the first `after`.
+fn placeholders(after: usize, count: usize) -> String {
+    let marks: Vec<String> = (1..=count).map(|k| format!("?{}", after + k)).collect();
+    marks.join(", ")
 }
 
 /// Inserts chained rows, up to 32 per statement (one statement text per chunk size, at
 /// most 32 prepared per connection): the few rows of one call's step are one round trip.
 fn insert_rows(conn: &Conn<'_>, rows: &[AuditRecordRow]) -> crate::store::Result<()> {
-    const COLUMNS: usize = 17;
+    const COLUMNS: usize = RECORD_VALUES + 3;
     for chunk in rows.chunks(32) {
         let sql = format!(
             "INSERT INTO audit (id, {RECORD_COLUMNS}, prev_hash, hash) VALUES {}",
@@ -556,11 +562,10 @@ fn insert_rows(conn: &Conn<'_>, rows: &[AuditRecordRow]) -> crate::store::Result
 /// Adds redacted rows to `audit_pending` in one statement, in their order; answers
 /// the last one's number.
 fn insert_pending(conn: &Conn<'_>, rows: &[AuditRecordRow]) -> crate::store::Result<i64> {
-    const COLUMNS: usize = 14;
     // A transaction writes a handful of rows: one statement text per count, cached.
     let sql = format!(
         "INSERT INTO audit_pending ({RECORD_COLUMNS}) VALUES {} RETURNING seq",
-        values_list(rows.len(), COLUMNS)
+        values_list(rows.len(), RECORD_VALUES)
     );
     let values: Vec<&dyn crate::store::ToSql> = rows.iter().flat_map(record_values).collect();
     // Rows of one VALUES list get their serial numbers in list order.

@@ -30,7 +30,8 @@ pub fn record_all(
     exec: &Execution,
     steps: Vec<AuditRecord>,
 ) -> crate::store::Result<()> {
-    audit::append_all(conn, &completed(redactor, exec, steps), redactor)?;
+    let records: Vec<AuditRecord> = steps.into_iter().map(completion(redactor, exec)).collect();
+    audit::append_all(conn, &records, redactor)?;
     Ok(())
 }
 
@@ -47,45 +48,43 @@ pub fn finish_recorded(
     now_ms: i64,
     step: AuditRecord,
 ) -> crate::store::Result<()> {
-    let records = completed(redactor, exec, vec![step]);
-    let [record] = records.as_slice() else {
-        unreachable!("one step completes to one record")
-    };
+    let record = completion(redactor, exec)(step);
     let id = exec.id.as_str();
     let finish = (
         super::store::FINISH,
         crate::store::params![id, status.as_str(), result, error, now_ms],
     );
-    if audit::append_after(conn, finish, record, redactor)? {
+    if audit::append_after(conn, finish, &record, redactor)? {
         Ok(())
     } else {
         Err(super::store::ExecutionGone { id: id.to_owned() }.into())
     }
 }
 
-/// `steps` of `exec`, each completed with the execution's fields (arguments redacted).
-fn completed(redactor: &Redactor, exec: &Execution, steps: Vec<AuditRecord>) -> Vec<AuditRecord> {
+/// Completes a step of `exec` with the execution's fields (its arguments redacted once,
+/// for every step the returned function completes).
+fn completion<'e>(
+    redactor: &Redactor,
+    exec: &'e Execution,
+) -> impl Fn(AuditRecord) -> AuditRecord + 'e {
     let args: serde_json::Value = serde_json::from_str(&exec.args).unwrap_or_default();
     let args = redact_args(redactor, &args);
     let rule = match exec.rule_line {
         Some(line) => format!("{} (line {line})", exec.because),
         None => exec.because.clone(),
     };
-    steps
-        .into_iter()
-        .map(|step| AuditRecord {
-            execution_id: Some(exec.id.to_string()),
-            session_id: Some(exec.session_id.to_string()),
-            thread_id: Some(exec.thread_id.to_string()),
-            agent: Some(exec.agent.clone()),
-            tool: Some(exec.tool.clone()),
-            args: Some(args.clone()),
-            decision: Some(exec.verdict.clone()),
-            rule: Some(rule.clone()),
-            policy_hash: Some(step.policy_hash.unwrap_or_else(|| exec.policy_hash.clone())),
-            ..step
-        })
-        .collect()
+    move |step| AuditRecord {
+        execution_id: Some(exec.id.to_string()),
+        session_id: Some(exec.session_id.to_string()),
+        thread_id: Some(exec.thread_id.to_string()),
+        agent: Some(exec.agent.clone()),
+        tool: Some(exec.tool.clone()),
+        args: Some(args.clone()),
+        decision: Some(exec.verdict.clone()),
+        rule: Some(rule.clone()),
+        policy_hash: Some(step.policy_hash.unwrap_or_else(|| exec.policy_hash.clone())),
+        ..step
+    }
 }
 
 /// Appends a call refused before any decision (out of scope, a secret in the

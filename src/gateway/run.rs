@@ -4,7 +4,6 @@
 
 use std::time::Instant;
 
-use futures::FutureExt as _;
 use serde_json::Value;
 use tracing::Instrument as _;
 
@@ -215,10 +214,12 @@ impl Gate {
         // Reads nothing it decides on: the outcome is written by id, its charges given
         // back by execution id. The usual outcome is one statement on Postgres, sent
         // with no transaction around it (one round trip where BEGIN and COMMIT made four).
-        let written = if one_write {
-            self.db.write_single(write).boxed()
-        } else {
-            self.db.write_locking(write).boxed()
+        let written = async {
+            if one_write {
+                self.db.write_single(write).await
+            } else {
+                self.db.write_locking(write).await
+            }
         }
         .instrument(tracing::trace_span!("gate.outcome"))
         .await;

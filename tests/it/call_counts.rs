@@ -14,7 +14,7 @@ use threadgate::store::leases::{self, Lease};
 use threadgate::store::testing::TestDb;
 
 use crate::support::app::TestApp;
-use crate::support::world::{Customer, World};
+use crate::support::world::{Customer, World, limited_reads_rule};
 
 const POLICY: &str = r#"
 policy:
@@ -24,13 +24,6 @@ policies:
     action: always_run
   - match: "stripe.get_*"
     action: always_run
-  - match: "stripe.list_charges"
-    action: always_run
-    limits:
-      - sum: limit
-        per: customer
-        window: 24h
-        max: 1000000
 "#;
 
 /// The scope the session's socket serves, as the supervisor built it.
@@ -96,7 +89,9 @@ async fn counts_of(world: &World) -> (Counts, Counts, Counts) {
 }
 
 async fn world() -> World {
-    let mut world = World::with_policy_text(POLICY).await;
+    // And a read whose rule reserves a limit no call here exhausts.
+    let policy = format!("{POLICY}{}", limited_reads_rule(1_000_000));
+    let mut world = World::with_policy_text(&policy).await;
     world.use_stripe_events("whsec_counts_0123456789").await;
     world
 }

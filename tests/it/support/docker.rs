@@ -7,7 +7,7 @@
 //! `THREADGATE_REQUIRE_DOCKER=1` (set by `scripts/test.sh`, so in CI) a missing Docker
 //! fails the test instead.
 
-use std::io::{Read as _, Write as _};
+use std::io::Write as _;
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -129,17 +129,8 @@ pub fn docker_within(args: &[&str], deadline: Duration) -> Result<Output, String
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot run docker ({e}); run scripts/docker-up.sh"))?;
-    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut bytes = Vec::new();
-            if let Some(mut pipe) = pipe {
-                let _ = pipe.read_to_end(&mut bytes);
-            }
-            bytes
-        })
-    };
-    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as Box<_>));
-    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as Box<_>));
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
     let started = Instant::now();
     let status = loop {
         match child.try_wait() {
@@ -162,6 +153,18 @@ pub fn docker_within(args: &[&str], deadline: Duration) -> Result<Output, String
         status,
         stdout: stdout.join().unwrap_or_default(),
         stderr: stderr.join().unwrap_or_default(),
+    })
+}
+
+/// Reads `pipe` to its end on a thread of its own (a command's output is read while
+/// the command runs, so a full pipe never stalls it).
+fn drain<R: std::io::Read + Send + 'static>(pipe: Option<R>) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        if let Some(mut pipe) = pipe {
+            let _ = pipe.read_to_end(&mut bytes);
+        }
+        bytes
     })
 }
 

@@ -416,7 +416,15 @@ pub fn limited_reads_policy(max: u64) -> String {
 policy:
   default_mode: risk
 policies:
-  - match: "stripe.list_charges"
+{}"#,
+        limited_reads_rule(max)
+    )
+}
+
+/// [`limited_reads_policy`]'s one rule, as an entry of a policy's `policies` list.
+pub fn limited_reads_rule(max: u64) -> String {
+    format!(
+        r#"  - match: "stripe.list_charges"
     action: always_run
     limits:
       - sum: limit
