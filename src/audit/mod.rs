@@ -344,11 +344,24 @@ pub fn append_after(
         return Ok(true);
     }
     let row = redacted_row(record, redactor)?;
+    // In a write that need not wait for the WAL's flush (`Db::write_unflushed`), the
+    // statement turns `synchronous_commit` off for its own implicit transaction; the
+    // setting is evaluated whenever a row is changed (the join yields a row only then),
+    // and an unchanged row writes nothing to flush.
+    let (unflushed, joined) = if conn.skips_flush() {
+        (
+            ", unflushed AS (SELECT set_config('synchronous_commit', 'off', true))",
+            ", unflushed",
+        )
+    } else {
+        ("", "")
+    };
     // The record's values take their types from `audit_pending`'s columns (INSERT …
     // SELECT coerces them); the lead's row, if any, is what makes the SELECT yield one.
     let sql = format!(
-        "WITH lead AS ({lead} RETURNING 1) INSERT INTO audit_pending ({RECORD_COLUMNS}) \
-         SELECT {} FROM (SELECT 1 FROM lead LIMIT 1) AS changed RETURNING seq",
+        "WITH lead AS ({lead} RETURNING 1){unflushed} INSERT INTO audit_pending \
+         ({RECORD_COLUMNS}) SELECT {} FROM (SELECT 1 FROM lead LIMIT 1) AS changed{joined} \
+         RETURNING seq",
         placeholders(lead_params.len(), RECORD_VALUES)
     );
     let mut values: Vec<&dyn crate::store::ToSql> = lead_params.to_vec();

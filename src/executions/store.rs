@@ -209,13 +209,14 @@ fn row_values<'a>(
     values
 }
 
-/// [`insert`] under `lease`: the row is written only while `lease` is the thread's
+/// [`insert_run_by`] under `lease`: the row is written only while `lease` is the thread's
 /// current lease, checked by the insert itself (one statement where the fence and the
 /// insert took two). A stale lease is [`Lease::lost`](crate::store::leases::Lease::lost)
 /// and the caller's transaction is rolled back.
 pub fn insert_fenced(
     conn: &Conn<'_>,
     e: &Execution,
+    runner: Option<&str>,
     lease: &crate::store::leases::Lease,
 ) -> crate::store::Result<()> {
     let fenced: i64 = cached_query_row(
@@ -229,7 +230,7 @@ pub fn insert_fenced(
         row_values(
             e,
             &e.status.as_str(),
-            &None,
+            &runner,
             &[&lease.thread_id, &lease.owner, &lease.token],
         ),
         |r| r.get(0),

@@ -51,32 +51,35 @@ pub(super) fn outcome_is_one_write(exec: &Execution, outcome: &Outcome) -> bool 
     !matches!(outcome, Outcome::Failed(_)) && !trail::was_held(exec)
 }
 
-/// Writes a call decided on a snapshot and already run, as one new row in its final
-/// state (never seen `running`: it is written in the same transaction) with its
-/// requested, decided and outcome steps, under the session's `lease` (checked by the
-/// row's insert: a stale lease writes nothing). Such a call reserves no limit amounts.
-pub(super) fn write_finished(
+/// Writes a read decided on a snapshot, as it is sent: its row (`running`, sent by
+/// `runner`) with its requested and decided steps, under the session's `lease` (checked
+/// by the row's insert: a stale lease writes nothing). Such a read reserves no limit
+/// amounts. Its outcome is written by [`write_outcome`] once it is back.
+pub(super) fn write_sent_read(
     conn: &crate::store::Conn<'_>,
     redactor: &Redactor,
     lease: &crate::store::leases::Lease,
-    mut exec: Execution,
-    outcome: &Outcome,
-    duration: i64,
-    now: i64,
+    exec: &Execution,
+    runner: &str,
 ) -> crate::store::Result<()> {
-    let (status, result, error) = outcome.fields();
-    exec.status = status;
-    exec.result = result;
-    exec.error = error.map(str::to_owned);
-    exec.finished_at_ms = Some(now);
-    exec.attempts += 1;
-    exec_store::insert_fenced(conn, &exec, lease)?;
+    exec_store::insert_fenced(conn, exec, Some(runner), lease)?;
     let steps = vec![
         AuditRecord::new(AuditEvent::Requested),
         AuditRecord::new(AuditEvent::Decided),
-        outcome.step().duration_ms(duration),
     ];
-    executions::audit_all(conn, redactor, &exec, steps)
+    executions::audit_all(conn, redactor, exec, steps)
+}
+
+/// When an outcome's commit must reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum OutcomeCommit {
+    /// Before the agent is answered: a write's outcome, and a read whose decision was
+    /// committed without its flush (its rule reserves limit amounts: `decide::record`).
+    Flushed,
+    /// Whenever the log is next synced: a read whose decision (row and audit steps) is
+    /// already on disk. A crash of the machine or the database server may lose it; the
+    /// row is then found `running` by recovery, as a call cut off mid-flight is.
+    Unflushed,
 }
 
 /// How a sent call ended, as recorded.

@@ -1,11 +1,17 @@
-//! Reads in one durable commit.
+//! Reads with their durable commit beside the provider's answer.
 //!
-//! A call of catalog risk class `read` is decided on a read snapshot (no commit), run,
-//! and then its execution row, in its final state, with its `requested`, `decided` and
-//! outcome (`ran` or `failed`) audit rows, is written in one transaction, which the
-//! writer folds into one group commit. The agent is answered only after that commit: a
-//! read the audit lacks is a read nobody saw. If the commit fails the agent gets a 500
-//! and no result.
+//! A call of catalog risk class `read` is decided on a read snapshot (no commit), then
+//! sent while its decision (its execution row, `running`, with its `requested` and
+//! `decided` audit rows) is committed: one durable group commit, in flight at the same
+//! time as the request to the provider. The agent is answered only once both are done:
+//! a read the audit lacks is a read nobody saw, so if the commit fails (or the lease's
+//! fence refuses it) the agent gets an error and no result. The outcome (`ran` or
+//! `failed`, the row's final status) is written after, without waiting for the log's
+//! flush: the decision it follows is on disk, and an outcome lost to a crash of the
+//! machine or the database server leaves the row `running`, which recovery re-sends
+//! (the read is idempotent) or marks, as for any call cut off mid-flight. A read sent
+//! whose decision never committed (the process died in between) changed nothing at the
+//! provider and reached nobody.
 //!
 //! In a session that has never had a hold ([`super::holds`]) there is nothing pending
 //! to find, so the policy alone decides, without a database read; otherwise the
@@ -23,7 +29,7 @@ use tracing::Instrument as _;
 
 use super::decide::{Context, frozen, policy_verdict, verdict};
 use super::gate::{CallReply, Gate};
-use super::outcome::write_finished;
+use super::outcome::{OutcomeCommit, write_sent_read};
 use super::prepare::PreparedCall;
 use super::refusal::Refusal;
 use crate::executions::{Execution, store as exec_store};
@@ -103,57 +109,47 @@ impl Gate {
         Ok(ReadDecision::Run(Box::new(exec)))
     }
 
-    /// Runs a read decided on a snapshot, then commits its execution row, decision and
-    /// outcome in one transaction, and answers only once that is on disk.
-    /// The commit carries the session's lease: once another instance has taken the
-    /// thread over it is refused, nothing is written and the result is dropped (the
-    /// read itself was sent: a read changes nothing at the provider).
+    /// Runs a read decided on a snapshot while its decision (the row, `running`, and
+    /// its requested and decided steps) is committed, and answers once both are done:
+    /// the read's result reaches the agent only after its decision is on disk. The
+    /// commit carries the session's lease: once another instance has taken the thread
+    /// over it is refused, nothing is written and the result is dropped (the read itself
+    /// was sent: a read changes nothing at the provider). Its outcome is then written
+    /// without waiting for the log's flush ([`OutcomeCommit::Unflushed`]).
     pub(super) async fn run_read(
         &self,
         scope: &SessionScope,
         exec: Box<Execution>,
         started: Instant,
     ) -> CallReply {
-        let (lease, scope_lease) = (scope.lease.clone(), scope.lease.clone());
-        let ran = self.run_decided(&exec).await;
-        let redactor = self.current_redactor();
-        let now = self.now();
-        let duration = crate::clock::ms(started.elapsed());
-        let id = exec.id.clone();
-        let record = ran.record;
-        let written = self
+        let (lease, redactor, runner) =
+            (scope.lease.clone(), self.current_redactor(), self.runner());
+        let row = exec.clone();
+        let decision = self
             .db
-            .write(move |conn| {
-                // Fenced by the row's insert, in this transaction.
-                write_finished(
-                    conn,
-                    &redactor,
-                    &lease,
-                    (*exec).clone(),
-                    &record,
-                    duration,
-                    now,
-                )
-            })
-            .instrument(tracing::trace_span!("gate.outcome"))
-            .await;
-        match written {
-            Ok(()) => {
-                self.notify(&id);
-                ran.reply
-            }
+            .write(move |conn| write_sent_read(conn, &redactor, &lease, &row, &runner))
+            .instrument(tracing::trace_span!("gate.record_read"));
+        let (recorded, ran) = tokio::join!(decision, self.run_decided(&exec));
+        match recorded {
+            Ok(()) => {}
             Err(e) if leases::is_lost(&e) => {
                 // INVARIANT: as below, the result is dropped: the thread's new owner
                 // holds no record of this read, so the agent never sees it.
-                self.lease_refused(&scope_lease);
-                CallReply::Refused(Refusal::SessionMoved)
+                self.lease_refused(&scope.lease);
+                return CallReply::Refused(Refusal::SessionMoved);
             }
             Err(e) => {
                 // INVARIANT: the result is dropped; the agent never sees a read the audit
                 // does not hold.
-                tracing::error!(error = %e, execution_id = %id, "cannot record a read");
-                CallReply::Refused(Refusal::Internal)
+                tracing::error!(error = %e, execution_id = %exec.id, "cannot record a read");
+                return CallReply::Refused(Refusal::Internal);
             }
         }
+        // The audit holds the read: the answer goes out even if its outcome cannot be
+        // written (the row stays `running`, and recovery re-sends or marks it).
+        self.record_outcome(&exec, ran.record, started, OutcomeCommit::Unflushed)
+            .await;
+        self.notify(&exec.id);
+        ran.reply
     }
 }

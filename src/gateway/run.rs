@@ -9,7 +9,7 @@ use tracing::Instrument as _;
 
 use super::decide::Decided;
 use super::gate::{CallReply, CallRequest, Gate};
-use super::outcome::{Outcome, Ran, outcome_is_one_write, write_outcome};
+use super::outcome::{Outcome, OutcomeCommit, Ran, outcome_is_one_write, write_outcome};
 use super::read_call::ReadDecision;
 use super::refusal::Refusal;
 use super::scope;
@@ -131,7 +131,8 @@ impl Gate {
     #[tracing::instrument(name = "execute", skip_all, fields(execution_id = %exec.id, thread_id = %exec.thread_id, session_id = %exec.session_id, tool = %exec.tool))]
     pub async fn execute(&self, exec: Execution, started: Instant) -> CallReply {
         let ran = self.run_decided(&exec).await;
-        self.record_outcome(&exec, ran.record, started).await;
+        self.record_outcome(&exec, ran.record, started, OutcomeCommit::Flushed)
+            .await;
         self.notify(&exec.id);
         ran.reply
     }
@@ -143,7 +144,9 @@ impl Gate {
     /// no result, as for a read decided on a snapshot (`read_call`).
     async fn execute_read(&self, exec: Execution, started: Instant) -> CallReply {
         let ran = self.run_decided(&exec).await;
-        let recorded = self.record_outcome(&exec, ran.record, started).await;
+        let recorded = self
+            .record_outcome(&exec, ran.record, started, OutcomeCommit::Flushed)
+            .await;
         self.notify(&exec.id);
         if recorded {
             ran.reply
@@ -202,7 +205,13 @@ impl Gate {
 
     /// Records how a call ended and its audit step, in one transaction; whether it was
     /// recorded.
-    async fn record_outcome(&self, exec: &Execution, outcome: Outcome, started: Instant) -> bool {
+    pub(super) async fn record_outcome(
+        &self,
+        exec: &Execution,
+        outcome: Outcome,
+        started: Instant,
+        commit: OutcomeCommit,
+    ) -> bool {
         let redactor = self.current_redactor();
         let now = self.now();
         let exec = exec.clone();
@@ -215,10 +224,11 @@ impl Gate {
         // back by execution id. The usual outcome is one statement on Postgres, sent
         // with no transaction around it (one round trip where BEGIN and COMMIT made four).
         let written = async {
-            if one_write {
-                self.db.write_single(write).await
-            } else {
-                self.db.write_locking(write).await
+            match (one_write, commit) {
+                (true, OutcomeCommit::Flushed) => self.db.write_single(write).await,
+                (true, OutcomeCommit::Unflushed) => self.db.write_unflushed(write).await,
+                // Rare (a definite failure, a held call's run): synchronous either way.
+                (false, _) => self.db.write_locking(write).await,
             }
         }
         .instrument(tracing::trace_span!("gate.outcome"))

@@ -20,6 +20,8 @@ pub struct Counts {
     /// Durable commits waited for (`Db::write`s that committed): on SQLite each is one
     /// group commit (one fsync of the WAL), on Postgres one WAL flush.
     pub commits: u64,
+    /// Commits that did not wait for the log's flush ([`crate::store::Db::write_unflushed`]).
+    pub unflushed_commits: u64,
     /// Read transactions (`Db::read`, `Db::read_inline`) and single-statement reads
     /// (`Db::query_inline`).
     pub reads: u64,
@@ -39,6 +41,7 @@ pub struct Counts {
 #[derive(Debug, Default)]
 pub struct Counter {
     commits: AtomicU64,
+    unflushed_commits: AtomicU64,
     reads: AtomicU64,
     statements: AtomicU64,
     round_trips: AtomicU64,
@@ -50,6 +53,7 @@ impl Counter {
     fn snapshot(&self) -> Counts {
         Counts {
             commits: self.commits.load(Ordering::Relaxed),
+            unflushed_commits: self.unflushed_commits.load(Ordering::Relaxed),
             reads: self.reads.load(Ordering::Relaxed),
             statements: self.statements.load(Ordering::Relaxed),
             round_trips: self.round_trips.load(Ordering::Relaxed),
@@ -63,6 +67,7 @@ impl Counter {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Event {
     Commit,
+    UnflushedCommit,
     Read,
     /// A statement; on Postgres also a round trip.
     Statement,
@@ -71,6 +76,17 @@ pub(crate) enum Event {
     /// A statement prepared on a Postgres connection.
     Prepare,
     ProviderRequest,
+}
+
+impl Event {
+    /// A commit that waited for the log's flush, or one that did not.
+    pub(crate) fn commit(flushed: bool) -> Event {
+        if flushed {
+            Event::Commit
+        } else {
+            Event::UnflushedCommit
+        }
+    }
 }
 
 tokio::task_local! {
@@ -130,6 +146,7 @@ pub(crate) fn bump_on(counter: &Counter, event: Event) {
     };
     match event {
         Event::Commit => add(&counter.commits),
+        Event::UnflushedCommit => add(&counter.unflushed_commits),
         Event::Read => add(&counter.reads),
         Event::Statement => add(&counter.statements),
         Event::RoundTrip => add(&counter.round_trips),

@@ -137,7 +137,12 @@ fn restrict_files(path: &Path) -> std::io::Result<()> {
 }
 
 type Finish = Box<dyn FnOnce(Result<(), String>) + Send>;
-type Job = Box<dyn FnOnce(&Connection) -> (bool, Finish) + Send>;
+/// A write queued for the SQLite writer: its work, and whether its commit must wait for
+/// the log's fsync (every write but [`Db::write_unflushed`]'s).
+struct Job {
+    run: Box<dyn FnOnce(&Connection) -> (bool, Finish) + Send>,
+    flush: bool,
+}
 
 /// Postgres connections one instance's callers keep open at most, unless `[store]
 /// pool_size` says otherwise (the store's background thread has one more of its own).
@@ -158,6 +163,9 @@ enum Mode {
     Single,
     /// A READ COMMITTED transaction whose closure locks what it reads.
     Locking,
+    /// One statement, a transaction of its own whose commit does not wait for the
+    /// log's flush.
+    Unflushed,
 }
 
 enum Backend {
@@ -330,6 +338,28 @@ impl Db {
             .await
     }
 
+    /// A write of one statement (as [`Db::write_single`]) whose commit does not wait
+    /// for the log to reach the disk: its rows are visible once it resolves, and they
+    /// survive this process dying (the log is written, not synced); only a crash of the
+    /// machine (SQLite) or of the database server (Postgres) can lose them, until the
+    /// next synchronous commit or checkpoint syncs the log past them (it is one
+    /// sequence). On SQLite its savepoint joins a group commit that skips its fsync when
+    /// no write in it needs one (`synchronous=NORMAL` for that commit); on Postgres the
+    /// statement turns `synchronous_commit` off for its own transaction when it can
+    /// ([`Conn::skips_flush`], `audit::append_after`), else it commits as
+    /// [`Db::write_single`]. Only for a write whose loss in such a crash breaks nothing
+    /// anyone was told: a read's outcome, whose decision is already durable.
+    pub async fn write_unflushed<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: Fn(&Conn<'_>) -> sql::Result<R> + Send + 'static,
+    {
+        use tracing::Instrument as _;
+        self.write_now(f, Mode::Unflushed)
+            .instrument(tracing::trace_span!("db.write"))
+            .await
+    }
+
     async fn write_now<R, F>(&self, f: F, mode: Mode) -> Result<R, StoreError>
     where
         R: Send + 'static,
@@ -340,10 +370,11 @@ impl Db {
         let counter = counts::current();
         match &*self.inner {
             Backend::Sqlite(inner) => {
-                let rx = inner.submit(f)?;
+                let flush = !matches!(mode, Mode::Unflushed);
+                let rx = inner.submit(f, flush)?;
                 let written = rx.await.map_err(|_| StoreError::WriterGone)?;
                 if let (Some(counter), Ok(_)) = (&counter, &written) {
-                    counts::bump_on(counter, counts::Event::Commit);
+                    counts::bump_on(counter, counts::Event::commit(flush));
                 }
                 written
             }
@@ -352,7 +383,8 @@ impl Db {
                 crate::tasks::Tasks::spawn_blocking(move || {
                     counts::on_thread(counter, || match (&*db.inner, mode) {
                         (Backend::Postgres(pg), Mode::Transaction) => pg.write(&f),
-                        (Backend::Postgres(pg), Mode::Single) => pg.write_single(&f),
+                        (Backend::Postgres(pg), Mode::Single) => pg.write_single(&f, true),
+                        (Backend::Postgres(pg), Mode::Unflushed) => pg.write_single(&f, false),
                         (Backend::Postgres(pg), Mode::Locking) => pg.write_locking(&f),
                         (Backend::Sqlite(_), _) => Err(StoreError::WriterGone),
                     })
@@ -516,7 +548,11 @@ impl Inner {
         }
     }
 
-    fn submit<R, F>(&self, f: F) -> Result<oneshot::Receiver<Result<R, StoreError>>, StoreError>
+    fn submit<R, F>(
+        &self,
+        f: F,
+        flush: bool,
+    ) -> Result<oneshot::Receiver<Result<R, StoreError>>, StoreError>
     where
         R: Send + 'static,
         F: Fn(&Conn<'_>) -> sql::Result<R> + Send + 'static,
@@ -524,7 +560,7 @@ impl Inner {
         let (reply, rx) = oneshot::channel();
         // The caller's counter (when counting) counts the job's statements.
         let counter = counts::current();
-        let job: Job = Box::new(move |conn| {
+        let run = Box::new(move |conn: &Connection| {
             let outcome = counts::on_thread(counter, || f(&Conn::sqlite(conn)));
             let ok = outcome.is_ok();
             let finish: Finish = Box::new(move |committed| {
@@ -538,6 +574,7 @@ impl Inner {
             });
             (ok, finish)
         });
+        let job = Job { run, flush };
         let jobs = lock(&self.jobs);
         let sender = jobs.as_ref().ok_or(StoreError::WriterGone)?;
         sender.send(job).map_err(|_| StoreError::WriterGone)?;
@@ -600,6 +637,9 @@ fn writer_loop(
     jobs: mpsc::Receiver<Job>,
     checkpointer: checkpoint::Checkpointer,
 ) {
+    // The connection's `synchronous` setting: FULL (each commit syncs the log) unless
+    // the last batch needed no sync. SQLite refuses to change it inside a transaction.
+    let mut syncing = true;
     while let Ok(first) = jobs.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -609,6 +649,20 @@ fn writer_loop(
             }
         }
         let (began, jobs_in_batch) = (std::time::Instant::now(), batch.len());
+        // INVARIANT: a batch with one job that needs its fsync commits with FULL; only a
+        // batch of unflushed writes alone skips it (NORMAL: the log is written, not
+        // synced; the next FULL commit or checkpoint syncs it).
+        let flush = batch.iter().any(|job| job.flush);
+        if flush != syncing {
+            let level = if flush { "FULL" } else { "NORMAL" };
+            match conn.pragma_update(None, "synchronous", level) {
+                Ok(()) => syncing = flush,
+                // Still syncing: the batch commits as a synchronous one.
+                Err(_) if !flush => {}
+                // Still not syncing: the batch is dropped (its callers see `WriterGone`).
+                Err(_) => continue,
+            }
+        }
         let mut finishers = Vec::with_capacity(batch.len());
         // INVARIANT: a job runs only inside its own savepoint of an open transaction, so
         // a failing job never leaves partial changes in the batch. A job that cannot be
@@ -620,7 +674,7 @@ fn writer_loop(
             if writer_execute(&conn, "SAVEPOINT job").is_err() {
                 continue;
             }
-            let (ok, finish) = job(&conn);
+            let (ok, finish) = (job.run)(&conn);
             let _ = if ok {
                 writer_execute(&conn, "RELEASE job").map(drop)
             } else {

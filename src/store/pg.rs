@@ -237,11 +237,14 @@ impl PgStore {
     /// before it answers, so the write is one round trip (the statement is prepared once
     /// per connection). A second statement is refused before it is sent. Run again as
     /// [`PgStore::write`] when it loses a race (40001/40P01: nothing was written).
+    /// Without `flush` the statement may turn `synchronous_commit` off for its own
+    /// transaction ([`Conn::skips_flush`]).
     pub(crate) fn write_single<R>(
         &self,
         f: &dyn Fn(&Conn<'_>) -> Result<R>,
+        flush: bool,
     ) -> Result<R, StoreError> {
-        self.retrying(|| self.write_single_once(f))
+        self.retrying(|| self.write_single_once(f, flush))
     }
 
     fn retrying<R>(&self, once: impl Fn() -> Result<R, Attempt>) -> Result<R, StoreError> {
@@ -270,13 +273,17 @@ impl PgStore {
         }
     }
 
-    fn write_single_once<R>(&self, f: &dyn Fn(&Conn<'_>) -> Result<R>) -> Result<R, Attempt> {
+    fn write_single_once<R>(
+        &self,
+        f: &dyn Fn(&Conn<'_>) -> Result<R>,
+        flush: bool,
+    ) -> Result<R, Attempt> {
         let _attempt = tracing::trace_span!("pg.autocommit").entered();
         let mut lease = self.lease().map_err(Attempt::Failed)?;
         let Some(Pooled { client, cache }) = lease.conn.as_mut() else {
             return Err(Attempt::Failed(StoreError::WriterGone));
         };
-        let conn = Conn::postgres_autocommit(client, cache);
+        let conn = Conn::postgres_autocommit(client, cache, flush);
         let outcome = f(&conn);
         let lost = conn.lost_race();
         let after_commit = conn.take_after_commit();
@@ -287,7 +294,7 @@ impl PgStore {
             // The client read the server's answer up to ReadyForQuery, which follows the
             // implicit transaction's commit: an error at commit would have been `Err`.
             Ok(value) => {
-                super::counts::bump(super::counts::Event::Commit);
+                super::counts::bump(super::counts::Event::commit(flush));
                 self.after_commit(client, cache, after_commit);
                 Ok(value)
             }

@@ -150,6 +150,9 @@ pub(crate) struct PgTx<'a> {
     /// A READ COMMITTED transaction of [`crate::store::Db::write_locking`], where
     /// [`Conn::lock_name`] takes its lock.
     pub(crate) locking: Cell<bool>,
+    /// The one statement of [`crate::store::Db::write_unflushed`]: it may commit
+    /// without waiting for the WAL's flush ([`Conn::skips_flush`]).
+    pub(crate) unflushed: bool,
 }
 
 /// What a Postgres [`Conn`]'s statements run in.
@@ -254,7 +257,7 @@ impl<'a> Conn<'a> {
         tx: postgres::Transaction<'a>,
         cache: &'a RefCell<StatementCache>,
     ) -> Conn<'a> {
-        Conn::postgres_in(PgSession::Transaction(tx), cache)
+        Conn::postgres_in(PgSession::Transaction(tx), cache, false)
     }
 
     /// A Postgres connection with no transaction open, on which one statement may run,
@@ -263,11 +266,16 @@ impl<'a> Conn<'a> {
     pub(crate) fn postgres_autocommit(
         client: &'a mut postgres::Client,
         cache: &'a RefCell<StatementCache>,
+        flush: bool,
     ) -> Conn<'a> {
-        Conn::postgres_in(PgSession::Autocommit(client), cache)
+        Conn::postgres_in(PgSession::Autocommit(client), cache, !flush)
     }
 
-    fn postgres_in(session: PgSession<'a>, cache: &'a RefCell<StatementCache>) -> Conn<'a> {
+    fn postgres_in(
+        session: PgSession<'a>,
+        cache: &'a RefCell<StatementCache>,
+        unflushed: bool,
+    ) -> Conn<'a> {
         Conn(ConnInner::Postgres(PgTx {
             tx: RefCell::new(session),
             cache,
@@ -275,6 +283,7 @@ impl<'a> Conn<'a> {
             sent: Cell::new(0),
             after_commit: RefCell::default(),
             locking: Cell::new(false),
+            unflushed,
         }))
     }
 
@@ -386,6 +395,16 @@ impl<'a> Conn<'a> {
                 .query_row((), |_| Ok(()))?;
         }
         Ok(())
+    }
+
+    /// Whether this is the one statement of a [`crate::store::Db::write_unflushed`]
+    /// on Postgres, which may turn `synchronous_commit` off for its own transaction
+    /// (`set_config('synchronous_commit', 'off', true)` evaluated inside the statement:
+    /// the implicit transaction's commit reads the setting). A statement that does not
+    /// commits synchronously, which is always safe. `false` on SQLite, whose writer
+    /// skips the fsync for the whole group commit instead.
+    pub fn skips_flush(&self) -> bool {
+        matches!(&self.0, ConnInner::Postgres(pg) if pg.unflushed)
     }
 
     /// In a [`crate::store::Db::write_locking`] transaction on Postgres, takes the

@@ -237,3 +237,69 @@ async fn each_backend_keeps_the_store_contract() {
         assert_eq!((count, missing, sum), (2, None, 4), "{:?}", db.dialect());
     }
 }
+
+/// `PRAGMA synchronous` as a job sees it on the writer: 2 (FULL, the commit syncs the
+/// log) or 1 (NORMAL, it does not).
+fn synchronous(c: &Conn<'_>) -> sql::Result<i64> {
+    c.query_row("PRAGMA synchronous", (), |r| r.get(0))
+}
+
+/// An unflushed write alone commits without the log's fsync; one that shares its group
+/// commit with a write that needs the fsync gets it (FULL), and a write after it syncs
+/// again. Each write is visible once it resolves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unflushed_write_skips_the_fsync_only_in_a_batch_of_its_own() {
+    let (_dir, db) = open_temp();
+    let insert = |key: &'static str| {
+        move |c: &Conn<'_>| {
+            c.execute("INSERT INTO meta (key, value) VALUES (?1, 'x')", [key])?;
+            synchronous(c)
+        }
+    };
+    assert_eq!(db.write(insert("a")).await.expect("write"), 2);
+    assert_eq!(db.write_unflushed(insert("b")).await.expect("write"), 1);
+    assert_eq!(db.write(insert("c")).await.expect("write"), 2);
+
+    // The writer is held inside a first job while an unflushed and a flushed write
+    // queue up behind it; released, it takes the two as one batch, synced.
+    let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let release_rx = Mutex::new(release_rx);
+    let db2 = db.clone();
+    let holding = tokio::spawn(async move {
+        db2.write(move |c| {
+            entered_tx.send(()).ok();
+            lock(&release_rx).recv().ok();
+            synchronous(c)
+        })
+        .await
+    });
+    tokio::task::spawn_blocking(move || entered_rx.recv())
+        .await
+        .expect("join")
+        .expect("the writer runs the first job");
+    // A SQLite write is queued at its first poll.
+    let mut unflushed = Box::pin(db.write_unflushed(insert("d")));
+    let mut flushed = Box::pin(db.write(insert("e")));
+    assert!(futures::poll!(&mut unflushed).is_pending());
+    assert!(futures::poll!(&mut flushed).is_pending());
+    release_tx.send(()).expect("release");
+    assert_eq!(holding.await.expect("join").expect("write"), 2);
+    assert_eq!(
+        unflushed.await.expect("write"),
+        2,
+        "in a batch with a flushed write"
+    );
+    assert_eq!(flushed.await.expect("write"), 2);
+    assert_eq!(db.write_unflushed(insert("f")).await.expect("write"), 1);
+
+    let keys: Vec<String> = db
+        .read(|c| {
+            let mut stmt = c.prepare("SELECT key FROM meta WHERE value = 'x' ORDER BY key")?;
+            let rows = stmt.query_map((), |r| r.get(0))?;
+            rows.collect()
+        })
+        .await
+        .expect("read");
+    assert_eq!(keys, ["a", "b", "c", "d", "e", "f"]);
+}

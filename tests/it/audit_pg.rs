@@ -390,6 +390,11 @@ async fn an_audit_row_after_a_statement_is_written_only_with_its_change() {
         };
         let missed = db.write_single(lead("no_such_key")).await.expect("write");
         assert!(!missed, "{backend}: a lead that changed nothing");
+        let missed = db
+            .write_unflushed(lead("no_such_key"))
+            .await
+            .expect("write");
+        assert!(!missed, "{backend}: unflushed, a lead that changed nothing");
         db.background_settled().await;
         assert_eq!(pending(&db).await, 0, "{backend}");
         assert!(chained(&db).await.is_empty(), "{backend}: no audit row");
@@ -409,5 +414,82 @@ async fn an_audit_row_after_a_statement_is_written_only_with_its_change() {
             "{backend}"
         );
         assert_eq!(verified(&db).await, 1, "{backend}");
+
+        // The same, in a write that does not wait for the log's flush.
+        let hit = db.write_unflushed(lead("after_test")).await.expect("write");
+        assert!(hit, "{backend}: unflushed, the lead changed its row");
+        db.background_settled().await;
+        audit::chain_waiting(&db).await.expect("chain");
+        assert_eq!(chained(&db).await.len(), 2, "{backend}");
+        assert_eq!(verified(&db).await, 2, "{backend}");
     }
+}
+
+/// The WAL syncs Postgres counts (`pg_stat_wal.wal_sync`, every backend's and the WAL
+/// writer's), read through `db` after the backend it uses has reported its own.
+async fn wal_syncs(db: &Db) -> i64 {
+    db.read(|c| c.query_row("SELECT pg_stat_force_next_flush()", (), |_| Ok(())))
+        .await
+        .expect("force the stats' report");
+    db.read(|c| c.query_row("SELECT wal_sync FROM pg_stat_wal", (), |r| r.get(0)))
+        .await
+        .expect("read pg_stat_wal")
+}
+
+/// On Postgres, `Db::write_unflushed`'s one statement (`audit::append_after`) commits
+/// without waiting for the WAL's flush, where `Db::write_single`'s waits for it, and the
+/// setting dies with its statement: the connection's next write is synchronous again.
+/// Counted by the server's WAL syncs over 100 writes of each kind, on one connection
+/// (the WAL writer's own syncs, a few a second at most, count in both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unflushed_statement_leaves_the_wal_flush_to_later_and_the_connection_synchronous() {
+    let Some(test_db) = TestDb::postgres_from_env() else {
+        eprintln!("THREADGATE_TEST_DATABASE_URL is not set: skipped");
+        return;
+    };
+    let db = Db::connect_pooled(test_db.url().expect("url"), 1).expect("connect");
+    db.write(|c| threadgate::store::meta::set(c, "flush_test", "0"))
+        .await
+        .expect("seed");
+    let lead = |i: usize| {
+        move |c: &threadgate::store::Conn<'_>| {
+            let value = i.to_string();
+            audit::append_after(
+                c,
+                (
+                    "UPDATE meta SET value = ?2 WHERE key = 'flush_test' AND ?1 = ?1",
+                    &[&"flush_test" as &dyn threadgate::store::ToSql, &value],
+                ),
+                &step(&format!("ex_{i}"), AuditEvent::Ran),
+                &Redactor::empty(),
+            )
+        }
+    };
+    let before = wal_syncs(&db).await;
+    for i in 0..100 {
+        assert!(db.write_single(lead(i)).await.expect("write"));
+    }
+    let flushed = wal_syncs(&db).await - before;
+    let before = wal_syncs(&db).await;
+    for i in 100..200 {
+        assert!(db.write_unflushed(lead(i)).await.expect("write"));
+    }
+    let unflushed = wal_syncs(&db).await - before;
+    println!("WAL syncs over 100 writes: synchronous {flushed}, unflushed {unflushed}");
+    assert!(flushed >= 100, "each synchronous write syncs: {flushed}");
+    assert!(
+        unflushed < flushed / 2,
+        "unflushed writes leave the sync to the WAL writer: {unflushed} against {flushed}"
+    );
+    let setting: String = db
+        .read(|c| c.query_row("SHOW synchronous_commit", (), |r| r.get(0)))
+        .await
+        .expect("show");
+    assert_eq!(
+        setting, "on",
+        "the connection's setting after an unflushed write"
+    );
+    db.background_settled().await;
+    drop(db);
+    drop(test_db);
 }

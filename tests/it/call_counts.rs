@@ -111,15 +111,17 @@ async fn a_read_commits_once_and_a_write_twice_with_these_statements_on_sqlite()
     // A read: the first look-up (the secrets' generation and the Stripe customer-change
     // mark, one statement) before the call and again before its result is redacted
     // (the Stripe key's generation is the first look-up's: `secrets::call_generation`);
-    // then one transaction: the row inserted under the lease, the audit chain's head,
-    // three audit rows. One request to Stripe: the call itself (owner and email
-    // remembered).
+    // its decision, committed while it is sent (the row inserted under the lease, the
+    // audit chain's head, two audit rows); its outcome, a commit that skips the fsync
+    // (status, the chain's head, one audit row). One request to Stripe: the call itself
+    // (owner and email remembered).
     assert_eq!(
         read,
         Counts {
             commits: 1,
+            unflushed_commits: 1,
             reads: 2,
-            statements: 2 + 5,
+            statements: 2 + 4 + 3,
             round_trips: 0,
             prepares: 0,
             provider_requests: 1,
@@ -134,6 +136,7 @@ async fn a_read_commits_once_and_a_write_twice_with_these_statements_on_sqlite()
         write,
         Counts {
             commits: 2,
+            unflushed_commits: 0,
             reads: 2,
             statements: 2 + 6 + 3,
             round_trips: 0,
@@ -149,6 +152,7 @@ async fn a_read_commits_once_and_a_write_twice_with_these_statements_on_sqlite()
         limited,
         Counts {
             commits: 2,
+            unflushed_commits: 0,
             reads: 2,
             statements: 2 + 7 + 3,
             round_trips: 0,
@@ -176,15 +180,17 @@ async fn a_read_and_a_write_with_these_commits_and_round_trips_on_postgres() {
     // not waited for). Every statement is a round trip, and so are each transaction's
     // BEGIN and COMMIT (the small reads run outside a transaction: one round trip each).
     //
-    // A read: the small reads; its transaction (the row under the lease, the pending
-    // rows).
+    // A read: the small reads; its decision's transaction (the row under the lease,
+    // the pending rows), committed while it is sent; its outcome, one statement that
+    // turns `synchronous_commit` off for itself.
     assert_eq!(
         without_prepares(read),
         Counts {
             commits: 1,
+            unflushed_commits: 1,
             reads: 2,
-            statements: 2 + 2,
-            round_trips: 2 + (2 + 2),
+            statements: 2 + 2 + 1,
+            round_trips: 2 + (2 + 2) + 1,
             prepares: 0,
             provider_requests: 1,
         }
@@ -196,6 +202,7 @@ async fn a_read_and_a_write_with_these_commits_and_round_trips_on_postgres() {
         without_prepares(write),
         Counts {
             commits: 2,
+            unflushed_commits: 0,
             reads: 2,
             statements: 2 + 4 + 1,
             round_trips: 2 + (4 + 2) + 1,
@@ -211,6 +218,7 @@ async fn a_read_and_a_write_with_these_commits_and_round_trips_on_postgres() {
         without_prepares(limited),
         Counts {
             commits: 2,
+            unflushed_commits: 0,
             reads: 2,
             statements: 2 + 7 + 1,
             round_trips: 2 + (7 + 2) + 1,

@@ -1,12 +1,15 @@
-//! Reads in one commit (issue 11, "The gateway under a millisecond"): a read's
-//! execution row, decision and outcome are committed together and the agent is
-//! answered only after that commit, so a read whose commit fails is never returned;
-//! a write's decision is still durable before it runs.
+//! Reads with their durable commit beside the provider's answer (issue 11, "The gateway
+//! under a millisecond"; issue 19, the read's commit off the answer's path): a read's
+//! execution row and decision are committed while it is sent, and the agent is answered
+//! only after that commit, so a read whose decision cannot be committed is never
+//! returned; its outcome follows without waiting for the log's flush. A write's
+//! decision is still durable before it runs.
 
 use serde_json::json;
 
 use crate::support::app::TestApp;
 use crate::support::rows::AuditRow;
+use crate::support::wait::eventually;
 use crate::support::world::{World, limited_reads_policy};
 
 /// Makes every audit row of `event` fail to insert, as a full disk or a failed commit
@@ -38,7 +41,7 @@ fn events_of(rows: &[AuditRow], execution_id: &str) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_commits_its_decision_and_outcome_together() {
+async fn a_read_commits_its_decision_then_its_outcome() {
     let world = World::new().await;
     let app = world.start().await;
     let ada = world
@@ -57,25 +60,15 @@ async fn a_read_commits_its_decision_and_outcome_together() {
     assert_eq!(exec.status, "succeeded");
     assert_eq!(exec.verdict, "run");
     assert!(exec.result.is_some_and(|r| r.contains("4900")));
-    // The decision and the outcome, in order, next to each other in the chain (one
-    // transaction), and the chain still verifies.
+    // The decision and the outcome, in order, and the chain still verifies.
     let rows = app.audit_rows().await;
     assert_eq!(events_of(&rows, id), ["requested", "decided", "ran"]);
-    let first = rows
-        .iter()
-        .position(|r| r.execution_id.as_deref() == Some(id))
-        .expect("rows of the read");
-    assert!(
-        rows[first..first + 3]
-            .iter()
-            .all(|r| r.execution_id.as_deref() == Some(id))
-    );
     assert_eq!(app.verify_audit().await, rows.len());
     app.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_whose_commit_fails_is_never_returned() {
+async fn a_read_whose_decision_cannot_be_committed_is_never_returned() {
     let world = World::new().await;
     let app = world.start().await;
     let ada = world
@@ -84,8 +77,8 @@ async fn a_read_whose_commit_fails_is_never_returned() {
     let of_calls = |rows: Vec<AuditRow>| rows.iter().filter(|r| r.execution_id.is_some()).count();
     let before = of_calls(app.audit_rows().await);
 
-    // The read runs against localstripe, but its outcome cannot be recorded.
-    fail_audit_event(&app, "ran").await;
+    // The read is sent to localstripe, but its decision cannot be recorded.
+    fail_audit_event(&app, "decided").await;
     let (status, body) = ada
         .session
         .call("stripe.get_charge", json!({"charge": ada.charges[0]}), None)
@@ -93,7 +86,8 @@ async fn a_read_whose_commit_fails_is_never_returned() {
     assert_eq!(status, 500, "{body}");
     assert!(body.get("result").is_none(), "{body}");
     assert!(!body.to_string().contains("4900"), "{body}");
-    // Nothing of it was kept: no execution, no decision without its outcome.
+    // Nothing of it was kept: no execution, no audit row (its `requested` row went with
+    // the decision's transaction), no outcome written after.
     assert!(
         app.executions()
             .await
@@ -103,13 +97,57 @@ async fn a_read_whose_commit_fails_is_never_returned() {
     assert_eq!(of_calls(app.audit_rows().await), before);
 
     // Once the audit can be written again, the same read is answered and recorded.
-    allow_audit_event(&app, "ran").await;
+    allow_audit_event(&app, "decided").await;
     let (status, body) = ada
         .session
         .call("stripe.get_charge", json!({"charge": ada.charges[0]}), None)
         .await;
     assert_eq!(status, 200, "{body}");
     let id = body["execution_id"].as_str().expect("execution id");
+    assert_eq!(
+        events_of(&app.audit_rows().await, id),
+        ["requested", "decided", "ran"]
+    );
+    app.verify_audit().await;
+    app.stop().await;
+}
+
+/// A read whose decision is on disk but whose outcome cannot be written is answered:
+/// the audit holds the read. Its row stays `running`, sent by this instance, for
+/// recovery to re-send (a read is idempotent) once the instance restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_whose_outcome_cannot_be_written_is_answered_and_left_running() {
+    let world = World::new().await;
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[4900])
+        .await;
+
+    fail_audit_event(&app, "ran").await;
+    let (status, body) = ada
+        .session
+        .call("stripe.get_charge", json!({"charge": ada.charges[0]}), None)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["result"]["amount"], 4900, "{body}");
+    let id = body["execution_id"].as_str().expect("execution id");
+    let exec = app.execution(id).await;
+    assert_eq!(exec.status, "running");
+    assert_eq!(
+        events_of(&app.audit_rows().await, id),
+        ["requested", "decided"]
+    );
+    app.verify_audit().await;
+    allow_audit_event(&app, "ran").await;
+    app.stop().await;
+
+    // The next start re-sends it and records its outcome.
+    let app = world.start().await;
+    app.recovered().await;
+    eventually(&format!("{id} is recovered"), || async {
+        app.execution(id).await.status == "succeeded"
+    })
+    .await;
     assert_eq!(
         events_of(&app.audit_rows().await, id),
         ["requested", "decided", "ran"]
