@@ -76,7 +76,10 @@ impl Gate {
         };
         match decided {
             Decided::Run(exec) if is_write => self.execute(exec, started).await,
-            Decided::Run(exec) => self.execute_read(exec, started).await,
+            Decided::Run(exec) => {
+                self.execute_committing(exec, started, OutcomeCommit::Unflushed)
+                    .await
+            }
             Decided::Replay(exec) => CallReply::Ran {
                 execution_id: exec.id,
                 result: exec
@@ -127,32 +130,28 @@ impl Gate {
     }
 
     /// Runs a call decided `run` (status `running`) through its connector, records the
-    /// outcome and its audit row in one transaction, and answers the agent.
+    /// outcome and its audit step in one transaction, and answers the agent.
     #[tracing::instrument(name = "execute", skip_all, fields(execution_id = %exec.id, thread_id = %exec.thread_id, session_id = %exec.session_id, tool = %exec.tool))]
     pub async fn execute(&self, exec: Execution, started: Instant) -> CallReply {
+        self.execute_committing(exec, started, OutcomeCommit::Flushed)
+            .await
+    }
+
+    /// As [`Gate::execute`], committing the outcome as `commit` says: a read the write
+    /// path decided (its rule reserves limit amounts) has its decision on disk, so its
+    /// outcome does not wait for the log's flush, as for a read decided on a snapshot
+    /// (`read_call`).
+    async fn execute_committing(
+        &self,
+        exec: Execution,
+        started: Instant,
+        commit: OutcomeCommit,
+    ) -> CallReply {
         let ran = self.run_decided(&exec).await;
-        self.record_outcome(&exec, ran.record, started, OutcomeCommit::Flushed)
+        self.record_outcome(&exec, ran.record, started, commit)
             .await;
         self.notify(&exec.id);
         ran.reply
-    }
-
-    /// As [`Gate::execute`], for a read the write path decided (its rule reserves
-    /// limit amounts): its decision committed without waiting for its flush
-    /// (`decide::record`), so the agent gets the result only once the outcome, whose
-    /// synchronous commit flushes the decision too, is recorded; otherwise a 500 and
-    /// no result, as for a read decided on a snapshot (`read_call`).
-    async fn execute_read(&self, exec: Execution, started: Instant) -> CallReply {
-        let ran = self.run_decided(&exec).await;
-        let recorded = self
-            .record_outcome(&exec, ran.record, started, OutcomeCommit::Flushed)
-            .await;
-        self.notify(&exec.id);
-        if recorded {
-            ran.reply
-        } else {
-            CallReply::Refused(Refusal::Internal)
-        }
     }
 
     /// Runs a decided call through its connector and says what to record and what to
