@@ -404,7 +404,7 @@ pub(crate) fn chain_pending(conn: &Conn<'_>) -> crate::store::Result<usize> {
     // way: the rows it chains were committed to `audit_pending` by their writers before
     // this step began, so their commits precede this one in the WAL, which is flushed in
     // order: a crash that loses this step leaves them waiting there, for the next step
-    // to chain (and one that loses a writer's unflushed commit, a read's decision, loses
+    // to chain (and one that loses a writer's unflushed commit, a read's outcome, loses
     // this step too). A later durable commit (any writer's) makes this one durable as
     // well; an anchor is taken only once the WAL is flushed past the head it names
     // (`anchor::head`).
