@@ -6,7 +6,8 @@
 //! running it is a second compare-and-set from `approved` to `running`, so a retried
 //! request, a second reviewer or a restart can never send it twice. Stripe also gets an
 //! idempotency key derived from the execution id; a call to a provider without one whose
-//! outcome is unknown after a crash is marked `needs_check` for a person, never re-sent.
+//! outcome is unknown after a crash is marked `needs_check` for a person, never re-sent
+//! (a read, which changes nothing at the provider, is sent again).
 //!
 //! With several instances on one database, the instance that records the approval runs
 //! it at once; any instance may (credentials and connectors are the same on each, and
@@ -298,8 +299,9 @@ impl Approvals {
     }
 
     /// After a restart: runs approved calls that had not run, re-sends calls whose
-    /// outcome is unknown where the provider deduplicates by idempotency key, and marks
-    /// the others for a person to check. A running call is first taken over
+    /// outcome is unknown where that is safe (a read, or a provider that deduplicates by
+    /// idempotency key: [`crate::gateway::gate::Gate::may_resend`]), and marks the others
+    /// for a person to check. A running call is first taken over
     /// ([`store::take_over`]): another instance's sweep may be recovering the same dead
     /// instance's call, and only the one that takes it re-sends it.
     pub async fn recover(&self, left: Leftovers) {
@@ -320,8 +322,9 @@ impl Approvals {
     /// are run here (the claim, `approved` to `running`, is the one compare-and-set, so
     /// of the instances sweeping at once one runs each), and running calls whose runner's
     /// heartbeat is older than `times.alive_within` are taken over (one conditional
-    /// statement names the dead runner, so one instance wins) and re-sent where the
-    /// provider deduplicates by idempotency key, else marked `needs_check`. A call a live
+    /// statement names the dead runner, so one instance wins) and re-sent where that is
+    /// safe (a read, or a provider that deduplicates by idempotency key), else marked
+    /// `needs_check`. A call a live
     /// instance is sending is never touched. The runs go on in the application's tasks;
     /// what was started is returned.
     pub async fn sweep(&self, times: SweepTimes) -> Swept {
@@ -390,11 +393,11 @@ impl Approvals {
         }
     }
 
-    /// A running call whose outcome was lost: re-sent with its idempotency key where the
-    /// provider deduplicates, else marked for a person to check.
+    /// A running call whose outcome was lost: re-sent if it is a read or its provider
+    /// deduplicates by idempotency key, else marked for a person to check.
     async fn resend_or_mark(&self, exec: Execution, why: &'static str) {
         if self.gate.may_resend(&exec.tool) {
-            tracing::info!(execution = %exec.id, why, "re-sending a call with its idempotency key");
+            tracing::info!(execution = %exec.id, why, "re-sending a read, or a call with its idempotency key");
             self.gate.execute(exec.clone(), Instant::now()).await;
             self.after_change(&exec);
         } else {

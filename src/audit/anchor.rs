@@ -62,6 +62,9 @@ pub enum AnchorError {
     /// The chain itself failed to verify or could not be read.
     #[error(transparent)]
     Audit(#[from] AuditError),
+    /// The database's log could not be synced past the head.
+    #[error("cannot sync the database's log before anchoring: {0}")]
+    Store(String),
 }
 
 impl FromStr for Anchor {
@@ -207,14 +210,36 @@ pub fn write_file(path: &Path, anchor: &Anchor) -> Result<(), AnchorError> {
 
 /// Checks the chain against the anchor file (when there is one) and then advances the
 /// file to the current head. Returns the head. On a divergence the file is left as it
-/// was.
+/// was. The head must be durable: through a [`crate::store::Db`], use [`advance`].
 pub fn check_and_advance(conn: &Conn<'_>, path: &Path) -> Result<Anchor, AnchorError> {
+    let now = checked_head(conn, path)?;
+    write_file(path, &now)?;
+    Ok(now)
+}
+
+/// Checks the chain against the anchor file (when there is one) and answers the head,
+/// writing nothing.
+pub fn checked_head(conn: &Conn<'_>, path: &Path) -> Result<Anchor, AnchorError> {
     if let Some(kept) = read_file(path)? {
         extends(conn, &kept)?;
     }
-    let now = head(conn)?;
-    write_file(path, &now)?;
-    Ok(now)
+    Ok(head(conn)?)
+}
+
+/// Writes `head`, read by [`checked_head`], to the anchor file once the database's log
+/// is synced past it ([`crate::store::Db::sync_log`]): on SQLite a read's outcome, with
+/// its audit row, commits without its fsync (`Db::write_unflushed`), and the file must
+/// never name a row a crash of the machine could take back.
+pub async fn advance(
+    db: &crate::store::Db,
+    path: &Path,
+    head: Anchor,
+) -> Result<Anchor, AnchorError> {
+    db.sync_log()
+        .await
+        .map_err(|e| AnchorError::Store(e.to_string()))?;
+    write_file(path, &head)?;
+    Ok(head)
 }
 
 fn file_error(path: &Path, source: std::io::Error) -> AnchorError {
@@ -235,12 +260,20 @@ pub async fn keep(db: crate::store::Db, path: std::path::PathBuf, every: std::ti
             tracing::warn!(error = %e, "cannot chain the audit rows waiting");
         }
         let file = path.clone();
-        match db.read(move |c| Ok(check_and_advance(c, &file))).await {
-            Ok(Ok(anchor)) => tracing::debug!(%anchor, "audit anchor advanced"),
-            Ok(Err(e)) => {
+        let advanced = match db.read(move |c| Ok(checked_head(c, &file))).await {
+            Ok(Ok(head)) => advance(&db, &path, head).await,
+            Ok(Err(e)) => Err(e),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the audit log for its anchor");
+                tokio::time::sleep(every).await;
+                continue;
+            }
+        };
+        match advanced {
+            Ok(anchor) => tracing::debug!(%anchor, "audit anchor advanced"),
+            Err(e) => {
                 tracing::error!(error = %e, path = %path.display(), "audit anchor check failed")
             }
-            Err(e) => tracing::warn!(error = %e, "cannot read the audit log for its anchor"),
         }
         tokio::time::sleep(every).await;
     }

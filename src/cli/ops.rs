@@ -369,6 +369,7 @@ async fn verify_audit(settings: &Settings, db: &Db, args: &AuditArgs) -> anyhow:
     if waiting > 0 {
         eprintln!("{waiting} audit rows are still waiting to be chained; not checked");
     }
+    let anchor_file = file.clone();
     let checked = db
         .read(move |c| {
             Ok((|| -> anyhow::Result<(usize, audit::Anchor)> {
@@ -376,13 +377,16 @@ async fn verify_audit(settings: &Settings, db: &Db, args: &AuditArgs) -> anyhow:
                 if let Some(anchor) = &given {
                     audit::anchor::extends(c, anchor)?;
                 }
-                let head = audit::anchor::check_and_advance(c, &file)
+                let head = audit::anchor::checked_head(c, &file)
                     .with_context(|| format!("checking anchor file {}", file.display()))?;
                 Ok((rows, head))
             })())
         })
         .await?;
     let (rows, head) = checked?;
+    let head = audit::anchor::advance(db, &anchor_file, head)
+        .await
+        .with_context(|| format!("advancing anchor file {}", anchor_file.display()))?;
     println!("audit chain intact: {rows} rows");
     println!("head: {head}");
     println!("keep it; later: threadgate audit --verify --anchor {head}");

@@ -643,9 +643,9 @@ pub fn finish(
         params![id, status.as_str(), result, error, now_ms],
     )?;
     if changed == 0 {
-        // The row its decision wrote is not there (its decision is durable before it
-        // runs, so only a person's hand could remove it): nothing of this outcome is
-        // written.
+        // The row its decision wrote is not there (a decision is on disk before its
+        // outcome is written, so only a person's hand could remove it): nothing of this
+        // outcome is written.
         return Err(ExecutionGone { id: id.to_owned() }.into());
     }
     Ok(())

@@ -218,12 +218,16 @@ impl Gate {
         Some(tools)
     }
 
-    /// Whether a call to `tool` whose outcome was lost may be sent again: its connector
+    /// Whether a call to `tool` whose outcome was lost may be sent again: a read (catalog
+    /// risk class `read`: it changes nothing at the provider), or a call whose connector
     /// deduplicates by idempotency key.
     pub fn may_resend(&self, tool: &str) -> bool {
-        self.connectors
-            .for_tool(tool)
-            .is_some_and(|c| c.supports_idempotency())
+        let is_read = self
+            .catalog
+            .get(tool)
+            .is_some_and(|spec| spec.risk == crate::policy::Risk::Read);
+        let connector = self.connectors.for_tool(tool);
+        connector.is_some() && (is_read || connector.is_some_and(|c| c.supports_idempotency()))
     }
 
     /// The note outbox: to wake it after queuing a note, or to run it.

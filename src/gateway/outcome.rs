@@ -73,8 +73,7 @@ pub(super) fn write_sent_read(
 /// When an outcome's commit must reach the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum OutcomeCommit {
-    /// Before the agent is answered: a write's outcome, and a read whose decision was
-    /// committed without its flush (its rule reserves limit amounts: `decide::record`).
+    /// Before the agent is answered: a write's outcome (and a call recovery re-sends).
     Flushed,
     /// Whenever the log is next synced: a read whose decision (row and audit steps) is
     /// already on disk. A crash of the machine or the database server may lose it; the

@@ -43,7 +43,7 @@ impl Gate {
             Err(refusal) => return CallReply::Refused(refusal),
         };
         if !prepared.is_write && prepared.forced_hold.is_none() {
-            // A read runs before its one commit (see `read_call`).
+            // A read is sent while its decision commits (see `read_call`).
             let decide_read = self.decide_read(scope, prepared);
             match decide_read
                 .instrument(tracing::trace_span!("gate.decide_read"))
@@ -202,15 +202,15 @@ impl Gate {
         }
     }
 
-    /// Records how a call ended and its audit step, in one transaction; whether it was
-    /// recorded.
+    /// Records how a call ended and its audit step, in one transaction. One that cannot
+    /// be recorded is logged and left `running`, for recovery.
     pub(super) async fn record_outcome(
         &self,
         exec: &Execution,
         outcome: Outcome,
         started: Instant,
         commit: OutcomeCommit,
-    ) -> bool {
+    ) {
         let redactor = self.current_redactor();
         let now = self.now();
         let exec = exec.clone();
@@ -235,7 +235,6 @@ impl Gate {
         if let Err(e) = &written {
             tracing::error!(error = %e, "cannot record a call's outcome");
         }
-        written.is_ok()
     }
 }
 

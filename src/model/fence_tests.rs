@@ -165,7 +165,7 @@ async fn a_stale_owners_gated_calls_are_refused_and_leave_no_row() {
             matches!(held, CallReply::Refused(Refusal::SessionMoved)),
             "{held:?}"
         );
-        // A read decided on a snapshot and run: its one commit is refused.
+        // A read decided on a snapshot and run: its decision's commit is refused.
         let read = gate
             .call(&scope(stale.clone()), call("helpdesk.get_thread"))
             .await;

@@ -8,7 +8,9 @@
 //! checkpoints, which never block the writer, after every [`JOBS_PER_CHECKPOINT`]
 //! committed writes, and at least once a second while anything is left. Durability is
 //! unchanged: a write is on disk (in the log, `synchronous=FULL`) when its commit
-//! returns; the checkpoint only moves it into the database file later.
+//! returns, but for `Db::write_unflushed`'s (written to the log, synced by the next
+//! synchronous commit or by this thread's checkpoint, which syncs the log first); the
+//! checkpoint only moves it into the database file later.
 
 use std::path::Path;
 use std::sync::Arc;

@@ -20,7 +20,9 @@ pub struct Counts {
     /// Durable commits waited for (`Db::write`s that committed): on SQLite each is one
     /// group commit (one fsync of the WAL), on Postgres one WAL flush.
     pub commits: u64,
-    /// Commits that did not wait for the log's flush ([`crate::store::Db::write_unflushed`]).
+    /// Writes that did not ask to wait for the log's flush
+    /// ([`crate::store::Db::write_unflushed`]; on SQLite one that shares its group commit
+    /// with a write that asked is synced with it all the same).
     pub unflushed_commits: u64,
     /// Read transactions (`Db::read`, `Db::read_inline`) and single-statement reads
     /// (`Db::query_inline`).

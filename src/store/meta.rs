@@ -10,6 +10,8 @@ use super::{Conn, OptionalExtension};
 pub const INSTANCE_ID: &str = "instance_id";
 /// The key of the global pause of new sessions (`1` paused).
 pub const PAUSED: &str = "paused";
+/// The key of the last time [`super::Db::sync_log`] synced SQLite's log (ms).
+pub const LOG_SYNCED_AT: &str = "log_synced_at_ms";
 
 /// The value under `key`, if any.
 pub fn get(conn: &Conn<'_>, key: &str) -> super::Result<Option<String>> {

@@ -140,9 +140,13 @@ type Finish = Box<dyn FnOnce(Result<(), String>) + Send>;
 /// A write queued for the SQLite writer: its work, and whether its commit must wait for
 /// the log's fsync (every write but [`Db::write_unflushed`]'s).
 struct Job {
-    run: Box<dyn FnOnce(&Connection) -> (bool, Finish) + Send>,
+    run: JobWork,
     flush: bool,
 }
+
+/// A job's work on the writer's connection: whether it succeeded, and what to tell its
+/// caller once the batch has committed (or not).
+type JobWork = Box<dyn FnOnce(&Connection) -> (bool, Finish) + Send>;
 
 /// Postgres connections one instance's callers keep open at most, unless `[store]
 /// pool_size` says otherwise (the store's background thread has one more of its own).
@@ -287,11 +291,7 @@ impl Db {
         R: Send + 'static,
         F: Fn(&Conn<'_>) -> sql::Result<R> + Send + 'static,
     {
-        use tracing::Instrument as _;
-        // Timed by `benches/gateway_call.rs` (trace level, off in production).
-        self.write_now(f, Mode::Transaction)
-            .instrument(tracing::trace_span!("db.write"))
-            .await
+        self.write_now(f, Mode::Transaction).await
     }
 
     /// A write of one statement, resolved once it is durably committed, with the same
@@ -310,10 +310,7 @@ impl Db {
         R: Send + 'static,
         F: Fn(&Conn<'_>) -> sql::Result<R> + Send + 'static,
     {
-        use tracing::Instrument as _;
-        self.write_now(f, Mode::Single)
-            .instrument(tracing::trace_span!("db.write"))
-            .await
+        self.write_now(f, Mode::Single).await
     }
 
     /// A write whose closure takes a lock on every row or name its decision rests on
@@ -332,10 +329,7 @@ impl Db {
         R: Send + 'static,
         F: Fn(&Conn<'_>) -> sql::Result<R> + Send + 'static,
     {
-        use tracing::Instrument as _;
-        self.write_now(f, Mode::Locking)
-            .instrument(tracing::trace_span!("db.write"))
-            .await
+        self.write_now(f, Mode::Locking).await
     }
 
     /// A write of one statement (as [`Db::write_single`]) whose commit does not wait
@@ -354,13 +348,37 @@ impl Db {
         R: Send + 'static,
         F: Fn(&Conn<'_>) -> sql::Result<R> + Send + 'static,
     {
+        self.write_now(f, Mode::Unflushed).await
+    }
+
+    /// Makes every write committed so far durable, [`Db::write_unflushed`]'s included.
+    /// On SQLite one synchronous commit of a small write (the time, under `meta`'s
+    /// [`meta::LOG_SYNCED_AT`]): its fsync syncs the log past every frame before it. On
+    /// Postgres nothing: `audit::anchor::head`, the one caller, waits for the WAL's flush
+    /// past what its snapshot sees.
+    pub async fn sync_log(&self) -> Result<(), StoreError> {
+        if let Backend::Postgres(_) = &*self.inner {
+            return Ok(());
+        }
+        let now = crate::clock::Clock::system().now_ms().to_string();
+        self.write(move |c| meta::set(c, meta::LOG_SYNCED_AT, &now))
+            .await
+    }
+
+    /// Every write's way in, timed by the `db.write` span (`benches/gateway_call.rs`;
+    /// trace level, off in production).
+    async fn write_now<R, F>(&self, f: F, mode: Mode) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: Fn(&Conn<'_>) -> sql::Result<R> + Send + 'static,
+    {
         use tracing::Instrument as _;
-        self.write_now(f, Mode::Unflushed)
+        self.write_in(f, mode)
             .instrument(tracing::trace_span!("db.write"))
             .await
     }
 
-    async fn write_now<R, F>(&self, f: F, mode: Mode) -> Result<R, StoreError>
+    async fn write_in<R, F>(&self, f: F, mode: Mode) -> Result<R, StoreError>
     where
         R: Send + 'static,
         F: Fn(&Conn<'_>) -> sql::Result<R> + Send + 'static,

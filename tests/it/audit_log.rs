@@ -575,3 +575,54 @@ fn malformed_anchors_are_refused_by_their_text() {
         assert!(error.to_string().contains("HASH:COUNT"), "{error}");
     }
 }
+
+/// When `Db::sync_log` last synced SQLite's log.
+async fn synced_at(db: &Db) -> Option<String> {
+    db.read(|c| threadgate::store::meta::get(c, threadgate::store::meta::LOG_SYNCED_AT))
+        .await
+        .expect("read meta")
+}
+
+/// On SQLite a read's outcome, with its audit row, commits without its fsync
+/// (`Db::write_unflushed`): the server's anchor round and `audit --verify` read the head,
+/// then sync the log past it with a synchronous commit (`Db::sync_log`), and only then
+/// write the file, so the file never names a row a crash of the machine could take back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anchor_is_written_only_once_the_log_is_synced_past_its_head() {
+    let (dir, db) = open_temp();
+    seed(&db).await;
+    db.write_unflushed(|c| {
+        audit::append(
+            c,
+            &record(AuditEvent::Ran, "ex-9", "th-9"),
+            &Redactor::empty(),
+        )
+    })
+    .await
+    .expect("an unflushed append");
+    assert_eq!(synced_at(&db).await, None);
+
+    let file = dir.path().join("audit.anchor");
+    let head = db
+        .read({
+            let file = file.clone();
+            move |c| Ok(audit::anchor::checked_head(c, &file))
+        })
+        .await
+        .expect("read")
+        .expect("the head");
+    assert_eq!(head.count, 7, "the unflushed row is the head");
+    assert_eq!(audit::anchor::read_file(&file).expect("read file"), None);
+    let advanced = audit::anchor::advance(&db, &file, head.clone())
+        .await
+        .expect("advance");
+    assert_eq!(advanced, head);
+    assert!(
+        synced_at(&db).await.is_some(),
+        "a synchronous commit came before the file"
+    );
+    assert_eq!(
+        audit::anchor::read_file(&file).expect("read file"),
+        Some(head)
+    );
+}

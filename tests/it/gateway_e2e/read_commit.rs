@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::support::app::TestApp;
 use crate::support::rows::AuditRow;
 use crate::support::wait::eventually;
-use crate::support::world::{World, limited_reads_policy};
+use crate::support::world::{Customer, World, limited_reads_policy};
 
 /// Makes every audit row of `event` fail to insert, as a full disk or a failed commit
 /// would: the job writing it rolls back whole.
@@ -40,18 +40,28 @@ fn events_of(rows: &[AuditRow], execution_id: &str) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_commits_its_decision_then_its_outcome() {
+/// A world on the shipped policy, its app, and Ada's session with one charge of 49.00.
+async fn ada_with_a_charge() -> (World, TestApp, Customer) {
     let world = World::new().await;
     let app = world.start().await;
     let ada = world
         .customer_session(&app, "ada@example.com", &[4900])
         .await;
+    (world, app, ada)
+}
 
-    let (status, body) = ada
-        .session
+/// Ada's read of her charge: the status and the body answered.
+async fn get_charge(ada: &Customer) -> (u16, serde_json::Value) {
+    ada.session
         .call("stripe.get_charge", json!({"charge": ada.charges[0]}), None)
-        .await;
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_commits_its_decision_then_its_outcome() {
+    let (_world, app, ada) = ada_with_a_charge().await;
+
+    let (status, body) = get_charge(&ada).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["result"]["amount"], 4900, "{body}");
     let id = body["execution_id"].as_str().expect("execution id");
@@ -69,20 +79,13 @@ async fn a_read_commits_its_decision_then_its_outcome() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_whose_decision_cannot_be_committed_is_never_returned() {
-    let world = World::new().await;
-    let app = world.start().await;
-    let ada = world
-        .customer_session(&app, "ada@example.com", &[4900])
-        .await;
+    let (_world, app, ada) = ada_with_a_charge().await;
     let of_calls = |rows: Vec<AuditRow>| rows.iter().filter(|r| r.execution_id.is_some()).count();
     let before = of_calls(app.audit_rows().await);
 
     // The read is sent to localstripe, but its decision cannot be recorded.
     fail_audit_event(&app, "decided").await;
-    let (status, body) = ada
-        .session
-        .call("stripe.get_charge", json!({"charge": ada.charges[0]}), None)
-        .await;
+    let (status, body) = get_charge(&ada).await;
     assert_eq!(status, 500, "{body}");
     assert!(body.get("result").is_none(), "{body}");
     assert!(!body.to_string().contains("4900"), "{body}");
@@ -98,10 +101,7 @@ async fn a_read_whose_decision_cannot_be_committed_is_never_returned() {
 
     // Once the audit can be written again, the same read is answered and recorded.
     allow_audit_event(&app, "decided").await;
-    let (status, body) = ada
-        .session
-        .call("stripe.get_charge", json!({"charge": ada.charges[0]}), None)
-        .await;
+    let (status, body) = get_charge(&ada).await;
     assert_eq!(status, 200, "{body}");
     let id = body["execution_id"].as_str().expect("execution id");
     assert_eq!(
@@ -117,17 +117,10 @@ async fn a_read_whose_decision_cannot_be_committed_is_never_returned() {
 /// recovery to re-send (a read is idempotent) once the instance restarts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_whose_outcome_cannot_be_written_is_answered_and_left_running() {
-    let world = World::new().await;
-    let app = world.start().await;
-    let ada = world
-        .customer_session(&app, "ada@example.com", &[4900])
-        .await;
+    let (world, app, ada) = ada_with_a_charge().await;
 
     fail_audit_event(&app, "ran").await;
-    let (status, body) = ada
-        .session
-        .call("stripe.get_charge", json!({"charge": ada.charges[0]}), None)
-        .await;
+    let (status, body) = get_charge(&ada).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["result"]["amount"], 4900, "{body}");
     let id = body["execution_id"].as_str().expect("execution id");
@@ -193,7 +186,7 @@ async fn a_write_is_decided_durably_before_it_runs() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_limited_read_is_returned_only_once_its_decision_is_on_disk() {
+async fn a_limited_read_is_answered_only_once_its_decision_is_written() {
     let world = World::with_policy_text(&limited_reads_policy(1000)).await;
     let app = world.start().await;
     let ada = world

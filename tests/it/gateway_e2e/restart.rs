@@ -152,6 +152,32 @@ async fn a_plain_call_in_flight_at_a_crash_is_marked_for_a_person_not_resent() {
     app.stop().await;
 }
 
+/// A read whose outcome was lost (its decision is on disk before the agent is answered;
+/// its outcome commits without its flush) is sent again at the next start even on a
+/// provider without idempotency keys: a read changes nothing there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_read_whose_outcome_was_lost_is_sent_again_not_marked() {
+    let world = World::new().await;
+    let app = world.start().await;
+    let ada = world.customer_session(&app, "ada@example.com", &[]).await;
+    let (status, read) = ada
+        .session
+        .call("helpdesk.get_thread", json!({}), None)
+        .await;
+    assert_eq!(status, 200, "{read}");
+    let id = read["execution_id"].as_str().expect("id").to_owned();
+    app.stop().await;
+
+    force_status(&world, &id, "running");
+    let app = world.start().await;
+    status_becomes(&app, &id, "succeeded").await;
+    app.recovered().await;
+    let row = app.execution(&id).await;
+    assert_eq!(row.error, None, "{row:?}");
+    assert!(app.verify_audit().await > 0);
+    app.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_that_now_blocks_beats_an_earlier_hold_and_its_approval() {
     let world = World::new().await;
