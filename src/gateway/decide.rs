@@ -239,6 +239,7 @@ fn record(
         None => v.because.clone(),
     };
     let summary = super::summary::held_summary(&call.tool, &redacted, &rule_text);
+    let is_write = call.is_write;
     let exec = frozen(cx, call, &v, summary);
     // A call decided `run` is written with its runner: recovery knows whose it is.
     let runner = (exec.status == Status::Running).then_some(&*cx.runner);
@@ -258,6 +259,12 @@ fn record(
                 exec_store::charge(conn, &exec.id, &charge.key, amount, cx.now)?;
             }
             audit(AuditEvent::Decided)?;
+            if !is_write {
+                // A read is answered only after its outcome's synchronous commit, which
+                // flushes this one too: a crash before it loses a read nobody was
+                // given, with its reservation.
+                conn.commit_unflushed()?;
+            }
             Ok(Decided::Run(exec))
         }
         Verdict::Hold => {

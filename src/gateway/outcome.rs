@@ -73,10 +73,12 @@ pub(super) fn write_sent_read(
 /// When an outcome's commit must reach the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum OutcomeCommit {
-    /// Before the agent is answered: a write's outcome (and a call recovery re-sends).
+    /// Before the agent is answered: a write's outcome (and a call recovery re-sends),
+    /// and a read whose decision was committed without its flush (its rule reserves
+    /// limit amounts: `decide::record`).
     Flushed,
-    /// Whenever the log is next synced: a read whose decision (row and audit steps) is
-    /// already on disk. A crash of the machine or the database server may lose it; the
+    /// Whenever the log is next synced: a read decided on a snapshot, whose decision (row
+    /// and audit steps) is already on disk. A crash of the machine or the database server may lose it; the
     /// row is then found `running` by recovery, as a call cut off mid-flight is.
     Unflushed,
 }

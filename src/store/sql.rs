@@ -382,6 +382,21 @@ impl<'a> Conn<'a> {
         }
     }
 
+    /// On Postgres, lets this transaction's commit return before its WAL reaches disk
+    /// (`synchronous_commit` off for this transaction alone): its rows are visible at
+    /// commit and durable once any later synchronous commit, or the WAL writer, flushes
+    /// past it (the WAL is one sequence). Only for a write whose loss in a database
+    /// crash breaks nothing anyone was told: the gate's decision to run a read, which
+    /// the read's outcome, committed synchronously before the agent is answered,
+    /// flushes. Nothing on SQLite, whose group commit is synced as one.
+    pub fn commit_unflushed(&self) -> Result<()> {
+        if let ConnInner::Postgres(_) = &self.0 {
+            self.prepare_cached("SELECT set_config('synchronous_commit', 'off', true)")?
+                .query_row((), |_| Ok(()))?;
+        }
+        Ok(())
+    }
+
     /// Whether this is the one statement of a [`crate::store::Db::write_unflushed`]
     /// on Postgres, which may turn `synchronous_commit` off for its own transaction
     /// (`set_config('synchronous_commit', 'off', true)` evaluated inside the statement:

@@ -147,12 +147,12 @@ async fn a_read_commits_once_and_a_write_twice_with_these_statements_on_sqlite()
     // A read whose rule reserves a limit: the first look-up twice; the deciding
     // transaction (fence, the limit's total, the row, its charge, the chain's head, two
     // audit rows; no look-up of the session's earlier calls: it has no hold mark) and the
-    // outcome's (status, the chain's head, one audit row), which skips the fsync.
+    // outcome's (status, the chain's head, one audit row).
     assert_eq!(
         limited,
         Counts {
-            commits: 1,
-            unflushed_commits: 1,
+            commits: 2,
+            unflushed_commits: 0,
             reads: 2,
             statements: 2 + 7 + 3,
             round_trips: 0,
@@ -211,17 +211,17 @@ async fn a_read_and_a_write_with_these_commits_and_round_trips_on_postgres() {
         }
     );
     // A read whose rule reserves a limit: the small reads; the deciding transaction
-    // (fence, the limit key's lock, its total, the row, its charge, the pending rows; no
-    // look-up of the session's earlier calls: it has no hold mark); the outcome, one
-    // statement that turns `synchronous_commit` off for itself.
+    // (fence, the limit key's lock, its total, the row, its charge, the pending rows,
+    // `synchronous_commit` off; no look-up of the session's earlier calls: it has no
+    // hold mark); the outcome, one statement.
     assert_eq!(
         without_prepares(limited),
         Counts {
-            commits: 1,
-            unflushed_commits: 1,
+            commits: 2,
+            unflushed_commits: 0,
             reads: 2,
-            statements: 2 + 6 + 1,
-            round_trips: 2 + (6 + 2) + 1,
+            statements: 2 + 7 + 1,
+            round_trips: 2 + (7 + 2) + 1,
             prepares: 0,
             provider_requests: 1,
         }
