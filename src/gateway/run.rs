@@ -142,8 +142,8 @@ impl Gate {
     /// (`decide::record`), so the agent gets the result only once the outcome, whose
     /// synchronous commit flushes the decision too, is recorded; otherwise a 500 and
     /// no result. (Flushing the decision instead, as a read decided on a snapshot does,
-    /// holds the lease row's and the limit key's locks through the flush: on Postgres
-    /// that cost throughput, 326 → 312 calls/s in `scripts/gated-throughput.sh`.)
+    /// would hold the lease row's and the limit key's locks through the flush: Postgres
+    /// releases a transaction's locks only once its commit is flushed.)
     async fn execute_read(&self, exec: Execution, started: Instant) -> CallReply {
         let ran = self.run_decided(&exec).await;
         let recorded = self
