@@ -277,7 +277,7 @@ impl Foundation {
     }
 
     /// The gate, handed the supervisor's handle at construction.
-    fn gate(&self, settings: &Settings, supervisor: SupervisorHandle) -> Arc<Gate> {
+    fn gate(&self, settings: &Settings, supervisor: SupervisorHandle, tasks: &Tasks) -> Arc<Gate> {
         Arc::new(Gate::new(GateParts {
             db: self.db.clone(),
             policy: self.loaded.clone(),
@@ -293,6 +293,7 @@ impl Foundation {
             supervisor,
             max_pending_holds: settings.sessions.max_pending_holds,
             instance_id: self.instance_id.clone(),
+            tasks: tasks.clone(),
         }))
     }
 }
@@ -652,7 +653,7 @@ impl Application {
         );
         instance::keep_heartbeat(&tasks, &heartbeat);
         let (handle, inbox) = Supervisor::channel(base.clock.clone());
-        let gate = base.gate(&settings, handle.clone());
+        let gate = base.gate(&settings, handle.clone(), &tasks);
         // Before any session socket serves a call: reads rely on these marks.
         gate.load_holds().await?;
         let approvals = Approvals::new(gate.clone(), tasks.clone());

@@ -16,6 +16,7 @@ use crate::policy::{Catalog, Policy, ToolSpec};
 use crate::secrets::{Redactor, RedactorSource};
 use crate::session::{AgentBook, AgentDefinition, SupervisorHandle};
 use crate::store::Db;
+use crate::tasks::Tasks;
 
 /// The connectors threadgate calls tools through; any may be absent (not configured),
 /// in which case its tools fail cleanly.
@@ -115,6 +116,9 @@ pub struct GateParts {
     /// This instance's id: recorded on every call it sends, so a restart recovers only
     /// its own calls and those of instances no longer alive.
     pub instance_id: String,
+    /// The application's tasks: a read's outcome written after its answer runs on them
+    /// (`trailing`), so a clean stop waits for it.
+    pub tasks: Tasks,
 }
 
 /// Everything the gate needs; shared by the sandbox API, MCP, the model proxy and the
@@ -145,6 +149,9 @@ pub struct Gate {
     pub(super) max_pending_holds: usize,
     /// This instance's id, recorded as the runner of the calls it sends.
     runner: Arc<str>,
+    /// Reads' outcomes written after their answer, capped per session and in all.
+    pub(super) trailing: Arc<super::trailing::Trailing>,
+    pub(super) tasks: Tasks,
 }
 
 impl Gate {
@@ -175,6 +182,8 @@ impl Gate {
             holds: Arc::default(),
             max_pending_holds: parts.max_pending_holds,
             runner: Arc::from(parts.instance_id),
+            trailing: Arc::default(),
+            tasks: parts.tasks,
         }
     }
 
@@ -228,6 +237,17 @@ impl Gate {
             .is_some_and(|spec| spec.risk == crate::policy::Risk::Read);
         let connector = self.connectors.for_tool(tool);
         connector.is_some() && (is_read || connector.is_some_and(|c| c.supports_idempotency()))
+    }
+
+    /// Resolves once every read's outcome written after its answer is recorded (or
+    /// failed): what a reader of a read's row right after its answer waits on.
+    pub async fn outcomes_settled(&self) {
+        self.trailing.settled().await;
+    }
+
+    /// How many reads' outcomes are being written after their answer now.
+    pub fn outcomes_trailing(&self) -> usize {
+        self.trailing.len()
     }
 
     /// The note outbox: to wake it after queuing a note, or to run it.
@@ -300,6 +320,11 @@ impl Gate {
             "{}/approvals/{execution_id}",
             self.public_url.trim_end_matches('/')
         )
+    }
+
+    /// Where changed execution ids are announced, for a task that outlives the call.
+    pub(super) fn changes_sender(&self) -> broadcast::Sender<ExecutionId> {
+        self.changes.clone()
     }
 
     pub(super) fn notify(&self, execution_id: &ExecutionId) {

@@ -21,6 +21,7 @@ pub mod session_labels;
 pub mod socket;
 mod summary;
 pub mod tool_docs;
+pub mod trailing;
 pub mod wait;
 
 pub(crate) use decide::SqlHistory;

@@ -78,8 +78,9 @@ pub(super) enum OutcomeCommit {
     /// limit amounts: `decide::record`).
     Flushed,
     /// Whenever the log is next synced: a read decided on a snapshot, whose decision (row
-    /// and audit steps) is already on disk. A crash of the machine or the database server may lose it; the
-    /// row is then found `running` by recovery, as a call cut off mid-flight is.
+    /// and audit steps) is already on disk, usually written after its answer
+    /// (`trailing`). A crash may lose it; the row is then found `running` by recovery,
+    /// as a call cut off mid-flight is.
     Unflushed,
 }
 

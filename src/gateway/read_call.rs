@@ -6,10 +6,12 @@
 //! time as the request to the provider. The agent is answered only once both are done:
 //! a read the audit lacks is a read nobody saw, so if the commit fails (or the lease's
 //! fence refuses it) the agent gets an error and no result. The outcome (`ran` or
-//! `failed`, the row's final status) is written after, without waiting for the log's
-//! flush: the decision it follows is on disk, and an outcome lost to a crash of the
-//! machine or the database server leaves the row `running`, which recovery re-sends
-//! (the read is idempotent) or marks, as for any call cut off mid-flight. A read sent
+//! `failed`, the row's final status) is written after the answer, by a task of its
+//! own, without waiting for the log's flush ([`super::trailing`]: at most a few per
+//! session and a bound in all; a read past them writes its outcome before answering).
+//! The decision it follows is on disk, and an outcome lost to a crash of the machine,
+//! the process or the database server leaves the row `running`, which recovery
+//! re-sends (the read is idempotent), as for any call cut off mid-flight. A read sent
 //! whose decision never committed (the process died in between) changed nothing at the
 //! provider and reached nobody.
 //!
@@ -115,7 +117,8 @@ impl Gate {
     /// commit carries the session's lease: once another instance has taken the thread
     /// over it is refused, nothing is written and the result is dropped (the read itself
     /// was sent: a read changes nothing at the provider). Its outcome is then written
-    /// without waiting for the log's flush ([`OutcomeCommit::Unflushed`]).
+    /// without waiting for the log's flush ([`OutcomeCommit::Unflushed`]), after the
+    /// answer while the session has a trailing slot free.
     pub(super) async fn run_read(
         &self,
         scope: &SessionScope,
@@ -146,10 +149,25 @@ impl Gate {
             }
         }
         // The audit holds the read: the answer goes out even if its outcome cannot be
-        // written (the row stays `running`, and recovery re-sends or marks it).
-        self.record_outcome(&exec, ran.record, started, OutcomeCommit::Unflushed)
-            .await;
-        self.notify(&exec.id);
+        // written (the row stays `running`, and recovery re-sends or marks it), and
+        // without waiting for it while the session and the instance have a slot free
+        // (`trailing`); otherwise once it is written, as every other call's.
+        let write = self.record_outcome(&exec, ran.record, started, OutcomeCommit::Unflushed);
+        match self.trailing.take(&scope.session_id) {
+            Some(slot) => {
+                let changes = self.changes_sender();
+                let id = exec.id.clone();
+                self.tasks.spawn(crate::store::counts::carried(async move {
+                    write.await;
+                    let _ = changes.send(id);
+                    drop(slot);
+                }));
+            }
+            None => {
+                write.await;
+                self.notify(&exec.id);
+            }
+        }
         ran.reply
     }
 }

@@ -2,6 +2,7 @@
 //! runs it through its connector ([`Gate::execute`], also what an approval runs) and
 //! records the outcome with its audit step.
 
+use std::future::Future;
 use std::time::Instant;
 
 use serde_json::Value;
@@ -206,16 +207,17 @@ impl Gate {
     }
 
     /// Records how a call ended and its audit step, in one transaction; whether it was
-    /// recorded. One that cannot be is logged and left `running`, for recovery.
-    pub(super) async fn record_outcome(
+    /// recorded. One that cannot be is logged and left `running`, for recovery. The
+    /// write borrows nothing of the gate: a read's outcome may be written after its
+    /// answer, by a task of its own (`trailing`).
+    pub(super) fn record_outcome(
         &self,
         exec: &Execution,
         outcome: Outcome,
         started: Instant,
         commit: OutcomeCommit,
-    ) -> bool {
-        let redactor = self.current_redactor();
-        let now = self.now();
+    ) -> impl Future<Output = bool> + Send + 'static {
+        let (db, redactor, now) = (self.db.clone(), self.current_redactor(), self.now());
         let exec = exec.clone();
         let duration = crate::clock::ms(started.elapsed());
         let one_write = outcome_is_one_write(&exec, &outcome);
@@ -225,20 +227,19 @@ impl Gate {
         // Reads nothing it decides on: the outcome is written by id, its charges given
         // back by execution id. The usual outcome is one statement on Postgres, sent
         // with no transaction around it (one round trip where BEGIN and COMMIT made four).
-        let written = async {
-            match (one_write, commit) {
-                (true, OutcomeCommit::Flushed) => self.db.write_single(write).await,
-                (true, OutcomeCommit::Unflushed) => self.db.write_unflushed(write).await,
+        async move {
+            let written = match (one_write, commit) {
+                (true, OutcomeCommit::Flushed) => db.write_single(write).await,
+                (true, OutcomeCommit::Unflushed) => db.write_unflushed(write).await,
                 // Rare (a definite failure, a held call's run): synchronous either way.
-                (false, _) => self.db.write_locking(write).await,
+                (false, _) => db.write_locking(write).await,
+            };
+            if let Err(e) = &written {
+                tracing::error!(error = %e, "cannot record a call's outcome");
             }
+            written.is_ok()
         }
         .instrument(tracing::trace_span!("gate.outcome"))
-        .await;
-        if let Err(e) = &written {
-            tracing::error!(error = %e, "cannot record a call's outcome");
-        }
-        written.is_ok()
     }
 }
 

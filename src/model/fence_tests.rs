@@ -70,6 +70,7 @@ fn gate(db: &Db) -> Arc<Gate> {
         supervisor,
         max_pending_holds: 0,
         instance_id: "inst-a".into(),
+        tasks: crate::tasks::Tasks::new(),
     }))
 }
 

@@ -107,6 +107,20 @@ pub async fn counted<F: Future>(work: F) -> (F::Output, Counts) {
     (out, counter.snapshot())
 }
 
+/// `work`, counted with the current task's counter when there is one: work a counted
+/// task hands to a task of its own (a read's outcome written after its answer) is
+/// counted with it. A test that asserts the counts waits for that work inside
+/// [`counted`].
+pub(crate) fn carried<F: Future>(work: F) -> impl Future<Output = F::Output> {
+    let counter = current();
+    async move {
+        match counter {
+            Some(counter) => TASK.scope(counter, work).await,
+            None => work.await,
+        }
+    }
+}
+
 /// The counter of the current task or thread, if counting.
 pub(crate) fn current() -> Option<Arc<Counter>> {
     THREAD

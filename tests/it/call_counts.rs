@@ -59,7 +59,13 @@ async fn scope_of(app: &TestApp, customer: &Customer) -> SessionScope {
 async fn call(app: &TestApp, scope: &SessionScope, tool: &str, args: serde_json::Value) -> Counts {
     let req: CallRequest =
         serde_json::from_value(json!({"tool": tool, "args": args})).expect("a call request");
-    let (reply, counts) = counted(app.gate.call(scope, req)).await;
+    // A read's outcome is written after its answer, by a task that carries the count.
+    let (reply, counts) = counted(async {
+        let reply = app.gate.call(scope, req).await;
+        app.gate.outcomes_settled().await;
+        reply
+    })
+    .await;
     assert!(matches!(reply, CallReply::Ran { .. }), "{reply:?}");
     counts
 }

@@ -2,8 +2,9 @@
 //! under a millisecond"; issue 19, the read's commit off the answer's path): a read's
 //! execution row and decision are committed while it is sent, and the agent is answered
 //! only after that commit, so a read whose decision cannot be committed is never
-//! returned; its outcome follows without waiting for the log's flush. A write's
-//! decision is still durable before it runs.
+//! returned; its outcome follows without waiting for the log's flush, after the
+//! answer, at most `PER_SESSION` of a session at once. A write's decision is still
+//! durable before it runs.
 
 use serde_json::json;
 
@@ -223,5 +224,142 @@ async fn a_limited_read_whose_outcome_is_not_recorded_is_never_returned() {
         events_of(&app.audit_rows().await, id),
         ["requested", "decided", "ran"]
     );
+    app.stop().await;
+}
+
+/// The advisory lock the outcome gate below waits on.
+const OUTCOME_GATE: i64 = 7311;
+
+/// Makes every read's outcome (its row's update to `succeeded`) wait on Postgres for
+/// [`OUTCOME_GATE`], which the test holds while it looks.
+async fn gate_outcomes(app: &TestApp) {
+    app.db
+        .write(|c| {
+            c.execute_batch(
+                "CREATE FUNCTION test_outcome_gate() RETURNS trigger AS $$ \
+                 BEGIN PERFORM pg_advisory_xact_lock_shared(7311); RETURN NEW; END $$ \
+                 LANGUAGE plpgsql; \
+                 CREATE TRIGGER test_outcome_gate BEFORE UPDATE ON executions FOR EACH ROW \
+                 WHEN (NEW.status = 'succeeded') EXECUTE FUNCTION test_outcome_gate();",
+            )
+        })
+        .await
+        .expect("install the outcome gate");
+}
+
+/// The status of execution `id` as stored now (not waiting for its outcome).
+async fn status_now(app: &TestApp, id: &str) -> String {
+    let id = id.to_owned();
+    app.db
+        .read(move |c| {
+            c.query_row("SELECT status FROM executions WHERE id = ?1", [&id], |r| {
+                r.get(0)
+            })
+        })
+        .await
+        .expect("read the status")
+}
+
+/// A read is answered once its decision is durable, without waiting for its outcome,
+/// which a task of its own writes after; and a session that floods reads while its
+/// outcomes cannot be written gets at most `PER_SESSION` answers ahead of them: the
+/// rest wait for their own outcome, so nothing queues without bound. Postgres: an
+/// advisory lock holds the outcomes back (SQLite's one writer would hold the decisions
+/// back with them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_is_answered_before_its_outcome_and_a_flood_only_so_far_ahead() {
+    use threadgate::gateway::trailing::PER_SESSION;
+    let Some(pg) = threadgate::store::testing::TestDb::postgres_from_env() else {
+        eprintln!("skipped: THREADGATE_TEST_DATABASE_URL is not set");
+        return;
+    };
+    let url = pg.url().expect("a postgres url").to_owned();
+    let mut world = World::new().await;
+    world.use_postgres(&url).await;
+    let app = world.start().await;
+    let ada = std::sync::Arc::new(
+        world
+            .customer_session(&app, "ada@example.com", &[4900])
+            .await,
+    );
+    gate_outcomes(&app).await;
+
+    // Another connection holds the gate until told to let go.
+    let holder = pg.open().expect("a second handle");
+    let (locked_tx, locked) = std::sync::mpsc::channel::<()>();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let signals = std::sync::Arc::new(std::sync::Mutex::new((locked_tx, released)));
+    let holding = tokio::spawn(async move {
+        holder
+            .write(move |c| {
+                c.execute("SELECT pg_advisory_xact_lock(?1)", [OUTCOME_GATE])?;
+                let signals = signals.lock().expect("signals");
+                signals.0.send(()).expect("say locked");
+                signals.1.recv().expect("wait for the release");
+                Ok(())
+            })
+            .await
+            .expect("the gate holder's write")
+    });
+    tokio::task::spawn_blocking(move || locked.recv())
+        .await
+        .expect("join")
+        .expect("the gate is held");
+
+    // One read: answered with its result while its outcome waits.
+    let (status, body) = get_charge(&ada).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["result"]["amount"], 4900, "{body}");
+    let first = body["execution_id"].as_str().expect("id").to_owned();
+    assert_eq!(status_now(&app, &first).await, "running");
+    assert_eq!(app.gate.outcomes_trailing(), 1);
+
+    // A flood: as many answers as the session has slots left, no more.
+    let flood = PER_SESSION + 2;
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let calls: Vec<_> = (0..flood)
+        .map(|_| {
+            let (ada, answered) = (ada.clone(), answered.clone());
+            tokio::spawn(async move {
+                let reply = get_charge(&ada).await;
+                answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                reply
+            })
+        })
+        .collect();
+    let ahead = PER_SESSION - 1;
+    eventually("the reads with a slot are answered", || async {
+        answered.load(std::sync::atomic::Ordering::SeqCst) >= ahead
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(
+        answered.load(std::sync::atomic::Ordering::SeqCst),
+        ahead,
+        "the reads past the cap wait for their own outcome"
+    );
+    assert_eq!(app.gate.outcomes_trailing(), PER_SESSION);
+
+    // Once the outcomes can be written every read is answered and recorded.
+    release.send(()).expect("release the gate");
+    holding.await.expect("the holder ends");
+    for call in calls {
+        let (status, body) = call.await.expect("a read");
+        assert_eq!(status, 200, "{body}");
+    }
+    let reads: Vec<_> = app
+        .executions()
+        .await
+        .into_iter()
+        .filter(|e| e.tool == "stripe.get_charge")
+        .collect();
+    assert_eq!(reads.len(), flood + 1);
+    assert!(reads.iter().all(|e| e.status == "succeeded"), "{reads:?}");
+    assert_eq!(app.gate.outcomes_trailing(), 0);
+    let rows = app.audit_rows().await;
+    for read in &reads {
+        assert_eq!(events_of(&rows, &read.id), ["requested", "decided", "ran"]);
+    }
+    app.verify_audit().await;
     app.stop().await;
 }

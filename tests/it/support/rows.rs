@@ -39,8 +39,10 @@ pub struct ExecRow {
 pub type SessionRow = (String, Option<String>, String);
 
 impl TestApp {
-    /// Every execution, oldest first.
+    /// Every execution, oldest first, once the reads' outcomes written after their
+    /// answers are (the gate's trailing outcomes).
     pub async fn executions(&self) -> Vec<ExecRow> {
+        self.gate.outcomes_settled().await;
         self.db
             .read(|c| {
                 let mut stmt = c.prepare(
@@ -114,8 +116,10 @@ impl TestApp {
     }
 
     /// Chains the audit rows waiting on Postgres (the instances' background steps may
-    /// not have run yet); nothing on SQLite.
+    /// not have run yet); nothing on SQLite. The reads' outcomes written after their
+    /// answers are waited for first.
     pub async fn chain_waiting(&self) {
+        self.gate.outcomes_settled().await;
         let waiting = threadgate::audit::chain_waiting(&self.db)
             .await
             .expect("chain the audit rows waiting");

@@ -1,0 +1,218 @@
+//! Outcomes written after their read was answered, and the caps on how many may trail.
+//!
+//! A read decided on a snapshot (`read_call`) is answered once its decision is durable;
+//! its outcome (status and `ran` step, committed without waiting for the log's flush)
+//! is then written by a task of its own, off the answer's path. Each such task holds a
+//! [`Slot`]: at most [`PER_SESSION`] of one session and [`IN_ALL`] of the whole instance
+//! trail at once. A read that finds no slot free writes its outcome before it answers,
+//! as every other call does, so a session that floods reads waits on its own outcomes
+//! and memory holds at most [`IN_ALL`] of them, whatever the agents send. A slot is
+//! freed when its task ends, whether the write succeeded or not.
+//!
+//! An outcome that trails is what a crash may lose, as an unflushed one already was: the
+//! row stays `running` and recovery re-sends the read. A clean stop waits for the tasks
+//! (they run on the application's `Tasks`), and [`Trailing::settled`] waits for those in
+//! flight now (what a test that reads a row right after its read waits on).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+use crate::ids::SessionId;
+
+/// Outcomes of one session trailing at most.
+pub const PER_SESSION: usize = 8;
+/// Outcomes trailing at most on this instance, all sessions together.
+pub const IN_ALL: usize = 256;
+
+/// The outcomes trailing now, by session (see the module docs).
+#[derive(Debug)]
+pub struct Trailing {
+    state: Mutex<State>,
+    /// Woken whenever the last trailing outcome is written.
+    idle: Notify,
+    per_session: usize,
+    in_all: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Only sessions with an outcome trailing: an entry goes with its last slot.
+    by_session: HashMap<SessionId, usize>,
+    total: usize,
+}
+
+/// One trailing outcome's place; freed when dropped.
+#[derive(Debug)]
+pub(super) struct Slot {
+    trailing: Arc<Trailing>,
+    session_id: SessionId,
+}
+
+impl Default for Trailing {
+    fn default() -> Self {
+        Trailing::with_caps(PER_SESSION, IN_ALL)
+    }
+}
+
+impl Trailing {
+    /// With caps other than the defaults (tests).
+    pub(super) fn with_caps(per_session: usize, in_all: usize) -> Trailing {
+        Trailing {
+            state: Mutex::default(),
+            idle: Notify::new(),
+            per_session,
+            in_all,
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A slot for one more outcome of `session_id`, or `None` when the session or the
+    /// instance is at its cap (the outcome is then written before the answer).
+    pub(super) fn take(self: &Arc<Self>, session_id: &SessionId) -> Option<Slot> {
+        let mut state = self.state();
+        if state.total >= self.in_all {
+            return None;
+        }
+        let of_session = state.by_session.entry(session_id.clone()).or_insert(0);
+        if *of_session >= self.per_session {
+            return None;
+        }
+        *of_session += 1;
+        state.total += 1;
+        Some(Slot {
+            trailing: self.clone(),
+            session_id: session_id.clone(),
+        })
+    }
+
+    /// How many outcomes trail now.
+    pub fn len(&self) -> usize {
+        self.state().total
+    }
+
+    /// Whether no outcome trails now.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Resolves once no outcome trails (at once if none does).
+    pub async fn settled(&self) {
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            // Registered before the check: a wake between the two is not missed.
+            idle.as_mut().enable();
+            if self.is_empty() {
+                return;
+            }
+            idle.await;
+        }
+    }
+
+    fn free(&self, session_id: &SessionId) {
+        let mut state = self.state();
+        if let Some(n) = state.by_session.get_mut(session_id) {
+            *n -= 1;
+            if *n == 0 {
+                state.by_session.remove(session_id);
+            }
+        }
+        state.total -= 1;
+        if state.total == 0 {
+            self.idle.notify_waiters();
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.trailing.free(&self.session_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(n: u32) -> SessionId {
+        SessionId::parse(format!("sess_{n:026}")).expect("a session id")
+    }
+
+    #[test]
+    fn a_session_trails_at_most_its_cap_and_gets_its_slots_back() {
+        let trailing = Arc::new(Trailing::with_caps(3, 100));
+        let (a, b) = (session(1), session(2));
+        let held: Vec<Slot> = (0..3).map(|_| trailing.take(&a).expect("a slot")).collect();
+        assert!(trailing.take(&a).is_none(), "a fourth of one session");
+        assert!(
+            trailing.take(&b).is_some(),
+            "another session is not held back"
+        );
+        assert_eq!(trailing.len(), 3, "b's slot was freed when dropped");
+        drop(held);
+        assert!(trailing.is_empty());
+        assert!(
+            trailing.state().by_session.is_empty(),
+            "no entry outlives its slots"
+        );
+        assert!(trailing.take(&a).is_some(), "freed slots are taken again");
+    }
+
+    #[test]
+    fn the_instance_trails_at_most_its_cap_across_sessions() {
+        let trailing = Arc::new(Trailing::with_caps(2, 5));
+        let held: Vec<Slot> = (0..10).filter_map(|n| trailing.take(&session(n))).collect();
+        assert_eq!(held.len(), 5, "one each for five sessions, then none");
+        assert!(trailing.take(&session(99)).is_none());
+        drop(held);
+        assert_eq!(trailing.take(&session(99)).map(|_| ()), Some(()));
+    }
+
+    #[test]
+    fn a_flood_of_one_session_across_threads_never_passes_the_cap() {
+        let trailing = Arc::new(Trailing::with_caps(4, 100));
+        let a = session(1);
+        let peak = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..2_000 {
+                        if let Some(slot) = trailing.take(&a) {
+                            peak.fetch_max(trailing.len(), std::sync::atomic::Ordering::SeqCst);
+                            drop(slot);
+                        }
+                    }
+                });
+            }
+        });
+        assert!(peak.load(std::sync::atomic::Ordering::SeqCst) <= 4);
+        assert!(trailing.is_empty());
+    }
+
+    #[tokio::test]
+    async fn settled_waits_for_the_last_slot() {
+        let trailing = Arc::new(Trailing::default());
+        trailing.settled().await;
+        let (one, two) = (
+            trailing.take(&session(1)).expect("slot"),
+            trailing.take(&session(2)).expect("slot"),
+        );
+        let waiter = tokio::spawn({
+            let trailing = trailing.clone();
+            async move { trailing.settled().await }
+        });
+        drop(one);
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "one outcome still trails");
+        drop(two);
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+            .await
+            .expect("settled once the last slot was freed")
+            .expect("the waiter");
+    }
+}
