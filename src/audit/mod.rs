@@ -324,26 +324,33 @@ pub fn append_all(
 }
 
 /// Runs `lead`, one data-modifying statement that changes at most one row (its
-/// parameters `?1`… are `lead_params`), and when it changed a row appends `record` as
-/// [`append`] does; whether it did (when not, nothing is written). On Postgres the two
-/// are one statement (`WITH lead AS (… RETURNING 1) INSERT INTO audit_pending … SELECT
-/// … FROM lead`): one round trip, so a write of just these two is sent with no
-/// transaction around it (`Db::write_single`). On SQLite they are the two statements
-/// they say, in the caller's transaction.
+/// parameters `?1`… are `lead_params`), and when it changed a row appends `records`, in
+/// their order, as [`append_all`] does; whether it did (when not, nothing is written).
+/// On Postgres they are one statement (`WITH lead AS (… RETURNING 1) INSERT INTO
+/// audit_pending … SELECT … FROM lead`; each further record's insert reads the row the
+/// one before returned, which orders their serial numbers): one round trip, so a write
+/// of just these is sent with no transaction around it (`Db::write_single`). On SQLite
+/// they are the statements they say, in the caller's transaction.
 pub fn append_after(
     conn: &Conn<'_>,
     (lead, lead_params): (&str, &[&dyn crate::store::ToSql]),
-    record: &AuditRecord,
+    records: &[AuditRecord],
     redactor: &Redactor,
 ) -> crate::store::Result<bool> {
+    if records.is_empty() {
+        return Ok(cached_execute(conn, lead, lead_params)? > 0);
+    }
     if conn.dialect() != crate::store::Dialect::Postgres {
         if cached_execute(conn, lead, lead_params)? == 0 {
             return Ok(false);
         }
-        append(conn, record, redactor)?;
+        append_all(conn, records, redactor)?;
         return Ok(true);
     }
-    let row = redacted_row(record, redactor)?;
+    let rows = records
+        .iter()
+        .map(|r| redacted_row(r, redactor))
+        .collect::<crate::store::Result<Vec<_>>>()?;
     // In a write that need not wait for the WAL's flush (`Db::write_unflushed`), the
     // statement turns `synchronous_commit` off for its own implicit transaction; the
     // setting is evaluated whenever a row is changed (the join yields a row only then),
@@ -356,16 +363,29 @@ pub fn append_after(
     } else {
         ("", "")
     };
-    // The record's values take their types from `audit_pending`'s columns (INSERT …
-    // SELECT coerces them); the lead's row, if any, is what makes the SELECT yield one.
-    let sql = format!(
-        "WITH lead AS ({lead} RETURNING 1){unflushed} INSERT INTO audit_pending \
-         ({RECORD_COLUMNS}) SELECT {} FROM (SELECT 1 FROM lead LIMIT 1) AS changed{joined} \
-         RETURNING seq",
-        placeholders(lead_params.len(), RECORD_VALUES)
-    );
+    // The records' values take their types from `audit_pending`'s columns (INSERT …
+    // SELECT coerces them); the lead's row, if any, is what makes the first SELECT
+    // yield one, and each insert's row what makes the next one's yield one.
+    let mut sql = format!("WITH lead AS ({lead} RETURNING 1){unflushed}");
+    let mut source = format!("(SELECT 1 FROM lead LIMIT 1) AS changed{joined}");
+    let mut after = lead_params.len();
+    for step in 1..rows.len() {
+        sql.push_str(&format!(
+            ", step{step} AS (INSERT INTO audit_pending ({RECORD_COLUMNS}) SELECT {} FROM \
+             {source} RETURNING seq)",
+            placeholders(after, RECORD_VALUES)
+        ));
+        source = format!("step{step}");
+        after += RECORD_VALUES;
+    }
+    sql.push_str(&format!(
+        " INSERT INTO audit_pending ({RECORD_COLUMNS}) SELECT {} FROM {source} RETURNING seq",
+        placeholders(after, RECORD_VALUES)
+    ));
     let mut values: Vec<&dyn crate::store::ToSql> = lead_params.to_vec();
-    values.extend(record_values(&row));
+    for row in &rows {
+        values.extend(record_values(row));
+    }
     let appended = !conn
         .prepare_cached(&sql)?
         .query_map(values, |r| r.get::<_, i64>(0))?

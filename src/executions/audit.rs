@@ -54,10 +54,33 @@ pub fn finish_recorded(
         super::store::FINISH,
         crate::store::params![id, status.as_str(), result, error, now_ms],
     );
-    if audit::append_after(conn, finish, &record, redactor)? {
+    if audit::append_after(conn, finish, &[record], redactor)? {
         Ok(())
     } else {
         Err(super::store::ExecutionGone { id: id.to_owned() }.into())
+    }
+}
+
+/// Inserts `exec` (sent by `runner`) with its `steps`, completed as [`record`] completes
+/// them, while `lease` is its thread's current lease: on Postgres one statement
+/// ([`audit::append_after`], the insert's fence its `WHERE`), which a write may send with
+/// no transaction around it. A stale lease writes nothing and fails with
+/// [`Lease::lost`](crate::store::leases::Lease::lost).
+pub fn insert_recorded(
+    conn: &Conn<'_>,
+    redactor: &Redactor,
+    (exec, runner): (&Execution, &str),
+    lease: &crate::store::leases::Lease,
+    steps: Vec<AuditRecord>,
+) -> crate::store::Result<()> {
+    let records: Vec<AuditRecord> = steps.into_iter().map(completion(redactor, exec)).collect();
+    let status = exec.status.as_str();
+    let runner = Some(runner);
+    let (sql, values) = super::store::insert_if_fenced(exec, &status, &runner, lease);
+    if audit::append_after(conn, (&sql, &values), &records, redactor)? {
+        Ok(())
+    } else {
+        Err(lease.lost())
     }
 }
 

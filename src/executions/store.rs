@@ -209,6 +209,25 @@ fn row_values<'a>(
     values
 }
 
+/// The insert of `e`'s row (sent by `runner`) that writes it only while `lease` is the
+/// thread's current lease (its `WHERE`: no row and nothing changed otherwise), and its
+/// values: the lead of [`super::audit::insert_recorded`].
+pub(super) fn insert_if_fenced<'a>(
+    e: &'a Execution,
+    status: &'a &'static str,
+    runner: &'a Option<&'a str>,
+    lease: &'a crate::store::leases::Lease,
+) -> (String, Vec<&'a dyn crate::store::ToSql>) {
+    let sql = format!(
+        "INSERT INTO executions ({COLUMNS}, runner) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
+         ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25 \
+         WHERE {}",
+        crate::store::leases::fence_clause(26, 27, 28)
+    );
+    let fence: [&'a dyn crate::store::ToSql; 3] = [&lease.thread_id, &lease.owner, &lease.token];
+    (sql, row_values(e, status, runner, &fence))
+}
+
 /// [`insert_run_by`] under `lease`: the row is written only while `lease` is the thread's
 /// current lease, checked by the insert itself (one statement where the fence and the
 /// insert took two). A stale lease is [`Lease::lost`](crate::store::leases::Lease::lost)

@@ -54,7 +54,8 @@ pub(super) fn outcome_is_one_write(exec: &Execution, outcome: &Outcome) -> bool 
 /// Writes a read decided on a snapshot, as it is sent: its row (`running`, sent by
 /// `runner`) with its requested and decided steps, under the session's `lease` (checked
 /// by the row's insert: a stale lease writes nothing). Such a read reserves no limit
-/// amounts. Its outcome is written by [`write_outcome`] once it is back.
+/// amounts. On Postgres one statement, sent with no transaction around it
+/// (`Db::write_single`). Its outcome is written by [`write_outcome`] once it is back.
 pub(super) fn write_sent_read(
     conn: &crate::store::Conn<'_>,
     redactor: &Redactor,
@@ -62,12 +63,11 @@ pub(super) fn write_sent_read(
     exec: &Execution,
     runner: &str,
 ) -> crate::store::Result<()> {
-    exec_store::insert_fenced(conn, exec, Some(runner), lease)?;
     let steps = vec![
         AuditRecord::new(AuditEvent::Requested),
         AuditRecord::new(AuditEvent::Decided),
     ];
-    executions::audit_all(conn, redactor, exec, steps)
+    executions::audit::insert_recorded(conn, redactor, (exec, runner), lease, steps)
 }
 
 /// When an outcome's commit must reach the disk.

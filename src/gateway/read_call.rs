@@ -130,7 +130,7 @@ impl Gate {
         let row = exec.clone();
         let decision = self
             .db
-            .write(move |conn| write_sent_read(conn, &redactor, &lease, &row, &runner))
+            .write_single(move |conn| write_sent_read(conn, &redactor, &lease, &row, &runner))
             .instrument(tracing::trace_span!("gate.record_read"));
         let (recorded, ran) = tokio::join!(decision, self.run_decided(&exec));
         match recorded {

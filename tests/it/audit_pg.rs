@@ -360,11 +360,11 @@ async fn writes_resolve_while_the_chain_is_locked_and_their_steps_run_as_one() {
     );
 }
 
-/// `audit::append_after` (an outcome's status and its audit row; on Postgres one
-/// statement with no transaction around it): the audit row is written only with the
-/// change it records, on both backends. A lead that changes nothing writes nothing and
-/// says so; one that changes its row writes the row and the audit row, chained and
-/// verified.
+/// `audit::append_after` (an outcome's status and its audit row, a read's row and its
+/// decision's rows; on Postgres one statement with no transaction around it): the
+/// audit rows are written only with the change they record, on both backends. A lead
+/// that changes nothing writes nothing and says so; one that changes its row writes the
+/// row and the audit rows, in their order, chained and verified.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_audit_row_after_a_statement_is_written_only_with_its_change() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -374,16 +374,21 @@ async fn an_audit_row_after_a_statement_is_written_only_with_its_change() {
         db.write(|c| threadgate::store::meta::set(c, "after_test", "before"))
             .await
             .expect("seed");
+        // Every record of a decision and its outcome after one lead, in their order.
         let lead = |key: &'static str| {
             move |c: &threadgate::store::Conn<'_>| {
-                let record = step("ex_after", AuditEvent::Ran);
+                let records = [
+                    step("ex_after", AuditEvent::Requested),
+                    step("ex_after", AuditEvent::Decided),
+                    step("ex_after", AuditEvent::Ran),
+                ];
                 audit::append_after(
                     c,
                     (
                         "UPDATE meta SET value = ?2 WHERE key = ?1",
                         &[&key as &dyn threadgate::store::ToSql, &"after"],
                     ),
-                    &record,
+                    &records,
                     &Redactor::empty(),
                 )
             }
@@ -408,20 +413,21 @@ async fn an_audit_row_after_a_statement_is_written_only_with_its_change() {
             .await
             .expect("read");
         assert_eq!(value.as_deref(), Some("after"), "{backend}");
-        assert_eq!(
-            chained(&db).await,
-            vec![(1, "ex_after".to_owned(), "ran".to_owned())],
-            "{backend}"
-        );
-        assert_eq!(verified(&db).await, 1, "{backend}");
+        let in_order = ["requested", "decided", "ran"]
+            .into_iter()
+            .zip(1..)
+            .map(|(event, id)| (id, "ex_after".to_owned(), event.to_owned()))
+            .collect::<Vec<_>>();
+        assert_eq!(chained(&db).await, in_order, "{backend}");
+        assert_eq!(verified(&db).await, 3, "{backend}");
 
         // The same, in a write that does not wait for the log's flush.
         let hit = db.write_unflushed(lead("after_test")).await.expect("write");
         assert!(hit, "{backend}: unflushed, the lead changed its row");
         db.background_settled().await;
         audit::chain_waiting(&db).await.expect("chain");
-        assert_eq!(chained(&db).await.len(), 2, "{backend}");
-        assert_eq!(verified(&db).await, 2, "{backend}");
+        assert_eq!(chained(&db).await.len(), 6, "{backend}");
+        assert_eq!(verified(&db).await, 6, "{backend}");
     }
 }
 
@@ -460,7 +466,7 @@ async fn an_unflushed_statement_leaves_the_wal_flush_to_later_and_the_connection
                     "UPDATE meta SET value = ?2 WHERE key = 'flush_test' AND ?1 = ?1",
                     &[&"flush_test" as &dyn threadgate::store::ToSql, &value],
                 ),
-                &step(&format!("ex_{i}"), AuditEvent::Ran),
+                &[step(&format!("ex_{i}"), AuditEvent::Ran)],
                 &Redactor::empty(),
             )
         }

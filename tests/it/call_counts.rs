@@ -186,17 +186,18 @@ async fn a_read_and_a_write_with_these_commits_and_round_trips_on_postgres() {
     // not waited for). Every statement is a round trip, and so are each transaction's
     // BEGIN and COMMIT (the small reads run outside a transaction: one round trip each).
     //
-    // A read: the small reads; its decision's transaction (the row under the lease,
-    // the pending rows), committed while it is sent; its outcome, one statement that
-    // turns `synchronous_commit` off for itself.
+    // A read: the small reads; its decision, one statement with no transaction around
+    // it (the row under the lease and the two pending rows: `audit::append_after`),
+    // committed while it is sent; its outcome, one statement that turns
+    // `synchronous_commit` off for itself.
     assert_eq!(
         without_prepares(read),
         Counts {
             commits: 1,
             unflushed_commits: 1,
             reads: 2,
-            statements: 2 + 2 + 1,
-            round_trips: 2 + (2 + 2) + 1,
+            statements: 2 + 1 + 1,
+            round_trips: 2 + 1 + 1,
             prepares: 0,
             provider_requests: 1,
         }
