@@ -247,6 +247,59 @@ async fn gate_outcomes(app: &TestApp) {
         .expect("install the outcome gate");
 }
 
+/// Holds [`OUTCOME_GATE`] on a connection of its own until [`release_outcomes`].
+async fn hold_outcomes(
+    pg: &threadgate::store::testing::TestDb,
+) -> (std::sync::mpsc::Sender<()>, tokio::task::JoinHandle<()>) {
+    let holder = pg.open().expect("a second handle");
+    let (locked_tx, locked) = std::sync::mpsc::channel::<()>();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let signals = std::sync::Arc::new(std::sync::Mutex::new((locked_tx, released)));
+    let holding = tokio::spawn(async move {
+        holder
+            .write(move |c| {
+                c.execute("SELECT pg_advisory_xact_lock(?1)", [OUTCOME_GATE])?;
+                let signals = signals.lock().expect("signals");
+                signals.0.send(()).expect("say locked");
+                signals.1.recv().expect("wait for the release");
+                Ok(())
+            })
+            .await
+            .expect("the gate holder's write")
+    });
+    tokio::task::spawn_blocking(move || locked.recv())
+        .await
+        .expect("join")
+        .expect("the gate is held");
+    (release, holding)
+}
+
+async fn release_outcomes(
+    release: std::sync::mpsc::Sender<()>,
+    holding: tokio::task::JoinHandle<()>,
+) {
+    release.send(()).expect("release the gate");
+    holding.await.expect("the holder ends");
+}
+
+/// A world on Postgres with Ada's session (one charge of 49.00) and the outcome gate
+/// installed; `None` without a test database.
+async fn on_postgres_with_gated_outcomes()
+-> Option<(threadgate::store::testing::TestDb, World, TestApp, Customer)> {
+    let Some(pg) = threadgate::store::testing::TestDb::postgres_from_env() else {
+        eprintln!("skipped: THREADGATE_TEST_DATABASE_URL is not set");
+        return None;
+    };
+    let mut world = World::new().await;
+    world.use_postgres(pg.url().expect("a postgres url")).await;
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[4900])
+        .await;
+    gate_outcomes(&app).await;
+    Some((pg, world, app, ada))
+}
+
 /// The status of execution `id` as stored now (not waiting for its outcome).
 async fn status_now(app: &TestApp, id: &str) -> String {
     let id = id.to_owned();
@@ -269,42 +322,11 @@ async fn status_now(app: &TestApp, id: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_read_is_answered_before_its_outcome_and_a_flood_only_so_far_ahead() {
     use threadgate::gateway::trailing::PER_SESSION;
-    let Some(pg) = threadgate::store::testing::TestDb::postgres_from_env() else {
-        eprintln!("skipped: THREADGATE_TEST_DATABASE_URL is not set");
+    let Some((pg, _world, app, ada)) = on_postgres_with_gated_outcomes().await else {
         return;
     };
-    let url = pg.url().expect("a postgres url").to_owned();
-    let mut world = World::new().await;
-    world.use_postgres(&url).await;
-    let app = world.start().await;
-    let ada = std::sync::Arc::new(
-        world
-            .customer_session(&app, "ada@example.com", &[4900])
-            .await,
-    );
-    gate_outcomes(&app).await;
-
-    // Another connection holds the gate until told to let go.
-    let holder = pg.open().expect("a second handle");
-    let (locked_tx, locked) = std::sync::mpsc::channel::<()>();
-    let (release, released) = std::sync::mpsc::channel::<()>();
-    let signals = std::sync::Arc::new(std::sync::Mutex::new((locked_tx, released)));
-    let holding = tokio::spawn(async move {
-        holder
-            .write(move |c| {
-                c.execute("SELECT pg_advisory_xact_lock(?1)", [OUTCOME_GATE])?;
-                let signals = signals.lock().expect("signals");
-                signals.0.send(()).expect("say locked");
-                signals.1.recv().expect("wait for the release");
-                Ok(())
-            })
-            .await
-            .expect("the gate holder's write")
-    });
-    tokio::task::spawn_blocking(move || locked.recv())
-        .await
-        .expect("join")
-        .expect("the gate is held");
+    let ada = std::sync::Arc::new(ada);
+    let (release, holding) = hold_outcomes(&pg).await;
 
     // One read: answered with its result while its outcome waits.
     let (status, body) = get_charge(&ada).await;
@@ -341,8 +363,7 @@ async fn a_read_is_answered_before_its_outcome_and_a_flood_only_so_far_ahead() {
     assert_eq!(app.gate.outcomes_trailing(), PER_SESSION);
 
     // Once the outcomes can be written every read is answered and recorded.
-    release.send(()).expect("release the gate");
-    holding.await.expect("the holder ends");
+    release_outcomes(release, holding).await;
     for call in calls {
         let (status, body) = call.await.expect("a read");
         assert_eq!(status, 200, "{body}");
@@ -362,4 +383,36 @@ async fn a_read_is_answered_before_its_outcome_and_a_flood_only_so_far_ahead() {
     }
     app.verify_audit().await;
     app.stop().await;
+}
+
+/// A clean stop waits for the outcomes still trailing: the read answered before its
+/// outcome could be written is `succeeded` once the instance has stopped, not left for
+/// recovery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_clean_stop_writes_the_outcomes_still_trailing() {
+    let Some((pg, _world, app, ada)) = on_postgres_with_gated_outcomes().await else {
+        return;
+    };
+    let (release, holding) = hold_outcomes(&pg).await;
+    let (status, body) = get_charge(&ada).await;
+    assert_eq!(status, 200, "{body}");
+    let id = body["execution_id"].as_str().expect("id").to_owned();
+    assert_eq!(app.gate.outcomes_trailing(), 1);
+
+    let stopping = tokio::spawn(app.stop());
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!stopping.is_finished(), "the stop waits for the outcome");
+    release_outcomes(release, holding).await;
+    stopping.await.expect("the app stops");
+
+    let db = pg.open().expect("a handle");
+    let status: String = db
+        .read(move |c| {
+            c.query_row("SELECT status FROM executions WHERE id = ?1", [&id], |r| {
+                r.get(0)
+            })
+        })
+        .await
+        .expect("read the status");
+    assert_eq!(status, "succeeded");
 }
