@@ -30,6 +30,7 @@ use serde::Deserialize;
 
 use crate::audit::{AuditEvent, AuditRecord};
 use crate::executions::{self, Execution, Status, store, trail};
+use crate::gateway::gate::Resend;
 use crate::gateway::{CallReply, Gate, LoadedPolicy};
 use crate::ids::ExecutionId;
 use crate::policy::Verdict;
@@ -396,19 +397,26 @@ impl Approvals {
     /// A running call whose outcome was lost: re-sent if it is a read or its provider
     /// deduplicates by idempotency key, else marked for a person to check.
     async fn resend_or_mark(&self, exec: Execution, why: &'static str) {
-        if self.gate.may_resend(&exec.tool) {
-            tracing::info!(execution = %exec.id, why, "re-sending a read, or a call with its idempotency key");
-            self.gate.execute(exec.clone(), Instant::now()).await;
-            self.after_change(&exec);
-        } else {
-            self.mark_needs_check(exec).await;
-        }
+        let reason = match self.gate.may_resend(&exec, self.gate.now()) {
+            Resend::Yes => {
+                tracing::info!(execution = %exec.id, why, "re-sending a read, or a call with its idempotency key");
+                self.gate.execute(exec.clone(), Instant::now()).await;
+                self.after_change(&exec);
+                return;
+            }
+            Resend::NoKey => {
+                "threadgate stopped while this call was in flight; the provider has no idempotency key, so it was not re-sent: check the provider"
+            }
+            Resend::KeyExpired => {
+                "threadgate stopped while this call was in flight and its idempotency key may have expired at the provider (decided more than 23 hours ago), so it was not re-sent: check the provider"
+            }
+        };
+        self.mark_needs_check(exec, reason).await;
     }
 
-    async fn mark_needs_check(&self, exec: Execution) {
+    async fn mark_needs_check(&self, exec: Execution, reason: &'static str) {
         let now = self.gate.now();
         let redactor = self.gate.current_redactor();
-        let reason = "threadgate stopped while this call was in flight; the provider has no idempotency key, so it was not re-sent: check the provider";
         let e = exec.clone();
         let me = self.gate.runner();
         let written = self

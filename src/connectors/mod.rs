@@ -70,9 +70,16 @@ pub trait Connector: Send + Sync {
 
     /// Whether a repeated call with the same execution id is deduplicated by the
     /// provider. When it is not, a call whose outcome is unknown must never be re-sent
-    /// blindly.
+    /// blindly. When it is, only within [`RESEND_WITHIN_MS`] of its decision.
     fn supports_idempotency(&self) -> bool;
 }
+
+/// How long after its decision a call whose outcome was lost may still be re-sent with
+/// its idempotency key: Stripe replays a key's first answer for at least 24 hours and
+/// may forget it after, when the same key would run the call again. An hour short of
+/// that, counted from the decision (never later than the first send), so a re-send is
+/// always within the key's life; past it a person checks the provider instead.
+pub const RESEND_WITHIN_MS: i64 = 23 * 60 * 60 * 1000;
 
 /// Strips the connector prefix from a tool name: `"stripe.get_charge"` and
 /// `"get_charge"` both give `"get_charge"`.

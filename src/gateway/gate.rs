@@ -72,6 +72,16 @@ pub fn policy_name(path: &std::path::Path) -> String {
 /// A tool call as the agent sends it (the sandbox API's type).
 pub use threadgate_api::CallRequest;
 
+/// Whether a call whose outcome was lost may be sent again ([`Gate::may_resend`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resend {
+    Yes,
+    /// Its provider does not deduplicate (or no connector serves it): a person checks.
+    NoKey,
+    /// Its idempotency key may be gone at the provider: a person checks.
+    KeyExpired,
+}
+
 /// The gate's answer to a call, before it becomes HTTP.
 #[derive(Debug)]
 pub enum CallReply {
@@ -227,16 +237,30 @@ impl Gate {
         Some(tools)
     }
 
-    /// Whether a call to `tool` whose outcome was lost may be sent again: a read (catalog
-    /// risk class `read`: it changes nothing at the provider), or a call whose connector
-    /// deduplicates by idempotency key.
-    pub fn may_resend(&self, tool: &str) -> bool {
+    /// Whether `exec`, a call whose outcome was lost, may be sent again at `now_ms`: a
+    /// read (catalog risk class `read`: it changes nothing at the provider), or a call
+    /// whose connector deduplicates by idempotency key while its key is still alive there
+    /// ([`crate::connectors::RESEND_WITHIN_MS`] of its decision).
+    pub fn may_resend(&self, exec: &Execution, now_ms: i64) -> Resend {
+        let Some(connector) = self.connectors.for_tool(&exec.tool) else {
+            return Resend::NoKey;
+        };
         let is_read = self
             .catalog
-            .get(tool)
+            .get(&exec.tool)
             .is_some_and(|spec| spec.risk == crate::policy::Risk::Read);
-        let connector = self.connectors.for_tool(tool);
-        connector.is_some() && (is_read || connector.is_some_and(|c| c.supports_idempotency()))
+        if is_read {
+            return Resend::Yes;
+        }
+        if !connector.supports_idempotency() {
+            return Resend::NoKey;
+        }
+        let decided = exec.decided_at_ms.unwrap_or(exec.created_at_ms);
+        if now_ms.saturating_sub(decided) < crate::connectors::RESEND_WITHIN_MS {
+            Resend::Yes
+        } else {
+            Resend::KeyExpired
+        }
     }
 
     /// Resolves once every read's outcome written after its answer is recorded (or

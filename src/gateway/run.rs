@@ -76,7 +76,7 @@ impl Gate {
             }
         };
         match decided {
-            Decided::Run(exec) if is_write => self.execute(exec, started).await,
+            Decided::Run(exec) if is_write => self.execute_write(exec, started).await,
             Decided::Run(exec) => self.execute_read(exec, started).await,
             Decided::Replay(exec) => CallReply::Ran {
                 execution_id: exec.id,
@@ -128,14 +128,34 @@ impl Gate {
     }
 
     /// Runs a call decided `run` (status `running`) through its connector, records the
-    /// outcome and its audit row in one transaction, and answers the agent.
-    #[tracing::instrument(name = "execute", skip_all, fields(execution_id = %exec.id, thread_id = %exec.thread_id, session_id = %exec.session_id, tool = %exec.tool))]
+    /// outcome and its audit row in one transaction, and answers the agent: an approved
+    /// call, one recovery re-sends.
     pub async fn execute(&self, exec: Execution, started: Instant) -> CallReply {
-        let ran = self.run_decided(&exec).await;
-        self.record_outcome(&exec, ran.record, started, OutcomeCommit::Flushed)
+        let (_, reply) = self
+            .run_and_record(exec, started, OutcomeCommit::Flushed)
             .await;
-        self.notify(&exec.id);
-        ran.reply
+        reply
+    }
+
+    /// As [`Gate::execute`], for a write the agent made, run without a person: its
+    /// outcome commits without waiting for the log's flush when its provider
+    /// deduplicates by idempotency key. A crash that loses that outcome leaves the row
+    /// `running`, and recovery re-sends it with the same key within
+    /// [`crate::connectors::RESEND_WITHIN_MS`] of its decision, which the provider
+    /// answers with its first answer; past that a person checks it. A write to any
+    /// other provider records its outcome synchronously, as an approved call does.
+    async fn execute_write(&self, exec: Execution, started: Instant) -> CallReply {
+        let deduplicated = self
+            .connectors
+            .for_tool(&exec.tool)
+            .is_some_and(|c| c.supports_idempotency());
+        let commit = if deduplicated {
+            OutcomeCommit::Unflushed
+        } else {
+            OutcomeCommit::Flushed
+        };
+        let (_, reply) = self.run_and_record(exec, started, commit).await;
+        reply
     }
 
     /// As [`Gate::execute`], for a read the write path decided (its rule reserves
@@ -146,16 +166,30 @@ impl Gate {
     /// would hold the lease row's and the limit key's locks through the flush: Postgres
     /// releases a transaction's locks only once its commit is flushed.)
     async fn execute_read(&self, exec: Execution, started: Instant) -> CallReply {
+        match self
+            .run_and_record(exec, started, OutcomeCommit::Flushed)
+            .await
+        {
+            (true, reply) => reply,
+            (false, _) => CallReply::Refused(Refusal::Internal),
+        }
+    }
+
+    /// Runs a decided call, records its outcome as `commit` says, and announces the
+    /// change: whether the outcome was recorded, and the answer.
+    #[tracing::instrument(name = "execute", skip_all, fields(execution_id = %exec.id, thread_id = %exec.thread_id, session_id = %exec.session_id, tool = %exec.tool))]
+    async fn run_and_record(
+        &self,
+        exec: Execution,
+        started: Instant,
+        commit: OutcomeCommit,
+    ) -> (bool, CallReply) {
         let ran = self.run_decided(&exec).await;
         let recorded = self
-            .record_outcome(&exec, ran.record, started, OutcomeCommit::Flushed)
+            .record_outcome(&exec, ran.record, started, commit)
             .await;
         self.notify(&exec.id);
-        if recorded {
-            ran.reply
-        } else {
-            CallReply::Refused(Refusal::Internal)
-        }
+        (recorded, ran.reply)
     }
 
     /// Runs a decided call through its connector and says what to record and what to

@@ -1,6 +1,7 @@
 //! threadgate killed between "approved" and "ran": the next start runs the call exactly
 //! once (`Approvals::recover`), re-sends a Stripe call whose answer was lost with the
-//! same idempotency key, and never re-sends a Plain call whose outcome is unknown.
+//! same idempotency key while Stripe still keeps it, and never re-sends a Plain call
+//! whose outcome is unknown.
 
 use std::time::Duration;
 
@@ -12,15 +13,20 @@ use crate::support::app::TestApp;
 use crate::support::wait::eventually;
 use crate::support::world::{STRIPE_KEY, World, refunds};
 
-/// Sets an execution's status behind threadgate's back (it is stopped).
+/// Sets an execution's status behind threadgate's back (it is stopped), decided now.
 fn force_status(world: &World, id: &str, status: &str) {
+    force_status_decided_at(world, id, status, chrono::Utc::now().timestamp_millis());
+}
+
+/// As [`force_status`], decided at `decided_at_ms`.
+fn force_status_decided_at(world: &World, id: &str, status: &str, decided_at_ms: i64) {
     let conn = rusqlite::Connection::open(world.settings.database_path()).expect("open db");
     conn.busy_timeout(Duration::from_secs(10)).expect("busy");
     let changed = conn
         .execute(
             "UPDATE executions SET status = ?2, reviewer = 'alice', decided_at_ms = ?3 \
              WHERE id = ?1",
-            rusqlite::params![id, status, chrono::Utc::now().timestamp_millis()],
+            rusqlite::params![id, status, decided_at_ms],
         )
         .expect("update");
     assert_eq!(changed, 1);
@@ -103,6 +109,48 @@ async fn a_refund_whose_answer_was_lost_is_resent_with_its_key_and_runs_once() {
     let result: Value =
         serde_json::from_str(&app.execution(&id).await.result.expect("result")).expect("json");
     assert_eq!(result["id"], first["id"]);
+    app.stop().await;
+}
+
+/// A refund whose answer was lost a day after its decision is not re-sent: Stripe may
+/// have forgotten its idempotency key by then, and the same key would refund again. A
+/// person checks it instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_whose_key_may_have_expired_is_marked_for_a_person_not_resent() {
+    let world = World::new().await;
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[5000])
+        .await;
+    let id = ada.session.hold_refund(&ada.charges[0], 700).await;
+    let frozen: Value = app.execution(&id).await.args;
+    app.stop().await;
+
+    // Approved and sent 24 hours ago; the answer never recorded.
+    let day_ago = chrono::Utc::now().timestamp_millis() - 24 * 60 * 60 * 1000;
+    force_status_decided_at(&world, &id, "running", day_ago);
+    let stripe = StripeConnector::new(&world.stripe.base_url(), Credential::new(STRIPE_KEY))
+        .expect("connector");
+    stripe
+        .call(
+            "stripe.create_refund",
+            &frozen,
+            &CallContext { execution_id: &id },
+        )
+        .await
+        .expect("the refund reached Stripe");
+
+    let app = world.start().await;
+    status_becomes(&app, &id, "needs_check").await;
+    app.recovered().await;
+    assert_eq!(refunds(&world.stripe).await.len(), 1, "not re-sent");
+    let row = app.execution(&id).await;
+    let error = row.error.unwrap_or_default();
+    assert!(
+        error.contains("idempotency key may have expired"),
+        "{error}"
+    );
+    assert!(app.verify_audit().await > 0);
     app.stop().await;
 }
 
