@@ -163,7 +163,7 @@ fn publisher(
     settings.repo.remote.as_ref()?;
     let github = foundation.connectors.github.clone()?;
     let repo = settings.github.repos.first()?.clone();
-    let g = gate.clone();
+    let (g, settled) = (gate.clone(), gate.clone());
     let notes = crate::notes::pull::OutboxPullNotes::new(gate.outbox().clone(), repo.clone());
     Some(Arc::new(crate::session::GithubPublisher {
         github,
@@ -173,6 +173,10 @@ fn publisher(
         redactor: Arc::new(move || g.current_redactor()),
         latest_finding: crate::executions::store::latest_finding,
         thread_calls: crate::executions::thread_calls::thread_calls,
+        outcomes_settled: Arc::new(move |session| {
+            let gate = settled.clone();
+            Box::pin(async move { gate.session_outcomes_settled(session.as_str()).await })
+        }),
         thread_cost: crate::model::store::thread_cost,
         notes: Arc::new(notes),
         on_done: settings.github.on_done,

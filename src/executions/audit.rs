@@ -76,7 +76,8 @@ pub fn insert_recorded(
     let records: Vec<AuditRecord> = steps.into_iter().map(completion(redactor, exec)).collect();
     let status = exec.status.as_str();
     let runner = Some(runner);
-    let (sql, values) = super::store::insert_if_fenced(exec, &status, &runner, lease);
+    let (sql, values) =
+        super::store::insert_if_fenced(conn.dialect(), exec, (&status, &runner), lease);
     if audit::append_after(conn, (&sql, &values), &records, redactor)? {
         Ok(())
     } else {

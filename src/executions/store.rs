@@ -210,54 +210,23 @@ fn row_values<'a>(
 }
 
 /// The insert of `e`'s row (sent by `runner`) that writes it only while `lease` is the
-/// thread's current lease (its `WHERE`: no row and nothing changed otherwise), and its
-/// values: the lead of [`super::audit::insert_recorded`].
+/// thread's current lease (its `WHERE`, [`fence_clause_shared`](crate::store::leases::fence_clause_shared):
+/// no row and nothing changed otherwise), and its values: the lead of
+/// [`super::audit::insert_recorded`], sent with no transaction around it.
 pub(super) fn insert_if_fenced<'a>(
+    dialect: crate::store::Dialect,
     e: &'a Execution,
-    status: &'a &'static str,
-    runner: &'a Option<&'a str>,
+    (status, runner): (&'a &'static str, &'a Option<&'a str>),
     lease: &'a crate::store::leases::Lease,
 ) -> (String, Vec<&'a dyn crate::store::ToSql>) {
     let sql = format!(
         "INSERT INTO executions ({COLUMNS}, runner) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
          ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25 \
          WHERE {}",
-        crate::store::leases::fence_clause(26, 27, 28)
+        crate::store::leases::fence_clause_shared(dialect, 26, 27, 28)
     );
     let fence: [&'a dyn crate::store::ToSql; 3] = [&lease.thread_id, &lease.owner, &lease.token];
     (sql, row_values(e, status, runner, &fence))
-}
-
-/// [`insert_run_by`] under `lease`: the row is written only while `lease` is the thread's
-/// current lease, checked by the insert itself (one statement where the fence and the
-/// insert took two). A stale lease is [`Lease::lost`](crate::store::leases::Lease::lost)
-/// and the caller's transaction is rolled back.
-pub fn insert_fenced(
-    conn: &Conn<'_>,
-    e: &Execution,
-    runner: Option<&str>,
-    lease: &crate::store::leases::Lease,
-) -> crate::store::Result<()> {
-    let fenced: i64 = cached_query_row(
-        conn,
-        &format!(
-            "INSERT INTO executions ({COLUMNS}, runner) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, \
-             ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25) \
-             RETURNING CASE WHEN {} THEN 1 ELSE 0 END",
-            crate::store::leases::fence_clause(26, 27, 28)
-        ),
-        row_values(
-            e,
-            &e.status.as_str(),
-            &runner,
-            &[&lease.thread_id, &lease.owner, &lease.token],
-        ),
-        |r| r.get(0),
-    )?;
-    if fenced == 0 {
-        return Err(lease.lost());
-    }
-    Ok(())
 }
 
 /// The execution with `id`.

@@ -82,6 +82,22 @@ pub enum Resend {
     KeyExpired,
 }
 
+/// [`Gate::may_resend`]'s rule: a read at any age; a call on a provider that
+/// deduplicates by idempotency key while under [`crate::connectors::RESEND_WITHIN_MS`]
+/// have passed since `decided_ms` (its decision, or its creation when it never had
+/// one: never later than its first send); nothing else.
+fn resend(is_read: bool, deduplicates: bool, decided_ms: i64, now_ms: i64) -> Resend {
+    if is_read {
+        Resend::Yes
+    } else if !deduplicates {
+        Resend::NoKey
+    } else if now_ms.saturating_sub(decided_ms) < crate::connectors::RESEND_WITHIN_MS {
+        Resend::Yes
+    } else {
+        Resend::KeyExpired
+    }
+}
+
 /// The gate's answer to a call, before it becomes HTTP.
 #[derive(Debug)]
 pub enum CallReply {
@@ -249,24 +265,20 @@ impl Gate {
             .catalog
             .get(&exec.tool)
             .is_some_and(|spec| spec.risk == crate::policy::Risk::Read);
-        if is_read {
-            return Resend::Yes;
-        }
-        if !connector.supports_idempotency() {
-            return Resend::NoKey;
-        }
         let decided = exec.decided_at_ms.unwrap_or(exec.created_at_ms);
-        if now_ms.saturating_sub(decided) < crate::connectors::RESEND_WITHIN_MS {
-            Resend::Yes
-        } else {
-            Resend::KeyExpired
-        }
+        resend(is_read, connector.supports_idempotency(), decided, now_ms)
     }
 
     /// Resolves once every read's outcome written after its answer is recorded (or
     /// failed): what a reader of a read's row right after its answer waits on.
     pub async fn outcomes_settled(&self) {
         self.trailing.settled().await;
+    }
+
+    /// Resolves once every read's outcome of `session_id` written after its answer is
+    /// recorded (or failed), whatever other sessions do.
+    pub async fn session_outcomes_settled(&self, session_id: &str) {
+        self.trailing.session_settled(session_id).await;
     }
 
     /// How many reads' outcomes are being written after their answer now.
@@ -353,5 +365,32 @@ impl Gate {
 
     pub(super) fn notify(&self, execution_id: &ExecutionId) {
         let _ = self.changes.send(execution_id.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Resend, resend};
+    use crate::connectors::RESEND_WITHIN_MS;
+
+    #[test]
+    fn a_lost_call_is_resent_only_while_its_key_lives_and_a_read_always() {
+        let decided = 1_000_000;
+        let just_before = decided + RESEND_WITHIN_MS - 1;
+        let at_the_edge = decided + RESEND_WITHIN_MS;
+        assert_eq!(resend(false, true, decided, decided), Resend::Yes);
+        assert_eq!(resend(false, true, decided, just_before), Resend::Yes);
+        assert_eq!(
+            resend(false, true, decided, at_the_edge),
+            Resend::KeyExpired
+        );
+        assert_eq!(resend(false, true, decided, i64::MAX), Resend::KeyExpired);
+        // A read changes nothing at the provider, whatever its age or provider.
+        assert_eq!(resend(true, false, decided, i64::MAX), Resend::Yes);
+        assert_eq!(resend(true, true, decided, i64::MAX), Resend::Yes);
+        // No key: never, not even at once.
+        assert_eq!(resend(false, false, decided, decided), Resend::NoKey);
+        // A clock that went back is within the window.
+        assert_eq!(resend(false, true, decided, decided - 5_000), Resend::Yes);
     }
 }

@@ -76,7 +76,7 @@ impl Gate {
             }
         };
         match decided {
-            Decided::Run(exec) if is_write => self.execute_write(exec, started).await,
+            Decided::Run(exec) if is_write => self.execute(exec, started).await,
             Decided::Run(exec) => self.execute_read(exec, started).await,
             Decided::Replay(exec) => CallReply::Ran {
                 execution_id: exec.id,
@@ -128,33 +128,14 @@ impl Gate {
     }
 
     /// Runs a call decided `run` (status `running`) through its connector, records the
-    /// outcome and its audit row in one transaction, and answers the agent: an approved
-    /// call, one recovery re-sends.
+    /// outcome and its audit row in one transaction, and answers the agent: a write, an
+    /// approved call, one recovery re-sends. The outcome is durable before the answer:
+    /// an identical write the agent sends next is answered from it (`decide`'s replay of
+    /// a succeeded twin), which a lost outcome (the row left `running`) could not be.
     pub async fn execute(&self, exec: Execution, started: Instant) -> CallReply {
         let (_, reply) = self
             .run_and_record(exec, started, OutcomeCommit::Flushed)
             .await;
-        reply
-    }
-
-    /// As [`Gate::execute`], for a write the agent made, run without a person: its
-    /// outcome commits without waiting for the log's flush when its provider
-    /// deduplicates by idempotency key. A crash that loses that outcome leaves the row
-    /// `running`, and recovery re-sends it with the same key within
-    /// [`crate::connectors::RESEND_WITHIN_MS`] of its decision, which the provider
-    /// answers with its first answer; past that a person checks it. A write to any
-    /// other provider records its outcome synchronously, as an approved call does.
-    async fn execute_write(&self, exec: Execution, started: Instant) -> CallReply {
-        let deduplicated = self
-            .connectors
-            .for_tool(&exec.tool)
-            .is_some_and(|c| c.supports_idempotency());
-        let commit = if deduplicated {
-            OutcomeCommit::Unflushed
-        } else {
-            OutcomeCommit::Flushed
-        };
-        let (_, reply) = self.run_and_record(exec, started, commit).await;
         reply
     }
 

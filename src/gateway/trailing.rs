@@ -30,7 +30,7 @@ pub const IN_ALL: usize = 256;
 #[derive(Debug)]
 pub struct Trailing {
     state: Mutex<State>,
-    /// Woken whenever the last trailing outcome is written.
+    /// Woken whenever a session's last trailing outcome is written.
     idle: Notify,
     per_session: usize,
     in_all: usize,
@@ -78,11 +78,10 @@ impl Trailing {
         if state.total >= self.in_all {
             return None;
         }
-        let of_session = state.by_session.entry(session_id.clone()).or_insert(0);
-        if *of_session >= self.per_session {
+        if state.by_session.get(session_id).copied().unwrap_or(0) >= self.per_session {
             return None;
         }
-        *of_session += 1;
+        *state.by_session.entry(session_id.clone()).or_insert(0) += 1;
         state.total += 1;
         Some(Slot {
             trailing: self.clone(),
@@ -102,12 +101,22 @@ impl Trailing {
 
     /// Resolves once no outcome trails (at once if none does).
     pub async fn settled(&self) {
+        self.settled_when(|state| state.total == 0).await;
+    }
+
+    /// Resolves once no outcome of `session_id` trails, whatever other sessions do.
+    pub async fn session_settled(&self, session_id: &str) {
+        self.settled_when(|state| !state.by_session.contains_key(session_id))
+            .await;
+    }
+
+    async fn settled_when(&self, done: impl Fn(&State) -> bool) {
         loop {
             let idle = self.idle.notified();
             tokio::pin!(idle);
             // Registered before the check: a wake between the two is not missed.
             idle.as_mut().enable();
-            if self.is_empty() {
+            if done(&self.state()) {
                 return;
             }
             idle.await;
@@ -120,12 +129,11 @@ impl Trailing {
             *n -= 1;
             if *n == 0 {
                 state.by_session.remove(session_id);
+                // A session settled (and the instance, once the last one did).
+                self.idle.notify_waiters();
             }
         }
         state.total -= 1;
-        if state.total == 0 {
-            self.idle.notify_waiters();
-        }
     }
 }
 
@@ -161,6 +169,13 @@ mod tests {
             "no entry outlives its slots"
         );
         assert!(trailing.take(&a).is_some(), "freed slots are taken again");
+    }
+
+    #[test]
+    fn a_session_refused_a_slot_leaves_no_entry_behind() {
+        let trailing = Arc::new(Trailing::with_caps(0, 10));
+        assert!(trailing.take(&session(1)).is_none());
+        assert!(trailing.state().by_session.is_empty());
     }
 
     #[test]
@@ -214,5 +229,25 @@ mod tests {
             .await
             .expect("settled once the last slot was freed")
             .expect("the waiter");
+    }
+
+    #[tokio::test]
+    async fn a_session_settles_while_others_still_trail() {
+        let trailing = Arc::new(Trailing::default());
+        let (a, b) = (session(1), session(2));
+        let of_a = trailing.take(&a).expect("slot");
+        let _of_b = trailing.take(&b).expect("slot");
+        let waiter = tokio::spawn({
+            let (trailing, a) = (trailing.clone(), a.clone());
+            async move { trailing.session_settled(&a).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "a's outcome still trails");
+        drop(of_a);
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+            .await
+            .expect("a settled though b still trails")
+            .expect("the waiter");
+        assert_eq!(trailing.len(), 1);
     }
 }

@@ -77,11 +77,14 @@ impl WaitProgress for Unreported {
 }
 
 /// The execution `id` if it belongs to session `session_id`. A text that is no execution
-/// id is answered as an id that is not there.
+/// id is answered as an id that is not there. A read of the session answered before its
+/// outcome was written (`trailing`) is read once that outcome is: the agent never sees
+/// a read it has the answer of still `running`.
 pub async fn load(gate: &Gate, session_id: &str, id: &str) -> Result<Execution, WaitError> {
     let Ok(owned) = ExecutionId::parse(id) else {
         return Err(WaitError::NotFound);
     };
+    gate.session_outcomes_settled(session_id).await;
     match gate.db.read(move |c| exec_store::get(c, &owned)).await {
         Ok(Some(e)) if e.session_id == session_id => Ok(e),
         Ok(_) => Err(WaitError::NotFound),

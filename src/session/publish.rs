@@ -104,6 +104,10 @@ pub struct GithubPublisher {
     pub latest_finding: FindingReader,
     /// The thread's gated calls, read by the executions table's owner.
     pub thread_calls: CallsReader,
+    /// Resolves once the gate has recorded the outcome of every read of the session it
+    /// answered before (`gateway::trailing`): the call list then shows none of them
+    /// still running.
+    pub outcomes_settled: OutcomesSettled,
     /// What the model cost on the thread, read by the model proxy's tables' owner.
     pub thread_cost: CostReader,
     /// Queues the pull request's note on the thread.
@@ -117,6 +121,12 @@ pub type FindingReader = fn(&crate::store::Conn<'_>, &str) -> crate::store::Resu
 /// Reads the first `limit` gated calls of a thread (oldest first) and their count.
 pub type CallsReader =
     fn(&crate::store::Conn<'_>, &str, usize) -> crate::store::Result<ThreadCalls>;
+/// Waits until the gate has recorded every read's outcome of a session it answered.
+pub type OutcomesSettled = Arc<
+    dyn Fn(crate::ids::SessionId) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        + Send
+        + Sync,
+>;
 /// Reads what the model cost on a thread.
 pub type CostReader = fn(&crate::store::Conn<'_>, &str) -> crate::store::Result<SessionCost>;
 
@@ -170,6 +180,7 @@ impl BranchPublisher for GithubPublisher {
         commit_message: Option<&str>,
         files: &ChangedFiles,
     ) -> anyhow::Result<PullRequest> {
+        (self.outcomes_settled)(scope.session_id.clone()).await;
         let thread = scope.thread_id.clone();
         let (finding_of, calls_of, cost_of) =
             (self.latest_finding, self.thread_calls, self.thread_cost);

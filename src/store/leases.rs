@@ -69,6 +69,27 @@ pub fn fence_clause(thread: usize, owner: usize, token: usize) -> String {
     )
 }
 
+/// As [`fence_clause`], for a statement sent with no transaction around it
+/// (`Db::write_single`): on Postgres, where it runs READ COMMITTED, the lease row is
+/// read `FOR SHARE`, so a takeover or renewal that changed the row while the statement
+/// waited for it is seen (the row is checked again at its newest version, and a new
+/// token no longer matches), and one not yet begun waits for the statement's commit.
+/// On SQLite it is [`fence_clause`]: the writer is alone.
+pub fn fence_clause_shared(
+    dialect: crate::store::Dialect,
+    thread: usize,
+    owner: usize,
+    token: usize,
+) -> String {
+    match dialect {
+        crate::store::Dialect::Sqlite => fence_clause(thread, owner, token),
+        crate::store::Dialect::Postgres => format!(
+            "EXISTS (SELECT 1 FROM session_leases WHERE thread_id = ?{thread} \
+             AND owner = ?{owner} AND token = ?{token} FOR SHARE)"
+        ),
+    }
+}
+
 /// Takes the lease on `thread` for `owner` until `now_ms + lease_ms`: a thread without
 /// a lease row gets token 1; a row whose lease has expired is taken over with its token
 /// bumped by one. One statement, so two instances racing get one winner. `None`: another

@@ -136,14 +136,13 @@ async fn a_read_commits_once_and_a_write_twice_with_these_statements_on_sqlite()
     // A write: the first look-up twice (its generation serves both Stripe requests: the
     // charge with its customer, for ownership, currency and amount; then the refund);
     // the deciding transaction (fence, the session's earlier calls, the row, the
-    // chain's head, two audit rows), durable before the refund is sent, and the
-    // outcome's (status, the chain's head, one audit row), which skips the fsync: Stripe
-    // deduplicates by the call's idempotency key, so recovery re-sends a lost one.
+    // chain's head, two audit rows) and the outcome's (status, the chain's head, one
+    // audit row).
     assert_eq!(
         write,
         Counts {
-            commits: 1,
-            unflushed_commits: 1,
+            commits: 2,
+            unflushed_commits: 0,
             reads: 2,
             statements: 2 + 6 + 3,
             round_trips: 0,
@@ -205,13 +204,12 @@ async fn a_read_and_a_write_with_these_commits_and_round_trips_on_postgres() {
     );
     // A write: the small reads; the deciding transaction (fence, the session's earlier
     // calls, the row, the pending rows); the outcome, one statement with no transaction
-    // around it (the status and the pending row: `audit::append_after`), which turns
-    // `synchronous_commit` off for itself (a Stripe call: re-sent with its key if lost).
+    // around it (the status and the pending row: `audit::append_after`).
     assert_eq!(
         without_prepares(write),
         Counts {
-            commits: 1,
-            unflushed_commits: 1,
+            commits: 2,
+            unflushed_commits: 0,
             reads: 2,
             statements: 2 + 4 + 1,
             round_trips: 2 + (4 + 2) + 1,

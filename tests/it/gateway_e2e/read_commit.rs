@@ -282,10 +282,9 @@ async fn release_outcomes(
     holding.await.expect("the holder ends");
 }
 
-/// A world on Postgres with Ada's session (one charge of 49.00) and the outcome gate
-/// installed; `None` without a test database.
-async fn on_postgres_with_gated_outcomes()
--> Option<(threadgate::store::testing::TestDb, World, TestApp, Customer)> {
+/// A world on Postgres with Ada's session (one charge of 49.00); `None` without a test
+/// database.
+async fn on_postgres() -> Option<(threadgate::store::testing::TestDb, World, TestApp, Customer)> {
     let Some(pg) = threadgate::store::testing::TestDb::postgres_from_env() else {
         eprintln!("skipped: THREADGATE_TEST_DATABASE_URL is not set");
         return None;
@@ -296,7 +295,6 @@ async fn on_postgres_with_gated_outcomes()
     let ada = world
         .customer_session(&app, "ada@example.com", &[4900])
         .await;
-    gate_outcomes(&app).await;
     Some((pg, world, app, ada))
 }
 
@@ -322,9 +320,10 @@ async fn status_now(app: &TestApp, id: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_read_is_answered_before_its_outcome_and_a_flood_only_so_far_ahead() {
     use threadgate::gateway::trailing::PER_SESSION;
-    let Some((pg, _world, app, ada)) = on_postgres_with_gated_outcomes().await else {
+    let Some((pg, _world, app, ada)) = on_postgres().await else {
         return;
     };
+    gate_outcomes(&app).await;
     let ada = std::sync::Arc::new(ada);
     let (release, holding) = hold_outcomes(&pg).await;
 
@@ -335,6 +334,12 @@ async fn a_read_is_answered_before_its_outcome_and_a_flood_only_so_far_ahead() {
     let first = body["execution_id"].as_str().expect("id").to_owned();
     assert_eq!(status_now(&app, &first).await, "running");
     assert_eq!(app.gate.outcomes_trailing(), 1);
+    // The agent asking after it is answered once its outcome is written, never
+    // `running`.
+    let asked = tokio::spawn({
+        let (ada, path) = (ada.clone(), format!("/v1/executions/{first}"));
+        async move { ada.session.get(&path).await }
+    });
 
     // A flood: as many answers as the session has slots left, no more.
     let flood = PER_SESSION + 2;
@@ -362,8 +367,15 @@ async fn a_read_is_answered_before_its_outcome_and_a_flood_only_so_far_ahead() {
     );
     assert_eq!(app.gate.outcomes_trailing(), PER_SESSION);
 
+    assert!(
+        !asked.is_finished(),
+        "the read's status waits for its outcome"
+    );
+
     // Once the outcomes can be written every read is answered and recorded.
     release_outcomes(release, holding).await;
+    let (status, view) = asked.await.expect("the status");
+    assert_eq!((status, &view["status"]), (200, &json!("ok")), "{view}");
     for call in calls {
         let (status, body) = call.await.expect("a read");
         assert_eq!(status, 200, "{body}");
@@ -390,9 +402,10 @@ async fn a_read_is_answered_before_its_outcome_and_a_flood_only_so_far_ahead() {
 /// recovery.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_clean_stop_writes_the_outcomes_still_trailing() {
-    let Some((pg, _world, app, ada)) = on_postgres_with_gated_outcomes().await else {
+    let Some((pg, _world, app, ada)) = on_postgres().await else {
         return;
     };
+    gate_outcomes(&app).await;
     let (release, holding) = hold_outcomes(&pg).await;
     let (status, body) = get_charge(&ada).await;
     assert_eq!(status, 200, "{body}");
@@ -415,4 +428,67 @@ async fn a_clean_stop_writes_the_outcomes_still_trailing() {
         .await
         .expect("read the status");
     assert_eq!(status, "succeeded");
+}
+
+/// On Postgres a read's decision is one statement with no transaction around it (READ
+/// COMMITTED): its fence reads the lease row `FOR SHARE`, so a takeover that has changed
+/// the row but not yet committed when the read is sent is waited for and then seen. The
+/// read is refused (`session_moved`) and nothing of it is written. (A fence that read
+/// the statement's snapshot alone would let the read in under the old token.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_decided_while_a_takeover_commits_is_refused() {
+    let Some((pg, _world, app, ada)) = on_postgres().await else {
+        return;
+    };
+    let (status, body) = get_charge(&ada).await;
+    assert_eq!(status, 200, "{body}");
+
+    // Another instance takes the thread over, and has not committed yet.
+    let holder = pg.open().expect("a second handle");
+    let thread = ada.session.thread_id.clone();
+    let (locked_tx, locked) = std::sync::mpsc::channel::<()>();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let signals = std::sync::Arc::new(std::sync::Mutex::new((locked_tx, released)));
+    let takeover = tokio::spawn(async move {
+        holder
+            .write(move |c| {
+                c.execute(
+                    "UPDATE session_leases SET owner = 'inst-elsewhere', token = token + 1, \
+                     expires_at_ms = 4000000000000000 WHERE thread_id = ?1",
+                    [&thread],
+                )?;
+                let signals = signals.lock().expect("signals");
+                signals.0.send(()).expect("say updated");
+                signals.1.recv().expect("wait for the release");
+                Ok(())
+            })
+            .await
+            .expect("the takeover commits")
+    });
+    tokio::task::spawn_blocking(move || locked.recv())
+        .await
+        .expect("join")
+        .expect("the takeover is under way");
+
+    let ada = std::sync::Arc::new(ada);
+    let read = tokio::spawn({
+        let ada = ada.clone();
+        async move { get_charge(&ada).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(!read.is_finished(), "the read waits for the takeover");
+    release.send(()).expect("release");
+    takeover.await.expect("the takeover ends");
+    let (status, body) = read.await.expect("the read");
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"], "session_moved", "{body}");
+    let reads = app
+        .executions()
+        .await
+        .into_iter()
+        .filter(|e| e.tool == "stripe.get_charge")
+        .count();
+    assert_eq!(reads, 1, "only the read before the takeover was written");
+    app.verify_audit().await;
+    app.stop().await;
 }
