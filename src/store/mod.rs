@@ -303,7 +303,9 @@ impl Db {
     /// statement: a second is refused before it is sent ([`SqlError::SecondStatement`]),
     /// so the write is still all or nothing. Meant for an insert-or-nothing (`INSERT …
     /// ON CONFLICT DO NOTHING`) or a conditional `UPDATE`, which need no snapshot of
-    /// their own: the uniqueness check and the `WHERE` see the latest committed rows.
+    /// their own: the uniqueness check and the `WHERE` on the changed row see the latest
+    /// committed rows (a condition on another table's row reads the statement's snapshot
+    /// unless it locks that row: `leases::fence_clause_shared`).
     /// Run again on 40001/40P01 as [`Db::write`].
     pub async fn write_single<R, F>(&self, f: F) -> Result<R, StoreError>
     where
