@@ -247,37 +247,46 @@ async fn gate_outcomes(app: &TestApp) {
         .expect("install the outcome gate");
 }
 
-/// Holds [`OUTCOME_GATE`] on a connection of its own until [`release_outcomes`].
-async fn hold_outcomes(
+/// Runs `sql` (its one parameter `param`) in a write on a handle of its own and keeps
+/// that transaction open, its locks held, until [`let_go`]: once this returns the
+/// statement has run.
+async fn hold_open(
     pg: &threadgate::store::testing::TestDb,
+    sql: &'static str,
+    param: String,
 ) -> (std::sync::mpsc::Sender<()>, tokio::task::JoinHandle<()>) {
     let holder = pg.open().expect("a second handle");
-    let (locked_tx, locked) = std::sync::mpsc::channel::<()>();
+    let (ran_tx, ran) = std::sync::mpsc::channel::<()>();
     let (release, released) = std::sync::mpsc::channel::<()>();
-    let signals = std::sync::Arc::new(std::sync::Mutex::new((locked_tx, released)));
+    let signals = std::sync::Arc::new(std::sync::Mutex::new((ran_tx, released)));
     let holding = tokio::spawn(async move {
         holder
             .write(move |c| {
-                c.execute("SELECT pg_advisory_xact_lock(?1)", [OUTCOME_GATE])?;
+                c.execute(sql, [&param])?;
                 let signals = signals.lock().expect("signals");
-                signals.0.send(()).expect("say locked");
+                signals.0.send(()).expect("say it ran");
                 signals.1.recv().expect("wait for the release");
                 Ok(())
             })
             .await
-            .expect("the gate holder's write")
+            .expect("the holder's write")
     });
-    tokio::task::spawn_blocking(move || locked.recv())
+    tokio::task::spawn_blocking(move || ran.recv())
         .await
         .expect("join")
-        .expect("the gate is held");
+        .expect("the statement ran");
     (release, holding)
 }
 
-async fn release_outcomes(
-    release: std::sync::mpsc::Sender<()>,
-    holding: tokio::task::JoinHandle<()>,
-) {
+/// Holds [`OUTCOME_GATE`] on a connection of its own until [`let_go`].
+async fn hold_outcomes(
+    pg: &threadgate::store::testing::TestDb,
+) -> (std::sync::mpsc::Sender<()>, tokio::task::JoinHandle<()>) {
+    let sql = "SELECT pg_advisory_xact_lock(CAST(CAST(?1 AS text) AS bigint))";
+    hold_open(pg, sql, OUTCOME_GATE.to_string()).await
+}
+
+async fn let_go(release: std::sync::mpsc::Sender<()>, holding: tokio::task::JoinHandle<()>) {
     release.send(()).expect("release the gate");
     holding.await.expect("the holder ends");
 }
@@ -373,7 +382,7 @@ async fn a_read_is_answered_before_its_outcome_and_a_flood_only_so_far_ahead() {
     );
 
     // Once the outcomes can be written every read is answered and recorded.
-    release_outcomes(release, holding).await;
+    let_go(release, holding).await;
     let (status, view) = asked.await.expect("the status");
     assert_eq!((status, &view["status"]), (200, &json!("ok")), "{view}");
     for call in calls {
@@ -415,7 +424,7 @@ async fn a_clean_stop_writes_the_outcomes_still_trailing() {
     let stopping = tokio::spawn(app.stop());
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert!(!stopping.is_finished(), "the stop waits for the outcome");
-    release_outcomes(release, holding).await;
+    let_go(release, holding).await;
     stopping.await.expect("the app stops");
 
     let db = pg.open().expect("a handle");
@@ -444,31 +453,9 @@ async fn a_read_decided_while_a_takeover_commits_is_refused() {
     assert_eq!(status, 200, "{body}");
 
     // Another instance takes the thread over, and has not committed yet.
-    let holder = pg.open().expect("a second handle");
-    let thread = ada.session.thread_id.clone();
-    let (locked_tx, locked) = std::sync::mpsc::channel::<()>();
-    let (release, released) = std::sync::mpsc::channel::<()>();
-    let signals = std::sync::Arc::new(std::sync::Mutex::new((locked_tx, released)));
-    let takeover = tokio::spawn(async move {
-        holder
-            .write(move |c| {
-                c.execute(
-                    "UPDATE session_leases SET owner = 'inst-elsewhere', token = token + 1, \
-                     expires_at_ms = 4000000000000000 WHERE thread_id = ?1",
-                    [&thread],
-                )?;
-                let signals = signals.lock().expect("signals");
-                signals.0.send(()).expect("say updated");
-                signals.1.recv().expect("wait for the release");
-                Ok(())
-            })
-            .await
-            .expect("the takeover commits")
-    });
-    tokio::task::spawn_blocking(move || locked.recv())
-        .await
-        .expect("join")
-        .expect("the takeover is under way");
+    let takeover = "UPDATE session_leases SET owner = 'inst-elsewhere', token = token + 1, \
+                    expires_at_ms = 4000000000000000 WHERE thread_id = ?1";
+    let (done, takeover) = hold_open(&pg, takeover, ada.session.thread_id.clone()).await;
 
     let ada = std::sync::Arc::new(ada);
     let read = tokio::spawn({
@@ -477,8 +464,7 @@ async fn a_read_decided_while_a_takeover_commits_is_refused() {
     });
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert!(!read.is_finished(), "the read waits for the takeover");
-    release.send(()).expect("release");
-    takeover.await.expect("the takeover ends");
+    let_go(done, takeover).await;
     let (status, body) = read.await.expect("the read");
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["error"], "session_moved", "{body}");

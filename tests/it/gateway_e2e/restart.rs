@@ -76,9 +76,11 @@ async fn an_approved_call_left_by_a_crash_runs_once_after_restart() {
     app.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refund_whose_answer_was_lost_is_resent_with_its_key_and_runs_once() {
-    let world = World::new().await;
+/// Ada's refund of 7.00, held, then claimed and sent (decided at `decided_at_ms`):
+/// Stripe made the refund, then threadgate died before recording the answer. The
+/// request is the one the gate sends, with its idempotency key. The execution's id and
+/// Stripe's answer; threadgate is stopped.
+async fn a_refund_sent_and_lost(world: &World, decided_at_ms: i64) -> (String, Value) {
     let app = world.start().await;
     let ada = world
         .customer_session(&app, "ada@example.com", &[5000])
@@ -87,9 +89,7 @@ async fn a_refund_whose_answer_was_lost_is_resent_with_its_key_and_runs_once() {
     let frozen: Value = app.execution(&id).await.args;
     app.stop().await;
 
-    // Claimed and sent: Stripe made the refund, then threadgate died before recording
-    // the answer. The request is the one the gate sends, with its idempotency key.
-    force_status(&world, &id, "running");
+    force_status_decided_at(world, &id, "running", decided_at_ms);
     let stripe = StripeConnector::new(&world.stripe.base_url(), Credential::new(STRIPE_KEY))
         .expect("connector");
     let first = stripe
@@ -101,6 +101,13 @@ async fn a_refund_whose_answer_was_lost_is_resent_with_its_key_and_runs_once() {
         .await
         .expect("the refund reached Stripe");
     assert_eq!(refunds(&world.stripe).await.len(), 1);
+    (id, first)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_whose_answer_was_lost_is_resent_with_its_key_and_runs_once() {
+    let world = World::new().await;
+    let (id, first) = a_refund_sent_and_lost(&world, chrono::Utc::now().timestamp_millis()).await;
 
     let app = world.start().await;
     status_becomes(&app, &id, "succeeded").await;
@@ -118,27 +125,9 @@ async fn a_refund_whose_answer_was_lost_is_resent_with_its_key_and_runs_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refund_whose_key_may_have_expired_is_marked_for_a_person_not_resent() {
     let world = World::new().await;
-    let app = world.start().await;
-    let ada = world
-        .customer_session(&app, "ada@example.com", &[5000])
-        .await;
-    let id = ada.session.hold_refund(&ada.charges[0], 700).await;
-    let frozen: Value = app.execution(&id).await.args;
-    app.stop().await;
-
     // Approved and sent 24 hours ago; the answer never recorded.
     let day_ago = chrono::Utc::now().timestamp_millis() - 24 * 60 * 60 * 1000;
-    force_status_decided_at(&world, &id, "running", day_ago);
-    let stripe = StripeConnector::new(&world.stripe.base_url(), Credential::new(STRIPE_KEY))
-        .expect("connector");
-    stripe
-        .call(
-            "stripe.create_refund",
-            &frozen,
-            &CallContext { execution_id: &id },
-        )
-        .await
-        .expect("the refund reached Stripe");
+    let (id, _) = a_refund_sent_and_lost(&world, day_ago).await;
 
     let app = world.start().await;
     status_becomes(&app, &id, "needs_check").await;
