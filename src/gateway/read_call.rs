@@ -153,20 +153,19 @@ impl Gate {
         // without waiting for it while the session and the instance have a slot free
         // (`trailing`); otherwise once it is written, as every other call's.
         let write = self.record_outcome(&exec, ran.record, started, OutcomeCommit::Unflushed);
+        let (changes, id) = (self.changes_sender(), exec.id.clone());
+        let recorded = async move {
+            write.await;
+            let _ = changes.send(id);
+        };
         match self.trailing.take(&scope.session_id) {
             Some(slot) => {
-                let changes = self.changes_sender();
-                let id = exec.id.clone();
                 self.tasks.spawn(crate::store::counts::carried(async move {
-                    write.await;
-                    let _ = changes.send(id);
+                    recorded.await;
                     drop(slot);
                 }));
             }
-            None => {
-                write.await;
-                self.notify(&exec.id);
-            }
+            None => recorded.await,
         }
         ran.reply
     }

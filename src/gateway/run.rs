@@ -133,9 +133,7 @@ impl Gate {
     /// an identical write the agent sends next is answered from it (`decide`'s replay of
     /// a succeeded twin), which a lost outcome (the row left `running`) could not be.
     pub async fn execute(&self, exec: Execution, started: Instant) -> CallReply {
-        let (_, reply) = self
-            .run_and_record(exec, started, OutcomeCommit::Flushed)
-            .await;
+        let (_, reply) = self.run_and_record(exec, started).await;
         reply
     }
 
@@ -147,27 +145,19 @@ impl Gate {
     /// would hold the lease row's and the limit key's locks through the flush: Postgres
     /// releases a transaction's locks only once its commit is flushed.)
     async fn execute_read(&self, exec: Execution, started: Instant) -> CallReply {
-        match self
-            .run_and_record(exec, started, OutcomeCommit::Flushed)
-            .await
-        {
+        match self.run_and_record(exec, started).await {
             (true, reply) => reply,
             (false, _) => CallReply::Refused(Refusal::Internal),
         }
     }
 
-    /// Runs a decided call, records its outcome as `commit` says, and announces the
-    /// change: whether the outcome was recorded, and the answer.
+    /// Runs a decided call, records its outcome before the answer (its commit flushed),
+    /// and announces the change: whether the outcome was recorded, and the answer.
     #[tracing::instrument(name = "execute", skip_all, fields(execution_id = %exec.id, thread_id = %exec.thread_id, session_id = %exec.session_id, tool = %exec.tool))]
-    async fn run_and_record(
-        &self,
-        exec: Execution,
-        started: Instant,
-        commit: OutcomeCommit,
-    ) -> (bool, CallReply) {
+    async fn run_and_record(&self, exec: Execution, started: Instant) -> (bool, CallReply) {
         let ran = self.run_decided(&exec).await;
         let recorded = self
-            .record_outcome(&exec, ran.record, started, commit)
+            .record_outcome(&exec, ran.record, started, OutcomeCommit::Flushed)
             .await;
         self.notify(&exec.id);
         (recorded, ran.reply)
