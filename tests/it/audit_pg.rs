@@ -476,15 +476,25 @@ async fn an_unflushed_statement_leaves_the_wal_flush_to_later_and_the_connection
         assert!(db.write_single(lead(i)).await.expect("write"));
     }
     let flushed = wal_syncs(&db).await - before;
-    let before = wal_syncs(&db).await;
-    for i in 100..200 {
-        assert!(db.write_unflushed(lead(i)).await.expect("write"));
+    // The count is the server's: other tests' commits on it can only add to it, so the
+    // fewest of up to three rounds of 100 is the one to judge (a write that synced would
+    // count 100 in every round).
+    let mut unflushed = i64::MAX;
+    for round in 0..3 {
+        let before = wal_syncs(&db).await;
+        for i in 0..100 {
+            let i = 100 * (round + 1) + i;
+            assert!(db.write_unflushed(lead(i)).await.expect("write"));
+        }
+        unflushed = unflushed.min(wal_syncs(&db).await - before);
+        if unflushed < 50 {
+            break;
+        }
     }
-    let unflushed = wal_syncs(&db).await - before;
     println!("WAL syncs over 100 writes: synchronous {flushed}, unflushed {unflushed}");
     assert!(flushed >= 100, "each synchronous write syncs: {flushed}");
     assert!(
-        unflushed < flushed / 2,
+        unflushed < 50,
         "unflushed writes leave the sync to the WAL writer: {unflushed} against {flushed}"
     );
     let setting: String = db
