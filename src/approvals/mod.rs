@@ -534,7 +534,9 @@ fn claim(
     let recheck = AuditRecord::new(AuditEvent::Rechecked).policy_hash(&loaded.hash_hex);
     if now_decision.verdict == Verdict::Block {
         let reason = format!("blocked by the current policy: {}", now_decision.because);
-        store::finish(conn, id, Status::Blocked, None, Some(&reason), now)?;
+        if !store::block_approved(conn, id, &reason, now)? {
+            return Ok(None);
+        }
         executions::audit(
             conn,
             redactor,

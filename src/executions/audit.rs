@@ -35,15 +35,15 @@ pub fn record_all(
     Ok(())
 }
 
-/// Writes how `exec` ended ([`super::store::finish`]'s update) and its outcome step,
-/// completed as [`record`] completes one, together: on Postgres one statement
-/// ([`audit::append_after`]), which a write may send with no transaction around it.
-/// Fails with [`super::store::ExecutionGone`], writing nothing, when the row is not
-/// there.
+/// Writes how `exec` (sent by `runner`) ended ([`super::store::finish`]'s update) and
+/// its outcome step, completed as [`record`] completes one, together: on Postgres one
+/// statement ([`audit::append_after`]), which a write may send with no transaction
+/// around it. Fails with [`super::store::OutcomeRefused`], writing nothing, when the
+/// call is no longer running as `runner`'s.
 pub fn finish_recorded(
     conn: &Conn<'_>,
     redactor: &Redactor,
-    exec: &Execution,
+    (exec, runner): (&Execution, &str),
     (status, result, error): (super::Status, Option<&str>, Option<&str>),
     now_ms: i64,
     step: AuditRecord,
@@ -52,12 +52,12 @@ pub fn finish_recorded(
     let id = exec.id.as_str();
     let finish = (
         super::store::FINISH,
-        crate::store::params![id, status.as_str(), result, error, now_ms],
+        crate::store::params![id, status.as_str(), result, error, now_ms, runner],
     );
     if audit::append_after(conn, finish, &[record], redactor)? {
         Ok(())
     } else {
-        Err(super::store::ExecutionGone { id: id.to_owned() }.into())
+        Err(super::store::OutcomeRefused { id: id.to_owned() }.into())
     }
 }
 
@@ -225,5 +225,67 @@ mod tests {
         let row = recorded(step).await;
         assert_eq!(row.policy_hash.as_deref(), Some("current"));
         assert_eq!(row.reviewer, None);
+    }
+
+    /// An outcome and its audit row (one statement on Postgres, sent with no
+    /// transaction around it) are written only by the call's runner while it runs: the
+    /// late outcome of an instance whose call another took over writes neither. On
+    /// every backend.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_outcome_of_a_call_taken_over_writes_no_row_and_no_audit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for backend in crate::store::testing::each_backend(dir.path()) {
+            let db = backend.open().expect("open");
+            let dialect = format!("{:?}", db.dialect());
+            let mut exec = execution();
+            exec.status = Status::Running;
+            let row = exec.clone();
+            db.write(move |c| super::super::store::insert_run_by(c, &row, Some("inst_b")))
+                .await
+                .expect("insert");
+            let outcome = |runner: &'static str| {
+                let exec = exec.clone();
+                move |c: &Conn<'_>| {
+                    let ran = (Status::Succeeded, Some(r#"{"ok":true}"#), None);
+                    let step = AuditRecord::new(AuditEvent::Ran);
+                    finish_recorded(c, &Redactor::empty(), (&exec, runner), ran, 2_000, step)
+                }
+            };
+            let late = db.write_single(outcome("inst_a")).await.unwrap_err();
+            assert!(
+                late.to_string().contains("not running on this instance"),
+                "{dialect}: {late}"
+            );
+            assert_eq!(status(&db).await, "running", "{dialect}");
+            assert!(events(&db).await.is_empty(), "{dialect}: no audit row");
+
+            db.write_single(outcome("inst_b"))
+                .await
+                .expect("its runner's outcome");
+            assert_eq!(status(&db).await, "succeeded", "{dialect}");
+            assert_eq!(events(&db).await, ["ran"], "{dialect}");
+        }
+    }
+
+    async fn status(db: &Db) -> String {
+        db.read(|c| {
+            c.query_row("SELECT status FROM executions WHERE id = 'ex_1'", (), |r| {
+                r.get(0)
+            })
+        })
+        .await
+        .expect("status")
+    }
+
+    /// The events of the audit rows, every one written so far chained first.
+    async fn events(db: &Db) -> Vec<String> {
+        db.background_settled().await;
+        audit::chain_waiting(db).await.expect("chain");
+        let rows = db.read(|c| audit::query(c, &audit::AuditFilter::default()));
+        rows.await
+            .expect("audit")
+            .into_iter()
+            .map(|r| r.event)
+            .collect()
     }
 }

@@ -437,7 +437,7 @@ const PENDING_BINDING: &str = "session_id = ?1 AND binding_hash = ?2 \
 
 /// What deciding a call must know of its session's earlier calls, read in one
 /// statement: what [`succeeded_binding`], [`pending_binding`] and [`held_for_tool`]
-/// answer one by one.
+/// answer one by one, and the same binding's call still being sent.
 #[derive(Debug, Default)]
 pub struct EarlierCalls {
     /// The session's succeeded execution of the same binding (the oldest).
@@ -446,6 +446,9 @@ pub struct EarlierCalls {
     pub pending: Option<Execution>,
     /// The id of the session's oldest call to the same tool held for a person.
     pub held_for_tool: Option<String>,
+    /// The session's execution of the same binding still being sent (the oldest): an
+    /// identical write waits for its outcome instead of being sent again.
+    pub running: Option<Execution>,
 }
 
 /// The session's earlier calls that decide a new call of `tool` with `binding_hash` at
@@ -466,7 +469,10 @@ pub fn earlier_calls(
          UNION ALL \
          SELECT h.*, 3 FROM (SELECT {COLUMNS} FROM executions WHERE session_id = ?1 \
          AND tool = ?4 AND status = 'held' AND expires_at_ms > ?3 ORDER BY created_at_ms \
-         LIMIT 1) AS h"
+         LIMIT 1) AS h \
+         UNION ALL \
+         SELECT r.*, 4 FROM (SELECT {COLUMNS} FROM executions WHERE session_id = ?1 \
+         AND binding_hash = ?2 AND status = 'running' ORDER BY created_at_ms LIMIT 1) AS r"
     );
     let mut stmt = conn.prepare_cached(&sql)?;
     let mut rows = stmt.query(params![session_id, binding_hash, now_ms, tool])?;
@@ -476,7 +482,8 @@ pub fn earlier_calls(
         match which {
             1 => found.succeeded = Some(row_to_execution(&row)?),
             2 => found.pending = Some(row_to_execution(&row)?),
-            _ => found.held_for_tool = Some(row.get(0)?),
+            3 => found.held_for_tool = Some(row.get(0)?),
+            _ => found.running = Some(row_to_execution(&row)?),
         }
     }
     Ok(found)
@@ -616,43 +623,65 @@ pub fn record_decision(
     Ok(changed == 1)
 }
 
-/// Records how an execution ended.
+/// Records how the running call `id` that `runner` (this instance's id) sent ended:
+/// only while it is still running and still `runner`'s. An outcome of a call another
+/// instance took over meanwhile (this one was read as dead), or whose outcome is already
+/// recorded, is refused by the database and writes nothing ([`OutcomeRefused`]): the
+/// taker's outcome stands.
 pub fn finish(
     conn: &Conn<'_>,
     id: &str,
-    status: Status,
-    result: Option<&str>,
-    error: Option<&str>,
+    runner: &str,
+    (status, result, error): (Status, Option<&str>, Option<&str>),
     now_ms: i64,
 ) -> crate::store::Result<()> {
     let changed = cached_execute(
         conn,
         FINISH,
-        params![id, status.as_str(), result, error, now_ms],
+        params![id, status.as_str(), result, error, now_ms, runner],
     )?;
     if changed == 0 {
-        // The row its decision wrote is not there (a decision is on disk before its
-        // outcome is written, so only a person's hand could remove it): nothing of this
-        // outcome is written.
-        return Err(ExecutionGone { id: id.to_owned() }.into());
+        return Err(OutcomeRefused { id: id.to_owned() }.into());
     }
     Ok(())
 }
 
-/// [`finish`]'s statement: `?1` the id, then status, result, error and the time.
+/// [`finish`]'s statement: `?1` the id, then status, result, error, the time and the
+/// runner it must still be.
 pub(super) const FINISH: &str = "UPDATE executions SET status = ?2, result = ?3, error = ?4, \
-     finished_at_ms = ?5, attempts = attempts + 1 WHERE id = ?1";
+     finished_at_ms = ?5, attempts = attempts + 1 \
+     WHERE id = ?1 AND status = 'running' AND runner = ?6";
 
-impl From<ExecutionGone> for crate::store::SqlError {
-    fn from(gone: ExecutionGone) -> Self {
-        crate::store::SqlError::other(gone)
+/// Blocks the approved call `id` that the current policy now blocks (`reason`), before
+/// it is claimed: only while it is still `approved`. Whether it was blocked.
+pub fn block_approved(
+    conn: &Conn<'_>,
+    id: &str,
+    reason: &str,
+    now_ms: i64,
+) -> crate::store::Result<bool> {
+    let changed = cached_execute(
+        conn,
+        "UPDATE executions SET status = 'blocked', error = ?2, finished_at_ms = ?3 \
+         WHERE id = ?1 AND status = 'approved'",
+        params![id, reason, now_ms],
+    )?;
+    Ok(changed == 1)
+}
+
+impl From<OutcomeRefused> for crate::store::SqlError {
+    fn from(refused: OutcomeRefused) -> Self {
+        crate::store::SqlError::other(refused)
     }
 }
 
-/// An outcome refused because its execution's row is not in the database.
+/// An outcome refused because its call is not running on this instance any more:
+/// another instance took it over, its outcome is recorded, or a person removed its row.
 #[derive(Debug, thiserror::Error)]
-#[error("execution {id} is not recorded; its outcome cannot be")]
-pub struct ExecutionGone {
+#[error(
+    "execution {id} is not running on this instance (another instance took it over, or its outcome is already recorded); this outcome is not recorded"
+)]
+pub struct OutcomeRefused {
     pub id: String,
 }
 
@@ -1118,6 +1147,22 @@ mod tests {
                 "{kind}"
             );
 
+            // The current policy blocks an approved call only while it is approved: a
+            // claimed one runs, a held one waits for its person.
+            for (id, blocked) in [("ex_late", false), ("ex_held", false), ("ex_old", true)] {
+                let done = db
+                    .write(move |c| super::block_approved(c, id, "blocked now", 9_000))
+                    .await
+                    .unwrap();
+                assert_eq!(done, blocked, "{kind} {id}");
+            }
+            assert_eq!(runner(&db, "ex_old").await.0, "blocked", "{kind}");
+            let twice = db
+                .write(|c| super::block_approved(c, "ex_old", "again", 9_001))
+                .await
+                .unwrap();
+            assert!(!twice, "{kind}: blocked once");
+
             // Alive: a heartbeat newer than 5,000. Each live instance sees the dead
             // one's call, never its own or another live one's.
             for me in ["inst_a", "inst_b"] {
@@ -1172,10 +1217,22 @@ mod tests {
                     .unwrap(),
                 "{kind}"
             );
-            // A call that finished meanwhile is not taken over.
-            db.write(|c| super::finish(c, "ex_live", Status::Succeeded, None, None, 9_990))
+            // A call that finished meanwhile is not taken over. Its outcome is written
+            // only by its runner, and only once.
+            let done = (Status::Succeeded, None, None);
+            let not_its_runner = db
+                .write(move |c| super::finish(c, "ex_live", "inst_a", done, 9_990))
+                .await;
+            assert!(not_its_runner.is_err(), "{kind}: another runner's outcome");
+            assert_eq!(runner(&db, "ex_live").await.0, "running", "{kind}");
+            db.write(move |c| super::finish(c, "ex_live", "inst_b", done, 9_990))
                 .await
                 .unwrap();
+            let again = (Status::Failed, None, Some("late"));
+            let twice = db
+                .write(move |c| super::finish(c, "ex_live", "inst_b", again, 9_991))
+                .await;
+            assert!(twice.is_err(), "{kind}: an outcome is recorded once");
             db.write(|c| {
                 c.execute(
                     "UPDATE instances SET heartbeat_at_ms = 0 WHERE instance_id = 'inst_b'",
@@ -1206,8 +1263,23 @@ mod tests {
                     .unwrap(),
                 "{kind}: taken once"
             );
-            // Only the instance that took a call over marks it, and only while running.
+            // Only the instance that took a call over marks it or records its outcome,
+            // and only while running: the one read as dead that comes back late with
+            // its outcome is refused by the database, and nothing of it is written.
             let loser = if took_a { "inst_b" } else { "inst_a" };
+            let late = db
+                .write(move |c| super::finish(c, "ex_orph", "dead", done, 9_995))
+                .await
+                .unwrap_err();
+            assert!(
+                late.to_string().contains("another instance took it over"),
+                "{kind}: {late}"
+            );
+            assert_eq!(
+                runner(&db, "ex_orph").await,
+                ("running".into(), Some(taker.into())),
+                "{kind}: the late outcome wrote nothing"
+            );
             assert!(
                 !db.write(move |c| super::mark_needs_check(c, "ex_orph", loser, "r", 9_999))
                     .await
@@ -1296,6 +1368,33 @@ mod tests {
                         1,
                     ),
                     (
+                        "ex_run1",
+                        "s_1",
+                        "stripe.create_refund",
+                        "b6",
+                        "running",
+                        None,
+                        8,
+                    ),
+                    (
+                        "ex_run0",
+                        "s_1",
+                        "stripe.create_refund",
+                        "b6",
+                        "running",
+                        None,
+                        7,
+                    ),
+                    (
+                        "ex_orun",
+                        "s_2",
+                        "stripe.create_refund",
+                        "b6",
+                        "running",
+                        None,
+                        1,
+                    ),
+                    (
                         "ex_oheld",
                         "s_2",
                         "stripe.update_subscription",
@@ -1362,6 +1461,22 @@ mod tests {
                 kinds_found, [true; 3],
                 "{kind}: every kind was found somewhere"
             );
+            // The same binding still being sent, the oldest, of the session only; a
+            // binding with none has none.
+            for (session, binding, want) in [
+                ("s_1", "b6", Some("ex_run0")),
+                ("s_2", "b6", Some("ex_orun")),
+                ("s_3", "b6", None),
+                ("s_1", "b1", None),
+            ] {
+                let found = db
+                    .read(move |c| super::earlier_calls(c, session, binding, "t", 1_000))
+                    .await
+                    .unwrap();
+                let running = found.running.map(|e| (e.id.to_string(), e.status));
+                let want = want.map(|id| (id.to_owned(), Status::Running));
+                assert_eq!(running, want, "{kind}: {session} {binding}");
+            }
             // The oldest succeeded execution of a binding is the one replayed.
             let first = db
                 .read(|c| super::earlier_calls(c, "s_1", "b1", "stripe.create_refund", 1_000))

@@ -120,7 +120,7 @@ impl From<Refusal> for ApiError {
                 definite: false, ..
             } => StatusCode::BAD_GATEWAY,
             Refusal::TooManyHolds { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Refusal::SessionMoved => StatusCode::CONFLICT,
+            Refusal::SessionMoved | Refusal::InFlight(_) => StatusCode::CONFLICT,
             Refusal::Internal => return ApiError::internal(),
         };
         let code = refusal.code();
@@ -169,6 +169,11 @@ mod tests {
             ),
             (Refusal::TooManyHolds { limit: 3 }, 429, "too_many_holds"),
             (Refusal::SessionMoved, 409, "session_moved"),
+            (
+                Refusal::InFlight(crate::ids::ExecutionId::parse("ex_1").expect("id")),
+                409,
+                "in_flight",
+            ),
             (Refusal::Internal, 500, "internal"),
         ];
         for (refusal, status, code) in cases {

@@ -27,6 +27,9 @@ pub(super) enum Decided {
     Blocked(Execution),
     Replay(Execution),
     Pending(Execution),
+    /// A write whose identical twin in the session is still being sent: it is not sent
+    /// again, it waits for the twin's outcome (`run`'s `await_twin`).
+    InFlight(Execution),
     /// Would be held while `limit` calls of the session already wait for a person:
     /// refused, nothing of it recorded, and the session's stop note queued (`first`:
     /// by this call).
@@ -125,6 +128,14 @@ impl Gate {
                     && let Some(done) = earlier.succeeded
                 {
                     return Ok(Decided::Replay(done));
+                }
+                // The same write still being sent (an agent that retried while the first
+                // was on its way, or whose first outcome was lost): sending it again
+                // would be a second refund under a key of its own.
+                if call.is_write
+                    && let Some(twin) = earlier.running
+                {
+                    return Ok(Decided::InFlight(twin));
                 }
                 if let Some(pending) = earlier.pending {
                     return Ok(Decided::Pending(pending));

@@ -15,8 +15,10 @@ pub(super) struct Ran {
     pub reply: CallReply,
 }
 
-/// Writes how a call ended (its final status, result or error, limit charges given
-/// back on a definite failure) and its audit step, inside the caller's transaction.
+/// Writes how a call `runner` (this instance) sent ended (its final status, result or
+/// error, limit charges given back on a definite failure) and its audit step, inside the
+/// caller's transaction; refused, writing nothing, once the call is not `runner`'s
+/// running call any more (`exec_store::finish`).
 /// `one_write` is [`outcome_is_one_write`], worked out once by the caller, which sends
 /// this with no transaction around it on Postgres when it is set: then the status and
 /// the step go together (`executions::audit::finish_recorded`: one statement there),
@@ -24,17 +26,18 @@ pub(super) struct Ran {
 pub(super) fn write_outcome(
     conn: &crate::store::Conn<'_>,
     redactor: &Redactor,
-    (exec, outcome, one_write): (&Execution, &Outcome, bool),
-    duration: i64,
-    now: i64,
+    (exec, runner): (&Execution, &str),
+    (outcome, one_write): (&Outcome, bool),
+    (duration, now): (i64, i64),
 ) -> crate::store::Result<()> {
     let (status, result, error) = outcome.fields();
     let step = outcome.step().duration_ms(duration);
+    let fields = (status, result.as_deref(), error);
     if one_write {
-        let fields = (status, result.as_deref(), error);
+        let exec = (exec, runner);
         return executions::audit::finish_recorded(conn, redactor, exec, fields, now, step);
     }
-    exec_store::finish(conn, &exec.id, status, result.as_deref(), error, now)?;
+    exec_store::finish(conn, &exec.id, runner, fields, now)?;
     if status == Status::Failed {
         exec_store::release_charges(conn, &exec.id)?;
     }

@@ -43,6 +43,13 @@ pub enum Refusal {
          was not recorded or sent, and this session stops here"
     )]
     SessionMoved,
+    /// An identical write of the session is still being sent and did not end within
+    /// the wait ([`super::run::TWIN_WAIT`]): this one was neither recorded nor sent.
+    #[error(
+        "an identical call ({0}) is still being sent; this one was not sent again: \
+         its outcome will be at GET /v1/executions/{0}"
+    )]
+    InFlight(crate::ids::ExecutionId),
     /// The call could not be recorded.
     #[error("internal error")]
     Internal,
@@ -60,6 +67,7 @@ impl Refusal {
             Refusal::LookupFailed { .. } => "lookup_failed",
             Refusal::TooManyHolds { .. } => "too_many_holds",
             Refusal::SessionMoved => "session_moved",
+            Refusal::InFlight(_) => "in_flight",
             Refusal::Internal => "internal",
         }
     }

@@ -3,7 +3,7 @@
 //! records the outcome with its audit step.
 
 use std::future::Future;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tracing::Instrument as _;
@@ -14,8 +14,9 @@ use super::outcome::{Outcome, OutcomeCommit, Ran, outcome_is_one_write, write_ou
 use super::read_call::ReadDecision;
 use super::refusal::Refusal;
 use super::scope;
+use super::wait::{ExecutionWatch, Unreported};
 use crate::connectors::{CallContext, Connector, ConnectorError};
-use crate::executions::Execution;
+use crate::executions::{Execution, Status};
 use crate::secrets::Redactor;
 use crate::session::SessionScope;
 use crate::store::leases;
@@ -87,6 +88,7 @@ impl Gate {
                     .unwrap_or(Value::Null),
                 replayed: true,
             },
+            Decided::InFlight(twin) => self.await_twin(scope, twin).await,
             Decided::Held(exec) | Decided::Pending(exec) => {
                 self.outbox.wake();
                 let approval_url = self.approval_url(&exec.id);
@@ -104,6 +106,27 @@ impl Gate {
                     self.stop_flooding_session(scope, limit);
                 }
                 CallReply::Refused(Refusal::TooManyHolds { limit })
+            }
+        }
+    }
+
+    /// The answer to a write whose identical twin in the session was still being sent:
+    /// the twin's, once it ends within [`TWIN_WAIT`] (its result replayed when it
+    /// succeeded, its error when it did not); else refused `in_flight`, naming the
+    /// twin to wait on. Nothing of this call is recorded or sent.
+    async fn await_twin(&self, scope: &SessionScope, twin: Execution) -> CallReply {
+        let session = scope.session_id.to_string();
+        let mut watch = ExecutionWatch::new(self, &session);
+        // Read again once watched: an outcome written since the decision is not missed.
+        let settled = match watch.load(&twin.id).await {
+            Ok(twin) => watch.settle(twin, TWIN_WAIT, &mut Unreported).await,
+            Err(e) => Err(e),
+        };
+        match settled {
+            Ok(settled) => twin_reply(settled.execution),
+            Err(e) => {
+                tracing::error!(execution = %twin.id, error = %e, "cannot wait for an identical call");
+                CallReply::Refused(Refusal::Internal)
             }
         }
     }
@@ -128,12 +151,12 @@ impl Gate {
     }
 
     /// Runs a call decided `run` (status `running`) through its connector, records the
-    /// outcome and its audit row in one transaction, and answers the agent: a write, an
-    /// approved call, one recovery re-sends. The outcome is durable before the answer:
-    /// an identical write the agent sends next is answered from it (`decide`'s replay of
-    /// a succeeded twin), which a lost outcome (the row left `running`) could not be.
+    /// outcome and its audit row in one transaction, and answers the agent: an approved
+    /// call, one recovery re-sends. The outcome is durable before the answer.
     pub async fn execute(&self, exec: Execution, started: Instant) -> CallReply {
-        let (_, reply) = self.run_and_record(exec, started).await;
+        let (_, reply) = self
+            .run_and_record(exec, started, OutcomeCommit::Flushed)
+            .await;
         reply
     }
 
@@ -145,19 +168,28 @@ impl Gate {
     /// would hold the lease row's and the limit key's locks through the flush: Postgres
     /// releases a transaction's locks only once its commit is flushed.)
     async fn execute_read(&self, exec: Execution, started: Instant) -> CallReply {
-        match self.run_and_record(exec, started).await {
+        match self
+            .run_and_record(exec, started, OutcomeCommit::Flushed)
+            .await
+        {
             (true, reply) => reply,
             (false, _) => CallReply::Refused(Refusal::Internal),
         }
     }
 
-    /// Runs a decided call, records its outcome before the answer (its commit flushed),
-    /// and announces the change: whether the outcome was recorded, and the answer.
+    /// Runs a decided call, records its outcome before the answer (its commit as
+    /// `commit` says), and announces the change: whether the outcome was recorded, and
+    /// the answer.
     #[tracing::instrument(name = "execute", skip_all, fields(execution_id = %exec.id, thread_id = %exec.thread_id, session_id = %exec.session_id, tool = %exec.tool))]
-    async fn run_and_record(&self, exec: Execution, started: Instant) -> (bool, CallReply) {
+    async fn run_and_record(
+        &self,
+        exec: Execution,
+        started: Instant,
+        commit: OutcomeCommit,
+    ) -> (bool, CallReply) {
         let ran = self.run_decided(&exec).await;
         let recorded = self
-            .record_outcome(&exec, ran.record, started, OutcomeCommit::Flushed)
+            .record_outcome(&exec, ran.record, started, commit)
             .await;
         self.notify(&exec.id);
         (recorded, ran.reply)
@@ -223,11 +255,12 @@ impl Gate {
         commit: OutcomeCommit,
     ) -> impl Future<Output = bool> + Send + 'static {
         let (db, redactor, now) = (self.db.clone(), self.current_redactor(), self.now());
-        let exec = exec.clone();
+        let (exec, runner) = (exec.clone(), self.runner());
         let duration = crate::clock::ms(started.elapsed());
         let one_write = outcome_is_one_write(&exec, &outcome);
         let write = move |conn: &crate::store::Conn<'_>| {
-            write_outcome(conn, &redactor, (&exec, &outcome, one_write), duration, now)
+            let (call, ended) = ((&exec, &*runner), (&outcome, one_write));
+            write_outcome(conn, &redactor, call, ended, (duration, now))
         };
         // Reads nothing it decides on: the outcome is written by id, its charges given
         // back by execution id. The usual outcome is one statement on Postgres, sent
@@ -245,6 +278,33 @@ impl Gate {
             written.is_ok()
         }
         .instrument(tracing::trace_span!("gate.outcome"))
+    }
+}
+
+/// How long a write waits for its identical twin still being sent before it is refused
+/// `in_flight`: longer than a provider's usual answer, shorter than a client's patience.
+pub(super) const TWIN_WAIT: Duration = Duration::from_secs(20);
+
+/// What a write is answered from its identical twin as the wait left it.
+fn twin_reply(twin: Execution) -> CallReply {
+    match twin.status {
+        Status::Succeeded => CallReply::Ran {
+            execution_id: twin.id,
+            result: twin
+                .result
+                .as_deref()
+                .and_then(|r| serde_json::from_str(r).ok())
+                .unwrap_or(Value::Null),
+            replayed: true,
+        },
+        Status::Running => CallReply::Refused(Refusal::InFlight(twin.id)),
+        other => CallReply::Failed {
+            error: twin
+                .error
+                .unwrap_or_else(|| format!("an identical call ended {}", other.as_str())),
+            execution_id: twin.id,
+            retry_after_ms: None,
+        },
     }
 }
 
@@ -303,4 +363,76 @@ fn failed(
         Outcome::Unknown(error)
     };
     (outcome, reply)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{ExecutionId, SessionId, ThreadId};
+
+    fn twin(status: Status, result: Option<&str>, error: Option<&str>) -> Execution {
+        let scope = SessionScope {
+            session_id: SessionId::parse("se_1").expect("id"),
+            thread_id: ThreadId::parse("th_1").expect("id"),
+            agent: "support".into(),
+            customer_id: None,
+            customer_email: None,
+            lease: crate::store::leases::Lease {
+                thread_id: ThreadId::parse("th_1").expect("id"),
+                owner: "inst".into(),
+                token: 1,
+            },
+        };
+        let id = ExecutionId::parse("ex_twin").expect("id");
+        let decided = ("run", status);
+        let mut exec = Execution::by_threadgate(
+            &id,
+            &scope,
+            "stripe.create_refund",
+            "{}".into(),
+            decided,
+            "r",
+            1,
+        );
+        exec.result = result.map(str::to_owned);
+        exec.error = error.map(str::to_owned);
+        exec
+    }
+
+    /// A write waiting on its identical twin is answered from the twin as the wait
+    /// left it: its result, replayed; its error; or, still running, refused with the
+    /// twin's id, never sent.
+    #[test]
+    fn a_twins_answer_is_its_result_its_error_or_in_flight() {
+        let ran = twin_reply(twin(Status::Succeeded, Some(r#"{"id":"re_1"}"#), None));
+        let CallReply::Ran {
+            execution_id,
+            result,
+            replayed,
+        } = ran
+        else {
+            panic!("{ran:?}");
+        };
+        assert_eq!(
+            (execution_id.as_str(), result, replayed),
+            ("ex_twin", serde_json::json!({"id": "re_1"}), true)
+        );
+        let failed = twin_reply(twin(Status::Failed, None, Some("card_declined")));
+        assert!(
+            matches!(&failed, CallReply::Failed { error, execution_id, .. }
+                if error == "card_declined" && execution_id.as_str() == "ex_twin"),
+            "{failed:?}"
+        );
+        let unknown = twin_reply(twin(Status::NeedsCheck, None, None));
+        assert!(
+            matches!(&unknown, CallReply::Failed { error, .. }
+                if error == "an identical call ended needs_check"),
+            "{unknown:?}"
+        );
+        let open = twin_reply(twin(Status::Running, None, None));
+        assert!(
+            matches!(&open, CallReply::Refused(Refusal::InFlight(id)) if id.as_str() == "ex_twin"),
+            "{open:?}"
+        );
+    }
 }

@@ -45,3 +45,5 @@ mod stripe_events;
 mod telemetry;
 #[path = "gateway_e2e/trail.rs"]
 mod trail;
+#[path = "gateway_e2e/twins.rs"]
+mod twins;

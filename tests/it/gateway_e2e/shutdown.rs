@@ -6,75 +6,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
 use threadgate::store::rusqlite;
 use tokio::sync::Notify;
 
+use crate::support::slow_stripe;
 use crate::support::world::{World, refunds};
 
 /// How long the slow Stripe holds a refund before passing it on.
 const SLOW_REFUND: Duration = Duration::from_secs(2);
-
-/// A Stripe in front of localstripe that passes every request on, holding each refund
-/// for [`SLOW_REFUND`] and telling [`SlowStripe::refund_arrived`] when one comes.
-#[derive(Clone)]
-struct SlowStripe {
-    upstream: String,
-    http: reqwest::Client,
-    refund_arrived: Arc<Notify>,
-}
-
-async fn pass_on(
-    State(stripe): State<SlowStripe>,
-    method: Method,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    if method == Method::POST && uri.path() == "/v1/refunds" {
-        stripe.refund_arrived.notify_one();
-        tokio::time::sleep(SLOW_REFUND).await;
-    }
-    let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut request = stripe
-        .http
-        .request(method, format!("{}{path}", stripe.upstream))
-        .body(body);
-    for (name, value) in &headers {
-        if name != "host" && name != "content-length" {
-            request = request.header(name, value);
-        }
-    }
-    let answer = request.send().await.expect("localstripe answers");
-    let status = StatusCode::from_u16(answer.status().as_u16()).expect("status");
-    let kind = answer.headers().get("content-type").cloned();
-    let body = answer.bytes().await.expect("localstripe's body");
-    let mut response = (status, body).into_response();
-    if let Some(kind) = kind {
-        response.headers_mut().insert("content-type", kind);
-    }
-    response
-}
-
-/// Starts the slow Stripe in front of `upstream`; answers its base URL.
-async fn slow_stripe(upstream: String, refund_arrived: Arc<Notify>) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let app = axum::Router::new()
-        .fallback(pass_on)
-        .with_state(SlowStripe {
-            upstream,
-            http: reqwest::Client::new(),
-            refund_arrived,
-        });
-    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
-    format!("http://{addr}")
-}
 
 /// The execution's status, read from the database file (the app has stopped).
 fn stored_status(world: &World, id: &str) -> String {
@@ -90,7 +29,7 @@ async fn a_clean_shutdown_waits_for_an_approved_call_in_flight() {
     let mut world = World::new().await;
     let refund_arrived = Arc::new(Notify::new());
     world.settings.stripe.api_url =
-        slow_stripe(world.stripe.base_url(), refund_arrived.clone()).await;
+        slow_stripe::start(world.stripe.base_url(), SLOW_REFUND, refund_arrived.clone()).await;
     let app = world.start().await;
     let ada = world
         .customer_session(&app, "ada@example.com", &[5000])

@@ -36,6 +36,7 @@ pub mod relay;
 pub mod rows;
 pub mod sandbox;
 pub mod sessions;
+pub mod slow_stripe;
 pub mod token_review;
 pub mod unix_http;
 pub mod wait;
