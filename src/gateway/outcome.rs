@@ -76,15 +76,18 @@ pub(super) fn write_sent_read(
 /// When an outcome's commit must reach the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum OutcomeCommit {
-    /// Before the agent is answered: a write's outcome (an identical write sent next is
-    /// answered from it), an approved call's, a call recovery re-sends, and a read whose
+    /// Before the agent is answered: a write's outcome on a provider without
+    /// idempotency keys, an approved call's, a call recovery re-sends, and a read whose
     /// decision was committed without its flush (its rule reserves limit amounts:
     /// `decide::record`).
     Flushed,
     /// Whenever the log is next synced: a read decided on a snapshot, whose decision (row
     /// and audit steps) is already on disk, usually written after its answer
-    /// (`trailing`). A crash may lose it; the row is then found `running` by recovery,
-    /// as a call cut off mid-flight is, and re-sent.
+    /// (`trailing`); a write the agent made on a provider that deduplicates by
+    /// idempotency key (`Gate::execute_write`), written before its answer. A crash may
+    /// lose it; the row is then found `running` by recovery, as a call cut off
+    /// mid-flight is, and re-sent (a write with its key); meanwhile an identical write
+    /// waits on it and is not sent.
     Unflushed,
 }
 

@@ -77,7 +77,7 @@ impl Gate {
             }
         };
         match decided {
-            Decided::Run(exec) if is_write => self.execute(exec, started).await,
+            Decided::Run(exec) if is_write => self.execute_write(exec, started).await,
             Decided::Run(exec) => self.execute_read(exec, started).await,
             Decided::Replay(exec) => CallReply::Ran {
                 execution_id: exec.id,
@@ -157,6 +157,31 @@ impl Gate {
         let (_, reply) = self
             .run_and_record(exec, started, OutcomeCommit::Flushed)
             .await;
+        reply
+    }
+
+    /// As [`Gate::execute`], for a write the agent made, run without a person. Its
+    /// outcome is recorded before the answer, so an identical write the agent sends
+    /// next is answered from it (`decide`'s replay of a succeeded twin). When its
+    /// provider deduplicates by idempotency key, that commit does not wait for the
+    /// log's flush: a crash of the machine (SQLite) or the database server (Postgres)
+    /// may lose it and leave the row `running`. An identical write then waits on it and
+    /// is never sent again (`decide`'s running twin, answered `in_flight`), and
+    /// recovery re-sends it with the same key within
+    /// [`crate::connectors::RESEND_WITHIN_MS`] of its decision, which the provider
+    /// answers with its first answer; past that a person checks it. A write to any
+    /// other provider records its outcome flushed, as an approved call does.
+    async fn execute_write(&self, exec: Execution, started: Instant) -> CallReply {
+        let deduplicated = self
+            .connectors
+            .for_tool(&exec.tool)
+            .is_some_and(|c| c.supports_idempotency());
+        let commit = if deduplicated {
+            OutcomeCommit::Unflushed
+        } else {
+            OutcomeCommit::Flushed
+        };
+        let (_, reply) = self.run_and_record(exec, started, commit).await;
         reply
     }
 

@@ -344,7 +344,8 @@ impl Db {
     /// statement turns `synchronous_commit` off for its own transaction when it can
     /// ([`Conn::skips_flush`], `audit::append_after`), else it commits as
     /// [`Db::write_single`]. Only for a write whose loss in such a crash breaks nothing
-    /// anyone was told: a read's outcome, whose decision is already durable.
+    /// anyone was told: a call's outcome whose decision is already durable and which
+    /// recovery may send again, a read's or a write's with an idempotency key.
     pub async fn write_unflushed<R, F>(&self, f: F) -> Result<R, StoreError>
     where
         R: Send + 'static,

@@ -111,7 +111,7 @@ fn without_prepares(counts: Counts) -> Counts {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_commits_once_and_a_write_twice_with_these_statements_on_sqlite() {
+async fn a_read_and_a_write_each_commit_once_durably_with_these_statements_on_sqlite() {
     let (read, write, limited) = counts_of(&world().await).await;
     println!("sqlite: read {read:?}\nsqlite: write {write:?}\nsqlite: limited read {limited:?}");
     // A read: the first look-up (the secrets' generation and the Stripe customer-change
@@ -136,13 +136,14 @@ async fn a_read_commits_once_and_a_write_twice_with_these_statements_on_sqlite()
     // A write: the first look-up twice (its generation serves both Stripe requests: the
     // charge with its customer, for ownership, currency and amount; then the refund);
     // the deciding transaction (fence, the session's earlier calls, the row, the
-    // chain's head, two audit rows) and the outcome's (status, the chain's head, one
-    // audit row).
+    // chain's head, two audit rows), durable before the refund is sent, and the
+    // outcome's (status, the chain's head, one audit row), which skips the fsync: Stripe
+    // deduplicates by the call's idempotency key, so recovery re-sends a lost one.
     assert_eq!(
         write,
         Counts {
-            commits: 2,
-            unflushed_commits: 0,
+            commits: 1,
+            unflushed_commits: 1,
             reads: 2,
             statements: 2 + 6 + 3,
             round_trips: 0,
@@ -204,12 +205,13 @@ async fn a_read_and_a_write_with_these_commits_and_round_trips_on_postgres() {
     );
     // A write: the small reads; the deciding transaction (fence, the session's earlier
     // calls, the row, the pending rows); the outcome, one statement with no transaction
-    // around it (the status and the pending row: `audit::append_after`).
+    // around it (the status and the pending row: `audit::append_after`), which turns
+    // `synchronous_commit` off for itself (a Stripe call: re-sent with its key if lost).
     assert_eq!(
         without_prepares(write),
         Counts {
-            commits: 2,
-            unflushed_commits: 0,
+            commits: 1,
+            unflushed_commits: 1,
             reads: 2,
             statements: 2 + 4 + 1,
             round_trips: 2 + (4 + 2) + 1,

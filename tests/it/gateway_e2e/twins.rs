@@ -104,3 +104,86 @@ async fn an_identical_refund_sent_while_the_first_is_in_flight_is_answered_from_
         app.stop().await;
     }
 }
+
+/// A refund's outcome commits without waiting for the log's flush (Stripe deduplicates
+/// by its idempotency key), so a crash of the machine or the database server may lose
+/// it and leave the row `running` while the agent already has its answer. The same
+/// refund asked again is then not sent under a key of its own: it waits for the first
+/// and is refused `in_flight`, naming it. Recovery re-sends the first with its key, and
+/// the same refund is answered from it: one refund at Stripe throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_whose_outcome_was_lost_is_not_sent_again_before_recovery() {
+    let world = World::with_policy_text(POLICY).await;
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[5000])
+        .await;
+    let args = json!({"charge": ada.charges[0], "amount": 700, "reason": "requested_by_customer"});
+    let (status, first) = ada
+        .session
+        .call("stripe.create_refund", args.clone(), None)
+        .await;
+    assert_eq!(
+        (status, &first["replayed"]),
+        (200, &json!(false)),
+        "{first}"
+    );
+    let id = first["execution_id"].as_str().expect("id").to_owned();
+
+    // The outcome lost in a crash: the row as its decision left it.
+    let lost = id.clone();
+    app.db
+        .write(move |c| {
+            c.execute(
+                "UPDATE executions SET status = 'running', result = NULL, \
+                 finished_at_ms = NULL WHERE id = ?1",
+                [lost.as_str()],
+            )
+        })
+        .await
+        .expect("lose the outcome");
+    let (status, again) = ada
+        .session
+        .call("stripe.create_refund", args.clone(), None)
+        .await;
+    assert_eq!(
+        (status, &again["error"]),
+        (409, &json!("in_flight")),
+        "{again}"
+    );
+    let message = again["message"].as_str().unwrap_or_default();
+    assert!(message.contains(&id), "{again}");
+    assert_eq!(refunds(&world.stripe).await.len(), 1, "not sent again");
+    let refund_calls = app
+        .executions()
+        .await
+        .into_iter()
+        .filter(|e| e.tool == "stripe.create_refund")
+        .count();
+    assert_eq!(refund_calls, 1, "nothing of the second call recorded");
+    app.stop().await;
+
+    // The next start re-sends it with its key; the same refund is then a replay.
+    let app = world.start().await;
+    app.recovered().await;
+    crate::support::wait::eventually(&format!("{id} succeeds again"), || async {
+        app.execution(&id).await.status == "succeeded"
+    })
+    .await;
+    let ada = world.session_of(&app, &ada.session.thread_id).await;
+    let (status, replay) = ada.call("stripe.create_refund", args, None).await;
+    assert_eq!(
+        (status, &replay["replayed"]),
+        (200, &json!(true)),
+        "{replay}"
+    );
+    assert_eq!(replay["execution_id"], id.as_str());
+    assert_eq!(replay["result"]["id"], first["result"]["id"]);
+    assert_eq!(
+        refunds(&world.stripe).await.len(),
+        1,
+        "one refund at Stripe"
+    );
+    assert!(app.verify_audit().await > 0);
+    app.stop().await;
+}
