@@ -17,6 +17,8 @@ mod holds;
 mod labels;
 #[path = "gateway_e2e/leaks.rs"]
 mod leaks;
+#[path = "gateway_e2e/lease_lapse.rs"]
+mod lease_lapse;
 #[path = "gateway_e2e/limits.rs"]
 mod limits;
 #[path = "gateway_e2e/ops.rs"]

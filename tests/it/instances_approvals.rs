@@ -852,51 +852,6 @@ async fn an_approval_decided_elsewhere_reaches_the_waiting_agent_on_one_sqlite_f
     an_approval_decided_elsewhere_reaches_the_agent_waiting_here(Backend::SqliteFile).await;
 }
 
-/// A Stripe in front of localstripe that holds each refund for `hold` before passing it
-/// on, and says when one arrives.
-async fn slow_stripe(
-    upstream: String,
-    hold: Duration,
-    arrived: std::sync::Arc<tokio::sync::Notify>,
-) -> String {
-    use axum::body::Bytes;
-    use axum::http::{HeaderMap, Method, StatusCode, Uri};
-    use axum::response::IntoResponse;
-
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let http = reqwest::Client::new();
-    let pass_on = move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
-        let (http, upstream, arrived) = (http.clone(), upstream.clone(), arrived.clone());
-        async move {
-            if method == Method::POST && uri.path() == "/v1/refunds" {
-                arrived.notify_one();
-                tokio::time::sleep(hold).await;
-            }
-            let path = uri.path_and_query().map_or("/", |p| p.as_str());
-            let mut request = http.request(method, format!("{upstream}{path}")).body(body);
-            for (name, value) in &headers {
-                if name != "host" && name != "content-length" {
-                    request = request.header(name, value);
-                }
-            }
-            let answer = request.send().await.expect("localstripe answers");
-            let status = StatusCode::from_u16(answer.status().as_u16()).expect("status");
-            let body = answer.bytes().await.expect("localstripe's body");
-            let mut response = (status, body).into_response();
-            response
-                .headers_mut()
-                .insert("content-type", "application/json".parse().expect("header"));
-            response
-        }
-    };
-    let app = axum::Router::new().fallback(pass_on);
-    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
-    format!("http://{addr}")
-}
-
 /// An instance told to stop while it sends an approved refund keeps its heartbeat
 /// fresh until the refund is done: another instance's sweep (lease time 1 s) does not
 /// take the call for a dead instance's, though the send outlasts the lease time. On one
@@ -911,7 +866,7 @@ async fn a_call_sent_while_its_instance_drains_is_not_taken_over() {
     world.settings.database_file = world.settings.database_path();
     world.settings.instance_id = Some("inst-a".into());
     let arrived = std::sync::Arc::new(tokio::sync::Notify::new());
-    world.settings.stripe.api_url = slow_stripe(
+    world.settings.stripe.api_url = support::slow_stripe::start(
         world.stripe.base_url(),
         Duration::from_secs(4),
         arrived.clone(),

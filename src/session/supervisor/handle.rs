@@ -45,6 +45,9 @@ pub(super) enum Msg {
     /// The renewal task (or a fenced write of the gate or the model proxy) found this
     /// lease refused by the database.
     LeaseLost(Lease),
+    /// The lapse watch found this lease about to expire unrenewed: the session is
+    /// dropped here before another instance may take the thread over.
+    LeaseLapsing(Lease),
     /// Stop serving; containers stay and are adopted by the next start.
     Shutdown,
 }

@@ -82,7 +82,17 @@ impl Supervisor {
             self.tx.clone(),
             (
                 self.parts.settings.renew_every(),
-                self.parts.settings.lease_ms(),
+                self.parts.settings.lease_time,
+            ),
+        );
+        let lease_time = self.parts.settings.lease_time;
+        ownership::spawn_lapse_watch(
+            &self.parts.tasks,
+            self.leases.clone(),
+            self.tx.clone(),
+            (
+                ownership::lapse_watch_every(lease_time),
+                ownership::lapse_margin(lease_time),
             ),
         );
         self.reconcile().await;
@@ -147,6 +157,7 @@ impl Supervisor {
                 self.tick().await;
             }
             Msg::LeaseLost(lease) => self.renewal_refused(&lease),
+            Msg::LeaseLapsing(lease) => self.lease_lapsing(&lease),
             Msg::Reconcile => self.reconcile().await,
             Msg::Shutdown => {}
         }

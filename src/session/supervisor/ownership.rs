@@ -4,9 +4,19 @@
 //! instance took the thread over. A lost lease drops the session here (its container
 //! stopped, its socket closed) without touching the database: the new owner's state is
 //! not this instance's to write, and the database would refuse it anyway.
+//!
+//! A lease whose renewals do not get through (the database slow or out of reach, this
+//! process starved of a core) is given up here before it can expire: each lease is
+//! known valid until the instant its last acquire or renewal began plus the lease
+//! time (the database's expiry is counted from no earlier), and once less than a
+//! quarter of the lease time is left of that, the session is dropped as if the lease
+//! were lost ([`spawn_lapse_watch`]). Another instance may take the thread over only
+//! after the expiry, so by then this one has stopped its container: never two
+//! containers of one thread at once, even when this instance cannot renew.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
@@ -20,13 +30,49 @@ use crate::store::Db;
 use crate::store::leases::{self, Lease};
 use crate::tasks::Tasks;
 
-/// The leases this instance holds, shared by the actor and the renewal task.
-pub(super) type Held = Arc<Mutex<HashMap<ThreadId, Lease>>>;
+/// The leases this instance holds, shared by the actor, the renewal task and the lapse
+/// watch.
+pub(super) type Held = Arc<Mutex<HashMap<ThreadId, HeldLease>>>;
+
+/// A lease this instance holds, and until when it is known valid here.
+#[derive(Debug, Clone)]
+pub(super) struct HeldLease {
+    pub lease: Lease,
+    /// The instant its last acquire or renewal began, plus the lease time: the
+    /// database's expiry is that statement's time plus the lease time, read after it.
+    pub valid_until: Instant,
+    /// Reported to the actor as lapsing (once).
+    pub lapsing: bool,
+}
+
+impl HeldLease {
+    /// `lease`, acquired or renewed by a statement begun at `asked`.
+    pub(super) fn new(lease: Lease, asked: Instant, lease_time: Duration) -> HeldLease {
+        HeldLease {
+            lease,
+            valid_until: asked + lease_time,
+            lapsing: false,
+        }
+    }
+}
+
+/// How much of a lease's validity must be left for this instance to go on acting under
+/// it: a quarter of the lease time, the time it has to stop the session's container
+/// before another instance may take the thread over.
+pub(super) fn lapse_margin(lease_time: Duration) -> Duration {
+    lease_time / 4
+}
+
+/// How often the lapse watch looks: a fifth of the margin, between 10 and 250 ms, so a
+/// lapsing lease is seen with most of its margin left.
+pub(super) fn lapse_watch_every(lease_time: Duration) -> Duration {
+    (lapse_margin(lease_time) / 5).clamp(Duration::from_millis(10), Duration::from_millis(250))
+}
 
 impl Supervisor {
     /// The lease this instance holds on `thread`, if any.
     pub(super) fn held(&self, thread: &ThreadId) -> Option<Lease> {
-        lock(&self.leases).get(thread).cloned()
+        lock(&self.leases).get(thread).map(|h| h.lease.clone())
     }
 
     /// The lease on `thread`: the one this instance holds, or a fresh one when no one
@@ -37,6 +83,7 @@ impl Supervisor {
             return Some(lease);
         }
         let (t, owner) = (thread.to_owned(), self.parts.instance_id.clone());
+        let asked = Instant::now();
         let (now, lease_ms) = (self.now(), self.parts.settings.lease_ms());
         match self
             .parts
@@ -46,7 +93,8 @@ impl Supervisor {
         {
             Ok(Some(lease)) => {
                 tracing::debug!(thread = %thread, token = lease.token, "acquired the session lease");
-                lock(&self.leases).insert(thread.to_owned(), lease.clone());
+                let held = HeldLease::new(lease.clone(), asked, self.parts.settings.lease_time);
+                lock(&self.leases).insert(thread.to_owned(), held);
                 Some(lease)
             }
             Ok(None) => None,
@@ -64,7 +112,7 @@ impl Supervisor {
         if self.busy.contains_key(thread) || self.slots.contains(thread) {
             return;
         }
-        let Some(lease) = lock(&self.leases).remove(thread) else {
+        let Some(HeldLease { lease, .. }) = lock(&self.leases).remove(thread) else {
             return;
         };
         if let Err(e) = self
@@ -89,9 +137,15 @@ impl Supervisor {
     /// forget the lease and drop the session here. With an operation in flight, its
     /// report does the dropping (it finds no lease).
     pub(super) fn lease_lost(&mut self, thread: &ThreadId) {
-        lock(&self.leases).remove(thread);
         tracing::warn!(thread = %thread, "the session lease went to another instance; dropping the session here");
         crate::metrics::reconcile("lease_lost", 1);
+        self.give_up(thread);
+    }
+
+    /// Forgets `thread`'s lease and drops its session here (with an operation in
+    /// flight, its report does the dropping: it finds no lease).
+    fn give_up(&mut self, thread: &ThreadId) {
+        lock(&self.leases).remove(thread);
         if !self.busy.contains_key(thread) && self.slots.contains(thread) {
             self.spawn_drop(thread);
         }
@@ -103,6 +157,20 @@ impl Supervisor {
         if self.held(&lease.thread_id).as_ref() == Some(lease) {
             self.lease_lost(&lease.thread_id);
         }
+    }
+
+    /// The lapse watch found `lease` about to expire unrenewed: the session is dropped
+    /// here before another instance may take the thread over (unless the actor has
+    /// moved on from it). The lease itself is left to expire; any instance, this one
+    /// too, may take the thread over after that.
+    pub(super) fn lease_lapsing(&mut self, lease: &Lease) {
+        if self.held(&lease.thread_id).as_ref() != Some(lease) {
+            return;
+        }
+        let thread = &lease.thread_id;
+        tracing::warn!(thread = %thread, token = lease.token, "the session lease could not be renewed in time; dropping the session here before it expires");
+        crate::metrics::reconcile("lease_lapsed", 1);
+        self.give_up(thread);
     }
 
     /// Stops this instance's containers of `thread` off the actor, without a database
@@ -157,6 +225,7 @@ impl Supervisor {
     /// released if nothing of them is here).
     pub(super) async fn reclaim(&mut self) {
         let owner = self.parts.instance_id.clone();
+        let asked = Instant::now();
         let (now, lease_ms) = (self.now(), self.parts.settings.lease_ms());
         match self
             .parts
@@ -171,9 +240,11 @@ impl Supervisor {
                         "took back the leases of this instance's earlier run"
                     );
                 }
+                let lease_time = self.parts.settings.lease_time;
                 let mut held = lock(&self.leases);
                 for lease in back {
-                    held.insert(lease.thread_id.clone(), lease);
+                    let thread = lease.thread_id.clone();
+                    held.insert(thread, HeldLease::new(lease, asked, lease_time));
                 }
             }
             Err(e) => tracing::error!(error = %e, "cannot take back this instance's leases"),
@@ -216,30 +287,130 @@ impl Supervisor {
 }
 
 /// Renews every lease in `held` every `every` until shutdown
-/// ([`leases::renew_all`]: a statement per lease); a renewal the database refuses is
-/// reported to the actor as [`Msg::LeaseLost`]. A renewal that fails for another reason
-/// is logged and tried again at the next round (the lease lasts three rounds).
+/// ([`leases::renew_all`]: a statement per lease), each renewed lease's validity moved
+/// on as its statement commits; a renewal the database refuses is reported to the actor
+/// as [`Msg::LeaseLost`]. A renewal that fails for another reason is logged and tried
+/// again at the next round (the lease lasts three rounds).
 pub(super) fn spawn_renewal(
     tasks: &Tasks,
     (db, clock): (Db, Clock),
     held: Held,
     tx: mpsc::UnboundedSender<Msg>,
-    (every, lease_ms): (std::time::Duration, i64),
+    (every, lease_time): (Duration, Duration),
 ) {
+    let lease_ms = crate::clock::ms(lease_time);
     tasks.spawn_until_shutdown(async move {
         let mut interval = tokio::time::interval(every);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             interval.tick().await;
-            let leases: Vec<Lease> = lock(&held).values().cloned().collect();
+            let leases: Vec<Lease> = lock(&held).values().map(|h| h.lease.clone()).collect();
             if leases.is_empty() {
                 continue;
             }
-            for lease in leases::renew_all(&db, leases, clock.now_ms(), lease_ms).await {
+            // Before the time the statements carry: the database's expiry is no earlier.
+            let asked = Instant::now();
+            let confirm = |lease: &Lease| {
+                if let Some(h) = lock(&held).get_mut(&lease.thread_id)
+                    && h.lease == *lease
+                {
+                    h.valid_until = asked + lease_time;
+                }
+            };
+            let refused = leases::renew_all(&db, leases, clock.now_ms(), lease_ms, confirm).await;
+            for lease in refused {
                 if tx.send(Msg::LeaseLost(lease)).is_err() {
                     return;
                 }
             }
         }
     });
+}
+
+/// Watches the validity of every lease in `held`, every `every`, and reports to the
+/// actor, once each, those with less than `margin` of it left ([`lapsing`]) as
+/// [`Msg::LeaseLapsing`]. A task of its own: a renewal round that hangs does not delay
+/// it.
+pub(super) fn spawn_lapse_watch(
+    tasks: &Tasks,
+    held: Held,
+    tx: mpsc::UnboundedSender<Msg>,
+    (every, margin): (Duration, Duration),
+) {
+    tasks.spawn_until_shutdown(async move {
+        let mut interval = tokio::time::interval(every);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            let due = lapsing(&mut lock(&held), Instant::now(), margin);
+            for lease in due {
+                if tx.send(Msg::LeaseLapsing(lease)).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+}
+
+/// The leases of `held` with less than `margin` of their validity left at `now`, not
+/// reported before; each is marked reported.
+pub(super) fn lapsing(
+    held: &mut HashMap<ThreadId, HeldLease>,
+    now: Instant,
+    margin: Duration,
+) -> Vec<Lease> {
+    held.values_mut()
+        .filter(|h| !h.lapsing && h.valid_until <= now + margin)
+        .map(|h| {
+            h.lapsing = true;
+            h.lease.clone()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(thread: &str, token: i64) -> Lease {
+        Lease {
+            thread_id: ThreadId::parse(thread).expect("thread id"),
+            owner: "inst".into(),
+            token,
+        }
+    }
+
+    /// A lease is reported once it has less than the margin of its validity left, and
+    /// only once; one renewed meanwhile (its validity moved on) is not.
+    #[test]
+    fn a_lease_is_reported_lapsing_once_with_less_than_the_margin_left() {
+        let lease_time = Duration::from_secs(4);
+        let margin = lapse_margin(lease_time);
+        assert_eq!(margin, Duration::from_secs(1));
+        let start = Instant::now();
+        let mut held = HashMap::new();
+        for (thread, asked_after) in [("th_a", 0), ("th_b", 2)] {
+            let asked = start + Duration::from_secs(asked_after);
+            let held_lease = HeldLease::new(lease(thread, 1), asked, lease_time);
+            held.insert(ThreadId::parse(thread).expect("id"), held_lease);
+        }
+        // 2.9 s in: th_a is valid until 4 s, more than the margin left.
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        assert!(lapsing(&mut held, at(2_900), margin).is_empty());
+        // 3 s in: th_a has the margin left and is reported; th_b (until 6 s) is not.
+        assert_eq!(
+            lapsing(&mut held, at(3_000), margin),
+            vec![lease("th_a", 1)]
+        );
+        // Once only.
+        assert!(lapsing(&mut held, at(3_500), margin).is_empty());
+        // th_b renewed at 4 s (valid until 8 s): not reported at 5 s.
+        let th_b = ThreadId::parse("th_b").expect("id");
+        held.get_mut(&th_b).expect("th_b").valid_until = at(8_000);
+        assert!(lapsing(&mut held, at(5_000), margin).is_empty());
+        assert_eq!(
+            lapsing(&mut held, at(7_000), margin),
+            vec![lease("th_b", 1)]
+        );
+    }
 }

@@ -198,8 +198,11 @@ async fn a_renewal_round_renews_what_it_holds_and_answers_what_was_taken_over() 
     let lost = acquire_at(&db, "th_l", "inst-a", 1_000).await.unwrap();
     // th_l expires and is taken over; th_k is renewed in time.
     let taker = acquire_at(&db, "th_l", "inst-b", 20_000).await.unwrap();
-    let refused = renew_all(&db, vec![kept.clone(), lost.clone()], 15_000, LEASE_MS).await;
+    let mut renewed = Vec::new();
+    let round = vec![kept.clone(), lost.clone()];
+    let refused = renew_all(&db, round, 15_000, LEASE_MS, |l| renewed.push(l.clone())).await;
     assert_eq!(refused, vec![lost]);
+    assert_eq!(renewed, vec![kept.clone()]);
     assert_eq!(expiry(&db, "th_k").await, 15_000 + LEASE_MS);
     assert_eq!(
         expiry(&db, "th_l").await,
@@ -260,7 +263,7 @@ async fn a_decision_holding_one_lease_delays_the_renewal_of_that_lease_alone() {
     round.extend(idle.iter().cloned());
     let renewing = tokio::spawn({
         let db = db.clone();
-        async move { renew_all(&db, round, 5_000, LEASE_MS).await }
+        async move { renew_all(&db, round, 5_000, LEASE_MS, |_| {}).await }
     });
     let renewed_meanwhile = async {
         loop {

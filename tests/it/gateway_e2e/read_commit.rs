@@ -9,6 +9,7 @@
 use serde_json::json;
 
 use crate::support::app::TestApp;
+use crate::support::pg_hold::{hold_open, let_go};
 use crate::support::rows::AuditRow;
 use crate::support::wait::eventually;
 use crate::support::world::{Customer, World, limited_reads_policy};
@@ -247,48 +248,12 @@ async fn gate_outcomes(app: &TestApp) {
         .expect("install the outcome gate");
 }
 
-/// Runs `sql` (its one parameter `param`) in a write on a handle of its own and keeps
-/// that transaction open, its locks held, until [`let_go`]: once this returns the
-/// statement has run.
-async fn hold_open(
-    pg: &threadgate::store::testing::TestDb,
-    sql: &'static str,
-    param: String,
-) -> (std::sync::mpsc::Sender<()>, tokio::task::JoinHandle<()>) {
-    let holder = pg.open().expect("a second handle");
-    let (ran_tx, ran) = std::sync::mpsc::channel::<()>();
-    let (release, released) = std::sync::mpsc::channel::<()>();
-    let signals = std::sync::Arc::new(std::sync::Mutex::new((ran_tx, released)));
-    let holding = tokio::spawn(async move {
-        holder
-            .write(move |c| {
-                c.execute(sql, [&param])?;
-                let signals = signals.lock().expect("signals");
-                signals.0.send(()).expect("say it ran");
-                signals.1.recv().expect("wait for the release");
-                Ok(())
-            })
-            .await
-            .expect("the holder's write")
-    });
-    tokio::task::spawn_blocking(move || ran.recv())
-        .await
-        .expect("join")
-        .expect("the statement ran");
-    (release, holding)
-}
-
 /// Holds [`OUTCOME_GATE`] on a connection of its own until [`let_go`].
 async fn hold_outcomes(
     pg: &threadgate::store::testing::TestDb,
 ) -> (std::sync::mpsc::Sender<()>, tokio::task::JoinHandle<()>) {
     let sql = "SELECT pg_advisory_xact_lock(CAST(CAST(?1 AS text) AS bigint))";
     hold_open(pg, sql, OUTCOME_GATE.to_string()).await
-}
-
-async fn let_go(release: std::sync::mpsc::Sender<()>, holding: tokio::task::JoinHandle<()>) {
-    release.send(()).expect("release the gate");
-    holding.await.expect("the holder ends");
 }
 
 /// A world on Postgres with Ada's session (one charge of 49.00); `None` without a test

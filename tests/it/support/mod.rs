@@ -28,6 +28,7 @@ pub mod instances;
 pub mod intake;
 pub mod localstripe;
 pub mod logs;
+pub mod pg_hold;
 pub mod plain;
 pub mod plain_fake;
 pub mod plain_fake_model;
