@@ -251,12 +251,7 @@ async fn a_looping_model_stops_at_the_budget_with_a_note() {
             .any(|(_, t)| t.to_lowercase().contains("budget"))
     })
     .await;
-    let calls = app
-        .executions()
-        .await
-        .into_iter()
-        .filter(|e| e.tool == "stripe.list_charges")
-        .count();
+    let calls = app.executions_of("stripe.list_charges").await.len();
     assert!((1..=4).contains(&calls), "{calls} list calls for 4 turns");
     // The runner stopped: either it says so on its stderr (the container's log) and then
     // only waits, or its session ended and took the container with it. Either way it

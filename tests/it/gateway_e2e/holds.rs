@@ -74,17 +74,11 @@ async fn a_session_past_its_pending_holds_is_refused_and_stopped_with_a_note() {
     assert!(note.contains("max_pending_holds (3)"), "{note}");
     app.session_stops(thread).await;
     // Nothing of the refused call was recorded; the three holds can still be decided.
-    let executions = app.executions().await;
-    let refunds: Vec<_> = executions
-        .iter()
-        .filter(|e| e.tool == "stripe.create_refund")
-        .collect();
+    let refunds = app.executions_of("stripe.create_refund").await;
     assert_eq!(refunds.len(), 3, "{refunds:#?}");
     assert!(refunds.iter().all(|e| e.status == "held"), "{refunds:#?}");
-    let stop = executions
-        .iter()
-        .find(|e| e.tool == "session.holds")
-        .expect("the stop's blocked pseudo-call");
+    let stops = app.executions_of("session.holds").await;
+    let stop = stops.first().expect("the stop's blocked pseudo-call");
     assert_eq!(
         app.audit_events_of(&stop.id).await,
         ["blocked"],

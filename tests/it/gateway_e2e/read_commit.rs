@@ -354,12 +354,7 @@ async fn a_read_is_answered_before_its_outcome_and_a_flood_only_so_far_ahead() {
         let (status, body) = call.await.expect("a read");
         assert_eq!(status, 200, "{body}");
     }
-    let reads: Vec<_> = app
-        .executions()
-        .await
-        .into_iter()
-        .filter(|e| e.tool == "stripe.get_charge")
-        .collect();
+    let reads: Vec<_> = app.executions_of("stripe.get_charge").await;
     assert_eq!(reads.len(), flood + 1);
     assert!(reads.iter().all(|e| e.status == "succeeded"), "{reads:?}");
     assert_eq!(app.gate.outcomes_trailing(), 0);
@@ -433,12 +428,7 @@ async fn a_read_decided_while_a_takeover_commits_is_refused() {
     let (status, body) = read.await.expect("the read");
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["error"], "session_moved", "{body}");
-    let reads = app
-        .executions()
-        .await
-        .into_iter()
-        .filter(|e| e.tool == "stripe.get_charge")
-        .count();
+    let reads = app.executions_of("stripe.get_charge").await.len();
     assert_eq!(reads, 1, "only the read before the takeover was written");
     app.verify_audit().await;
     app.stop().await;

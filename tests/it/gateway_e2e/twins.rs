@@ -74,12 +74,7 @@ async fn an_identical_refund_sent_while_the_first_is_in_flight_is_answered_from_
         let made = refunds(&world.stripe).await;
         assert_eq!(made.len(), 1, "{backend}: {made:#?}");
         assert_eq!(made[0]["id"], a1["result"]["id"], "{backend}");
-        let refund_calls: Vec<_> = app
-            .executions()
-            .await
-            .into_iter()
-            .filter(|e| e.tool == "stripe.create_refund")
-            .collect();
+        let refund_calls: Vec<_> = app.executions_of("stripe.create_refund").await;
         assert_eq!(refund_calls.len(), 1, "{backend}: {refund_calls:#?}");
         assert_eq!(refund_calls[0].status, "succeeded", "{backend}");
         assert!(app.verify_audit().await > 0, "{backend}");
@@ -154,12 +149,7 @@ async fn a_refund_whose_outcome_was_lost_is_not_sent_again_before_recovery() {
     let message = again["message"].as_str().unwrap_or_default();
     assert!(message.contains(&id), "{again}");
     assert_eq!(refunds(&world.stripe).await.len(), 1, "not sent again");
-    let refund_calls = app
-        .executions()
-        .await
-        .into_iter()
-        .filter(|e| e.tool == "stripe.create_refund")
-        .count();
+    let refund_calls = app.executions_of("stripe.create_refund").await.len();
     assert_eq!(refund_calls, 1, "nothing of the second call recorded");
     app.stop().await;
 

@@ -72,12 +72,7 @@ async fn a_looping_agent_stops_at_the_turn_cap_with_one_note() {
         "the refused call never went upstream"
     );
     assert_eq!(note_and_stop(&mw.world, &app, s).await, 1);
-    let blocked: Vec<_> = app
-        .executions()
-        .await
-        .into_iter()
-        .filter(|e| e.tool == "model.chat")
-        .collect();
+    let blocked: Vec<_> = app.executions_of("model.chat").await;
     assert_eq!(blocked.len(), 1);
     assert_eq!(blocked[0].status, "blocked");
     assert!(

@@ -70,6 +70,12 @@ impl TestApp {
             .expect("read executions")
     }
 
+    /// [`TestApp::executions`] of `tool` only, oldest first.
+    pub async fn executions_of(&self, tool: &str) -> Vec<ExecRow> {
+        let all = self.executions().await;
+        all.into_iter().filter(|e| e.tool == tool).collect()
+    }
+
     /// One execution by id.
     pub async fn execution(&self, id: &str) -> ExecRow {
         self.executions()
