@@ -67,6 +67,10 @@ pub struct Approvals {
     /// The calls this instance is running or recovering now (by id), so a sweep does
     /// not start a second task for a call whose first task is still at work here.
     in_flight: Arc<Mutex<HashSet<String>>>,
+    /// This instance's `running` calls the last sweep found neither sent here nor
+    /// worked on: one found so again by the next sweep lost its outcome
+    /// ([`Approvals::lost_here`]).
+    suspects: Arc<Mutex<HashSet<String>>>,
 }
 
 /// How the periodic sweep decides that a call was left behind ([`Approvals::sweep`]).
@@ -95,6 +99,8 @@ pub struct Leftovers {
 pub struct Swept {
     pub approved: usize,
     pub taken_over: usize,
+    /// This instance's own calls found `running` though nothing here sends them.
+    pub lost_here: usize,
 }
 
 /// A call this instance works on, marked in [`Approvals::in_flight`] until dropped.
@@ -127,6 +133,7 @@ impl Approvals {
             gate,
             tasks,
             in_flight: Arc::default(),
+            suspects: Arc::default(),
         }
     }
 
@@ -338,10 +345,11 @@ impl Approvals {
             .read(move |c| {
                 let approved = store::unclaimed_approved(c, decided_before)?;
                 let running = store::orphaned_running(c, &me, alive_after)?;
-                Ok((approved, running))
+                let own = store::own_running(c, &me)?;
+                Ok((approved, running, own))
             })
             .await;
-        let (approved, running) = match found {
+        let (approved, running, own) = match found {
             Ok(found) => found,
             Err(e) => {
                 // Nothing is lost: the next pass finds the same calls.
@@ -370,7 +378,52 @@ impl Approvals {
                 drop(working);
             });
         }
+        for exec in self.lost_here(own) {
+            let Some(working) = self.working(&exec.id) else {
+                continue;
+            };
+            let me = Some(self.gate.runner().to_string());
+            let call = store::RunningCall {
+                execution: exec,
+                runner: me,
+            };
+            // Still running and still this instance's, in one conditional statement.
+            let Some(exec) = self.take_over(call, alive_after).await else {
+                continue;
+            };
+            swept.lost_here += 1;
+            let me = self.clone();
+            self.tasks.spawn(async move {
+                me.resend_or_mark(exec, "after its outcome was lost while this instance ran")
+                    .await;
+                drop(working);
+            });
+        }
         swept
+    }
+
+    /// Of `own` (this instance's `running` calls, as just read), those whose outcome
+    /// was lost: nothing here sends them ([`Gate::is_sending`]) nor works on them, and
+    /// the previous sweep found the same. Two sweeps, a second or more apart: a call
+    /// is marked as sent just after the commit that makes it `running` (its decision,
+    /// an approval's claim), and one pass could fall between the two. Lost so: an
+    /// unflushed outcome a database server's crash took back, an outcome that could not
+    /// be written, a call cut at the shutdown deadline.
+    fn lost_here(&self, own: Vec<Execution>) -> Vec<Execution> {
+        let unsent: Vec<Execution> = {
+            let working = lock(&self.in_flight);
+            own.into_iter()
+                .filter(|e| !self.gate.is_sending(&e.id) && !working.contains(e.id.as_str()))
+                .collect()
+        };
+        let mut suspects = lock(&self.suspects);
+        let lost = unsent
+            .iter()
+            .filter(|e| suspects.contains(e.id.as_str()))
+            .cloned()
+            .collect();
+        *suspects = unsent.iter().map(|e| e.id.to_string()).collect();
+        lost
     }
 
     /// Takes a running call left behind over for this instance; `None` when another

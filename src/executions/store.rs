@@ -300,6 +300,18 @@ pub fn leftover_running(
     rows.collect()
 }
 
+/// The calls instance `me` is recorded as sending now (`running`, its runner): the
+/// approvals' sweep recovers those this process is not sending
+/// ([`crate::gateway::gate::Gate::is_sending`]).
+pub fn own_running(conn: &Conn<'_>, me: &str) -> crate::store::Result<Vec<Execution>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM executions WHERE status = 'running' AND runner = ?1 \
+         ORDER BY created_at_ms, id"
+    ))?;
+    let rows = stmt.query_map(params![me], row_to_execution)?;
+    rows.collect()
+}
+
 /// The running calls a live instance `me` takes over while it runs (the periodic
 /// sweep): those of another instance whose heartbeat is not newer than
 /// `alive_after_ms`. Never its own (it is sending them, or its start recovered them),
@@ -437,7 +449,7 @@ const PENDING_BINDING: &str = "session_id = ?1 AND binding_hash = ?2 \
 
 /// What deciding a call must know of its session's earlier calls, read in one
 /// statement: what [`succeeded_binding`], [`pending_binding`] and [`held_for_tool`]
-/// answer one by one, and the same binding's call still being sent.
+/// answer one by one, and the same binding's call still being sent or in doubt.
 #[derive(Debug, Default)]
 pub struct EarlierCalls {
     /// The session's succeeded execution of the same binding (the oldest).
@@ -446,9 +458,11 @@ pub struct EarlierCalls {
     pub pending: Option<Execution>,
     /// The id of the session's oldest call to the same tool held for a person.
     pub held_for_tool: Option<String>,
-    /// The session's execution of the same binding still being sent (the oldest): an
-    /// identical write waits for its outcome instead of being sent again.
-    pub running: Option<Execution>,
+    /// The session's execution of the same binding still being sent, or whose outcome
+    /// is unknown until a person checks it (`needs_check`), the oldest: an identical
+    /// write is answered from it (after waiting for a running one) instead of being
+    /// sent again under a key of its own.
+    pub unsettled: Option<Execution>,
 }
 
 /// The session's earlier calls that decide a new call of `tool` with `binding_hash` at
@@ -472,7 +486,8 @@ pub fn earlier_calls(
          LIMIT 1) AS h \
          UNION ALL \
          SELECT r.*, 4 FROM (SELECT {COLUMNS} FROM executions WHERE session_id = ?1 \
-         AND binding_hash = ?2 AND status = 'running' ORDER BY created_at_ms LIMIT 1) AS r"
+         AND binding_hash = ?2 AND status IN ('running', 'needs_check') \
+         ORDER BY created_at_ms LIMIT 1) AS r"
     );
     let mut stmt = conn.prepare_cached(&sql)?;
     let mut rows = stmt.query(params![session_id, binding_hash, now_ms, tool])?;
@@ -483,7 +498,7 @@ pub fn earlier_calls(
             1 => found.succeeded = Some(row_to_execution(&row)?),
             2 => found.pending = Some(row_to_execution(&row)?),
             3 => found.held_for_tool = Some(row.get(0)?),
-            _ => found.running = Some(row_to_execution(&row)?),
+            _ => found.unsettled = Some(row_to_execution(&row)?),
         }
     }
     Ok(found)
@@ -624,10 +639,11 @@ pub fn record_decision(
 }
 
 /// Records how the running call `id` that `runner` (this instance's id) sent ended:
-/// only while it is still running and still `runner`'s. An outcome of a call another
-/// instance took over meanwhile (this one was read as dead), or whose outcome is already
-/// recorded, is refused by the database and writes nothing ([`OutcomeRefused`]): the
-/// taker's outcome stands.
+/// only while it is still running and still `runner`'s, or marked `needs_check` (the
+/// real outcome of a call whose runner was read as dead and came back beats "a person
+/// must check"). An outcome of a call another instance took over and is sending, or
+/// whose outcome is recorded, is refused by the database and writes nothing
+/// ([`OutcomeRefused`]): the taker's outcome stands.
 pub fn finish(
     conn: &Conn<'_>,
     id: &str,
@@ -650,7 +666,7 @@ pub fn finish(
 /// runner it must still be.
 pub(super) const FINISH: &str = "UPDATE executions SET status = ?2, result = ?3, error = ?4, \
      finished_at_ms = ?5, attempts = attempts + 1 \
-     WHERE id = ?1 AND status = 'running' AND runner = ?6";
+     WHERE id = ?1 AND ((status = 'running' AND runner = ?6) OR status = 'needs_check')";
 
 /// Blocks the approved call `id` that the current policy now blocks (`reason`), before
 /// it is claimed: only while it is still `approved`. Whether it was blocked.
@@ -676,10 +692,11 @@ impl From<OutcomeRefused> for crate::store::SqlError {
 }
 
 /// An outcome refused because its call is not running on this instance any more:
-/// another instance took it over, its outcome is recorded, or a person removed its row.
+/// another instance took it over and is sending it, its outcome is recorded, or a
+/// person removed its row.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "execution {id} is not running on this instance (another instance took it over, or its outcome is already recorded); this outcome is not recorded"
+    "execution {id} is not running on this instance (another instance took it over, its outcome is already recorded, or its row is gone); this outcome is not recorded"
 )]
 pub struct OutcomeRefused {
     pub id: String,
@@ -1293,6 +1310,12 @@ mod tests {
                 "{kind}"
             );
             assert_eq!(runner(&db, "ex_orph").await.0, "needs_check", "{kind}");
+            // The earlier runner coming back with the real outcome replaces "a person
+            // must check" (and only that: a recorded outcome stands, below).
+            db.write(move |c| super::finish(c, "ex_orph", "dead", done, 10_000))
+                .await
+                .unwrap();
+            assert_eq!(runner(&db, "ex_orph").await.0, "succeeded", "{kind}");
             assert!(
                 !db.write(|c| super::mark_needs_check(c, "ex_live", "inst_b", "r", 9_999))
                     .await
@@ -1395,6 +1418,15 @@ mod tests {
                         1,
                     ),
                     (
+                        "ex_ocheck",
+                        "s_2",
+                        "stripe.create_refund",
+                        "b7",
+                        "needs_check",
+                        None,
+                        2,
+                    ),
+                    (
                         "ex_oheld",
                         "s_2",
                         "stripe.update_subscription",
@@ -1461,11 +1493,16 @@ mod tests {
                 kinds_found, [true; 3],
                 "{kind}: every kind was found somewhere"
             );
-            // The same binding still being sent, the oldest, of the session only; a
-            // binding with none has none.
+            // The same binding still being sent or in doubt, the oldest, of the
+            // session only; a binding with none has none.
             for (session, binding, want) in [
-                ("s_1", "b6", Some("ex_run0")),
-                ("s_2", "b6", Some("ex_orun")),
+                ("s_1", "b6", Some(("ex_run0".to_owned(), Status::Running))),
+                ("s_2", "b6", Some(("ex_orun".to_owned(), Status::Running))),
+                (
+                    "s_2",
+                    "b7",
+                    Some(("ex_ocheck".to_owned(), Status::NeedsCheck)),
+                ),
                 ("s_3", "b6", None),
                 ("s_1", "b1", None),
             ] {
@@ -1473,9 +1510,8 @@ mod tests {
                     .read(move |c| super::earlier_calls(c, session, binding, "t", 1_000))
                     .await
                     .unwrap();
-                let running = found.running.map(|e| (e.id.to_string(), e.status));
-                let want = want.map(|id| (id.to_owned(), Status::Running));
-                assert_eq!(running, want, "{kind}: {session} {binding}");
+                let unsettled = found.unsettled.map(|e| (e.id.to_string(), e.status));
+                assert_eq!(unsettled, want, "{kind}: {session} {binding}");
             }
             // The oldest succeeded execution of a binding is the one replayed.
             let first = db

@@ -27,8 +27,9 @@ pub(super) enum Decided {
     Blocked(Execution),
     Replay(Execution),
     Pending(Execution),
-    /// A write whose identical twin in the session is still being sent: it is not sent
-    /// again, it waits for the twin's outcome (`run`'s `await_twin`).
+    /// A write whose identical twin in the session is still being sent, or in doubt
+    /// (`needs_check`): it is not sent again; it waits for the twin's outcome and is
+    /// answered from it (`run`'s `await_twin`).
     InFlight(Execution),
     /// Would be held while `limit` calls of the session already wait for a person:
     /// refused, nothing of it recorded, and the session's stop note queued (`first`:
@@ -130,10 +131,11 @@ impl Gate {
                     return Ok(Decided::Replay(done));
                 }
                 // The same write still being sent (an agent that retried while the first
-                // was on its way, or whose first outcome was lost): sending it again
-                // would be a second refund under a key of its own.
+                // was on its way, or whose first outcome was lost) or whose outcome a
+                // person must check: sending it again would be a second refund under a
+                // key of its own.
                 if call.is_write
-                    && let Some(twin) = earlier.running
+                    && let Some(twin) = earlier.unsettled
                 {
                     return Ok(Decided::InFlight(twin));
                 }

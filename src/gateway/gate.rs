@@ -178,6 +178,13 @@ pub struct Gate {
     /// Reads' outcomes written after their answer, capped per session and in all.
     pub(super) trailing: Arc<super::trailing::Trailing>,
     pub(super) tasks: Tasks,
+    /// The calls this process is sending now, until their outcome is written.
+    pub(super) sending: super::sending::Sending,
+    /// Writes waiting for an identical call still being sent (`run`'s `await_twin`):
+    /// the same per-session and per-instance slot caps as trailing outcomes, so a
+    /// hostile agent's retries cannot pile up waits (one past the cap is answered at
+    /// once from the twin as it is).
+    pub(super) twin_waits: Arc<super::trailing::Trailing>,
 }
 
 impl Gate {
@@ -210,7 +217,36 @@ impl Gate {
             runner: Arc::from(parts.instance_id),
             trailing: Arc::default(),
             tasks: parts.tasks,
+            sending: Default::default(),
+            twin_waits: Arc::new(super::trailing::Trailing::with_caps(
+                super::run::TWIN_WAITS_PER_SESSION,
+                super::trailing::IN_ALL,
+            )),
         }
+    }
+
+    /// Whether this process is sending the call `id` now (from its `running` commit
+    /// until its outcome is written).
+    pub fn is_sending(&self, id: &ExecutionId) -> bool {
+        self.sending.contains(id)
+    }
+
+    /// [`Gate::call`] on a task of the application's own, awaited: a client that hangs
+    /// up mid-call (its decision recorded, its request to the provider on its way) does
+    /// not cut the call; it runs to its outcome, and only the answer is lost. A clean
+    /// stop waits for it; the shutdown deadline may cut it (recovery then finds it).
+    pub async fn call_to_the_end(
+        self: &Arc<Self>,
+        scope: &crate::session::SessionScope,
+        req: CallRequest,
+    ) -> CallReply {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (gate, scope) = (self.clone(), scope.clone());
+        self.tasks.spawn(async move {
+            let _ = tx.send(gate.call(&scope, req).await);
+        });
+        rx.await
+            .unwrap_or(CallReply::Refused(super::refusal::Refusal::Internal))
     }
 
     /// This instance's id, as recorded on the calls it sends.

@@ -17,6 +17,7 @@ pub mod routes;
 mod run;
 pub mod sandbox_api;
 mod scope;
+pub mod sending;
 pub mod session_labels;
 pub mod socket;
 mod summary;

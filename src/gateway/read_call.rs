@@ -125,6 +125,8 @@ impl Gate {
         exec: Box<Execution>,
         started: Instant,
     ) -> CallReply {
+        // In flight here from before its row exists until its outcome is written.
+        let in_flight = self.sending.start(&exec.id);
         let (lease, redactor, runner) =
             (scope.lease.clone(), self.current_redactor(), self.runner());
         let row = exec.clone();
@@ -156,6 +158,7 @@ impl Gate {
         let (changes, id) = (self.changes_sender(), exec.id.clone());
         let recorded = async move {
             write.await;
+            drop(in_flight);
             let _ = changes.send(id);
         };
         match self.trailing.take(&scope.session_id) {

@@ -62,7 +62,7 @@ async fn call(State(s): State<Scoped>, body: Result<Json<CallRequest>, JsonRejec
         Some(_) => req.tool.clone(),
         None => "unknown".to_owned(),
     };
-    let reply = s.gate.call(&s.scope, req).await;
+    let reply = s.gate.call_to_the_end(&s.scope, req).await;
     let (decision, execution_id) = outcome(&reply);
     crate::metrics::tool_call(&tool, decision);
     tracing::info!(

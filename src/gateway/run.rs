@@ -110,18 +110,27 @@ impl Gate {
         }
     }
 
-    /// The answer to a write whose identical twin in the session was still being sent:
-    /// the twin's, once it ends within [`TWIN_WAIT`] (its result replayed when it
-    /// succeeded, its error when it did not); else refused `in_flight`, naming the
-    /// twin to wait on. Nothing of this call is recorded or sent.
+    /// The answer to a write whose identical twin in the session was still being sent
+    /// or is in doubt: the twin's, once it ends within [`TWIN_WAIT`] (its result
+    /// replayed when it succeeded, its error when it did not, and that a person must
+    /// check it when its outcome is unknown); else refused `in_flight`, naming the twin
+    /// to wait on. Nothing of this call is recorded or sent.
     async fn await_twin(&self, scope: &SessionScope, twin: Execution) -> CallReply {
         let session = scope.session_id.to_string();
         let mut watch = ExecutionWatch::new(self, &session);
+        // Past the session's cap of waits, answered at once from the twin as it is.
+        let slot = self.twin_waits.take(&scope.session_id);
+        let wait = if slot.is_some() {
+            TWIN_WAIT
+        } else {
+            Duration::ZERO
+        };
         // Read again once watched: an outcome written since the decision is not missed.
         let settled = match watch.load(&twin.id).await {
-            Ok(twin) => watch.settle(twin, TWIN_WAIT, &mut Unreported).await,
+            Ok(twin) => watch.settle(twin, wait, &mut Unreported).await,
             Err(e) => Err(e),
         };
+        drop(slot);
         match settled {
             Ok(settled) => twin_reply(settled.execution),
             Err(e) => {
@@ -212,6 +221,9 @@ impl Gate {
         started: Instant,
         commit: OutcomeCommit,
     ) -> (bool, CallReply) {
+        // In flight here until its outcome is written (the approvals' sweep recovers a
+        // `running` row of this instance that is not).
+        let _in_flight = self.sending.start(&exec.id);
         let ran = self.run_decided(&exec).await;
         let recorded = self
             .record_outcome(&exec, ran.record, started, commit)
@@ -310,6 +322,10 @@ impl Gate {
 /// `in_flight`: longer than a provider's usual answer, shorter than a client's patience.
 pub(super) const TWIN_WAIT: Duration = Duration::from_secs(20);
 
+/// Writes of one session waiting for their twins at once, at most (the instance's cap is
+/// [`super::trailing::IN_ALL`]).
+pub(super) const TWIN_WAITS_PER_SESSION: usize = 4;
+
 /// What a write is answered from its identical twin as the wait left it.
 fn twin_reply(twin: Execution) -> CallReply {
     match twin.status {
@@ -323,6 +339,15 @@ fn twin_reply(twin: Execution) -> CallReply {
             replayed: true,
         },
         Status::Running => CallReply::Refused(Refusal::InFlight(twin.id)),
+        Status::NeedsCheck => CallReply::Failed {
+            error: format!(
+                "an identical call ({}) may have run and waits for a person to check the provider ({}); it is not sent again",
+                twin.id,
+                twin.error.as_deref().unwrap_or("outcome unknown")
+            ),
+            execution_id: twin.id,
+            retry_after_ms: None,
+        },
         other => CallReply::Failed {
             error: twin
                 .error
@@ -448,11 +473,17 @@ mod tests {
                 if error == "card_declined" && execution_id.as_str() == "ex_twin"),
             "{failed:?}"
         );
-        let unknown = twin_reply(twin(Status::NeedsCheck, None, None));
+        let unknown = twin_reply(twin(Status::NeedsCheck, None, Some("timed out")));
         assert!(
             matches!(&unknown, CallReply::Failed { error, .. }
-                if error == "an identical call ended needs_check"),
+                if error.contains("waits for a person to check the provider (timed out)")),
             "{unknown:?}"
+        );
+        let denied = twin_reply(twin(Status::Denied, None, None));
+        assert!(
+            matches!(&denied, CallReply::Failed { error, .. }
+                if error == "an identical call ended denied"),
+            "{denied:?}"
         );
         let open = twin_reply(twin(Status::Running, None, None));
         assert!(

@@ -155,8 +155,9 @@ const RENEWALS_AT_ONCE: usize = 4;
 /// statement of its own ([`crate::store::Db::write_single`]: on Postgres one round trip
 /// and no transaction around it), [`RENEWALS_AT_ONCE`] at a time, and answers the leases
 /// the database refused (taken over or released: their sessions must be dropped). Each
-/// lease renewed is handed to `renewed` as soon as its statement commits. A renewal
-/// that fails for another reason is logged and left for the next round.
+/// lease is handed to `done` as soon as its statement ends, with whether it was
+/// renewed. A renewal that fails for another reason is logged and left for the next
+/// round.
 ///
 /// A renewal that waits for a decision holding its lease's row ([`fence_exclusive`])
 /// delays that lease only: one transaction renewing every lease waited for each such
@@ -167,7 +168,7 @@ pub async fn renew_all(
     leases: Vec<Lease>,
     now_ms: i64,
     lease_ms: i64,
-    mut renewed: impl FnMut(&Lease),
+    mut done: impl FnMut(&Lease, bool),
 ) -> Vec<Lease> {
     use futures::StreamExt as _;
     let mut renewals = futures::stream::iter(leases.into_iter().map(|lease| async move {
@@ -180,8 +181,9 @@ pub async fn renew_all(
     .buffer_unordered(RENEWALS_AT_ONCE);
     let mut refused = Vec::new();
     while let Some((lease, outcome)) = renewals.next().await {
+        done(&lease, matches!(outcome, Ok(true)));
         match outcome {
-            Ok(true) => renewed(&lease),
+            Ok(true) => {}
             Ok(false) => refused.push(lease),
             Err(e) => tracing::error!(
                 thread = %lease.thread_id,

@@ -45,8 +45,9 @@ pub(super) enum Msg {
     /// The renewal task (or a fenced write of the gate or the model proxy) found this
     /// lease refused by the database.
     LeaseLost(Lease),
-    /// The lapse watch found this lease about to expire unrenewed: the session is
-    /// dropped here before another instance may take the thread over.
+    /// The lapse watch gave this lease up before it could expire unrenewed (its
+    /// containers stopped, the lease released): the actor drops its record of the
+    /// session.
     LeaseLapsing(Lease),
     /// Stop serving; containers stay and are adopted by the next start.
     Shutdown,

@@ -87,7 +87,7 @@ impl Supervisor {
         );
         let lease_time = self.parts.settings.lease_time;
         ownership::spawn_lapse_watch(
-            &self.parts.tasks,
+            self.parts.clone(),
             self.leases.clone(),
             self.tx.clone(),
             (
@@ -157,7 +157,7 @@ impl Supervisor {
                 self.tick().await;
             }
             Msg::LeaseLost(lease) => self.renewal_refused(&lease),
-            Msg::LeaseLapsing(lease) => self.lease_lapsing(&lease),
+            Msg::LeaseLapsing(lease) => self.lease_lapsed(&lease),
             Msg::Reconcile => self.reconcile().await,
             Msg::Shutdown => {}
         }

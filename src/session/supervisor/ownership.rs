@@ -14,7 +14,7 @@
 //! after the expiry, so by then this one has stopped its container: never two
 //! containers of one thread at once, even when this instance cannot renew.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 use super::Supervisor;
 use super::handle::{Msg, Outcome, lock};
 use super::lifecycle::drop_local;
+use super::parts::SupervisorParts;
 use crate::clock::Clock;
 use crate::ids::ThreadId;
 use crate::session::store;
@@ -41,8 +42,6 @@ pub(super) struct HeldLease {
     /// The instant its last acquire or renewal began, plus the lease time: the
     /// database's expiry is that statement's time plus the lease time, read after it.
     pub valid_until: Instant,
-    /// Reported to the actor as lapsing (once).
-    pub lapsing: bool,
 }
 
 impl HeldLease {
@@ -51,7 +50,6 @@ impl HeldLease {
         HeldLease {
             lease,
             valid_until: asked + lease_time,
-            lapsing: false,
         }
     }
 }
@@ -159,18 +157,18 @@ impl Supervisor {
         }
     }
 
-    /// The lapse watch found `lease` about to expire unrenewed: the session is dropped
-    /// here before another instance may take the thread over (unless the actor has
-    /// moved on from it). The lease itself is left to expire; any instance, this one
-    /// too, may take the thread over after that.
-    pub(super) fn lease_lapsing(&mut self, lease: &Lease) {
-        if self.held(&lease.thread_id).as_ref() != Some(lease) {
-            return;
-        }
+    /// The lapse watch gave `lease` up (taken out of the held leases, its containers
+    /// stopped off the actor, the lease released): the actor drops what it keeps of
+    /// the session (its slot), unless the thread has a lease here again (a new
+    /// session there, not to be touched) or an operation in flight (its report does it).
+    pub(super) fn lease_lapsed(&mut self, lease: &Lease) {
         let thread = &lease.thread_id;
-        tracing::warn!(thread = %thread, token = lease.token, "the session lease could not be renewed in time; dropping the session here before it expires");
-        crate::metrics::reconcile("lease_lapsed", 1);
-        self.give_up(thread);
+        if self.held(thread).is_none()
+            && !self.busy.contains_key(thread)
+            && self.slots.contains(thread)
+        {
+            self.spawn_drop(thread);
+        }
     }
 
     /// Stops this instance's containers of `thread` off the actor, without a database
@@ -289,8 +287,11 @@ impl Supervisor {
 /// Renews every lease in `held` every `every` until shutdown
 /// ([`leases::renew_all`]: a statement per lease), each renewed lease's validity moved
 /// on as its statement commits; a renewal the database refuses is reported to the actor
-/// as [`Msg::LeaseLost`]. A renewal that fails for another reason is logged and tried
-/// again at the next round (the lease lasts three rounds).
+/// as [`Msg::LeaseLost`]. Each round runs as a task of its own and skips the leases a
+/// round before it is still renewing: one renewal stuck on its row (a decision holding
+/// it, a slow database) delays that lease only, never the next rounds of the others. A
+/// renewal that fails for another reason is tried again at the next round (the lease
+/// lasts three rounds).
 pub(super) fn spawn_renewal(
     tasks: &Tasks,
     (db, clock): (Db, Clock),
@@ -299,72 +300,99 @@ pub(super) fn spawn_renewal(
     (every, lease_time): (Duration, Duration),
 ) {
     let lease_ms = crate::clock::ms(lease_time);
+    let rounds = tasks.clone();
+    let renewing: Arc<Mutex<HashSet<ThreadId>>> = Arc::default();
     tasks.spawn_until_shutdown(async move {
         let mut interval = tokio::time::interval(every);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             interval.tick().await;
-            let leases: Vec<Lease> = lock(&held).values().map(|h| h.lease.clone()).collect();
+            let leases: Vec<Lease> = {
+                let mut renewing = lock(&renewing);
+                lock(&held)
+                    .values()
+                    .filter(|h| renewing.insert(h.lease.thread_id.clone()))
+                    .map(|h| h.lease.clone())
+                    .collect()
+            };
             if leases.is_empty() {
                 continue;
             }
+            let (db, held, renewing, tx) = (db.clone(), held.clone(), renewing.clone(), tx.clone());
+            let now_ms = clock.now_ms();
             // Before the time the statements carry: the database's expiry is no earlier.
             let asked = Instant::now();
-            let confirm = |lease: &Lease| {
-                if let Some(h) = lock(&held).get_mut(&lease.thread_id)
-                    && h.lease == *lease
-                {
-                    h.valid_until = asked + lease_time;
+            rounds.spawn(async move {
+                let done = |lease: &Lease, renewed: bool| {
+                    lock(&renewing).remove(&lease.thread_id);
+                    if renewed
+                        && let Some(h) = lock(&held).get_mut(&lease.thread_id)
+                        && h.lease == *lease
+                    {
+                        h.valid_until = asked + lease_time;
+                    }
+                };
+                for lease in leases::renew_all(&db, leases, now_ms, lease_ms, done).await {
+                    let _ = tx.send(Msg::LeaseLost(lease));
                 }
-            };
-            let refused = leases::renew_all(&db, leases, clock.now_ms(), lease_ms, confirm).await;
-            for lease in refused {
-                if tx.send(Msg::LeaseLost(lease)).is_err() {
-                    return;
-                }
-            }
+            });
         }
     });
 }
 
-/// Watches the validity of every lease in `held`, every `every`, and reports to the
-/// actor, once each, those with less than `margin` of it left ([`lapsing`]) as
-/// [`Msg::LeaseLapsing`]. A task of its own: a renewal round that hangs does not delay
-/// it.
+/// Watches the validity of every lease in `held`, every `every`, and gives up here,
+/// off the actor (which may itself be waiting on the slow database), each with less
+/// than `margin` of it left ([`lapsing`]): taken out of `held` at once (nothing here
+/// acts under it any more), its thread's containers stopped and its socket closed
+/// (`drop_local`), then the lease released so another instance need not wait for its
+/// expiry; the actor is told ([`Msg::LeaseLapsing`]) to drop its own record of the
+/// session.
 pub(super) fn spawn_lapse_watch(
-    tasks: &Tasks,
+    parts: Arc<SupervisorParts>,
     held: Held,
     tx: mpsc::UnboundedSender<Msg>,
     (every, margin): (Duration, Duration),
 ) {
-    tasks.spawn_until_shutdown(async move {
+    let tasks = parts.tasks.clone();
+    tasks.clone().spawn_until_shutdown(async move {
         let mut interval = tokio::time::interval(every);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             interval.tick().await;
             let due = lapsing(&mut lock(&held), Instant::now(), margin);
             for lease in due {
-                if tx.send(Msg::LeaseLapsing(lease)).is_err() {
-                    return;
-                }
+                tracing::warn!(thread = %lease.thread_id, token = lease.token, "the session lease could not be renewed in time; dropping the session here before it expires");
+                crate::metrics::reconcile("lease_lapsed", 1);
+                let (parts, tx) = (parts.clone(), tx.clone());
+                tasks.spawn(async move {
+                    if let Err(e) = drop_local(&parts, &lease.thread_id).await {
+                        tracing::error!(thread = %lease.thread_id, error = %e, "cannot stop the container of a lapsing lease; reconcile retries");
+                    }
+                    let release = lease.clone();
+                    if let Err(e) = parts.db.write(move |c| leases::release(c, &release)).await {
+                        tracing::warn!(thread = %lease.thread_id, error = %e, "cannot release a lapsed lease; it expires");
+                    }
+                    let _ = tx.send(Msg::LeaseLapsing(lease));
+                });
             }
         }
     });
 }
 
-/// The leases of `held` with less than `margin` of their validity left at `now`, not
-/// reported before; each is marked reported.
+/// Takes out of `held` the leases with less than `margin` of their validity left at
+/// `now`, and answers them.
 pub(super) fn lapsing(
     held: &mut HashMap<ThreadId, HeldLease>,
     now: Instant,
     margin: Duration,
 ) -> Vec<Lease> {
-    held.values_mut()
-        .filter(|h| !h.lapsing && h.valid_until <= now + margin)
-        .map(|h| {
-            h.lapsing = true;
-            h.lease.clone()
-        })
+    let due: Vec<ThreadId> = held
+        .iter()
+        .filter(|(_, h)| h.valid_until <= now + margin)
+        .map(|(thread, _)| thread.clone())
+        .collect();
+    due.iter()
+        .filter_map(|thread| held.remove(thread).map(|h| h.lease))
         .collect()
 }
 
@@ -380,10 +408,11 @@ mod tests {
         }
     }
 
-    /// A lease is reported once it has less than the margin of its validity left, and
-    /// only once; one renewed meanwhile (its validity moved on) is not.
+    /// A lease is given up once it has less than the margin of its validity left (and
+    /// so only once: it leaves the held leases); one renewed meanwhile (its validity
+    /// moved on) is not.
     #[test]
-    fn a_lease_is_reported_lapsing_once_with_less_than_the_margin_left() {
+    fn a_lease_is_given_up_with_less_than_the_margin_left() {
         let lease_time = Duration::from_secs(4);
         let margin = lapse_margin(lease_time);
         assert_eq!(margin, Duration::from_secs(1));
@@ -397,14 +426,14 @@ mod tests {
         // 2.9 s in: th_a is valid until 4 s, more than the margin left.
         let at = |ms: u64| start + Duration::from_millis(ms);
         assert!(lapsing(&mut held, at(2_900), margin).is_empty());
-        // 3 s in: th_a has the margin left and is reported; th_b (until 6 s) is not.
+        // 3 s in: th_a has the margin left and is given up; th_b (until 6 s) is not.
         assert_eq!(
             lapsing(&mut held, at(3_000), margin),
             vec![lease("th_a", 1)]
         );
-        // Once only.
+        assert_eq!(held.len(), 1, "th_a left the held leases");
         assert!(lapsing(&mut held, at(3_500), margin).is_empty());
-        // th_b renewed at 4 s (valid until 8 s): not reported at 5 s.
+        // th_b renewed at 4 s (valid until 8 s): not given up at 5 s.
         let th_b = ThreadId::parse("th_b").expect("id");
         held.get_mut(&th_b).expect("th_b").valid_until = at(8_000);
         assert!(lapsing(&mut held, at(5_000), margin).is_empty());
@@ -412,5 +441,6 @@ mod tests {
             lapsing(&mut held, at(7_000), margin),
             vec![lease("th_b", 1)]
         );
+        assert!(held.is_empty());
     }
 }

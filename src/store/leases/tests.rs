@@ -200,9 +200,13 @@ async fn a_renewal_round_renews_what_it_holds_and_answers_what_was_taken_over() 
     let taker = acquire_at(&db, "th_l", "inst-b", 20_000).await.unwrap();
     let mut renewed = Vec::new();
     let round = vec![kept.clone(), lost.clone()];
-    let refused = renew_all(&db, round, 15_000, LEASE_MS, |l| renewed.push(l.clone())).await;
-    assert_eq!(refused, vec![lost]);
-    assert_eq!(renewed, vec![kept.clone()]);
+    let refused = renew_all(&db, round, 15_000, LEASE_MS, |l, ok| {
+        renewed.push((l.clone(), ok))
+    })
+    .await;
+    assert_eq!(refused, vec![lost.clone()]);
+    renewed.sort_by_key(|(l, _)| l.thread_id.to_string());
+    assert_eq!(renewed, vec![(kept.clone(), true), (lost.clone(), false)]);
     assert_eq!(expiry(&db, "th_k").await, 15_000 + LEASE_MS);
     assert_eq!(
         expiry(&db, "th_l").await,
@@ -263,7 +267,7 @@ async fn a_decision_holding_one_lease_delays_the_renewal_of_that_lease_alone() {
     round.extend(idle.iter().cloned());
     let renewing = tokio::spawn({
         let db = db.clone();
-        async move { renew_all(&db, round, 5_000, LEASE_MS, |_| {}).await }
+        async move { renew_all(&db, round, 5_000, LEASE_MS, |_, _| {}).await }
     });
     let renewed_meanwhile = async {
         loop {

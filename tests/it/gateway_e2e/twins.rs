@@ -101,13 +101,14 @@ async fn an_identical_refund_sent_while_the_first_is_in_flight_is_answered_from_
 }
 
 /// A refund's outcome commits without waiting for the log's flush (Stripe deduplicates
-/// by its idempotency key), so a crash of the machine or the database server may lose
-/// it and leave the row `running` while the agent already has its answer. The same
-/// refund asked again is then not sent under a key of its own: it waits for the first
-/// and is refused `in_flight`, naming it. Recovery re-sends the first with its key, and
-/// the same refund is answered from it: one refund at Stripe throughout.
+/// by its idempotency key), so a crash of the database server may take it back and
+/// leave the row `running` while this instance lives on and the agent already has its
+/// answer. The same refund asked again is then not sent under a key of its own: it
+/// waits for the first, which this instance's sweep finds `running` with nothing here
+/// sending it (two passes in a row), re-sends with its key and records; the second is
+/// answered as a replay of it. One refund at Stripe, no restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refund_whose_outcome_was_lost_is_not_sent_again_before_recovery() {
+async fn a_refund_whose_outcome_was_lost_is_recovered_here_and_not_sent_again() {
     let world = World::with_policy_text(POLICY).await;
     let app = world.start().await;
     let ada = world
@@ -125,7 +126,7 @@ async fn a_refund_whose_outcome_was_lost_is_not_sent_again_before_recovery() {
     );
     let id = first["execution_id"].as_str().expect("id").to_owned();
 
-    // The outcome lost in a crash: the row as its decision left it.
+    // The outcome lost: the row as its decision left it.
     let lost = id.clone();
     app.db
         .write(move |c| {
@@ -137,43 +138,64 @@ async fn a_refund_whose_outcome_was_lost_is_not_sent_again_before_recovery() {
         })
         .await
         .expect("lose the outcome");
-    let (status, again) = ada
-        .session
-        .call("stripe.create_refund", args.clone(), None)
-        .await;
-    assert_eq!(
-        (status, &again["error"]),
-        (409, &json!("in_flight")),
-        "{again}"
-    );
-    let message = again["message"].as_str().unwrap_or_default();
-    assert!(message.contains(&id), "{again}");
-    assert_eq!(refunds(&world.stripe).await.len(), 1, "not sent again");
-    let refund_calls = app.executions_of("stripe.create_refund").await.len();
-    assert_eq!(refund_calls, 1, "nothing of the second call recorded");
-    app.stop().await;
-
-    // The next start re-sends it with its key; the same refund is then a replay.
-    let app = world.start().await;
-    app.recovered().await;
-    crate::support::wait::eventually(&format!("{id} succeeds again"), || async {
-        app.execution(&id).await.status == "succeeded"
-    })
-    .await;
-    let ada = world.session_of(&app, &ada.session.thread_id).await;
-    let (status, replay) = ada.call("stripe.create_refund", args, None).await;
-    assert_eq!(
-        (status, &replay["replayed"]),
-        (200, &json!(true)),
-        "{replay}"
-    );
-    assert_eq!(replay["execution_id"], id.as_str());
-    assert_eq!(replay["result"]["id"], first["result"]["id"]);
+    let (status, again) = ada.session.call("stripe.create_refund", args, None).await;
+    assert_eq!((status, &again["replayed"]), (200, &json!(true)), "{again}");
+    assert_eq!(again["execution_id"], id.as_str(), "{again}");
+    assert_eq!(again["result"]["id"], first["result"]["id"], "{again}");
     assert_eq!(
         refunds(&world.stripe).await.len(),
         1,
         "one refund at Stripe"
     );
+    let refund_calls = app.executions_of("stripe.create_refund").await;
+    assert_eq!(refund_calls.len(), 1, "nothing of the second call recorded");
+    assert_eq!(refund_calls[0].status, "succeeded");
+    // The re-send is audited: a second `ran`.
+    let events = app.audit_events_of(&id).await;
+    assert_eq!(events, ["requested", "decided", "ran", "ran"], "{events:?}");
     assert!(app.verify_audit().await > 0);
+    app.stop().await;
+}
+
+/// A hostile agent's retries cannot pile up waits: at most 4 identical writes of one
+/// session wait for the twin still being sent; one more is answered at once (409
+/// `in_flight`, naming the twin), and none is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_waits_on_its_twins_only_so_many_at_once() {
+    let mut world = World::with_policy_text(POLICY).await;
+    let refund_arrived = Arc::new(Notify::new());
+    world.settings.stripe.api_url = slow_stripe::start(
+        world.stripe.base_url(),
+        Duration::from_secs(4),
+        refund_arrived.clone(),
+    )
+    .await;
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[5000])
+        .await;
+    let args = json!({"charge": ada.charges[0], "amount": 700, "reason": "requested_by_customer"});
+    let first = ada.session.call("stripe.create_refund", args.clone(), None);
+    let retries = async {
+        tokio::time::timeout(Duration::from_secs(30), refund_arrived.notified())
+            .await
+            .expect("the first refund reaches Stripe");
+        let calls = (0..6).map(|_| ada.session.call("stripe.create_refund", args.clone(), None));
+        futures::future::join_all(calls).await
+    };
+    let ((status, first), retries) = tokio::join!(first, retries);
+    assert_eq!(status, 200, "{first}");
+    let id = first["execution_id"].clone();
+    let replayed = retries
+        .iter()
+        .filter(|(s, a)| *s == 200 && a["replayed"] == true && a["execution_id"] == id)
+        .count();
+    let at_once = retries
+        .iter()
+        .filter(|(s, a)| *s == 409 && a["error"] == "in_flight")
+        .count();
+    assert_eq!((replayed, at_once), (4, 2), "{retries:#?}");
+    assert_eq!(refunds(&world.stripe).await.len(), 1);
+    assert_eq!(app.executions_of("stripe.create_refund").await.len(), 1);
     app.stop().await;
 }
