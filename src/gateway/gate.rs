@@ -123,6 +123,10 @@ pub enum CallReply {
     Refused(Refusal),
 }
 
+/// Writes of one session waiting for an identical call still being sent, at most (the
+/// instance's cap is [`super::trailing::IN_ALL`]).
+pub const TWIN_WAITS_PER_SESSION: usize = 4;
+
 /// What the gate is built from (at start, by `app`).
 pub struct GateParts {
     pub db: Db,
@@ -219,7 +223,7 @@ impl Gate {
             tasks: parts.tasks,
             sending: Default::default(),
             twin_waits: Arc::new(super::trailing::Trailing::with_caps(
-                super::run::TWIN_WAITS_PER_SESSION,
+                TWIN_WAITS_PER_SESSION,
                 super::trailing::IN_ALL,
             )),
         }

@@ -322,10 +322,6 @@ impl Gate {
 /// `in_flight`: longer than a provider's usual answer, shorter than a client's patience.
 pub(super) const TWIN_WAIT: Duration = Duration::from_secs(20);
 
-/// Writes of one session waiting for their twins at once, at most (the instance's cap is
-/// [`super::trailing::IN_ALL`]).
-pub(super) const TWIN_WAITS_PER_SESSION: usize = 4;
-
 /// What a write is answered from its identical twin as the wait left it.
 fn twin_reply(twin: Execution) -> CallReply {
     match twin.status {
