@@ -14,17 +14,7 @@ use threadgate::store::leases::{self, Lease};
 use threadgate::store::testing::TestDb;
 
 use crate::support::app::TestApp;
-use crate::support::world::{Customer, World, limited_reads_rule};
-
-const POLICY: &str = r#"
-policy:
-  default_mode: risk
-policies:
-  - match: "stripe.create_refund"
-    action: always_run
-  - match: "stripe.get_*"
-    action: always_run
-"#;
+use crate::support::world::{Customer, REFUNDS_RUN_POLICY, World, limited_reads_rule};
 
 /// The scope the session's socket serves, as the supervisor built it.
 async fn scope_of(app: &TestApp, customer: &Customer) -> SessionScope {
@@ -96,7 +86,7 @@ async fn counts_of(world: &World) -> (Counts, Counts, Counts) {
 
 async fn world() -> World {
     // And a read whose rule reserves a limit no call here exhausts.
-    let policy = format!("{POLICY}{}", limited_reads_rule(1_000_000));
+    let policy = format!("{REFUNDS_RUN_POLICY}{}", limited_reads_rule(1_000_000));
     let mut world = World::with_policy_text(&policy).await;
     world.use_stripe_events("whsec_counts_0123456789").await;
     world

@@ -1,5 +1,5 @@
-//! A session whose lease this instance cannot renew (the database slow for that row,
-//! this process starved) is dropped here before the lease expires: another instance may
+//! A session whose lease this instance cannot renew (the database slow for that row or
+//! locked, this process starved) is dropped here before the lease expires: another instance may
 //! take the thread over only after the expiry, so the two never run a container of the
 //! thread at once. Then, the lease expired, the thread is taken over again (here: the
 //! only instance) and its session answers.
@@ -14,14 +14,35 @@ use crate::support::world::World;
 /// to stop the container before the expiry.
 const LEASE: Duration = Duration::from_secs(4);
 
+/// How the test keeps the thread's lease from being renewed, and lets go.
+enum Hold {
+    /// Postgres: the lease row held `FOR UPDATE` by another transaction (that lease
+    /// alone cannot be renewed).
+    Postgres(threadgate::store::testing::TestDb),
+    /// SQLite: the database's write lock held by another connection (`BEGIN
+    /// IMMEDIATE`: no write gets through, renewals included).
+    Sqlite,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_whose_lease_cannot_be_renewed_is_dropped_before_it_expires() {
     let Some(pg) = threadgate::store::testing::TestDb::postgres_from_env() else {
         eprintln!("skipped: THREADGATE_TEST_DATABASE_URL is not set");
         return;
     };
+    dropped_before_expiry(Hold::Postgres(pg)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_database_is_locked_is_dropped_before_its_lease_expires() {
+    dropped_before_expiry(Hold::Sqlite).await;
+}
+
+async fn dropped_before_expiry(hold: Hold) {
     let mut world = World::new().await;
-    world.use_postgres(pg.url().expect("a postgres url")).await;
+    if let Hold::Postgres(pg) = &hold {
+        world.use_postgres(pg.url().expect("a postgres url")).await;
+    }
     world.settings.sessions.lease_time = LEASE;
     let app = world.start().await;
     let ada = world
@@ -40,8 +61,13 @@ async fn a_session_whose_lease_cannot_be_renewed_is_dropped_before_it_expires() 
 
     // Every renewal of the thread's lease now waits for this transaction; the lease's
     // expiry as its last renewal left it is what another instance would wait for.
-    let lock = "SELECT 1 FROM session_leases WHERE thread_id = ?1 FOR UPDATE";
-    let (release, holding) = hold_open(&pg, lock, thread.clone()).await;
+    let held = match &hold {
+        Hold::Postgres(pg) => {
+            let lock = "SELECT 1 FROM session_leases WHERE thread_id = ?1 FOR UPDATE";
+            Held::Postgres(hold_open(pg, lock, thread.clone()).await)
+        }
+        Hold::Sqlite => Held::Sqlite(lock_sqlite(&world.settings.database_path()).await),
+    };
     let t = thread.clone();
     let expires_at_ms: i64 = app
         .db
@@ -78,7 +104,10 @@ async fn a_session_whose_lease_cannot_be_renewed_is_dropped_before_it_expires() 
         closed.is_some(),
         "the dropped session's socket still accepts"
     );
-    let_go(release, holding).await;
+    match held {
+        Held::Postgres((release, holding)) => let_go(release, holding).await,
+        Held::Sqlite(release) => release.send(()).expect("release the write lock"),
+    }
 
     // Once the lease has expired, the thread is taken over (here, the one instance) in
     // a fresh container, and its session answers again.
@@ -99,4 +128,33 @@ async fn a_session_whose_lease_cannot_be_renewed_is_dropped_before_it_expires() 
     assert_eq!(back.get("/v1/agent").await.0, 200);
     assert_eq!(running(), 1);
     app.stop().await;
+}
+
+/// What [`Hold`] holds while the test waits.
+enum Held {
+    Postgres((std::sync::mpsc::Sender<()>, tokio::task::JoinHandle<()>)),
+    Sqlite(std::sync::mpsc::Sender<()>),
+}
+
+/// Takes the SQLite file's write lock on a connection of its own (a thread of its own)
+/// and keeps it until the returned sender says so; once this returns it is held.
+async fn lock_sqlite(path: &std::path::Path) -> std::sync::mpsc::Sender<()> {
+    let path = path.to_owned();
+    let (locked_tx, locked) = std::sync::mpsc::channel::<()>();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let conn = threadgate::store::rusqlite::Connection::open(path).expect("open the db");
+        conn.busy_timeout(Duration::from_secs(30))
+            .expect("busy timeout");
+        conn.execute_batch("BEGIN IMMEDIATE")
+            .expect("the write lock");
+        locked_tx.send(()).expect("say it is held");
+        let _ = released.recv();
+        conn.execute_batch("ROLLBACK").expect("let go");
+    });
+    tokio::task::spawn_blocking(move || locked.recv())
+        .await
+        .expect("join")
+        .expect("the lock is held");
+    release
 }

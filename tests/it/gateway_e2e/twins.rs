@@ -10,19 +10,7 @@ use serde_json::json;
 use tokio::sync::Notify;
 
 use crate::support::slow_stripe;
-use crate::support::world::{World, refunds};
-
-/// Refunds run without a person, so the two identical calls are both decided `run`
-/// unless the gate sees the first still running.
-const POLICY: &str = r#"
-policy:
-  default_mode: risk
-policies:
-  - match: "stripe.create_refund"
-    action: always_run
-  - match: "stripe.get_*"
-    action: always_run
-"#;
+use crate::support::world::{REFUNDS_RUN_POLICY, World, refunds};
 
 /// How long Stripe holds the first refund: the second call arrives meanwhile.
 const SLOW_REFUND: Duration = Duration::from_secs(2);
@@ -36,7 +24,7 @@ async fn an_identical_refund_sent_while_the_first_is_in_flight_is_answered_from_
     }
     for url in backends {
         let backend = if url.is_some() { "postgres" } else { "sqlite" };
-        let mut world = World::with_policy_text(POLICY).await;
+        let mut world = World::with_policy_text(REFUNDS_RUN_POLICY).await;
         if let Some(url) = &url {
             world.use_postgres(url).await;
         }
@@ -109,7 +97,7 @@ async fn an_identical_refund_sent_while_the_first_is_in_flight_is_answered_from_
 /// answered as a replay of it. One refund at Stripe, no restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refund_whose_outcome_was_lost_is_recovered_here_and_not_sent_again() {
-    let world = World::with_policy_text(POLICY).await;
+    let world = World::with_policy_text(REFUNDS_RUN_POLICY).await;
     let app = world.start().await;
     let ada = world
         .customer_session(&app, "ada@example.com", &[5000])
@@ -162,7 +150,7 @@ async fn a_refund_whose_outcome_was_lost_is_recovered_here_and_not_sent_again() 
 /// `in_flight`, naming the twin), and none is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_waits_on_its_twins_only_so_many_at_once() {
-    let mut world = World::with_policy_text(POLICY).await;
+    let mut world = World::with_policy_text(REFUNDS_RUN_POLICY).await;
     let refund_arrived = Arc::new(Notify::new());
     world.settings.stripe.api_url = slow_stripe::start(
         world.stripe.base_url(),

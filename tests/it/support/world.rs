@@ -399,6 +399,18 @@ impl Session {
     }
 }
 
+/// A policy under which refunds and Stripe reads run without a person: a write that
+/// runs at once, for the tests of a write's path.
+pub const REFUNDS_RUN_POLICY: &str = r#"
+policy:
+  default_mode: risk
+policies:
+  - match: "stripe.create_refund"
+    action: always_run
+  - match: "stripe.get_*"
+    action: always_run
+"#;
+
 /// Every refund localstripe holds (oldest first).
 pub async fn refunds(stripe: &LocalStripe) -> Vec<Value> {
     stripe.get("refunds?limit=100").await["data"]
