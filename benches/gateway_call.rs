@@ -55,17 +55,6 @@ use threadgate::store::testing::{TestDb, test_database_url};
 const WARM_UP: usize = 20;
 const WEBHOOK_SECRET: &str = "whsec_bench_0123456789";
 
-/// Reads run; a refund runs without a person (only this bench's policy says so).
-const BENCH_POLICY: &str = r#"
-policy:
-  default_mode: risk
-policies:
-  - match: "stripe.create_refund"
-    action: always_run
-  - match: "stripe.get_*"
-    action: always_run
-"#;
-
 /// Latencies of one kind of call or phase.
 #[derive(Default)]
 struct Series {
@@ -112,7 +101,7 @@ mod phases {
         let name = meta.name();
         meta.is_span()
             && (name == "gate"
-                || ["gate.", "db.", "pg.", "sqlite."]
+                || ["gate.", "db.", "pg.", "sqlite.", "http."]
                     .iter()
                     .any(|p| name.starts_with(p)))
     }
@@ -264,7 +253,7 @@ fn backends_wanted() -> Vec<&'static str> {
 }
 
 async fn start_backend(name: &'static str) -> Backend {
-    let mut world = World::with_policy_text(BENCH_POLICY).await;
+    let mut world = World::with_policy_text(support::world::REFUNDS_RUN_POLICY).await;
     let database = if name == "postgres" {
         let server = test_database_url().expect(
             "GATEWAY_BENCH_STORE=postgres needs THREADGATE_TEST_DATABASE_URL \

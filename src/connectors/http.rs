@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use reqwest::header::HeaderMap;
 use reqwest::{Client, RequestBuilder, StatusCode, Url};
+use tracing::Instrument as _;
 
 use super::{ConfigError, ConnectorError, Credential};
 
@@ -67,17 +68,24 @@ pub(crate) async fn send(
     request: RequestBuilder,
     secret: &Credential,
 ) -> Result<HttpResponse, ConnectorError> {
-    let key = secret.resolve().await?;
+    // The `http.*` spans (trace level, off in production) time the exchange's parts
+    // for `benches/gateway_call.rs`.
+    let key = secret
+        .resolve()
+        .instrument(tracing::trace_span!("http.resolve"))
+        .await?;
     crate::store::counts::bump(crate::store::counts::Event::ProviderRequest);
     let response = request
         .bearer_auth(key.expose_secret())
         .send()
+        .instrument(tracing::trace_span!("http.exchange"))
         .await
         .map_err(|error| classify_send_error(&error, secret))?;
     let status = response.status();
     let headers = response.headers().clone();
     let body = response
         .bytes()
+        .instrument(tracing::trace_span!("http.body"))
         .await
         .map_err(|error| ConnectorError::Unknown {
             message: secret.redact(&format!(

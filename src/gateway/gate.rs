@@ -124,7 +124,7 @@ pub enum CallReply {
 }
 
 /// Writes of one session waiting for an identical call still being sent, at most (the
-/// instance's cap is [`super::trailing::IN_ALL`]).
+/// instance's cap is [`super::slots::IN_ALL`]).
 pub const TWIN_WAITS_PER_SESSION: usize = 4;
 
 /// What the gate is built from (at start, by `app`).
@@ -180,7 +180,7 @@ pub struct Gate {
     /// This instance's id, recorded as the runner of the calls it sends.
     runner: Arc<str>,
     /// Reads' outcomes written after their answer, capped per session and in all.
-    pub(super) trailing: Arc<super::trailing::Trailing>,
+    pub(super) trailing: Arc<super::slots::SessionSlots>,
     pub(super) tasks: Tasks,
     /// The calls this process is sending now, until their outcome is written.
     pub(super) sending: super::sending::Sending,
@@ -188,7 +188,7 @@ pub struct Gate {
     /// the same per-session and per-instance slot caps as trailing outcomes, so a
     /// hostile agent's retries cannot pile up waits (one past the cap is answered at
     /// once from the twin as it is).
-    pub(super) twin_waits: Arc<super::trailing::Trailing>,
+    pub(super) twin_waits: Arc<super::slots::SessionSlots>,
 }
 
 impl Gate {
@@ -222,9 +222,9 @@ impl Gate {
             trailing: Arc::default(),
             tasks: parts.tasks,
             sending: Default::default(),
-            twin_waits: Arc::new(super::trailing::Trailing::with_caps(
+            twin_waits: Arc::new(super::slots::SessionSlots::with_caps(
                 TWIN_WAITS_PER_SESSION,
-                super::trailing::IN_ALL,
+                super::slots::IN_ALL,
             )),
         }
     }

@@ -19,10 +19,10 @@ pub mod sandbox_api;
 mod scope;
 pub mod sending;
 pub mod session_labels;
+pub mod slots;
 pub mod socket;
 mod summary;
 pub mod tool_docs;
-pub mod trailing;
 pub mod wait;
 
 pub(crate) use decide::SqlHistory;

@@ -7,7 +7,7 @@
 //! a read the audit lacks is a read nobody saw, so if the commit fails (or the lease's
 //! fence refuses it) the agent gets an error and no result. The outcome (`ran` or
 //! `failed`, the row's final status) is written after the answer, by a task of its
-//! own, without waiting for the log's flush ([`super::trailing`]: at most a few per
+//! own, without waiting for the log's flush ([`super::slots`]: at most a few per
 //! session and a bound in all; a read past them writes its outcome before answering).
 //! The decision it follows is on disk, and an outcome lost to a crash of the machine,
 //! the process or the database server leaves the row `running`, which recovery

@@ -259,11 +259,12 @@ impl Gate {
                 reply: CallReply::Refused(Refusal::OutOfScope(message)),
             };
         }
-        self.refresh_redactor().await;
+        let redact = tracing::trace_span!("gate.redact");
+        self.refresh_redactor().instrument(redact.clone()).await;
         let redactor = self.current_redactor();
         match outcome {
             Ok(mut result) => {
-                redactor.redact_json(&mut result);
+                redact.in_scope(|| redactor.redact_json(&mut result));
                 Ran {
                     record: Outcome::Succeeded(result.clone()),
                     reply: CallReply::Ran {

@@ -105,7 +105,7 @@ pub struct GithubPublisher {
     /// The thread's gated calls, read by the executions table's owner.
     pub thread_calls: CallsReader,
     /// Resolves once the gate has recorded the outcome of every read of the session it
-    /// answered before (`gateway::trailing`): the call list then shows none of them
+    /// answered before (`gateway::slots`): the call list then shows none of them
     /// still running.
     pub outcomes_settled: OutcomesSettled,
     /// What the model cost on the thread, read by the model proxy's tables' owner.

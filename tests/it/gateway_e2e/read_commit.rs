@@ -292,7 +292,7 @@ async fn status_now(app: &TestApp, id: &str) -> String {
 /// back with them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_read_is_answered_before_its_outcome_and_a_flood_only_so_far_ahead() {
-    use threadgate::gateway::trailing::PER_SESSION;
+    use threadgate::gateway::slots::PER_SESSION;
     let Some((pg, _world, app, ada)) = on_postgres().await else {
         return;
     };

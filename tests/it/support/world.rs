@@ -400,7 +400,7 @@ impl Session {
 }
 
 /// A policy under which refunds and Stripe reads run without a person: a write that
-/// runs at once, for the tests of a write's path.
+/// runs at once, for the tests of a write's path and `benches/gateway_call.rs`.
 pub const REFUNDS_RUN_POLICY: &str = r#"
 policy:
   default_mode: risk

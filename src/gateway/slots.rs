@@ -1,18 +1,25 @@
-//! Outcomes written after their read was answered, and the caps on how many may trail.
+//! Slots capped per session and per instance: what lets a session use a shared
+//! resource of the instance only so much at once.
 //!
-//! A read decided on a snapshot (`read_call`) is answered once its decision is durable;
-//! its outcome (status and `ran` step, committed without waiting for the log's flush)
-//! is then written by a task of its own, off the answer's path. Each such task holds a
-//! [`Slot`]: at most [`PER_SESSION`] of one session and [`IN_ALL`] of the whole instance
-//! trail at once. A read that finds no slot free writes its outcome before it answers,
-//! as every other call does, so a session that floods reads waits on its own outcomes
-//! and memory holds at most [`IN_ALL`] of them, whatever the agents send. A slot is
-//! freed when its task ends, whether the write succeeded or not.
+//! Two kinds of work take them ([`super::gate::Gate`] holds one [`SessionSlots`] each):
 //!
-//! An outcome that trails is what a crash may lose, as an unflushed one already was: the
-//! row stays `running` and recovery re-sends the read. A clean stop waits for the tasks
-//! (they run on the application's `Tasks`), and [`Trailing::settled`] waits for those in
-//! flight now (what a test that reads a row right after its read waits on).
+//! - **SessionSlots outcomes.** A read decided on a snapshot (`read_call`) is answered once
+//!   its decision is durable; its outcome (status and `ran` step, committed without
+//!   waiting for the log's flush) is then written by a task of its own, off the
+//!   answer's path. Each such task holds a [`Slot`]: at most [`PER_SESSION`] of one
+//!   session and [`IN_ALL`] of the whole instance trail at once. A read that finds no
+//!   slot free writes its outcome before it answers, as every other call does, so a
+//!   session that floods reads waits on its own outcomes and memory holds at most
+//!   [`IN_ALL`] of them, whatever the agents send. An outcome that trails is what a
+//!   crash may lose, as an unflushed one already was: the row stays `running` and
+//!   recovery re-sends the read. A clean stop waits for the tasks (they run on the
+//!   application's `Tasks`), and [`SessionSlots::settled`] waits for those in flight
+//!   now (what a test that reads a row right after its read waits on).
+//! - **Waits on an identical call in flight** (`run::await_twin`): at most
+//!   `gate::TWIN_WAITS_PER_SESSION` of one session; one past the cap is answered at once
+//!   from the twin as it stands.
+//!
+//! A slot is freed when it is dropped, whether its work succeeded or not.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -21,16 +28,16 @@ use tokio::sync::Notify;
 
 use crate::ids::SessionId;
 
-/// Outcomes of one session trailing at most.
+/// Slots of one session at most, unless a holder is made with other caps.
 pub const PER_SESSION: usize = 8;
-/// Outcomes trailing at most on this instance, all sessions together.
+/// Slots taken at most on this instance, all sessions together.
 pub const IN_ALL: usize = 256;
 
-/// The outcomes trailing now, by session (see the module docs).
+/// The slots taken now, by session (see the module docs).
 #[derive(Debug)]
-pub struct Trailing {
+pub struct SessionSlots {
     state: Mutex<State>,
-    /// Woken whenever a session's last trailing outcome is written.
+    /// Woken whenever a session's last slot is freed.
     idle: Notify,
     per_session: usize,
     in_all: usize,
@@ -43,23 +50,23 @@ struct State {
     total: usize,
 }
 
-/// One trailing outcome's place; freed when dropped.
+/// One unit of work's place; freed when dropped.
 #[derive(Debug)]
 pub(super) struct Slot {
-    trailing: Arc<Trailing>,
+    slots: Arc<SessionSlots>,
     session_id: SessionId,
 }
 
-impl Default for Trailing {
+impl Default for SessionSlots {
     fn default() -> Self {
-        Trailing::with_caps(PER_SESSION, IN_ALL)
+        SessionSlots::with_caps(PER_SESSION, IN_ALL)
     }
 }
 
-impl Trailing {
+impl SessionSlots {
     /// With caps other than the defaults (tests).
-    pub(super) fn with_caps(per_session: usize, in_all: usize) -> Trailing {
-        Trailing {
+    pub(super) fn with_caps(per_session: usize, in_all: usize) -> SessionSlots {
+        SessionSlots {
             state: Mutex::default(),
             idle: Notify::new(),
             per_session,
@@ -71,8 +78,8 @@ impl Trailing {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A slot for one more outcome of `session_id`, or `None` when the session or the
-    /// instance is at its cap (the outcome is then written before the answer).
+    /// A slot for one more unit of work of `session_id`, or `None` when the session or
+    /// the instance is at its cap.
     pub(super) fn take(self: &Arc<Self>, session_id: &SessionId) -> Option<Slot> {
         let mut state = self.state();
         if state.total >= self.in_all {
@@ -84,27 +91,27 @@ impl Trailing {
         *state.by_session.entry(session_id.clone()).or_insert(0) += 1;
         state.total += 1;
         Some(Slot {
-            trailing: self.clone(),
+            slots: self.clone(),
             session_id: session_id.clone(),
         })
     }
 
-    /// How many outcomes trail now.
+    /// How many slots are taken now.
     pub fn len(&self) -> usize {
         self.state().total
     }
 
-    /// Whether no outcome trails now.
+    /// Whether no slot is taken now.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Resolves once no outcome trails (at once if none does).
+    /// Resolves once no slot is taken (at once if none is).
     pub async fn settled(&self) {
         self.settled_when(|state| state.total == 0).await;
     }
 
-    /// Resolves once no outcome of `session_id` trails, whatever other sessions do.
+    /// Resolves once `session_id` holds no slot, whatever other sessions do.
     pub async fn session_settled(&self, session_id: &str) {
         self.settled_when(|state| !state.by_session.contains_key(session_id))
             .await;
@@ -139,7 +146,7 @@ impl Trailing {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.trailing.free(&self.session_id);
+        self.slots.free(&self.session_id);
     }
 }
 
@@ -153,7 +160,7 @@ mod tests {
 
     #[test]
     fn a_session_trails_at_most_its_cap_and_gets_its_slots_back() {
-        let trailing = Arc::new(Trailing::with_caps(3, 100));
+        let trailing = Arc::new(SessionSlots::with_caps(3, 100));
         let (a, b) = (session(1), session(2));
         let held: Vec<Slot> = (0..3).map(|_| trailing.take(&a).expect("a slot")).collect();
         assert!(trailing.take(&a).is_none(), "a fourth of one session");
@@ -173,14 +180,14 @@ mod tests {
 
     #[test]
     fn a_session_refused_a_slot_leaves_no_entry_behind() {
-        let trailing = Arc::new(Trailing::with_caps(0, 10));
+        let trailing = Arc::new(SessionSlots::with_caps(0, 10));
         assert!(trailing.take(&session(1)).is_none());
         assert!(trailing.state().by_session.is_empty());
     }
 
     #[test]
     fn the_instance_trails_at_most_its_cap_across_sessions() {
-        let trailing = Arc::new(Trailing::with_caps(2, 5));
+        let trailing = Arc::new(SessionSlots::with_caps(2, 5));
         let held: Vec<Slot> = (0..10).filter_map(|n| trailing.take(&session(n))).collect();
         assert_eq!(held.len(), 5, "one each for five sessions, then none");
         assert!(trailing.take(&session(99)).is_none());
@@ -190,7 +197,7 @@ mod tests {
 
     #[test]
     fn a_flood_of_one_session_across_threads_never_passes_the_cap() {
-        let trailing = Arc::new(Trailing::with_caps(4, 100));
+        let trailing = Arc::new(SessionSlots::with_caps(4, 100));
         let a = session(1);
         let peak = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         std::thread::scope(|s| {
@@ -211,7 +218,7 @@ mod tests {
 
     #[tokio::test]
     async fn settled_waits_for_the_last_slot() {
-        let trailing = Arc::new(Trailing::default());
+        let trailing = Arc::new(SessionSlots::default());
         trailing.settled().await;
         let (one, two) = (
             trailing.take(&session(1)).expect("slot"),
@@ -233,7 +240,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_session_settles_while_others_still_trail() {
-        let trailing = Arc::new(Trailing::default());
+        let trailing = Arc::new(SessionSlots::default());
         let (a, b) = (session(1), session(2));
         let of_a = trailing.take(&a).expect("slot");
         let _of_b = trailing.take(&b).expect("slot");
