@@ -385,20 +385,28 @@ impl Backend {
         (took, phases::drain())
     }
 
-    /// One round of every kind; recorded when `keep`.
+    /// One round of every kind; recorded when `keep`. Which call of a side-by-side pair
+    /// goes first alternates round by round: localstripe answers the first request
+    /// after a write more slowly (it has just rewritten its store), and a round's first
+    /// read follows the previous round's refunds.
     async fn round(&mut self, i: usize, keep: bool) {
         let charge = self.ada.charges[0].clone();
+        let gated_first = i.is_multiple_of(2);
         let mut f = std::mem::take(&mut self.figures);
 
-        let (took, closed) = self.read_through_gateway().await;
-        if keep {
-            f.push(KINDS[0], took);
-            f.file_call("read", closed);
+        for gated in [gated_first, !gated_first] {
+            if gated {
+                let (took, closed) = self.read_through_gateway().await;
+                if keep {
+                    f.push(KINDS[0], took);
+                    f.file_call("read", closed);
+                }
+            } else {
+                let started = Instant::now();
+                self.get(format!("/v1/charges/{charge}")).await;
+                keep.then(|| f.push(KINDS[2], started.elapsed()));
+            }
         }
-
-        let started = Instant::now();
-        self.get(format!("/v1/charges/{charge}")).await;
-        keep.then(|| f.push(KINDS[2], started.elapsed()));
 
         self.forget_ada().await;
         let (took, _) = self.read_through_gateway().await;
@@ -424,6 +432,23 @@ impl Backend {
 
         // Distinct amounts: an identical refund would be answered from the first.
         let amount = 1 + i as u64;
+        for gated in [gated_first, !gated_first] {
+            if gated {
+                let (took, closed) = self.refund_through_gateway(amount).await;
+                if keep {
+                    f.push(KINDS[7], took);
+                    f.file_call("write", closed);
+                }
+            } else {
+                let started = Instant::now();
+                self.refund_direct(amount).await;
+                keep.then(|| f.push(KINDS[8], started.elapsed()));
+            }
+        }
+        self.figures = f;
+    }
+
+    async fn refund_through_gateway(&self, amount: u64) -> (Duration, Vec<phases::Closed>) {
         let args = json!({
             "charge": self.ada.charges[1], "amount": amount, "reason": "requested_by_customer",
         });
@@ -437,15 +462,7 @@ impl Backend {
         let took = started.elapsed();
         let closed = phases::drain();
         assert_eq!(status, 200, "{body}");
-        if keep {
-            f.push(KINDS[7], took);
-            f.file_call("write", closed);
-        }
-
-        let started = Instant::now();
-        self.refund_direct(amount).await;
-        keep.then(|| f.push(KINDS[8], started.elapsed()));
-        self.figures = f;
+        (took, closed)
     }
 }
 

@@ -12,7 +12,7 @@ use threadgate::notes::outbox::NOTES_PER_THREAD;
 use crate::support::app::TestApp;
 use crate::support::plain_fake::Failure;
 use crate::support::wait::eventually;
-use crate::support::world::World;
+use crate::support::world::{Backends, World};
 
 /// `(attempts, sent)` of the outbox row of `execution_id`.
 async fn outbox_row(app: &TestApp, execution_id: &str) -> (i64, bool) {
@@ -218,17 +218,9 @@ policies:
   - match: "stripe.list_charges"
     action: require_approval
 "#;
-    let pg = threadgate::store::testing::TestDb::postgres_from_env();
-    let mut backends = vec![None];
-    if let Some(pg) = &pg {
-        backends.push(Some(pg.url().expect("a postgres url").to_owned()));
-    }
-    for url in backends {
-        let backend = if url.is_some() { "postgres" } else { "sqlite" };
-        let mut world = World::with_policy_text(POLICY).await;
-        if let Some(url) = &url {
-            world.use_postgres(url).await;
-        }
+    let backends = Backends::from_env();
+    for backend in backends.names() {
+        let world = backends.world(backend, POLICY).await;
         let app = world.start().await;
         let ada = world
             .customer_session(&app, "ada@example.com", &[5000])

@@ -10,24 +10,16 @@ use serde_json::json;
 use tokio::sync::Notify;
 
 use crate::support::slow_stripe;
-use crate::support::world::{REFUNDS_RUN_POLICY, World, refunds};
+use crate::support::world::{Backends, REFUNDS_RUN_POLICY, World, refunds};
 
 /// How long Stripe holds the first refund: the second call arrives meanwhile.
 const SLOW_REFUND: Duration = Duration::from_secs(2);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_identical_refund_sent_while_the_first_is_in_flight_is_answered_from_it() {
-    let pg = threadgate::store::testing::TestDb::postgres_from_env();
-    let mut backends = vec![None];
-    if let Some(pg) = &pg {
-        backends.push(Some(pg.url().expect("a postgres url").to_owned()));
-    }
-    for url in backends {
-        let backend = if url.is_some() { "postgres" } else { "sqlite" };
-        let mut world = World::with_policy_text(REFUNDS_RUN_POLICY).await;
-        if let Some(url) = &url {
-            world.use_postgres(url).await;
-        }
+    let backends = Backends::from_env();
+    for backend in backends.names() {
+        let mut world = backends.world(backend, REFUNDS_RUN_POLICY).await;
         let refund_arrived = Arc::new(Notify::new());
         world.settings.stripe.api_url =
             slow_stripe::start(world.stripe.base_url(), SLOW_REFUND, refund_arrived.clone()).await;

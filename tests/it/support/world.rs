@@ -399,6 +399,40 @@ impl Session {
     }
 }
 
+/// The stores a test that runs on both backends uses: SQLite always, and Postgres when
+/// `THREADGATE_TEST_DATABASE_URL` names a server (the test database lives as long as
+/// this value).
+pub struct Backends {
+    pg: Option<threadgate::store::testing::TestDb>,
+}
+
+impl Backends {
+    pub fn from_env() -> Backends {
+        Backends {
+            pg: threadgate::store::testing::TestDb::postgres_from_env(),
+        }
+    }
+
+    /// The backends' names, for [`Backends::world`] and assertion messages.
+    pub fn names(&self) -> Vec<&'static str> {
+        let mut names = vec!["sqlite"];
+        if self.pg.is_some() {
+            names.push("postgres");
+        }
+        names
+    }
+
+    /// A world under `policy` whose app keeps its state on `backend`.
+    pub async fn world(&self, backend: &str, policy: &str) -> World {
+        let mut world = World::with_policy_text(policy).await;
+        if backend == "postgres" {
+            let pg = self.pg.as_ref().expect("postgres is one of the names");
+            world.use_postgres(pg.url().expect("a postgres url")).await;
+        }
+        world
+    }
+}
+
 /// A policy under which refunds and Stripe reads run without a person: a write that
 /// runs at once, for the tests of a write's path and `benches/gateway_call.rs`.
 pub const REFUNDS_RUN_POLICY: &str = r#"
