@@ -11,6 +11,8 @@ mod approvals;
 mod checkpoint;
 #[path = "gateway_e2e/floods.rs"]
 mod floods;
+#[path = "gateway_e2e/hang_up.rs"]
+mod hang_up;
 #[path = "gateway_e2e/holds.rs"]
 mod holds;
 #[path = "gateway_e2e/labels.rs"]

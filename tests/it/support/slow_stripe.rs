@@ -3,6 +3,7 @@
 //! as long as a test needs.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -18,6 +19,7 @@ struct SlowStripe {
     hold: Duration,
     http: reqwest::Client,
     refund_arrived: Arc<Notify>,
+    refunds: Arc<AtomicUsize>,
 }
 
 async fn pass_on(
@@ -28,6 +30,7 @@ async fn pass_on(
     body: Bytes,
 ) -> Response {
     if method == Method::POST && uri.path() == "/v1/refunds" {
+        stripe.refunds.fetch_add(1, Ordering::SeqCst);
         stripe.refund_arrived.notify_one();
         tokio::time::sleep(stripe.hold).await;
     }
@@ -56,10 +59,21 @@ async fn pass_on(
 /// for `hold` before passing it on, and notifies `refund_arrived` as one comes (one
 /// permit is kept when nobody waits yet). Answers its base URL.
 pub async fn start(upstream: String, hold: Duration, refund_arrived: Arc<Notify>) -> String {
+    start_counted(upstream, hold, refund_arrived).await.0
+}
+
+/// [`start`], also answering how many refunds have arrived so far (each counted as it
+/// arrives, before its hold).
+pub async fn start_counted(
+    upstream: String,
+    hold: Duration,
+    refund_arrived: Arc<Notify>,
+) -> (String, Arc<AtomicUsize>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
+    let refunds = Arc::new(AtomicUsize::new(0));
     let app = axum::Router::new()
         .fallback(pass_on)
         .with_state(SlowStripe {
@@ -67,7 +81,8 @@ pub async fn start(upstream: String, hold: Duration, refund_arrived: Arc<Notify>
             hold,
             http: reqwest::Client::new(),
             refund_arrived,
+            refunds: refunds.clone(),
         });
     tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
-    format!("http://{addr}")
+    (format!("http://{addr}"), refunds)
 }

@@ -1,0 +1,78 @@
+//! A client that hangs up mid-call does not cut the call. The sandbox API runs each call
+//! on the application's tasks (`Gate::call_to_the_end`), so a refund already decided
+//! and on its way to Stripe runs to its outcome and is recorded by the call itself;
+//! only the answer is lost. Before, hyper dropped the handler with the connection, the
+//! row stayed `running`, and the refund was sent a second time by recovery.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::sync::Notify;
+
+use crate::support::slow_stripe;
+use crate::support::wait::eventually;
+use crate::support::world::{REFUNDS_RUN_POLICY, World, refunds};
+
+/// How long Stripe holds the refund: longer than the instance's sweep takes to find a
+/// call that nothing here sends (two passes a second apart), so a cut call would be
+/// sent again before the first could answer.
+const SLOW_REFUND: Duration = Duration::from_secs(4);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_whose_client_hangs_up_runs_to_its_outcome_and_is_sent_once() {
+    let mut world = World::with_policy_text(REFUNDS_RUN_POLICY).await;
+    let refund_arrived = Arc::new(Notify::new());
+    let (stripe_url, arrivals) =
+        slow_stripe::start_counted(world.stripe.base_url(), SLOW_REFUND, refund_arrived.clone())
+            .await;
+    world.settings.stripe.api_url = stripe_url;
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[5000])
+        .await;
+    let args = json!({"charge": ada.charges[0], "amount": 700, "reason": "requested_by_customer"});
+
+    // The agent hangs up once its refund has reached Stripe: the call's future, and
+    // with it the connection to the session's socket, is dropped.
+    tokio::select! {
+        (status, answer) = ada.session.call("stripe.create_refund", args.clone(), None) => {
+            panic!("answered before Stripe let the refund through: {status} {answer}");
+        }
+        () = refund_arrived.notified() => {}
+    }
+
+    // The call itself records Stripe's one answer. A refund sent again would arrive
+    // before any outcome could be recorded (each is held as long), so the count when
+    // the row succeeds says whether the first was cut.
+    eventually("the refund's outcome is recorded", || async {
+        app.executions_of("stripe.create_refund")
+            .await
+            .first()
+            .is_some_and(|row| row.status == "succeeded")
+    })
+    .await;
+    assert_eq!(
+        arrivals.load(Ordering::SeqCst),
+        1,
+        "the refund reached Stripe once"
+    );
+    let rows = app.executions_of("stripe.create_refund").await;
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    let made = refunds(&world.stripe).await;
+    assert_eq!(made.len(), 1, "{made:#?}");
+    let result: serde_json::Value =
+        serde_json::from_str(rows[0].result.as_deref().expect("a result")).expect("json");
+    assert_eq!(result["id"], made[0]["id"], "the row holds Stripe's refund");
+    let events = app.audit_events_of(&rows[0].id).await;
+    assert_eq!(events, ["requested", "decided", "ran"], "{events:?}");
+    assert!(app.verify_audit().await > 0);
+
+    // The agent asking again is answered from it, and nothing more is sent.
+    let (status, again) = ada.session.call("stripe.create_refund", args, None).await;
+    assert_eq!((status, &again["replayed"]), (200, &json!(true)), "{again}");
+    assert_eq!(again["execution_id"], rows[0].id.as_str(), "{again}");
+    assert_eq!(arrivals.load(Ordering::SeqCst), 1);
+    app.stop().await;
+}
