@@ -634,6 +634,7 @@ fn writer_execute(conn: &Connection, sql: &str) -> rusqlite::Result<usize> {
 
 fn configure(conn: &Connection) -> rusqlite::Result<()> {
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    stable_plans(conn)?;
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
@@ -647,8 +648,26 @@ fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    stable_plans(&conn)?;
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
     Ok(conn)
+}
+
+/// Turns on SQLite's query planner stability guarantee: a statement's plan never
+/// depends on the values bound to it. Without it SQLite marks a parameter compared by
+/// equality in a statement with an `ORDER BY` (the session's earlier calls, the outbox,
+/// the events feed...) as one whose new value may change the plan, and prepares the
+/// statement again, parse and planning, every time a different value is bound: a
+/// cached statement was prepared at nearly every use (about 0.1 ms of the writer's
+/// time per gated write for `earlier_calls` alone). What the guarantee gives up needs
+/// `ANALYZE` statistics, a `LIKE` with a bound pattern or a bound `LIMIT` to matter;
+/// none of them picks a different index in these small, indexed look-ups.
+fn stable_plans(conn: &Connection) -> rusqlite::Result<()> {
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )
+    .map(drop)
 }
 
 /// Takes every job waiting, runs them in one transaction, each in a savepoint, commits

@@ -303,3 +303,38 @@ async fn an_unflushed_write_skips_the_fsync_only_in_a_batch_of_its_own() {
         .expect("read");
     assert_eq!(keys, ["a", "b", "c", "d", "e", "f"]);
 }
+
+/// The statement cache holds: a statement that compares bound values by equality and
+/// sorts (the shape of the session's earlier calls, the outbox, the events feed) is
+/// prepared once on the writer and on a reader, whatever values are bound. Without the
+/// query planner stability guarantee SQLite prepared it again at every new value.
+#[test]
+fn a_cached_statement_is_not_prepared_again_for_new_values() {
+    use rusqlite::{OptionalExtension as _, StatementStatus};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    let mut writer = Connection::open(&path).expect("open");
+    configure(&writer).expect("configure");
+    migrations::apply(&mut writer).expect("migrate");
+    let reader = open_reader(&path).expect("a reader");
+    let sql = "SELECT id FROM executions WHERE session_id = ?1 AND binding_hash = ?2 \
+               AND status = 'succeeded' ORDER BY created_at_ms LIMIT 1";
+    for (name, conn) in [("writer", &writer), ("reader", &reader)] {
+        for i in 0..5 {
+            let mut stmt = conn.prepare_cached(sql).expect("prepare");
+            let found = stmt
+                .query_row(
+                    rusqlite::params![format!("sess_{i}"), format!("hash_{i}")],
+                    |r| r.get::<_, String>(0),
+                )
+                .optional()
+                .expect("query");
+            assert_eq!(found, None);
+            assert_eq!(
+                stmt.get_status(StatementStatus::RePrepare),
+                0,
+                "{name}: prepared again for the values of round {i}"
+            );
+        }
+    }
+}
