@@ -321,7 +321,7 @@ pub fn orphaned_running(
     me: &str,
     alive_after_ms: i64,
 ) -> crate::store::Result<Vec<RunningCall>> {
-    let mut stmt = conn.prepare(&format!(
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT {COLUMNS}, runner FROM executions WHERE status = 'running' \
          AND runner IS NOT NULL AND runner <> ?1 AND {RUNNER_DEAD} ORDER BY created_at_ms, id"
     ))?;
@@ -360,7 +360,7 @@ pub fn unclaimed_approved(
     conn: &Conn<'_>,
     decided_before_ms: i64,
 ) -> crate::store::Result<Vec<Execution>> {
-    let mut stmt = conn.prepare(&format!(
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT {COLUMNS} FROM executions WHERE status = 'approved' \
          AND coalesce(decided_at_ms, created_at_ms) <= ?1 ORDER BY created_at_ms, id"
     ))?;
@@ -723,7 +723,7 @@ pub fn mark_needs_check(
 
 /// Held calls whose ttl has passed.
 pub fn expired_holds(conn: &Conn<'_>, now_ms: i64) -> crate::store::Result<Vec<Execution>> {
-    let mut stmt = conn.prepare(&format!(
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT {COLUMNS} FROM executions WHERE status = 'held' AND expires_at_ms <= ?1"
     ))?;
     let rows = stmt.query_map([now_ms], row_to_execution)?;

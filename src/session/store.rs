@@ -251,7 +251,7 @@ pub fn set_worktree(conn: &Conn<'_>, lease: &Lease, worktree: &str) -> crate::st
 /// another instance must take over. Oldest update first.
 pub fn unowned_live(conn: &Conn<'_>, now_ms: i64) -> crate::store::Result<Vec<SessionRow>> {
     let columns: Vec<String> = COLUMNS.split(", ").map(|c| format!("s.{c}")).collect();
-    let mut stmt = conn.prepare(&format!(
+    let mut stmt = conn.prepare_cached(&format!(
         "SELECT {} FROM sessions s LEFT JOIN session_leases l ON l.thread_id = s.thread_id \
          WHERE s.state IN ('starting', 'running') \
          AND (l.thread_id IS NULL OR l.expires_at_ms <= ?1) \
