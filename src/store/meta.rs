@@ -1,7 +1,7 @@
 //! The `meta` table: small facts about this installation, one value per key. Its only
 //! owner: nothing else runs SQL on it.
 
-use super::{Conn, OptionalExtension};
+use super::{Conn, OptionalExtension, cached_execute, cached_query_row};
 
 /// The key under which versions before several instances kept the instance id (the
 /// label on its containers). Read once, by [`take`], when a data directory without an
@@ -15,8 +15,10 @@ pub const LOG_SYNCED_AT: &str = "log_synced_at_ms";
 
 /// The value under `key`, if any.
 pub fn get(conn: &Conn<'_>, key: &str) -> super::Result<Option<String>> {
-    conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
-        .optional()
+    cached_query_row(conn, "SELECT value FROM meta WHERE key = ?1", [key], |r| {
+        r.get(0)
+    })
+    .optional()
 }
 
 /// The values under `keys` that are set, as (key, value), in one statement outside any
@@ -41,7 +43,8 @@ pub fn get_inline<const N: usize>(
 
 /// Adds one to the counter under `key` (absent: it becomes 1).
 pub fn increment(conn: &Conn<'_>, key: &str) -> super::Result<()> {
-    conn.execute(
+    cached_execute(
+        conn,
         "INSERT INTO meta (key, value) VALUES (?1, '1') \
          ON CONFLICT (key) DO UPDATE SET value = CAST(CAST(meta.value AS BIGINT) + 1 AS TEXT)",
         [key],
@@ -61,7 +64,7 @@ pub fn with_prefix(conn: &Conn<'_>, prefix: &str) -> super::Result<Vec<(String, 
             .replace('_', "\\_")
     );
     let rows: Vec<(String, String)> = conn
-        .prepare("SELECT key, value FROM meta WHERE key LIKE ?1 ESCAPE '\\' ORDER BY key")?
+        .prepare_cached("SELECT key, value FROM meta WHERE key LIKE ?1 ESCAPE '\\' ORDER BY key")?
         .query_map([pattern.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<super::Result<_>>()?;
     Ok(rows
@@ -72,13 +75,14 @@ pub fn with_prefix(conn: &Conn<'_>, prefix: &str) -> super::Result<Vec<(String, 
 
 /// Removes `key`.
 pub fn delete(conn: &Conn<'_>, key: &str) -> super::Result<()> {
-    conn.execute("DELETE FROM meta WHERE key = ?1", [key])?;
+    cached_execute(conn, "DELETE FROM meta WHERE key = ?1", [key])?;
     Ok(())
 }
 
 /// Sets `key` to `value`, replacing what was there.
 pub fn set(conn: &Conn<'_>, key: &str, value: &str) -> super::Result<()> {
-    conn.execute(
+    cached_execute(
+        conn,
         "INSERT INTO meta (key, value) VALUES (?1, ?2) \
          ON CONFLICT (key) DO UPDATE SET value = excluded.value",
         [key, value],
