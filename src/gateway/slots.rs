@@ -3,7 +3,7 @@
 //!
 //! Two kinds of work take them ([`super::gate::Gate`] holds one [`SessionSlots`] each):
 //!
-//! - **SessionSlots outcomes.** A read decided on a snapshot (`read_call`) is answered once
+//! - **Trailing outcomes.** A read decided on a snapshot (`read_call`) is answered once
 //!   its decision is durable; its outcome (status and `ran` step, committed without
 //!   waiting for the log's flush) is then written by a task of its own, off the
 //!   answer's path. Each such task holds a [`Slot`]: at most [`PER_SESSION`] of one

@@ -656,12 +656,17 @@ fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
 /// Turns on SQLite's query planner stability guarantee: a statement's plan never
 /// depends on the values bound to it. Without it SQLite marks a parameter compared by
 /// equality in a statement with an `ORDER BY` (the session's earlier calls, the outbox,
-/// the events feed...) as one whose new value may change the plan, and prepares the
-/// statement again, parse and planning, every time a different value is bound: a
-/// cached statement was prepared at nearly every use (about 0.1 ms of the writer's
-/// time per gated write for `earlier_calls` alone). What the guarantee gives up needs
-/// `ANALYZE` statistics, a `LIKE` with a bound pattern or a bound `LIMIT` to matter;
-/// none of them picks a different index in these small, indexed look-ups.
+/// the events feed...) as one whose value may change the plan, and a statement with
+/// such a parameter expires when the parameter is bound again. The statement cache
+/// clears a statement's bindings as it takes it back, so such a statement was parsed
+/// and planned again at every use (about 0.1 ms of the writer's time per gated write
+/// for `earlier_calls` alone). What the guarantee gives up: `ANALYZE` statistics (none
+/// are kept), the `LIKE` optimization for a bound pattern (the default `LIKE` ignores
+/// case and never used a `BINARY` index anyway), a bound `LIMIT` in the cost estimate,
+/// and matching a bound value against the literal in a partial index's `WHERE`. The
+/// last is a rule for new queries: a partial index is used only when the query's own
+/// terms imply its `WHERE` whatever the values (`thread_pos > ?` implies `thread_pos IS
+/// NOT NULL`; `class <> ?1` would not imply `class <> 'x'`).
 fn stable_plans(conn: &Connection) -> rusqlite::Result<()> {
     conn.set_db_config(
         rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
