@@ -11,9 +11,10 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::sync::Notify;
 
+use crate::support::logs::captured_text;
 use crate::support::slow_stripe;
 use crate::support::wait::eventually;
-use crate::support::world::{REFUNDS_RUN_POLICY, World, refunds};
+use crate::support::world::{Backends, REFUNDS_RUN_POLICY, refunds};
 
 /// How long Stripe holds the refund: longer than the instance's sweep takes to find a
 /// call that nothing here sends (two passes a second apart), so a cut call would be
@@ -22,7 +23,14 @@ const SLOW_REFUND: Duration = Duration::from_secs(4);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refund_whose_client_hangs_up_runs_to_its_outcome_and_is_sent_once() {
-    let mut world = World::with_policy_text(REFUNDS_RUN_POLICY).await;
+    let backends = Backends::from_env();
+    for backend in backends.names() {
+        hang_up_on(&backends, backend).await;
+    }
+}
+
+async fn hang_up_on(backends: &Backends, backend: &str) {
+    let mut world = backends.world(backend, REFUNDS_RUN_POLICY).await;
     let refund_arrived = Arc::new(Notify::new());
     let (stripe_url, arrivals) =
         slow_stripe::start_counted(world.stripe.base_url(), SLOW_REFUND, refund_arrived.clone())
@@ -56,23 +64,43 @@ async fn a_refund_whose_client_hangs_up_runs_to_its_outcome_and_is_sent_once() {
     assert_eq!(
         arrivals.load(Ordering::SeqCst),
         1,
-        "the refund reached Stripe once"
+        "{backend}: the refund reached Stripe once"
     );
     let rows = app.executions_of("stripe.create_refund").await;
-    assert_eq!(rows.len(), 1, "{rows:#?}");
+    assert_eq!(rows.len(), 1, "{backend}: {rows:#?}");
     let made = refunds(&world.stripe).await;
-    assert_eq!(made.len(), 1, "{made:#?}");
+    assert_eq!(made.len(), 1, "{backend}: {made:#?}");
     let result: serde_json::Value =
         serde_json::from_str(rows[0].result.as_deref().expect("a result")).expect("json");
     assert_eq!(result["id"], made[0]["id"], "the row holds Stripe's refund");
     let events = app.audit_events_of(&rows[0].id).await;
-    assert_eq!(events, ["requested", "decided", "ran"], "{events:?}");
+    assert_eq!(
+        events,
+        ["requested", "decided", "ran"],
+        "{backend}: {events:?}"
+    );
     assert!(app.verify_audit().await > 0);
 
     // The agent asking again is answered from it, and nothing more is sent.
     let (status, again) = ada.session.call("stripe.create_refund", args, None).await;
     assert_eq!((status, &again["replayed"]), (200, &json!(true)), "{again}");
     assert_eq!(again["execution_id"], rows[0].id.as_str(), "{again}");
-    assert_eq!(arrivals.load(Ordering::SeqCst), 1);
+    assert_eq!(arrivals.load(Ordering::SeqCst), 1, "{backend}");
+
+    // The server saw the hang-up: the first call's handler was dropped before it could
+    // answer, so the one answer logged for this execution is the replay's. Were the
+    // handler kept to the end, it would log a `ran` answer too, and this test would
+    // prove nothing about a cut call.
+    let logs = captured_text();
+    let answered: Vec<&str> = logs
+        .lines()
+        .filter(|line| line.contains("tool call answered") && line.contains(rows[0].id.as_str()))
+        .collect();
+    assert_eq!(answered.len(), 1, "{backend}: {answered:#?}");
+    assert!(
+        answered[0].contains("replayed"),
+        "{backend}: the one answer is the replay's: {}",
+        answered[0]
+    );
     app.stop().await;
 }
