@@ -296,6 +296,7 @@ impl Foundation {
             clock: self.clock.clone(),
             supervisor,
             max_pending_holds: settings.sessions.max_pending_holds,
+            max_calls_per_session: settings.sessions.socket_max_connections.saturating_mul(2),
             instance_id: self.instance_id.clone(),
             tasks: tasks.clone(),
         }))

@@ -119,7 +119,10 @@ impl From<Refusal> for ApiError {
             Refusal::LookupFailed {
                 definite: false, ..
             } => StatusCode::BAD_GATEWAY,
-            Refusal::TooManyHolds { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Refusal::TooManyHolds { .. } | Refusal::TooManyCalls { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            Refusal::InstanceBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::SessionMoved | Refusal::InFlight(_) => StatusCode::CONFLICT,
             Refusal::Internal => return ApiError::internal(),
         };
@@ -168,6 +171,8 @@ mod tests {
                 "lookup_failed",
             ),
             (Refusal::TooManyHolds { limit: 3 }, 429, "too_many_holds"),
+            (Refusal::TooManyCalls { limit: 64 }, 429, "too_many_calls"),
+            (Refusal::InstanceBusy { limit: 1024 }, 503, "instance_busy"),
             (Refusal::SessionMoved, 409, "session_moved"),
             (
                 Refusal::InFlight(crate::ids::ExecutionId::parse("ex_1").expect("id")),

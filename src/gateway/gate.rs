@@ -127,6 +127,10 @@ pub enum CallReply {
 /// instance's cap is [`super::slots::IN_ALL`]).
 pub const TWIN_WAITS_PER_SESSION: usize = 4;
 
+/// Calls under way at most on this instance, all sessions together (each session's own
+/// cap is [`GateParts::max_calls_per_session`]; see `slots.rs`).
+pub const CALLS_IN_ALL: usize = 1024;
+
 /// What the gate is built from (at start, by `app`).
 pub struct GateParts {
     pub db: Db,
@@ -143,6 +147,11 @@ pub struct GateParts {
     /// Calls of one session waiting for a person at most (`[sessions]
     /// max_pending_holds`; 0: no limit).
     pub max_pending_holds: usize,
+    /// Calls of one session under way at most, answered or not
+    /// ([`Gate::call_to_the_end`]): `app` gives twice `[sessions]
+    /// socket_max_connections`, as the socket's and the relayed connections are capped
+    /// apart.
+    pub max_calls_per_session: usize,
     /// This instance's id: recorded on every call it sends, so a restart recovers only
     /// its own calls and those of instances no longer alive.
     pub instance_id: String,
@@ -189,6 +198,10 @@ pub struct Gate {
     /// hostile agent's retries cannot pile up waits (one past the cap is answered at
     /// once from the twin as it is).
     pub(super) twin_waits: Arc<super::slots::SessionSlots>,
+    /// Calls of the sandbox API and MCP from before they are checked until their
+    /// outcome is recorded, capped per session and in all: a call whose client hung up
+    /// holds its slot until it ends.
+    pub(super) under_way: Arc<super::slots::SessionSlots>,
 }
 
 impl Gate {
@@ -226,6 +239,10 @@ impl Gate {
                 TWIN_WAITS_PER_SESSION,
                 super::slots::IN_ALL,
             )),
+            under_way: Arc::new(super::slots::SessionSlots::with_caps(
+                parts.max_calls_per_session,
+                CALLS_IN_ALL,
+            )),
         }
     }
 
@@ -239,15 +256,31 @@ impl Gate {
     /// up mid-call (its decision recorded, its request to the provider on its way) does
     /// not cut the call; it runs to its outcome, and only the answer is lost. A clean
     /// stop waits for it; the shutdown deadline may cut it (recovery then finds it).
+    ///
+    /// Each such call holds one of the session's slots of calls under way until it
+    /// ends, its client gone or not; one past the session's cap is refused
+    /// `too_many_calls` and one past the instance's `instance_busy`, neither recorded
+    /// nor sent (`slots.rs`).
     pub async fn call_to_the_end(
         self: &Arc<Self>,
         scope: &crate::session::SessionScope,
         req: CallRequest,
     ) -> CallReply {
+        let slot = match self.under_way.try_take(&scope.session_id) {
+            Ok(slot) => slot,
+            Err(super::slots::Full::Session(limit)) => {
+                return CallReply::Refused(super::refusal::Refusal::TooManyCalls { limit });
+            }
+            Err(super::slots::Full::Instance(limit)) => {
+                return CallReply::Refused(super::refusal::Refusal::InstanceBusy { limit });
+            }
+        };
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (gate, scope) = (self.clone(), scope.clone());
         self.tasks.spawn(async move {
-            let _ = tx.send(gate.call(&scope, req).await);
+            let reply = gate.call(&scope, req).await;
+            drop(slot);
+            let _ = tx.send(reply);
         });
         rx.await
             .unwrap_or(CallReply::Refused(super::refusal::Refusal::Internal))

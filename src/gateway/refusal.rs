@@ -50,6 +50,22 @@ pub enum Refusal {
          its outcome will be at GET /v1/executions/{0}"
     )]
     InFlight(crate::ids::ExecutionId),
+    /// The session already has as many calls under way as one session may (a call
+    /// whose client hung up counts until it ends): this one was neither recorded nor
+    /// sent.
+    #[error(
+        "this session already has {limit} calls under way, the most one session may \
+         have at once (a call whose client hung up counts until it ends): this call was \
+         not recorded or sent; send it again once one has ended"
+    )]
+    TooManyCalls { limit: usize },
+    /// This instance already runs as many calls, all sessions together, as it may:
+    /// this one was neither recorded nor sent.
+    #[error(
+        "this threadgate instance already has {limit} calls under way, the most it runs \
+         at once: this call was not recorded or sent; send it again in a moment"
+    )]
+    InstanceBusy { limit: usize },
     /// The call could not be recorded.
     #[error("internal error")]
     Internal,
@@ -68,6 +84,8 @@ impl Refusal {
             Refusal::TooManyHolds { .. } => "too_many_holds",
             Refusal::SessionMoved => "session_moved",
             Refusal::InFlight(_) => "in_flight",
+            Refusal::TooManyCalls { .. } => "too_many_calls",
+            Refusal::InstanceBusy { .. } => "instance_busy",
             Refusal::Internal => "internal",
         }
     }

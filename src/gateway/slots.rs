@@ -18,6 +18,16 @@
 //! - **Waits on an identical call in flight** (`run::await_twin`): at most
 //!   `gate::TWIN_WAITS_PER_SESSION` of one session; one past the cap is answered at once
 //!   from the twin as it stands.
+//! - **Calls under way** (`Gate::call_to_the_end`): every call of the sandbox API and
+//!   of MCP holds a slot from before it is checked until its outcome is recorded,
+//!   whether its client still waits or hung up. A session's socket caps its
+//!   connections, but a call whose client hung up runs on to its end without one, so
+//!   without this cap an agent that hangs up and calls again could keep any number of
+//!   calls on their way to the providers. At most `GateParts::max_calls_per_session`
+//!   of one session (twice the socket's connection cap: the socket's and the relayed
+//!   connections are counted apart, so an agent that waits for its answers never meets
+//!   it) and `gate::CALLS_IN_ALL` of the instance; one past it is refused
+//!   `too_many_calls`, recorded and sent nowhere.
 //!
 //! A slot is freed when it is dropped, whether its work succeeded or not.
 
@@ -48,6 +58,15 @@ struct State {
     /// Only sessions with an outcome trailing: an entry goes with its last slot.
     by_session: HashMap<SessionId, usize>,
     total: usize,
+}
+
+/// Which cap refused a slot, with its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Full {
+    /// The session holds as many slots as one session may.
+    Session(usize),
+    /// The instance holds as many slots as it may, all sessions together.
+    Instance(usize),
 }
 
 /// One unit of work's place; freed when dropped.
@@ -81,16 +100,21 @@ impl SessionSlots {
     /// A slot for one more unit of work of `session_id`, or `None` when the session or
     /// the instance is at its cap.
     pub(super) fn take(self: &Arc<Self>, session_id: &SessionId) -> Option<Slot> {
+        self.try_take(session_id).ok()
+    }
+
+    /// [`SessionSlots::take`], saying which cap refused it.
+    pub(super) fn try_take(self: &Arc<Self>, session_id: &SessionId) -> Result<Slot, Full> {
         let mut state = self.state();
         if state.total >= self.in_all {
-            return None;
+            return Err(Full::Instance(self.in_all));
         }
         if state.by_session.get(session_id).copied().unwrap_or(0) >= self.per_session {
-            return None;
+            return Err(Full::Session(self.per_session));
         }
         *state.by_session.entry(session_id.clone()).or_insert(0) += 1;
         state.total += 1;
-        Some(Slot {
+        Ok(Slot {
             slots: self.clone(),
             session_id: session_id.clone(),
         })
@@ -176,6 +200,21 @@ mod tests {
             "no entry outlives its slots"
         );
         assert!(trailing.take(&a).is_some(), "freed slots are taken again");
+    }
+
+    #[test]
+    fn a_refused_slot_says_which_cap_refused_it() {
+        let slots = Arc::new(SessionSlots::with_caps(2, 3));
+        let (a, b) = (session(1), session(2));
+        let _held = [slots.try_take(&a), slots.try_take(&a), slots.try_take(&b)];
+        assert_eq!(slots.try_take(&a).err(), Some(Full::Instance(3)));
+        let slots = Arc::new(SessionSlots::with_caps(2, 30));
+        let _held = [slots.try_take(&a), slots.try_take(&a)];
+        assert_eq!(slots.try_take(&a).err(), Some(Full::Session(2)));
+        assert!(
+            slots.try_take(&b).is_ok(),
+            "another session is not held back"
+        );
     }
 
     #[test]

@@ -130,7 +130,7 @@ impl SessionTools {
             return Ok(self.redeem(&tool, &sealed, &digest, progress).await);
         }
         let reply = gate
-            .call(
+            .call_to_the_end(
                 &self.scope,
                 CallRequest {
                     tool,

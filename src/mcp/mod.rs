@@ -6,9 +6,10 @@
 //! - `tools/list`: the tools the agent's grant and the policy leave callable (as
 //!   `GET /v1/tools`), in the catalog's order, with JSON input schemas and annotations
 //!   from their risk classes, then `threadgate_wait`.
-//! - `tools/call`: [`Gate::call`] with the socket's scope, exactly as `POST /v1/calls`.
-//!   A held call answers `pending_approval` (execution id and approval link in `_meta`
-//!   and in the text); a client that declares URL-mode elicitation also gets it as an
+//! - `tools/call`: [`Gate::call_to_the_end`] with the socket's scope, exactly as
+//!   `POST /v1/calls` (a client that hangs up does not cut the call). A held call
+//!   answers `pending_approval` (execution id and approval link in `_meta` and in the
+//!   text); a client that declares URL-mode elicitation also gets it as an
 //!   input request pointing at the approval page, whose sealed `requestState`
 //!   ([`state`]) redeems once for the call's result.
 //! - `threadgate_wait`: waits on an execution of this session, never past its expiry

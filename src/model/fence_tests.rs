@@ -69,6 +69,7 @@ fn gate(db: &Db) -> Arc<Gate> {
         clock,
         supervisor,
         max_pending_holds: 0,
+        max_calls_per_session: 64,
         instance_id: "inst-a".into(),
         tasks: crate::tasks::Tasks::new(),
     }))

@@ -13,8 +13,8 @@ use tokio::sync::Notify;
 
 use crate::support::logs::captured_text;
 use crate::support::slow_stripe;
-use crate::support::wait::eventually;
-use crate::support::world::{Backends, REFUNDS_RUN_POLICY, refunds};
+use crate::support::wait::{eventually, eventually_within};
+use crate::support::world::{Backends, REFUNDS_RUN_POLICY, World, refunds};
 
 /// How long Stripe holds the refund: longer than the instance's sweep takes to find a
 /// call that nothing here sends (two passes a second apart), so a cut call would be
@@ -102,5 +102,112 @@ async fn hang_up_on(backends: &Backends, backend: &str) {
         "{backend}: the one answer is the replay's: {}",
         answered[0]
     );
+    app.stop().await;
+}
+
+/// An agent that hangs up and calls again cannot keep more calls on their way than its
+/// session's cap: the socket frees a connection at each hang-up, but every call holds
+/// one of the session's slots of calls under way until it ends (`Gate::call_to_the_end`).
+/// Without the cap each round below would add as many calls again, up to whatever the
+/// provider's timeout lets pile up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_whose_client_hung_up_count_against_the_sessions_cap() {
+    let mut world = World::with_policy_text(REFUNDS_RUN_POLICY).await;
+    // Held long enough that no refund of the rounds below ends before the last call.
+    let (stripe_url, arrivals) = slow_stripe::start_counted(
+        world.stripe.base_url(),
+        Duration::from_secs(15),
+        Arc::new(Notify::new()),
+    )
+    .await;
+    world.settings.stripe.api_url = stripe_url;
+    let connections = world.settings.sessions.socket_max_connections;
+    let cap = 2 * connections;
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[50_000])
+        .await;
+    let charge = ada.charges[0].clone();
+    let refund = move |cents: usize| json!({"charge": charge, "amount": cents, "reason": "requested_by_customer"});
+
+    // Rounds of half as many calls as the socket lets in (the session's agent may hold
+    // a connection too), each cut once all of its refunds reached Stripe: the socket's
+    // connections are free again after each round.
+    let per_round = connections / 2;
+    for round in 0..cap / per_round {
+        let calls: Vec<_> = (0..per_round)
+            .map(|i| {
+                let (session, args) = (ada.session.clone(), refund(1 + round * per_round + i));
+                tokio::spawn(async move { session.call("stripe.create_refund", args, None).await })
+            })
+            .collect();
+        let sent = (round + 1) * per_round;
+        eventually_within(
+            Duration::from_secs(60),
+            &format!("{sent} refunds reached Stripe"),
+            || async { arrivals.load(Ordering::SeqCst) == sent },
+        )
+        .await;
+        for call in &calls {
+            call.abort();
+        }
+        for call in calls {
+            assert!(
+                call.await.is_err_and(|e| e.is_cancelled()),
+                "cut before its answer"
+            );
+        }
+    }
+
+    // The socket takes the next call, but the session has its cap of calls under way:
+    // refused before anything is recorded or sent, a read as much as a write.
+    let (status, answer) = ada
+        .session
+        .call("stripe.create_refund", refund(999), None)
+        .await;
+    assert_eq!(
+        (status, &answer["error"]),
+        (429, &json!("too_many_calls")),
+        "{answer}"
+    );
+    assert!(
+        answer["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&format!("{cap} calls under way"))),
+        "{answer}"
+    );
+    let (status, answer) = ada
+        .session
+        .call("stripe.get_charge", json!({"charge": ada.charges[0]}), None)
+        .await;
+    assert_eq!(
+        (status, &answer["error"]),
+        (429, &json!("too_many_calls")),
+        "{answer}"
+    );
+    assert_eq!(
+        arrivals.load(Ordering::SeqCst),
+        cap,
+        "nothing more reached Stripe"
+    );
+    assert_eq!(app.executions_of("stripe.create_refund").await.len(), cap);
+    assert!(app.executions_of("stripe.get_charge").await.is_empty());
+
+    // Each cut call runs to its outcome and gives its slot back: the session calls again.
+    eventually_within(
+        Duration::from_secs(60),
+        "every cut refund succeeded",
+        || async {
+            let rows = app.executions_of("stripe.create_refund").await;
+            rows.len() == cap && rows.iter().all(|row| row.status == "succeeded")
+        },
+    )
+    .await;
+    assert_eq!(refunds(&world.stripe).await.len(), cap, "each sent once");
+    let (status, answer) = ada
+        .session
+        .call("stripe.get_charge", json!({"charge": ada.charges[0]}), None)
+        .await;
+    assert_eq!(status, 200, "{answer}");
     app.stop().await;
 }
