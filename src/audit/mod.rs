@@ -323,6 +323,14 @@ pub fn append_all(
     Ok(id)
 }
 
+/// A row written together with a lead's ([`append_after_with`]), only when the lead
+/// changed one: `into` names its table and columns (`limit_charges (execution_id, …)`),
+/// `values` are theirs, in that order.
+pub struct Rider<'a> {
+    pub into: &'static str,
+    pub values: Vec<&'a dyn crate::store::ToSql>,
+}
+
 /// Runs `lead`, one data-modifying statement that changes at most one row (its
 /// parameters `?1`… are `lead_params`), and when it changed a row appends `records`, in
 /// their order, as [`append_all`] does; whether it did (when not, nothing is written).
@@ -333,29 +341,51 @@ pub fn append_all(
 /// they are the statements they say, in the caller's transaction.
 pub fn append_after(
     conn: &Conn<'_>,
-    (lead, lead_params): (&str, &[&dyn crate::store::ToSql]),
+    lead: (&str, &[&dyn crate::store::ToSql]),
     records: &[AuditRecord],
     redactor: &Redactor,
 ) -> crate::store::Result<bool> {
-    if records.is_empty() {
-        return Ok(cached_execute(conn, lead, lead_params)? > 0);
-    }
-    if conn.dialect() != crate::store::Dialect::Postgres {
+    append_after_with(conn, lead, &[], records, redactor)
+}
+
+/// [`append_after`], also inserting each of `riders` when the lead changed a row: on
+/// Postgres in the same statement (a `WITH` insert of each, reading the lead's row),
+/// elsewhere as statements of their own after the lead's.
+pub fn append_after_with(
+    conn: &Conn<'_>,
+    (lead, lead_params): (&str, &[&dyn crate::store::ToSql]),
+    riders: &[Rider<'_>],
+    records: &[AuditRecord],
+    redactor: &Redactor,
+) -> crate::store::Result<bool> {
+    if records.is_empty() || conn.dialect() != crate::store::Dialect::Postgres {
         if cached_execute(conn, lead, lead_params)? == 0 {
             return Ok(false);
         }
-        append_all(conn, records, redactor)?;
+        for rider in riders {
+            let sql = format!(
+                "INSERT INTO {} VALUES ({})",
+                rider.into,
+                placeholders(0, rider.values.len())
+            );
+            cached_execute(conn, &sql, rider.values.as_slice())?;
+        }
+        if !records.is_empty() {
+            append_all(conn, records, redactor)?;
+        }
         return Ok(true);
     }
     let rows = records
         .iter()
         .map(|r| redacted_row(r, redactor))
         .collect::<crate::store::Result<Vec<_>>>()?;
-    // In a write that need not wait for the WAL's flush (`Db::write_unflushed`), the
-    // statement turns `synchronous_commit` off for its own implicit transaction; the
-    // setting is evaluated whenever a row is changed (the join yields a row only then),
-    // and an unchanged row writes nothing to flush.
-    let (unflushed, joined) = if conn.skips_flush() {
+    // In a write that need not wait for the WAL's flush (`Db::write_unflushed`, or a
+    // transaction that asked `Conn::commit_unflushed`), the statement turns
+    // `synchronous_commit` off for its transaction; the setting is evaluated whenever a
+    // row is changed (the join yields a row only then), and an unchanged row writes
+    // nothing to flush.
+    let skips_flush = conn.skips_flush();
+    let (unflushed, joined) = if skips_flush {
         (
             ", unflushed AS (SELECT set_config('synchronous_commit', 'off', true))",
             ", unflushed",
@@ -363,12 +393,22 @@ pub fn append_after(
     } else {
         ("", "")
     };
-    // The records' values take their types from `audit_pending`'s columns (INSERT …
-    // SELECT coerces them); the lead's row, if any, is what makes the first SELECT
-    // yield one, and each insert's row what makes the next one's yield one.
+    // The riders' and records' values take their types from their tables' columns
+    // (INSERT … SELECT coerces them); the lead's row, if any, is what makes the first
+    // SELECT yield one, and each insert's row what makes the next one's yield one. A
+    // rider is written even though nothing reads it (every data-modifying `WITH` runs).
+    let changed = "(SELECT 1 FROM lead LIMIT 1) AS changed";
     let mut sql = format!("WITH lead AS ({lead} RETURNING 1){unflushed}");
-    let mut source = format!("(SELECT 1 FROM lead LIMIT 1) AS changed{joined}");
     let mut after = lead_params.len();
+    for (n, rider) in riders.iter().enumerate() {
+        sql.push_str(&format!(
+            ", rider{n} AS (INSERT INTO {} SELECT {} FROM {changed})",
+            rider.into,
+            placeholders(after, rider.values.len())
+        ));
+        after += rider.values.len();
+    }
+    let mut source = format!("{changed}{joined}");
     for step in 1..rows.len() {
         sql.push_str(&format!(
             ", step{step} AS (INSERT INTO audit_pending ({RECORD_COLUMNS}) SELECT {} FROM \
@@ -383,6 +423,9 @@ pub fn append_after(
         placeholders(after, RECORD_VALUES)
     ));
     let mut values: Vec<&dyn crate::store::ToSql> = lead_params.to_vec();
+    for rider in riders {
+        values.extend(rider.values.iter().copied());
+    }
     for row in &rows {
         values.extend(record_values(row));
     }
@@ -392,6 +435,9 @@ pub fn append_after(
         .collect::<crate::store::Result<Vec<i64>>>()?
         .is_empty();
     if appended {
+        if skips_flush {
+            conn.flush_skip_carried();
+        }
         chain_after_commit(conn);
     }
     Ok(appended)

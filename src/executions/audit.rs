@@ -61,6 +61,32 @@ pub fn finish_recorded(
     }
 }
 
+/// Inserts the decided call `exec` (with its `runner` when it runs), the limit amounts
+/// it reserves (`charges`: key and amount, counted at `now_ms`) and its first `steps`,
+/// completed as [`record`] completes them, in the caller's transaction: on Postgres one
+/// statement ([`audit::append_after_with`], the charges riding on the row's insert), on
+/// SQLite the statements they are.
+pub fn insert_decided(
+    conn: &Conn<'_>,
+    redactor: &Redactor,
+    (exec, runner): (&Execution, Option<&str>),
+    (charges, now_ms): (&[(String, i64)], i64),
+    steps: Vec<AuditRecord>,
+) -> crate::store::Result<()> {
+    let records: Vec<AuditRecord> = steps.into_iter().map(completion(redactor, exec)).collect();
+    let status = exec.status.as_str();
+    let (sql, values) = super::store::insert_statement(exec, (&status, &runner));
+    let riders: Vec<audit::Rider<'_>> = charges
+        .iter()
+        .map(|(key, amount)| audit::Rider {
+            into: super::store::CHARGE_INTO,
+            values: vec![&exec.id, key, amount, &now_ms],
+        })
+        .collect();
+    audit::append_after_with(conn, (&sql, &values), &riders, &records, redactor)?;
+    Ok(())
+}
+
 /// Inserts `exec` (sent by `runner`) with its `steps`, completed as [`record`] completes
 /// them, while `lease` is its thread's current lease: on Postgres one statement
 /// ([`audit::append_after`], the insert's fence its `WHERE`), which a write may send with

@@ -159,16 +159,27 @@ pub fn insert_run_by(
     e: &Execution,
     runner: Option<&str>,
 ) -> crate::store::Result<()> {
-    cached_execute(
-        conn,
-        &format!(
-            "INSERT INTO executions ({COLUMNS}, runner) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, \
-             ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)"
-        ),
-        row_values(e, &e.status.as_str(), &runner, &[]),
-    )?;
+    let status = e.status.as_str();
+    let (sql, values) = insert_statement(e, (&status, &runner));
+    cached_execute(conn, &sql, values)?;
     Ok(())
 }
+
+/// The statement that inserts `e` with `status` and `runner`, and its values.
+pub(super) fn insert_statement<'a>(
+    e: &'a Execution,
+    (status, runner): (&'a &'static str, &'a Option<&'a str>),
+) -> (String, Vec<&'a dyn crate::store::ToSql>) {
+    let sql = format!(
+        "INSERT INTO executions ({COLUMNS}, runner) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
+         ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)"
+    );
+    (sql, row_values(e, status, runner, &[]))
+}
+
+/// Where a limit charge is written: its table and columns (`charge`'s), for a charge
+/// that rides on its execution's insert (`audit::insert_decided`).
+pub(super) const CHARGE_INTO: &str = "limit_charges (execution_id, key, amount, at_ms)";
 
 /// The values of an execution's row and its runner, in the order of `COLUMNS, runner`
 /// (placeholders ?1 to ?25), followed by `more` (?26 on).
@@ -760,7 +771,7 @@ pub fn charge(
 ) -> crate::store::Result<()> {
     cached_execute(
         conn,
-        "INSERT INTO limit_charges (execution_id, key, amount, at_ms) VALUES (?1, ?2, ?3, ?4)",
+        &format!("INSERT INTO {CHARGE_INTO} VALUES (?1, ?2, ?3, ?4)"),
         params![execution_id, key, amount, now_ms],
     )?;
     Ok(())

@@ -256,32 +256,39 @@ fn record(
     let exec = frozen(cx, call, &v, summary);
     // A call decided `run` is written with its runner: recovery knows whose it is.
     let runner = (exec.status == Status::Running).then_some(&*cx.runner);
-    exec_store::insert_run_by(conn, &exec, runner)?;
-    // Both steps at once: one read of the audit chain's head.
-    let audit = |event| {
-        let steps = vec![
-            AuditRecord::new(AuditEvent::Requested),
-            AuditRecord::new(event),
-        ];
-        executions::audit_all(conn, &cx.redactor, &exec, steps)
-    };
-    match v.verdict {
+    let (event, charges) = match v.verdict {
         Verdict::Run => {
-            for charge in &v.charges {
-                let amount = i64::try_from(charge.amount).unwrap_or(i64::MAX);
-                exec_store::charge(conn, &exec.id, &charge.key, amount, cx.now)?;
-            }
-            audit(AuditEvent::Decided)?;
-            if !is_write {
-                // A read is answered only after its outcome's synchronous commit, which
-                // flushes this one too: a crash before it loses a read nobody was
-                // given, with its reservation.
-                conn.commit_unflushed()?;
-            }
-            Ok(Decided::Run(exec))
+            let charges: Vec<(String, i64)> = v
+                .charges
+                .iter()
+                .map(|c| (c.key.clone(), i64::try_from(c.amount).unwrap_or(i64::MAX)))
+                .collect();
+            (AuditEvent::Decided, charges)
         }
+        Verdict::Hold => (AuditEvent::Held, Vec::new()),
+        Verdict::Block => (AuditEvent::Blocked, Vec::new()),
+    };
+    if v.verdict == Verdict::Run && !is_write {
+        // A read is answered only after its outcome's synchronous commit, which flushes
+        // this one too: a crash before it loses a read nobody was given, with its
+        // reservation. Asked before the row's statement, which carries it on Postgres.
+        conn.commit_unflushed()?;
+    }
+    // The row, its charges and both steps at once (one statement on Postgres).
+    let steps = vec![
+        AuditRecord::new(AuditEvent::Requested),
+        AuditRecord::new(event),
+    ];
+    executions::audit::insert_decided(
+        conn,
+        &cx.redactor,
+        (&exec, runner),
+        (&charges, cx.now),
+        steps,
+    )?;
+    match v.verdict {
+        Verdict::Run => Ok(Decided::Run(exec)),
         Verdict::Hold => {
-            audit(AuditEvent::Held)?;
             let url = format!("{}{}", cx.url_prefix, exec.id);
             let note =
                 crate::notes::held::held_note(&exec, &redacted, &rule_text, &url, &cx.redactor);
@@ -289,10 +296,7 @@ fn record(
             trail::enqueue(conn, &trail::held(&exec, &url), cx.now)?;
             Ok(Decided::Held(exec))
         }
-        Verdict::Block => {
-            audit(AuditEvent::Blocked)?;
-            Ok(Decided::Blocked(exec))
-        }
+        Verdict::Block => Ok(Decided::Blocked(exec)),
     }
 }
 

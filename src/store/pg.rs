@@ -323,9 +323,10 @@ impl PgStore {
         }
         let outcome = f(&conn);
         let Some(PgParts {
-            tx,
+            mut tx,
             lost,
             after_commit,
+            unflushed_asked,
         }) = conn.into_postgres()
         else {
             return Err(Attempt::Failed(StoreError::WriterGone));
@@ -334,6 +335,11 @@ impl PgStore {
             _ if lost => Err(Attempt::Lost),
             Err(e) => Err(Attempt::from_sql(e)),
             Ok(value) => match tracing::trace_span!("pg.commit").in_scope(|| {
+                if unflushed_asked {
+                    // `Conn::commit_unflushed`, which no statement carried.
+                    super::counts::bump_pg_statement();
+                    tx.batch_execute("SET LOCAL synchronous_commit TO off")?;
+                }
                 super::counts::bump(super::counts::Event::RoundTrip);
                 tx.commit()
             }) {

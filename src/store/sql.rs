@@ -153,6 +153,9 @@ pub(crate) struct PgTx<'a> {
     /// The one statement of [`crate::store::Db::write_unflushed`]: it may commit
     /// without waiting for the WAL's flush ([`Conn::skips_flush`]).
     pub(crate) unflushed: bool,
+    /// [`Conn::commit_unflushed`] was asked in this transaction and no statement has
+    /// turned `synchronous_commit` off yet: the commit does it first.
+    pub(crate) unflushed_asked: Cell<bool>,
 }
 
 /// What a Postgres [`Conn`]'s statements run in.
@@ -222,6 +225,9 @@ pub(crate) struct PgParts<'a> {
     /// A statement lost a race: run the transaction again.
     pub(crate) lost: bool,
     pub(crate) after_commit: Vec<AfterStep>,
+    /// [`Conn::commit_unflushed`] was asked and no statement carried it: the commit
+    /// turns `synchronous_commit` off first.
+    pub(crate) unflushed_asked: bool,
 }
 
 /// Statements prepared on one Postgres connection, by their `?N` text.
@@ -284,6 +290,7 @@ impl<'a> Conn<'a> {
             after_commit: RefCell::default(),
             locking: Cell::new(false),
             unflushed,
+            unflushed_asked: Cell::new(false),
         }))
     }
 
@@ -305,6 +312,7 @@ impl<'a> Conn<'a> {
                     tx,
                     lost: pg.retry.get(),
                     after_commit: pg.after_commit.into_inner(),
+                    unflushed_asked: pg.unflushed_asked.get(),
                 }),
                 PgSession::Autocommit(_) => None,
             },
@@ -389,22 +397,34 @@ impl<'a> Conn<'a> {
     /// crash breaks nothing anyone was told: the gate's decision to run a read, which
     /// the read's outcome, committed synchronously before the agent is answered,
     /// flushes. Nothing on SQLite, whose group commit is synced as one.
+    ///
+    /// Sends nothing itself: the next statement that can carry the setting does
+    /// ([`Conn::skips_flush`], [`Conn::flush_skip_carried`]: `audit::append_after`'s),
+    /// and a transaction none carried sends it before its `COMMIT`.
     pub fn commit_unflushed(&self) -> Result<()> {
-        if let ConnInner::Postgres(_) = &self.0 {
-            self.prepare_cached("SELECT set_config('synchronous_commit', 'off', true)")?
-                .query_row((), |_| Ok(()))?;
+        if let ConnInner::Postgres(pg) = &self.0 {
+            pg.unflushed_asked.set(true);
         }
         Ok(())
     }
 
-    /// Whether this is the one statement of a [`crate::store::Db::write_unflushed`]
-    /// on Postgres, which may turn `synchronous_commit` off for its own transaction
-    /// (`set_config('synchronous_commit', 'off', true)` evaluated inside the statement:
-    /// the implicit transaction's commit reads the setting). A statement that does not
+    /// Whether a statement sent now on Postgres should turn `synchronous_commit` off
+    /// for its transaction (`set_config('synchronous_commit', 'off', true)` evaluated
+    /// inside the statement: the commit reads the setting): the one statement of a
+    /// [`crate::store::Db::write_unflushed`], or any in a transaction that asked
+    /// [`Conn::commit_unflushed`] and none has carried yet. A statement that does not
     /// commits synchronously, which is always safe. `false` on SQLite, whose writer
     /// skips the fsync for the whole group commit instead.
     pub fn skips_flush(&self) -> bool {
-        matches!(&self.0, ConnInner::Postgres(pg) if pg.unflushed)
+        matches!(&self.0, ConnInner::Postgres(pg) if pg.unflushed || pg.unflushed_asked.get())
+    }
+
+    /// A statement sent since [`Conn::skips_flush`] said so turned `synchronous_commit`
+    /// off (it evaluated the setting): the commit need not send it again.
+    pub fn flush_skip_carried(&self) {
+        if let ConnInner::Postgres(pg) = &self.0 {
+            pg.unflushed_asked.set(false);
+        }
     }
 
     /// In a [`crate::store::Db::write_locking`] transaction on Postgres, takes the

@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 
 use threadgate::audit::{self, AuditEvent, AuditFilter, AuditRecord};
 use threadgate::secrets::Redactor;
+use threadgate::store::counts::counted;
 use threadgate::store::testing::TestDb;
 use threadgate::store::{Db, SqlError};
 
@@ -508,4 +509,65 @@ async fn an_unflushed_statement_leaves_the_wal_flush_to_later_and_the_connection
     db.background_settled().await;
     drop(db);
     drop(test_db);
+}
+
+/// `Conn::commit_unflushed` sends nothing itself: the next statement that can carry the
+/// setting does (`audit::append_after`'s, the gate's decision of a limited read: its
+/// row, charge and audit rows), and a transaction none carried sends it just before its
+/// `COMMIT`. Either way the setting ends with its transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unflushed_commit_is_carried_by_the_next_append_or_sent_before_commit() {
+    let Some(test_db) = TestDb::postgres_from_env() else {
+        eprintln!("commit_unflushed: THREADGATE_TEST_DATABASE_URL is not set: skipped");
+        return;
+    };
+    // One connection, so the next write runs where the setting was made.
+    let db = Db::connect_pooled(test_db.url().expect("a url"), 1).expect("a pool of one");
+    let setting = |c: &threadgate::store::Conn<'_>| {
+        c.query_row("SELECT current_setting('synchronous_commit')", (), |r| {
+            r.get::<_, String>(0)
+        })
+    };
+    let (carried, counts) = counted(db.write_locking(move |c| {
+        let before = setting(c)?;
+        c.commit_unflushed()?;
+        let asked = setting(c)?;
+        let lead = "INSERT INTO meta (key, value) VALUES (?1, ?2)";
+        audit::append_after(
+            c,
+            (lead, &[&"carried", &"1"]),
+            &steps(2),
+            &Redactor::empty(),
+        )?;
+        Ok((before, asked, setting(c)?))
+    }))
+    .await;
+    assert_eq!(
+        carried.expect("a locking write"),
+        ("on".into(), "on".into(), "off".into()),
+        "asked, then carried by the append"
+    );
+    // BEGIN, the four statements, COMMIT: nothing sent for the setting alone.
+    assert_eq!(
+        (counts.statements, counts.round_trips),
+        (4, 6),
+        "{counts:?}"
+    );
+
+    let (alone, counts) = counted(db.write_locking(move |c| {
+        c.commit_unflushed()?;
+        setting(c)
+    }))
+    .await;
+    assert_eq!(alone.expect("a locking write"), "on", "nothing carried it");
+    // BEGIN, the read, the setting sent before COMMIT, COMMIT.
+    assert_eq!(
+        (counts.statements, counts.round_trips),
+        (2, 4),
+        "{counts:?}"
+    );
+
+    let next = db.write(move |c| setting(c)).await.expect("the next write");
+    assert_eq!(next, "on", "the setting ended with its transaction");
+    db.background_settled().await;
 }

@@ -194,33 +194,35 @@ async fn a_read_and_a_write_with_these_commits_and_round_trips_on_postgres() {
         }
     );
     // A write: the small reads; the deciding transaction (fence, the session's earlier
-    // calls, the row, the pending rows); the outcome, one statement with no transaction
-    // around it (the status and the pending row: `audit::append_after`), which turns
-    // `synchronous_commit` off for itself (a Stripe call: re-sent with its key if lost).
+    // calls, the row with its pending rows in one statement:
+    // `executions::audit::insert_decided`); the outcome, one statement with no
+    // transaction around it (the status and the pending row: `audit::append_after`),
+    // which turns `synchronous_commit` off for itself (a Stripe call: re-sent with its
+    // key if lost).
     assert_eq!(
         without_prepares(write),
         Counts {
             commits: 1,
             unflushed_commits: 1,
             reads: 2,
-            statements: 2 + 4 + 1,
-            round_trips: 2 + (4 + 2) + 1,
+            statements: 2 + 3 + 1,
+            round_trips: 2 + (3 + 2) + 1,
             prepares: 0,
             provider_requests: 2,
         }
     );
     // A read whose rule reserves a limit: the small reads; the deciding transaction
-    // (fence, the limit key's lock, its total, the row, its charge, the pending rows,
-    // `synchronous_commit` off; no look-up of the session's earlier calls: it has no
-    // hold mark); the outcome, one statement.
+    // (fence, the limit key's lock, its total, then one statement: the row, its charge,
+    // the pending rows and `synchronous_commit` off; no look-up of the session's earlier
+    // calls: it has no hold mark); the outcome, one statement.
     assert_eq!(
         without_prepares(limited),
         Counts {
             commits: 2,
             unflushed_commits: 0,
             reads: 2,
-            statements: 2 + 7 + 1,
-            round_trips: 2 + (7 + 2) + 1,
+            statements: 2 + 4 + 1,
+            round_trips: 2 + (4 + 2) + 1,
             prepares: 0,
             provider_requests: 1,
         }

@@ -777,29 +777,3 @@ async fn a_locking_write_keeps_a_takeover_out_until_it_ends_and_is_refused_after
         .expect("rows");
     assert_eq!(rows, vec!["ex_fenced".to_owned()]);
 }
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unflushed_commit_is_that_transactions_alone() {
-    let Some(test_db) = TestDb::postgres_from_env() else {
-        eprintln!("commit_unflushed: THREADGATE_TEST_DATABASE_URL is not set: skipped");
-        return;
-    };
-    // One connection, so the next write runs where the setting was made.
-    let db = Db::connect_pooled(test_db.url().expect("a url"), 1).expect("a pool of one");
-    let setting = |c: &threadgate::store::Conn<'_>| {
-        c.query_row("SELECT current_setting('synchronous_commit')", (), |r| {
-            r.get::<_, String>(0)
-        })
-    };
-    let inside = db
-        .write_locking(move |c| {
-            let before = setting(c)?;
-            c.commit_unflushed()?;
-            Ok((before, setting(c)?))
-        })
-        .await
-        .expect("a locking write");
-    assert_eq!(inside, ("on".to_owned(), "off".to_owned()));
-    let next = db.write(move |c| setting(c)).await.expect("the next write");
-    assert_eq!(next, "on", "the setting ended with its transaction");
-}
