@@ -29,6 +29,12 @@
 //!   it) and `gate::CALLS_IN_ALL` of the instance; one past it is refused
 //!   `too_many_calls`, recorded and sent nowhere.
 //!
+//! - **MCP waits** (`threadgate_wait` and a redeemed request state, `mcp::handler`): rmcp
+//!   runs each request's handler on a task of its own, so a wait whose client hung up
+//!   is ended by the request's cancellation, not by the connection; the cap
+//!   (`mcp::MAX_WAITS_PER_SESSION` of a session, `mcp::MAX_WAITS_IN_ALL` of the
+//!   instance) bounds them should that ever not come.
+//!
 //! A slot is freed when it is dropped, whether its work succeeded or not.
 
 use std::collections::HashMap;
@@ -62,7 +68,7 @@ struct State {
 
 /// Which cap refused a slot, with its value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Full {
+pub enum Full {
     /// The session holds as many slots as one session may.
     Session(usize),
     /// The instance holds as many slots as it may, all sessions together.
@@ -71,7 +77,7 @@ pub(super) enum Full {
 
 /// One unit of work's place; freed when dropped.
 #[derive(Debug)]
-pub(super) struct Slot {
+pub struct Slot {
     slots: Arc<SessionSlots>,
     session_id: SessionId,
 }
@@ -84,7 +90,7 @@ impl Default for SessionSlots {
 
 impl SessionSlots {
     /// With caps other than the defaults (tests).
-    pub(super) fn with_caps(per_session: usize, in_all: usize) -> SessionSlots {
+    pub fn with_caps(per_session: usize, in_all: usize) -> SessionSlots {
         SessionSlots {
             state: Mutex::default(),
             idle: Notify::new(),
@@ -99,12 +105,12 @@ impl SessionSlots {
 
     /// A slot for one more unit of work of `session_id`, or `None` when the session or
     /// the instance is at its cap.
-    pub(super) fn take(self: &Arc<Self>, session_id: &SessionId) -> Option<Slot> {
+    pub fn take(self: &Arc<Self>, session_id: &SessionId) -> Option<Slot> {
         self.try_take(session_id).ok()
     }
 
     /// [`SessionSlots::take`], saying which cap refused it.
-    pub(super) fn try_take(self: &Arc<Self>, session_id: &SessionId) -> Result<Slot, Full> {
+    pub fn try_take(self: &Arc<Self>, session_id: &SessionId) -> Result<Slot, Full> {
         let mut state = self.state();
         if state.total >= self.in_all {
             return Err(Full::Instance(self.in_all));

@@ -22,6 +22,7 @@ use super::state::{HeldState, StateError, fresh_nonce, request_digest};
 use super::tools::{DIAGNOSIS, WAIT_TOOL, gateway_tool, wait_tool};
 use crate::executions::store::{Execution, Status};
 use crate::gateway::answers::{call_answer, held, rfc3339};
+use crate::gateway::slots::Full;
 use crate::gateway::wait::{ExecutionWatch, Settled, WaitError, WaitProgress};
 use crate::gateway::{CallReply, CallRequest, Refusal};
 use crate::session::SessionScope;
@@ -113,7 +114,7 @@ impl SessionTools {
     async fn call(
         &self,
         params: CallToolRequestParams,
-        url_mode: bool,
+        (url_mode, context): (bool, &RequestContext<RoleServer>),
         progress: Option<Progress>,
     ) -> Result<CallToolResponse, ErrorData> {
         let gate = &self.server.gate;
@@ -127,7 +128,8 @@ impl SessionTools {
         let tool = params.name.into_owned();
         let digest = request_digest(&tool, &args);
         if let Some(sealed) = params.request_state {
-            return Ok(self.redeem(&tool, &sealed, &digest, progress).await);
+            let redeemed = self.redeem(&tool, &sealed, &digest, progress);
+            return Ok(self.until_hung_up(context, redeemed).await);
         }
         let reply = gate
             .call_to_the_end(
@@ -244,6 +246,42 @@ impl SessionTools {
         }
     }
 
+    /// `waiting` (a wait on an execution) in one of the session's wait places, ended
+    /// when the client hangs up. rmcp runs each request's handler on a task of its own
+    /// and, when the connection goes, only cancels the request's token: a wait nobody
+    /// will receive would otherwise run on to its timeout (up to
+    /// [`super::MAX_WAIT_SECONDS`], reading the execution every second), and an agent
+    /// that sends waits and hangs up could keep any number of them. Past the session's
+    /// or the instance's cap the wait is refused `too_many_waits`.
+    async fn until_hung_up<T: From<CallToolResult>>(
+        &self,
+        context: &RequestContext<RoleServer>,
+        waiting: impl std::future::Future<Output = T>,
+    ) -> T {
+        let session = &self.scope.session_id;
+        let _place = match self.server.waits.try_take(session) {
+            Ok(place) => place,
+            Err(full) => {
+                let (limit, whose) = match full {
+                    Full::Session(limit) => (limit, "this session"),
+                    Full::Instance(limit) => (limit, "this threadgate instance"),
+                };
+                let message = format!(
+                    "{whose} already has {limit} waits under way, the most it may have at \
+                     once: wait again once one has ended"
+                );
+                return refused("too_many_waits", &message).into();
+            }
+        };
+        tokio::select! {
+            answer = waiting => answer,
+            () = context.ct.cancelled() => {
+                tracing::debug!(session = %session, "mcp wait ended: its client hung up");
+                refused("cancelled", "the client hung up").into()
+            }
+        }
+    }
+
     async fn wait(&self, args: &JsonObject, mut progress: Option<Progress>) -> CallToolResult {
         let Some(id) = args.get("execution_id").and_then(Value::as_str) else {
             return refused("invalid_arguments", "execution_id (a string) is required");
@@ -305,8 +343,12 @@ impl ServerHandler for SessionTools {
         let progress = Progress::of(&context, self.server.settings.progress_interval);
         if request.name == WAIT_TOOL {
             let args = request.arguments.unwrap_or_default();
-            return Ok(self.wait(&args, progress).await.into());
+            return Ok(self
+                .until_hung_up(&context, self.wait(&args, progress))
+                .await
+                .into());
         }
+
         let modern = context
             .protocol_version()
             .is_some_and(|v| !v.has_initialize());
@@ -315,7 +357,7 @@ impl ServerHandler for SessionTools {
                 .client_capabilities()
                 .and_then(|c| c.elicitation)
                 .is_some_and(|e| e.url.is_some());
-        self.call(request, url_mode, progress).await
+        self.call(request, (url_mode, &context), progress).await
     }
 }
 

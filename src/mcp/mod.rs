@@ -14,7 +14,9 @@
 //!   ([`state`]) redeems once for the call's result.
 //! - `threadgate_wait`: waits on an execution of this session, never past its expiry
 //!   (`[mcp] wait_default` when not told), sending progress notifications while it
-//!   waits to a client that gave a progress token.
+//!   waits to a client that gave a progress token. A wait (and a redeemed request
+//!   state's) ends when its client hangs up (rmcp cancels the request), and a session
+//!   has at most [`MAX_WAITS_PER_SESSION`] at once (`too_many_waits`).
 //! - A tool name the catalog does not have is JSON-RPC error -32602 (invalid params),
 //!   as the MCP specification asks; a known tool the gate refuses is an error result.
 //!
@@ -35,6 +37,7 @@ use axum::Router;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 
+use crate::gateway::slots::SessionSlots;
 use crate::gateway::{Gate, SandboxRouter};
 use crate::secrets::SealingKey;
 use crate::session::SessionScope;
@@ -50,11 +53,21 @@ pub const MAX_REQUEST_BYTES: usize = 1 << 20;
 /// The path the MCP endpoint is served at, on the socket and on the runner's bridge.
 pub const MCP_PATH: &str = "/mcp";
 
+/// Waits on an execution (`threadgate_wait`, a redeemed request state) of one session
+/// at once, at most: twice the socket's default connection cap, so an agent that waits
+/// on every connection it may open (the socket's and the relayed, capped apart) never
+/// meets it.
+pub const MAX_WAITS_PER_SESSION: usize = 64;
+/// Waits at once on the whole instance, all sessions together, at most.
+pub const MAX_WAITS_IN_ALL: usize = 1024;
+
 /// The MCP server shared by every session's socket.
 pub struct McpServer {
     pub gate: Arc<Gate>,
     pub sealer: StateSealer,
     pub settings: McpSettings,
+    /// The waits under way, by session ([`MAX_WAITS_PER_SESSION`], [`MAX_WAITS_IN_ALL`]).
+    pub waits: Arc<SessionSlots>,
 }
 
 impl McpServer {
@@ -67,6 +80,10 @@ impl McpServer {
             sealer: StateSealer::new(key, gate.db().clone(), settings.max_redeemed_per_session),
             gate,
             settings,
+            waits: Arc::new(SessionSlots::with_caps(
+                MAX_WAITS_PER_SESSION,
+                MAX_WAITS_IN_ALL,
+            )),
         }
     }
 }

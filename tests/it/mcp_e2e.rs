@@ -8,7 +8,8 @@
 //! tools as `GET /v1/tools` does, an unknown tool is -32602, `/mcp` and REST answer to
 //! the same hosts, nothing secret reaches the logs at trace, and a wait reports
 //! progress. Issue 19 (`elicitation`): a request state sealed on one instance redeems
-//! on the next sharing its database and master key, and one redeemed there is refused.
+//! on the next sharing its database and master key, and one redeemed there is refused;
+//! `hang_up`: a wait whose client hangs up ends, and frees its place.
 //!
 //! Needs `.venv-peers` (`scripts/localstripe.sh setup`); `in_container` also needs
 //! Docker and the sandbox image (see `tests/agent_e2e.rs`).
@@ -19,6 +20,8 @@ pub(crate) mod client;
 mod elicitation;
 #[path = "mcp_e2e/gated.rs"]
 mod gated;
+#[path = "mcp_e2e/hang_up.rs"]
+mod hang_up;
 #[path = "mcp_e2e/listing.rs"]
 mod listing;
 #[path = "mcp_e2e/logs.rs"]
