@@ -286,6 +286,12 @@ impl Gate {
             .unwrap_or(CallReply::Refused(super::refusal::Refusal::Internal))
     }
 
+    /// The application's tasks: work spawned here outlives the request that began it,
+    /// and a clean stop waits for it.
+    pub fn tasks(&self) -> &Tasks {
+        &self.tasks
+    }
+
     /// This instance's id, as recorded on the calls it sends.
     pub fn runner(&self) -> Arc<str> {
         self.runner.clone()

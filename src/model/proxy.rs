@@ -11,8 +11,12 @@
 //! value is in what would go upstream either (text parts joined, names rewritten; as
 //! above); and the request's size alone fits the tokens left (at `bytes_per_token`;
 //! else 429 `budget_exhausted` and the stop, before anything is sent). Then the turn is
-//! counted, the call forwarded with retries, the tokens counted and an audit row
-//! written (never the text).
+//! counted with a reservation of what the call may cost at most (the request's tokens
+//! at the least, plus its `max_tokens`), the call forwarded with retries, the
+//! reservation settled to the tokens the upstream reports (a call that failed or timed
+//! out keeps it) and an audit row written (never the text). The sandbox API runs the
+//! call to its end on the application's tasks ([`ModelProxy::chat_to_the_end`]): a
+//! runner that hangs up loses the answer, not the count.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -118,6 +122,26 @@ impl ModelProxy {
         })
     }
 
+    /// [`ModelProxy::chat`] on a task of the application's own, awaited: a runner that
+    /// hangs up mid-call does not cut it. The call goes on to its answer, whose tokens
+    /// are counted and audited, and it keeps the session's place in the queue until
+    /// then, so the session's next call still waits for it; only the answer is lost.
+    /// (Cut with the request instead, the upstream would bill what it had begun while
+    /// only the reservation counted it, and the audit would lack the call.)
+    pub async fn chat_to_the_end(
+        self: &Arc<Self>,
+        place: Place,
+        scope: &SessionScope,
+        body: Bytes,
+    ) -> Result<Value, ProxyError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (proxy, scope) = (self.clone(), scope.clone());
+        self.gate.tasks().spawn(async move {
+            let _ = tx.send(proxy.chat(place, &scope, body).await);
+        });
+        rx.await.unwrap_or(Err(ProxyError::Internal))
+    }
+
     /// One model call: `body` is the runner's chat-completions request, read but not
     /// parsed; the answer is a `chat.completion` object with the session's spending
     /// under `threadgate`.
@@ -156,7 +180,8 @@ impl ModelProxy {
         let asked = request
             .max_tokens
             .unwrap_or(self.settings.default_max_tokens);
-        request.max_tokens = Some(asked.min(cap));
+        let request_max_tokens = asked.min(cap);
+        request.max_tokens = Some(request_max_tokens);
         let names = ToolNames::for_request(&request);
         let wire = self.upstream.encode(names.to_wire(request));
         if let Some(name) = scan::secret_in_json(&redactor, &wire) {
@@ -168,7 +193,11 @@ impl ModelProxy {
             return Err(ProxyError::BudgetExhausted(why));
         }
         // The turn is counted under the session's lease: a stale owner's call is refused
-        // here, before it goes upstream and before anything is written.
+        // here, before it goes upstream and before anything is written. It reserves what
+        // the call may cost at most (its request's tokens at the least, and the whole
+        // answer it may have), settled to what the upstream reports once it answers: a
+        // call that fails or times out (perhaps billed, attempts included) keeps it.
+        let reserved = self.least_tokens(wire.len()) + u64::from(request_max_tokens);
         let (s, t, lease) = (
             scope.session_id.clone(),
             scope.thread_id.clone(),
@@ -178,7 +207,7 @@ impl ModelProxy {
             .db()
             .write(move |c| {
                 leases::fence(c, &lease)?;
-                model_store::add_turn(c, &s, &t)
+                model_store::add_turn(c, &s, &t, reserved)
             })
             .await
             .map_err(|e| fenced_failed(&self.gate, scope, e))?;
@@ -186,7 +215,14 @@ impl ModelProxy {
         let started = Instant::now();
         let sent = self.upstream.send(wire, &redactor).await;
         let latency = crate::clock::ms(started.elapsed());
-        self.finish(scope, &agent, sent, latency, names).await
+        self.finish(scope, &agent, (sent, reserved), latency, names)
+            .await
+    }
+
+    /// The fewest tokens a request of `bytes` counts as: at most `bytes_per_token`
+    /// bytes a token.
+    fn least_tokens(&self, bytes: usize) -> u64 {
+        (bytes as u64).div_ceil(self.settings.bytes_per_token.max(1))
     }
 
     /// Why a request of `bytes` cannot fit the `remaining` tokens of the session's
@@ -194,7 +230,7 @@ impl ModelProxy {
     /// and the answer needs one more.
     fn cannot_fit(&self, bytes: usize, remaining: u64, agent: &AgentDefinition) -> Option<String> {
         let per_token = self.settings.bytes_per_token.max(1);
-        let least = (bytes as u64).div_ceil(per_token);
+        let least = self.least_tokens(bytes);
         (least >= remaining).then(|| {
             format!(
                 "the request's {bytes} bytes are at least {least} tokens (at most [model] \
@@ -252,7 +288,7 @@ impl ModelProxy {
         &self,
         scope: &SessionScope,
         agent: &AgentDefinition,
-        sent: Result<Answered, UpstreamError>,
+        (sent, reserved): (Result<Answered, UpstreamError>, u64),
         latency_ms: i64,
         names: ToolNames,
     ) -> Result<Value, ProxyError> {
@@ -280,10 +316,24 @@ impl ModelProxy {
         };
         let took = std::time::Duration::from_millis(latency_ms.max(0) as u64);
         crate::metrics::model_call(&agent.model, tokens, took, answer.is_ok());
+        // What the upstream reported replaces the reservation; a call that did not
+        // answer keeps it (the upstream may have billed what it began).
+        let (counted, delta) = if answer.is_ok() {
+            let used = i64::try_from(tokens).unwrap_or(i64::MAX);
+            (
+                tokens,
+                used.saturating_sub(i64::try_from(reserved).unwrap_or(i64::MAX)),
+            )
+        } else {
+            (reserved, 0)
+        };
         let record = AuditRecord {
-            args: Some(
-                json!({"model": agent.model, "provider": self.settings.provider.as_str(), "tokens": tokens}),
-            ),
+            args: Some(json!({
+                "model": agent.model,
+                "provider": self.settings.provider.as_str(),
+                "tokens": counted,
+                "reserved": reserved,
+            })),
             outcome: Some(outcome),
             duration_ms: Some(latency_ms),
             ..model_record(scope, AuditEvent::ModelCall)
@@ -294,7 +344,7 @@ impl ModelProxy {
             .gate
             .db()
             .write(move |c| {
-                model_store::add_tokens(c, &session, tokens)?;
+                model_store::settle_tokens(c, &session, delta)?;
                 audit::append(c, &record, &redactor)?;
                 model_store::spent(c, &session)
             })

@@ -137,7 +137,7 @@ async fn chat(State(s): State<Scoped>, headers: HeaderMap, body: Body) -> Respon
         Ok(b) => b,
         Err(r) => return *r,
     };
-    match s.proxy.chat(place, &s.scope, body).await {
+    match s.proxy.chat_to_the_end(place, &s.scope, body).await {
         Ok(answer) => Json(answer).into_response(),
         Err(e) => ApiError::from(e).into_response(),
     }

@@ -48,21 +48,35 @@ pub fn thread_cost(
     )
 }
 
-/// Counts one turn (before the call goes upstream, so a failing call counts too).
-pub fn add_turn(conn: &Conn<'_>, session_id: &str, thread_id: &str) -> crate::store::Result<()> {
+/// Counts one turn and reserves `reserved_tokens` of the budget for it, before the call
+/// goes upstream: a call that fails, times out or is cut off still counts, as much as
+/// it could have cost ([`settle_tokens`] brings a call that answered to what it used).
+pub fn add_turn(
+    conn: &Conn<'_>,
+    session_id: &str,
+    thread_id: &str,
+    reserved_tokens: u64,
+) -> crate::store::Result<()> {
     conn.execute(
-        "INSERT INTO model_usage (session_id, thread_id, turns_used) VALUES (?1, ?2, 1) \
-         ON CONFLICT (session_id) DO UPDATE SET turns_used = model_usage.turns_used + 1",
-        params![session_id, thread_id],
+        "INSERT INTO model_usage (session_id, thread_id, turns_used, tokens_used) \
+         VALUES (?1, ?2, 1, ?3) ON CONFLICT (session_id) DO UPDATE SET \
+         turns_used = model_usage.turns_used + 1, \
+         tokens_used = model_usage.tokens_used + ?3",
+        params![
+            session_id,
+            thread_id,
+            i64::try_from(reserved_tokens).unwrap_or(i64::MAX)
+        ],
     )?;
     Ok(())
 }
 
-/// Adds the tokens the upstream reported.
-pub fn add_tokens(conn: &Conn<'_>, session_id: &str, tokens: u64) -> crate::store::Result<()> {
+/// Settles a turn's reservation: adds `delta` (the tokens the upstream reported less
+/// those reserved, so negative when it used fewer) to the session's count.
+pub fn settle_tokens(conn: &Conn<'_>, session_id: &str, delta: i64) -> crate::store::Result<()> {
     conn.execute(
         "UPDATE model_usage SET tokens_used = tokens_used + ?2 WHERE session_id = ?1",
-        params![session_id, i64::try_from(tokens).unwrap_or(i64::MAX)],
+        params![session_id, delta],
     )?;
     Ok(())
 }

@@ -19,6 +19,8 @@ mod lease_fence;
 mod limits;
 #[path = "model_proxy/memory.rs"]
 mod memory;
+#[path = "model_proxy/reservation.rs"]
+mod reservation;
 #[path = "model_proxy/transcript.rs"]
 mod transcript;
 

@@ -9,7 +9,7 @@ use serde_json::json;
 use threadgate::model::Provider;
 
 use super::{ModelWorld, chat_raw, customer_says, offered_tools};
-use crate::support::unix_http::unix_request;
+use crate::support::unix_http::unix_request_or_cut;
 use crate::support::wait::eventually;
 
 /// Rows of the thread's executions, its model turns, its queued notes.
@@ -81,15 +81,26 @@ async fn a_session_whose_lease_was_taken_over_can_neither_call_nor_spend() {
     assert_eq!(changed, 1);
 
     // The three requests go at once: the first refusal has the session dropped here,
-    // and its socket then takes no new connection.
-    let args = json!({"charge": c.charges[0], "amount": 300, "reason": "requested_by_customer"});
+    // and its socket then takes no new connection. One whose connection the socket had
+    // accepted but whose request it had not begun to read when it closed is cut (the
+    // server closes idle connections at its close); every one answered is refused.
+    let args = json!({"tool": "stripe.create_refund",
+        "args": {"charge": c.charges[0], "amount": 300, "reason": "requested_by_customer"}});
     let transcript = json!({"messages": [{"role": "user", "content": "hi"}]});
-    let ((call_status, call), (chat_status, chat), (put_status, put)) = tokio::join!(
-        s.call("stripe.create_refund", args, None),
-        chat_raw(s, &chat_body),
-        unix_request(&s.socket, "PUT", "/v1/transcript", Some(&transcript)),
+    let socket = &s.socket;
+    let (call, chat, put) = tokio::join!(
+        unix_request_or_cut(socket, "POST", "/v1/calls", Some(&args)),
+        unix_request_or_cut(
+            socket,
+            "POST",
+            "/v1/model/chat/completions",
+            Some(&chat_body)
+        ),
+        unix_request_or_cut(socket, "PUT", "/v1/transcript", Some(&transcript)),
     );
-    for (status, body) in [(call_status, call), (chat_status, chat), (put_status, put)] {
+    let answered: Vec<_> = [call, chat, put].into_iter().flatten().collect();
+    assert!(!answered.is_empty(), "the first request is answered");
+    for (status, body) in answered {
         assert_eq!(
             (status, body["error"].as_str()),
             (409, Some("session_moved")),

@@ -21,6 +21,30 @@ pub async fn unix_request(
     unix_request_raw(socket, method, path, payload.as_deref()).await
 }
 
+/// [`unix_request`], or `None` when the server cut the connection (refused, reset or
+/// closed before a whole answer): what a request racing the socket's close may get.
+pub async fn unix_request_or_cut(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Option<(u16, Value)> {
+    let mut stream = UnixStream::connect(socket).await.ok()?;
+    stream
+        .write_all(&request_bytes(
+            method,
+            path,
+            body.map(|b| b.to_string()).as_deref(),
+        ))
+        .await
+        .ok()?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.ok()?;
+    raw.windows(4)
+        .any(|w| w == b"\r\n\r\n")
+        .then(|| parse_response(&raw))
+}
+
 /// [`unix_request`] with the body's exact bytes.
 pub async fn unix_request_raw(
     socket: &Path,
@@ -31,6 +55,15 @@ pub async fn unix_request_raw(
     let mut stream = UnixStream::connect(socket)
         .await
         .unwrap_or_else(|e| panic!("connect {}: {e}", socket.display()));
+    let request = request_bytes(method, path, body);
+    stream.write_all(&request).await.expect("send request");
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.expect("read response");
+    parse_response(&raw)
+}
+
+/// One request's bytes, `Connection: close`, with `body` as JSON when there is one.
+fn request_bytes(method: &str, path: &str, body: Option<&str>) -> Vec<u8> {
     let payload = body.unwrap_or_default();
     let mut request = Vec::new();
     write!(
@@ -48,10 +81,7 @@ pub async fn unix_request_raw(
     }
     request.extend_from_slice(b"\r\n");
     request.extend_from_slice(payload.as_bytes());
-    stream.write_all(&request).await.expect("send request");
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.expect("read response");
-    parse_response(&raw)
+    request
 }
 
 fn parse_response(raw: &[u8]) -> (u16, Value) {
