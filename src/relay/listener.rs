@@ -1,8 +1,9 @@
 //! The gateway's relay listener (`[relay] listen`): TLS, then a relay's greeting, then
 //! the session's own HTTP service.
 //!
-//! Each connection counts against the listener's cap (`[relay] max_connections`) from
-//! the moment it is accepted and must finish TLS and present its greeting within
+//! Each connection counts against the listener's cap (`[relay] max_connections`) and
+//! its address's (`[relay] max_connections_per_address`) from the moment it is
+//! accepted and must finish TLS and present its greeting within
 //! `[relay] handshake_timeout`. The credential alone picks the session: a verified
 //! credential of an open session gets that session's [`SessionService`] (the router its
 //! unix socket serves, so the same scope, grants, secrets and refusals), counted against
@@ -40,6 +41,7 @@ use crate::gateway::SessionService;
 use crate::ids::SessionId;
 use crate::sandbox::{AdoptionWait, PodTokenError};
 use crate::secrets::{ExposeSecret as _, SecretString};
+use crate::server::PerAddress;
 use crate::tasks::Tasks;
 
 /// Pause after a failed accept (e.g. out of file descriptors), so the loop does not spin.
@@ -78,6 +80,7 @@ pub async fn start(
         parts,
         handshake_timeout: settings.handshake_timeout,
         slots: Arc::new(Semaphore::new(settings.max_connections)),
+        per_address: Arc::new(PerAddress::new(settings.max_connections_per_address)),
     };
     let stopping = tasks.stopping();
     tasks.spawn(served.serve(listener, stopping));
@@ -90,6 +93,8 @@ struct Listener {
     parts: RelayParts,
     handshake_timeout: Duration,
     slots: Arc<Semaphore>,
+    /// Open connections by address (`[relay] max_connections_per_address`).
+    per_address: Arc<PerAddress>,
 }
 
 impl Listener {
@@ -114,6 +119,11 @@ impl Listener {
                     continue;
                 }
             };
+            let Some(share) = this.per_address.admit(Some(peer)) else {
+                tracing::debug!(%peer, "relay connections of one address at their cap; closing a new one");
+                drop(io);
+                continue;
+            };
             let Ok(permit) = this.slots.clone().try_acquire_owned() else {
                 tracing::debug!(%peer, "relay connection cap reached; closing a new connection");
                 drop(io);
@@ -127,7 +137,7 @@ impl Listener {
             connections.spawn(
                 async move {
                     this.connection(io, peer, stop).await;
-                    drop(permit);
+                    drop((permit, share));
                 }
                 .in_current_span(),
             );

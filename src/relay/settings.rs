@@ -35,6 +35,12 @@ pub struct RelaySettings {
     /// Open connections at most on the listener, from every relay together (each
     /// session also has its socket's cap, `sessions.socket_max_connections`).
     pub max_connections: usize,
+    /// Open connections at most from one address (an IPv6 /64 counts as one), counted
+    /// from the moment each is accepted, so one pod (its agent shares its network)
+    /// cannot fill the listener with connections that never finish their handshake; 0
+    /// turns it off (pods whose traffic reaches the gateway from one translated
+    /// address).
+    pub max_connections_per_address: usize,
     /// Time a new connection has to finish TLS and present its credential.
     #[serde(with = "humantime_serde")]
     pub handshake_timeout: Duration,
@@ -51,6 +57,7 @@ impl Default for RelaySettings {
             key_file: None,
             credential_ttl: Duration::from_secs(15 * 60),
             max_connections: 1024,
+            max_connections_per_address: 64,
             handshake_timeout: Duration::from_secs(10),
             workspace: PodWorkspaceSettings::default(),
         }

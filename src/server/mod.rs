@@ -223,20 +223,22 @@ where
     }
 }
 
-/// Open connections per client address, each under the same cap.
-struct PerAddress {
+/// Open connections per client address, each under the same cap (the listener's and
+/// the relay listener's).
+pub(crate) struct PerAddress {
     cap: usize,
     open: Mutex<HashMap<IpAddr, usize>>,
 }
 
 /// One connection's place in its address's share; given back when dropped.
-struct AddressShare {
+pub(crate) struct AddressShare {
     table: Arc<PerAddress>,
     key: Option<IpAddr>,
 }
 
 impl PerAddress {
-    fn new(cap: usize) -> PerAddress {
+    /// At most `cap` open connections per address; 0: no cap.
+    pub(crate) fn new(cap: usize) -> PerAddress {
         PerAddress {
             cap,
             open: Mutex::new(HashMap::new()),
@@ -244,7 +246,7 @@ impl PerAddress {
     }
 
     /// A place for a connection from `peer`, or `None` when its address has `cap` open.
-    fn admit(self: &Arc<Self>, peer: Option<SocketAddr>) -> Option<AddressShare> {
+    pub(crate) fn admit(self: &Arc<Self>, peer: Option<SocketAddr>) -> Option<AddressShare> {
         let key = peer.filter(|_| self.cap > 0).map(|p| address_key(p.ip()));
         if let Some(key) = key {
             let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());

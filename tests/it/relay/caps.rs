@@ -1,7 +1,7 @@
 //! Caps a hostile agent or a flood meets: the relay's own cap on the agent's
 //! connections, the gateway's cap on one session's relayed connections, the relay
-//! listener's cap and handshake deadline; and a relay that refuses a gateway its CA did
-//! not sign.
+//! listener's cap and handshake deadline, and its cap on one address's connections;
+//! and a relay that refuses a gateway its CA did not sign.
 
 use std::path::Path;
 use std::time::Duration;
@@ -12,7 +12,9 @@ use threadgate::secrets::ExposeSecret as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpStream, UnixStream};
 
-use crate::support::relay::{RelaySetup, RunningRelay, TlsFiles, greet, tls_connect};
+use crate::support::relay::{
+    RelaySetup, RunningRelay, TlsFiles, greet, tcp_from, tls_connect, tls_over,
+};
 use crate::support::wait::{eventually, wait_for};
 use crate::support::world::World;
 
@@ -180,5 +182,68 @@ async fn a_relay_refuses_a_gateway_its_ca_did_not_sign() {
     assert!(message.contains("certificate"), "{message}");
     assert!(app.executions().await.is_empty());
     relay.stop().await;
+    app.stop().await;
+}
+
+/// One address (a pod, whose agent shares its network) cannot fill the relay listener
+/// with connections that never finish their handshake: past
+/// `[relay] max_connections_per_address` its new connections are closed at once, while
+/// another address's relay still reaches its session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_fill_the_relay_listener() {
+    let mut world = World::new().await;
+    let tls = world.use_relay();
+    world.settings.relay.max_connections_per_address = 3;
+    let app = world.start().await;
+    let ada = world
+        .customer_session(&app, "ada@example.com", &[5000])
+        .await;
+    let relay = app.relay_addr.expect("relay");
+    let (pod, other) = (
+        std::net::Ipv4Addr::new(127, 0, 0, 1),
+        std::net::Ipv4Addr::new(127, 0, 0, 2),
+    );
+    let mut idle = Vec::new();
+    for _ in 0..3 {
+        idle.push(tcp_from(pod, relay).await.expect("connect"));
+    }
+    for i in 0..20 {
+        let mut extra = tcp_from(pod, relay).await.expect("connect");
+        assert!(
+            closed_at_once(&mut extra, Duration::from_secs(5)).await,
+            "connection {i} over the address's cap was kept"
+        );
+    }
+
+    // Another address is served: its greeting reaches the session.
+    let id = SessionId::parse(ada.session.id.as_str()).expect("id");
+    let line = format!(
+        "TGR1 stream {}\n",
+        app.relay_credentials.mint(&id).expose_secret()
+    );
+    let tcp = tcp_from(other, relay)
+        .await
+        .expect("connect from another address");
+    let mut stream = tls_over(tcp, &tls.ca_file)
+        .await
+        .expect("TLS from another address");
+    stream.write_all(line.as_bytes()).await.expect("greet");
+    stream.flush().await.expect("flush");
+    let mut answer = String::new();
+    tokio::io::AsyncBufReadExt::read_line(&mut stream, &mut answer)
+        .await
+        .expect("answer");
+    assert_eq!(answer, "OK\n");
+
+    // A place the first address frees is its own again.
+    drop(idle.remove(0));
+    eventually("the address's freed place is taken again", || async {
+        match tcp_from(pod, relay).await {
+            Ok(tcp) => tls_over(tcp, &tls.ca_file).await.is_ok(),
+            Err(_) => false,
+        }
+    })
+    .await;
+    drop((idle, stream));
     app.stop().await;
 }

@@ -265,8 +265,26 @@ pub async fn tls_connect_at(
     addr: std::net::SocketAddr,
     ca_file: &Path,
 ) -> std::io::Result<BufReader<tokio_rustls::client::TlsStream<TcpStream>>> {
+    tls_over(TcpStream::connect(addr).await?, ca_file).await
+}
+
+/// A TCP connection to `addr` from the local address `from` (any of 127.0.0.0/8 on
+/// loopback: another client address for a listener's per-address cap).
+pub async fn tcp_from(
+    from: std::net::Ipv4Addr,
+    addr: std::net::SocketAddr,
+) -> std::io::Result<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(std::net::SocketAddr::new(from.into(), 0))?;
+    socket.connect(addr).await
+}
+
+/// TLS (as `localhost`, trusting `ca_file`) over a connection to the relay listener.
+pub async fn tls_over(
+    tcp: TcpStream,
+    ca_file: &Path,
+) -> std::io::Result<BufReader<tokio_rustls::client::TlsStream<TcpStream>>> {
     let config = threadgate::relay::tls::client_config(ca_file).expect("client config");
-    let tcp = TcpStream::connect(addr).await?;
     let tls = TlsConnector::from(Arc::clone(&config))
         .connect(ServerName::try_from("localhost").expect("name"), tcp)
         .await?;
