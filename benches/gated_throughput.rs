@@ -161,6 +161,8 @@ async fn run() {
             "[stripe]\napi_url = {:?}\nwebhook_secret = \"stripe_webhook_secret\"\n",
             stripe.base_url()
         ),
+        // Every session's calls are driven as fast as the instances answer them.
+        sessions_extra: "calls_per_second = 0".into(),
         policy_file: Some(policy),
     };
     let ids: Vec<String> = (0..INSTANCES)

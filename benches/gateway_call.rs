@@ -254,6 +254,8 @@ fn backends_wanted() -> Vec<&'static str> {
 
 async fn start_backend(name: &'static str) -> Backend {
     let mut world = World::with_policy_text(support::world::REFUNDS_RUN_POLICY).await;
+    // The bench's one session calls back to back, faster than an agent is let.
+    world.settings.sessions.calls_per_second = 0;
     let database = if name == "postgres" {
         let server = test_database_url().expect(
             "GATEWAY_BENCH_STORE=postgres needs THREADGATE_TEST_DATABASE_URL \

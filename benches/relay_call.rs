@@ -82,6 +82,8 @@ async fn run() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(400);
     let mut world = support::world::World::with_policy_text(BENCH_POLICY).await;
+    // The bench's one session calls back to back, faster than an agent is let.
+    world.settings.sessions.calls_per_second = 0;
     world.use_stripe_events(WEBHOOK_SECRET).await;
     let tls = world.use_relay();
     let app = world.start().await;

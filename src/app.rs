@@ -297,6 +297,10 @@ impl Foundation {
             supervisor,
             max_pending_holds: settings.sessions.max_pending_holds,
             max_calls_per_session: settings.sessions.socket_max_connections.saturating_mul(2),
+            call_rate: crate::gateway::rate::CallRate {
+                per_second: settings.sessions.calls_per_second,
+                burst: settings.sessions.calls_burst,
+            },
             instance_id: self.instance_id.clone(),
             tasks: tasks.clone(),
         }))

@@ -119,9 +119,9 @@ impl From<Refusal> for ApiError {
             Refusal::LookupFailed {
                 definite: false, ..
             } => StatusCode::BAD_GATEWAY,
-            Refusal::TooManyHolds { .. } | Refusal::TooManyCalls { .. } => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            Refusal::TooManyHolds { .. }
+            | Refusal::TooManyCalls { .. }
+            | Refusal::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Refusal::InstanceBusy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::SessionMoved | Refusal::InFlight(_) => StatusCode::CONFLICT,
             Refusal::Internal => return ApiError::internal(),
@@ -173,6 +173,15 @@ mod tests {
             (Refusal::TooManyHolds { limit: 3 }, 429, "too_many_holds"),
             (Refusal::TooManyCalls { limit: 64 }, 429, "too_many_calls"),
             (Refusal::InstanceBusy { limit: 1024 }, 503, "instance_busy"),
+            (
+                Refusal::RateLimited {
+                    per_second: 20,
+                    burst: 100,
+                    retry_after_ms: 50,
+                },
+                429,
+                "rate_limited",
+            ),
             (Refusal::SessionMoved, 409, "session_moved"),
             (
                 Refusal::InFlight(crate::ids::ExecutionId::parse("ex_1").expect("id")),

@@ -152,6 +152,9 @@ pub struct GateParts {
     /// socket_max_connections`, as the socket's and the relayed connections are capped
     /// apart.
     pub max_calls_per_session: usize,
+    /// Each session's pace of calls (`[sessions] calls_per_second`, `calls_burst`;
+    /// `per_second` 0: no limit).
+    pub call_rate: super::rate::CallRate,
     /// This instance's id: recorded on every call it sends, so a restart recovers only
     /// its own calls and those of instances no longer alive.
     pub instance_id: String,
@@ -202,6 +205,8 @@ pub struct Gate {
     /// outcome is recorded, capped per session and in all: a call whose client hung up
     /// holds its slot until it ends.
     pub(super) under_way: Arc<super::slots::SessionSlots>,
+    /// Each session's pace of calls (`rate.rs`); `None`: no limit.
+    pace: Option<super::rate::CallPace>,
 }
 
 impl Gate {
@@ -243,6 +248,7 @@ impl Gate {
                 parts.max_calls_per_session,
                 CALLS_IN_ALL,
             )),
+            pace: super::rate::CallPace::new(parts.call_rate),
         }
     }
 
@@ -257,15 +263,26 @@ impl Gate {
     /// not cut the call; it runs to its outcome, and only the answer is lost. A clean
     /// stop waits for it; the shutdown deadline may cut it (recovery then finds it).
     ///
-    /// Each such call holds one of the session's slots of calls under way until it
-    /// ends, its client gone or not; one past the session's cap is refused
-    /// `too_many_calls` and one past the instance's `instance_busy`, neither recorded
-    /// nor sent (`slots.rs`).
+    /// A call past the session's pace (`rate.rs`) is refused `rate_limited`. Each other
+    /// call holds one of the session's slots of calls under way until it ends, its
+    /// client gone or not; one past the session's cap is refused `too_many_calls` and
+    /// one past the instance's `instance_busy`, none of them recorded or sent
+    /// (`slots.rs`).
     pub async fn call_to_the_end(
         self: &Arc<Self>,
         scope: &crate::session::SessionScope,
         req: CallRequest,
     ) -> CallReply {
+        if let Some(pace) = &self.pace
+            && let Err(wait) = pace.admit(&scope.session_id, std::time::Instant::now())
+        {
+            let rate = pace.rate();
+            return CallReply::Refused(super::refusal::Refusal::RateLimited {
+                per_second: rate.per_second,
+                burst: rate.burst,
+                retry_after_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1),
+            });
+        }
         let slot = match self.under_way.try_take(&scope.session_id) {
             Ok(slot) => slot,
             Err(super::slots::Full::Session(limit)) => {

@@ -11,6 +11,7 @@ pub mod holds;
 pub mod host;
 mod outcome;
 mod prepare;
+pub mod rate;
 mod read_call;
 pub mod refusal;
 pub mod routes;

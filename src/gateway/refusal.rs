@@ -66,6 +66,18 @@ pub enum Refusal {
          at once: this call was not recorded or sent; send it again in a moment"
     )]
     InstanceBusy { limit: usize },
+    /// The session sends calls faster than `[sessions] calls_per_second` allows (in
+    /// bursts of at most `calls_burst`): this one was neither recorded nor sent.
+    #[error(
+        "this session sends tool calls faster than [sessions] calls_per_second \
+         ({per_second}) allows, in bursts of at most calls_burst ({burst}): this call was \
+         not recorded or sent; send it again in {retry_after_ms} ms"
+    )]
+    RateLimited {
+        per_second: u32,
+        burst: u32,
+        retry_after_ms: u64,
+    },
     /// The call could not be recorded.
     #[error("internal error")]
     Internal,
@@ -86,6 +98,7 @@ impl Refusal {
             Refusal::InFlight(_) => "in_flight",
             Refusal::TooManyCalls { .. } => "too_many_calls",
             Refusal::InstanceBusy { .. } => "instance_busy",
+            Refusal::RateLimited { .. } => "rate_limited",
             Refusal::Internal => "internal",
         }
     }

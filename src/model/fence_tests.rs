@@ -70,6 +70,10 @@ fn gate(db: &Db) -> Arc<Gate> {
         supervisor,
         max_pending_holds: 0,
         max_calls_per_session: 64,
+        call_rate: crate::gateway::rate::CallRate {
+            per_second: 0,
+            burst: 0,
+        },
         instance_id: "inst-a".into(),
         tasks: crate::tasks::Tasks::new(),
     }))

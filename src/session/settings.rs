@@ -32,6 +32,12 @@ pub struct SessionSettings {
     /// held is refused and the session stops with a note (a person takes over). 0
     /// turns the limit off.
     pub max_pending_holds: usize,
+    /// Tool calls of one session a second on average, at most (REST and MCP): a call
+    /// past it is refused `rate_limited`, nothing recorded or sent, so an agent cannot
+    /// spend the providers' shared quotas as fast as it can send. 0 turns it off.
+    pub calls_per_second: u32,
+    /// Tool calls of one session at once past `calls_per_second`: the bucket's size.
+    pub calls_burst: u32,
     /// How long a thread's session lease lasts without renewal (renewed every third of
     /// it), and how fresh an instance's heartbeat must be for its instance id to count
     /// as taken. A session whose owner died is taken over by another instance after at
@@ -59,6 +65,8 @@ impl Default for SessionSettings {
             workspace_bytes: 2 << 30,
             disk_reserve_bytes: 1 << 30,
             max_pending_holds: 20,
+            calls_per_second: 20,
+            calls_burst: 100,
             lease_time: Duration::from_secs(15),
             pool_size: 2,
             pool_refill_per_second: 4,

@@ -25,6 +25,8 @@ mod lease_lapse;
 mod limits;
 #[path = "gateway_e2e/ops.rs"]
 mod ops;
+#[path = "gateway_e2e/pace.rs"]
+mod pace;
 #[path = "gateway_e2e/publish.rs"]
 mod publish;
 #[path = "gateway_e2e/queue.rs"]

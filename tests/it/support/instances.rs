@@ -104,6 +104,8 @@ pub struct InstanceOptions {
     pub agents_dir: Option<PathBuf>,
     /// More config appended to the file (further tables, such as `[stripe]`).
     pub extra: String,
+    /// Lines added to the `[sessions]` table (`calls_per_second = 0` for a bench).
+    pub sessions_extra: String,
     /// The policy file (the repository's `policies/support.yaml` when `None`).
     pub policy_file: Option<PathBuf>,
 }
@@ -115,6 +117,7 @@ impl Default for InstanceOptions {
             memory_bytes: 192 << 20,
             agents_dir: None,
             extra: String::new(),
+            sessions_extra: String::new(),
             policy_file: None,
         }
     }
@@ -175,6 +178,7 @@ pub fn write_config_with(
          workspace_bytes = 0\n\
          disk_reserve_bytes = 0\n\
          pool_size = 0\n\
+         {sessions_extra}\n\
          {store}",
         data = q(&dir.join("data")),
         db = shared.database.top_level_line(),
@@ -195,6 +199,7 @@ pub fn write_config_with(
         max_live = options.max_live,
         secrets = q(&world.secrets_root),
         lease = shared.lease.as_secs(),
+        sessions_extra = options.sessions_extra,
     );
     let text = format!("{text}\n{}", options.extra);
     let path = dir.join(format!("{instance}.toml"));
