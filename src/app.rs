@@ -297,6 +297,11 @@ impl Foundation {
             supervisor,
             max_pending_holds: settings.sessions.max_pending_holds,
             max_calls_per_session: settings.sessions.socket_max_connections.saturating_mul(2),
+            max_calls_in_all: settings
+                .sessions
+                .socket_max_connections
+                .saturating_mul(2)
+                .saturating_mul(settings.sessions.max_live),
             call_rate: crate::gateway::rate::CallRate {
                 per_second: settings.sessions.calls_per_second,
                 burst: settings.sessions.calls_burst,

@@ -350,7 +350,8 @@ pub fn append_after(
 
 /// [`append_after`], also inserting each of `riders` when the lead changed a row: on
 /// Postgres in the same statement (a `WITH` insert of each, reading the lead's row),
-/// elsewhere as statements of their own after the lead's.
+/// elsewhere as statements of their own after the lead's. With no `records` the riders
+/// are statements of their own on Postgres too, which a `Db::write_single` refuses.
 pub fn append_after_with(
     conn: &Conn<'_>,
     (lead, lead_params): (&str, &[&dyn crate::store::ToSql]),

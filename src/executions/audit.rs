@@ -83,8 +83,15 @@ pub fn insert_decided(
             values: vec![&exec.id, key, amount, &now_ms],
         })
         .collect();
-    audit::append_after_with(conn, (&sql, &values), &riders, &records, redactor)?;
-    Ok(())
+    if audit::append_after_with(conn, (&sql, &values), &riders, &records, redactor)? {
+        Ok(())
+    } else {
+        // An insert always adds its row; were it ever to add none, nothing of the
+        // decision may be taken as written.
+        Err(crate::store::SqlError::other(std::io::Error::other(
+            format!("the execution {} was not inserted", exec.id),
+        )))
+    }
 }
 
 /// Inserts `exec` (sent by `runner`) with its `steps`, completed as [`record`] completes

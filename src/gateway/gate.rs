@@ -127,8 +127,9 @@ pub enum CallReply {
 /// instance's cap is [`super::slots::IN_ALL`]).
 pub const TWIN_WAITS_PER_SESSION: usize = 4;
 
-/// Calls under way at most on this instance, all sessions together (each session's own
-/// cap is [`GateParts::max_calls_per_session`]; see `slots.rs`).
+/// Calls under way at most on this instance, all sessions together, when
+/// [`GateParts::max_calls_in_all`] is not larger (each session's own cap is
+/// [`GateParts::max_calls_per_session`]; see `slots.rs`).
 pub const CALLS_IN_ALL: usize = 1024;
 
 /// What the gate is built from (at start, by `app`).
@@ -152,6 +153,10 @@ pub struct GateParts {
     /// socket_max_connections`, as the socket's and the relayed connections are capped
     /// apart.
     pub max_calls_per_session: usize,
+    /// Calls under way at most on the instance: `app` gives the session cap times
+    /// `[sessions] max_live`, so sessions that hang up and call again to their cap
+    /// leave room for every other live one; never below [`CALLS_IN_ALL`].
+    pub max_calls_in_all: usize,
     /// Each session's pace of calls (`[sessions] calls_per_second`, `calls_burst`;
     /// `per_second` 0: no limit).
     pub call_rate: super::rate::CallRate,
@@ -246,7 +251,7 @@ impl Gate {
             )),
             under_way: Arc::new(super::slots::SessionSlots::with_caps(
                 parts.max_calls_per_session,
-                CALLS_IN_ALL,
+                parts.max_calls_in_all.max(CALLS_IN_ALL),
             )),
             pace: super::rate::CallPace::new(parts.call_rate),
         }
@@ -263,26 +268,15 @@ impl Gate {
     /// not cut the call; it runs to its outcome, and only the answer is lost. A clean
     /// stop waits for it; the shutdown deadline may cut it (recovery then finds it).
     ///
-    /// A call past the session's pace (`rate.rs`) is refused `rate_limited`. Each other
-    /// call holds one of the session's slots of calls under way until it ends, its
-    /// client gone or not; one past the session's cap is refused `too_many_calls` and
-    /// one past the instance's `instance_busy`, none of them recorded or sent
-    /// (`slots.rs`).
+    /// Each call holds one of the session's slots of calls under way until it ends,
+    /// its client gone or not; one past the session's cap is refused `too_many_calls`,
+    /// one past the instance's `instance_busy` (`slots.rs`), and one past the session's
+    /// pace `rate_limited` (`rate.rs`), none of them recorded or sent.
     pub async fn call_to_the_end(
         self: &Arc<Self>,
         scope: &crate::session::SessionScope,
         req: CallRequest,
     ) -> CallReply {
-        if let Some(pace) = &self.pace
-            && let Err(wait) = pace.admit(&scope.session_id, std::time::Instant::now())
-        {
-            let rate = pace.rate();
-            return CallReply::Refused(super::refusal::Refusal::RateLimited {
-                per_second: rate.per_second,
-                burst: rate.burst,
-                retry_after_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1),
-            });
-        }
         let slot = match self.under_way.try_take(&scope.session_id) {
             Ok(slot) => slot,
             Err(super::slots::Full::Session(limit)) => {
@@ -292,6 +286,21 @@ impl Gate {
                 return CallReply::Refused(super::refusal::Refusal::InstanceBusy { limit });
             }
         };
+        // After the slot: a call refused for the cap spends none of the session's pace.
+        if let Some(pace) = &self.pace
+            && let Err(wait) = pace.admit(&scope.session_id, std::time::Instant::now())
+        {
+            let rate = pace.rate();
+            // Rounded up: a client that waits as long as it is told is let through.
+            let retry_after_ms = u64::try_from(wait.as_nanos().div_ceil(1_000_000))
+                .unwrap_or(u64::MAX)
+                .max(1);
+            return CallReply::Refused(super::refusal::Refusal::RateLimited {
+                per_second: rate.per_second,
+                burst: rate.burst,
+                retry_after_ms,
+            });
+        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (gate, scope) = (self.clone(), scope.clone());
         self.tasks.spawn(async move {
@@ -301,6 +310,12 @@ impl Gate {
         });
         rx.await
             .unwrap_or(CallReply::Refused(super::refusal::Refusal::Internal))
+    }
+
+    /// Calls of one session under way at most, and of the whole instance (what an
+    /// MCP wait's caps follow too).
+    pub fn call_caps(&self) -> (usize, usize) {
+        (self.under_way.per_session(), self.under_way.in_all())
     }
 
     /// The application's tasks: work spawned here outlives the request that began it,

@@ -26,14 +26,14 @@
 //!   calls on their way to the providers. At most `GateParts::max_calls_per_session`
 //!   of one session (twice the socket's connection cap: the socket's and the relayed
 //!   connections are counted apart, so an agent that waits for its answers never meets
-//!   it) and `gate::CALLS_IN_ALL` of the instance; one past it is refused
-//!   `too_many_calls`, recorded and sent nowhere.
+//!   it) and `GateParts::max_calls_in_all` of the instance (that cap times `[sessions]
+//!   max_live`, at least `gate::CALLS_IN_ALL`); one past it is refused
+//!   `too_many_calls` (`instance_busy`), recorded and sent nowhere.
 //!
 //! - **MCP waits** (`threadgate_wait` and a redeemed request state, `mcp::handler`): rmcp
 //!   runs each request's handler on a task of its own, so a wait whose client hung up
-//!   is ended by the request's cancellation, not by the connection; the cap
-//!   (`mcp::MAX_WAITS_PER_SESSION` of a session, `mcp::MAX_WAITS_IN_ALL` of the
-//!   instance) bounds them should that ever not come.
+//!   is ended by the request's cancellation, not by the connection; the caps (the
+//!   calls' caps above) bound them should that ever not come.
 //!
 //! A slot is freed when it is dropped, whether its work succeeded or not.
 
@@ -124,6 +124,16 @@ impl SessionSlots {
             slots: self.clone(),
             session_id: session_id.clone(),
         })
+    }
+
+    /// Slots of one session at most.
+    pub fn per_session(&self) -> usize {
+        self.per_session
+    }
+
+    /// Slots of the instance at most.
+    pub fn in_all(&self) -> usize {
+        self.in_all
     }
 
     /// How many slots are taken now.

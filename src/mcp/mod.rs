@@ -16,7 +16,7 @@
 //!   (`[mcp] wait_default` when not told), sending progress notifications while it
 //!   waits to a client that gave a progress token. A wait (and a redeemed request
 //!   state's) ends when its client hangs up (rmcp cancels the request), and a session
-//!   has at most [`MAX_WAITS_PER_SESSION`] at once (`too_many_waits`).
+//!   has at most as many at once as it may have calls under way (`too_many_waits`).
 //! - A tool name the catalog does not have is JSON-RPC error -32602 (invalid params),
 //!   as the MCP specification asks; a known tool the gate refuses is an error result.
 //!
@@ -53,20 +53,15 @@ pub const MAX_REQUEST_BYTES: usize = 1 << 20;
 /// The path the MCP endpoint is served at, on the socket and on the runner's bridge.
 pub const MCP_PATH: &str = "/mcp";
 
-/// Waits on an execution (`threadgate_wait`, a redeemed request state) of one session
-/// at once, at most: twice the socket's default connection cap, so an agent that waits
-/// on every connection it may open (the socket's and the relayed, capped apart) never
-/// meets it.
-pub const MAX_WAITS_PER_SESSION: usize = 64;
-/// Waits at once on the whole instance, all sessions together, at most.
-pub const MAX_WAITS_IN_ALL: usize = 1024;
-
 /// The MCP server shared by every session's socket.
 pub struct McpServer {
     pub gate: Arc<Gate>,
     pub sealer: StateSealer,
     pub settings: McpSettings,
-    /// The waits under way, by session ([`MAX_WAITS_PER_SESSION`], [`MAX_WAITS_IN_ALL`]).
+    /// The waits under way, by session: under the same caps as the gate's calls
+    /// under way (twice the socket's connection cap a session, as the socket's and the
+    /// relayed connections are capped apart, so an agent that waits on every
+    /// connection it may open never meets it).
     pub waits: Arc<SessionSlots>,
 }
 
@@ -76,14 +71,12 @@ impl McpServer {
     /// instance opens every other's) and remembering redeemed ones in the gate's
     /// database.
     pub fn new(gate: Arc<Gate>, settings: McpSettings, key: SealingKey) -> McpServer {
+        let (per_session, in_all) = gate.call_caps();
         McpServer {
             sealer: StateSealer::new(key, gate.db().clone(), settings.max_redeemed_per_session),
             gate,
             settings,
-            waits: Arc::new(SessionSlots::with_caps(
-                MAX_WAITS_PER_SESSION,
-                MAX_WAITS_IN_ALL,
-            )),
+            waits: Arc::new(SessionSlots::with_caps(per_session, in_all)),
         }
     }
 }

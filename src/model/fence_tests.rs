@@ -70,6 +70,7 @@ fn gate(db: &Db) -> Arc<Gate> {
         supervisor,
         max_pending_holds: 0,
         max_calls_per_session: 64,
+        max_calls_in_all: 1024,
         call_rate: crate::gateway::rate::CallRate {
             per_second: 0,
             burst: 0,

@@ -11,10 +11,11 @@
 //! value is in what would go upstream either (text parts joined, names rewritten; as
 //! above); and the request's size alone fits the tokens left (at `bytes_per_token`;
 //! else 429 `budget_exhausted` and the stop, before anything is sent). Then the turn is
-//! counted with a reservation of what the call may cost at most (the request's tokens
-//! at the least, plus its `max_tokens`), the call forwarded with retries, the
-//! reservation settled to the tokens the upstream reports (a call that failed or timed
-//! out keeps it) and an audit row written (never the text). The sandbox API runs the
+//! counted with a reservation, an estimate of what the call may cost (the request's
+//! fewest tokens plus its `max_tokens`), the call forwarded with retries, the
+//! reservation settled to the tokens the upstream reports (a call the upstream refused
+//! gives it back; one that failed otherwise or timed out keeps it) and an audit row
+//! written (never the text). The sandbox API runs the
 //! call to its end on the application's tasks ([`ModelProxy::chat_to_the_end`]): a
 //! runner that hangs up loses the answer, not the count.
 
@@ -134,10 +135,16 @@ impl ModelProxy {
         scope: &SessionScope,
         body: Bytes,
     ) -> Result<Value, ProxyError> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (mut tx, rx) = tokio::sync::oneshot::channel();
         let (proxy, scope) = (self.clone(), scope.clone());
         self.gate.tasks().spawn(async move {
-            let _ = tx.send(proxy.chat(place, &scope, body).await);
+            // A call whose runner hung up while it still waited for its turn has begun
+            // nothing: it gives its place up unsent and uncounted.
+            let _serial = tokio::select! {
+                serial = place.turn() => serial,
+                () = tx.closed() => return,
+            };
+            let _ = tx.send(proxy.in_turn(&scope, body).await);
         });
         rx.await.unwrap_or(Err(ProxyError::Internal))
     }
@@ -155,6 +162,11 @@ impl ModelProxy {
         // Parsed only once the call's turn comes: the parsed tree is many times the size
         // of the bytes, and a waiting call must not hold it.
         let _serial = place.turn().await;
+        self.in_turn(scope, body).await
+    }
+
+    /// [`ModelProxy::chat`] once the call's turn has come.
+    async fn in_turn(&self, scope: &SessionScope, body: Bytes) -> Result<Value, ProxyError> {
         let raw: Value = serde_json::from_slice(&body)
             .map_err(|e| ProxyError::BadRequest(format!("the body is not JSON: {e}")))?;
         drop(body);
@@ -193,10 +205,11 @@ impl ModelProxy {
             return Err(ProxyError::BudgetExhausted(why));
         }
         // The turn is counted under the session's lease: a stale owner's call is refused
-        // here, before it goes upstream and before anything is written. It reserves what
-        // the call may cost at most (its request's tokens at the least, and the whole
+        // here, before it goes upstream and before anything is written. It reserves an
+        // estimate of what the call may cost (its request's fewest tokens, and the whole
         // answer it may have), settled to what the upstream reports once it answers: a
-        // call that fails or times out (perhaps billed, attempts included) keeps it.
+        // call the upstream refused gives it back, one that failed otherwise or timed out
+        // (perhaps billed, attempts included) keeps it.
         let reserved = self.least_tokens(wire.len()) + u64::from(request_max_tokens);
         let (s, t, lease) = (
             scope.session_id.clone(),
@@ -292,6 +305,9 @@ impl ModelProxy {
         latency_ms: i64,
         names: ToolNames,
     ) -> Result<Value, ProxyError> {
+        // Refused outright (a 4xx other than 429, or no key to send with): nothing
+        // was billed.
+        let refused = matches!(sent, Err(UpstreamError::Refused(_)));
         let (outcome, tokens, answer) = match sent {
             Ok(Answered {
                 mut answer,
@@ -305,7 +321,7 @@ impl ModelProxy {
                 );
                 (outcome, u.total(), Ok(answer))
             }
-            Err(UpstreamError::Failed(e)) => {
+            Err(UpstreamError::Failed(e) | UpstreamError::Refused(e)) => {
                 ("upstream_error".into(), 0, Err(ProxyError::Upstream(e)))
             }
             Err(UpstreamError::Malformed(e)) => (
@@ -316,14 +332,15 @@ impl ModelProxy {
         };
         let took = std::time::Duration::from_millis(latency_ms.max(0) as u64);
         crate::metrics::model_call(&agent.model, tokens, took, answer.is_ok());
-        // What the upstream reported replaces the reservation; a call that did not
-        // answer keeps it (the upstream may have billed what it began).
+        // What the upstream reported replaces the reservation; a call it refused gives
+        // it back; any other that did not answer keeps it (the upstream may have billed
+        // what it began).
+        let reserved_signed = i64::try_from(reserved).unwrap_or(i64::MAX);
         let (counted, delta) = if answer.is_ok() {
             let used = i64::try_from(tokens).unwrap_or(i64::MAX);
-            (
-                tokens,
-                used.saturating_sub(i64::try_from(reserved).unwrap_or(i64::MAX)),
-            )
+            (tokens, used.saturating_sub(reserved_signed))
+        } else if refused {
+            (0, -reserved_signed)
         } else {
             (reserved, 0)
         };

@@ -23,9 +23,14 @@ use crate::secrets::{Redactor, SecretString};
 /// Why no answer came back.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
-    /// The upstream failed (after the retries, or with an error not worth retrying).
+    /// The upstream failed (after the retries, or with an error not worth retrying):
+    /// it may have billed what it began.
     #[error("{0}")]
     Failed(String),
+    /// The upstream refused the request outright (a 4xx other than 429), or there was
+    /// no key to send it with: nothing was billed.
+    #[error("{0}")]
+    Refused(String),
     /// The upstream answered, but not with a usable answer.
     #[error("{0}")]
     Malformed(String),
@@ -179,7 +184,7 @@ impl Upstream {
             Err(_) if self.settings.provider == Provider::Scripted => Ok(None),
             Err(e) => {
                 tracing::warn!(secret = %self.settings.key_secret, error = %e, "no model key");
-                Err(UpstreamError::Failed(format!(
+                Err(UpstreamError::Refused(format!(
                     "no model key is stored under {:?} (threadgate secrets set {})",
                     self.settings.key_secret, self.settings.key_secret
                 )))
@@ -242,7 +247,7 @@ impl Upstream {
         }
         if !status.is_success() {
             let text = String::from_utf8_lossy(body.get(..300).unwrap_or(&body)).into_owned();
-            return Attempt::Done(Err(UpstreamError::Failed(format!(
+            return Attempt::Done(Err(UpstreamError::Refused(format!(
                 "the model upstream refused the request: HTTP {status}: {text}"
             ))));
         }
@@ -267,6 +272,7 @@ impl Upstream {
 fn clean(e: UpstreamError, redactor: &Redactor) -> UpstreamError {
     match e {
         UpstreamError::Failed(t) => UpstreamError::Failed(redactor.redact(&t).into_owned()),
+        UpstreamError::Refused(t) => UpstreamError::Refused(redactor.redact(&t).into_owned()),
         UpstreamError::Malformed(t) => UpstreamError::Malformed(redactor.redact(&t).into_owned()),
     }
 }

@@ -80,7 +80,7 @@ pub async fn start(
         parts,
         handshake_timeout: settings.handshake_timeout,
         slots: Arc::new(Semaphore::new(settings.max_connections)),
-        per_address: Arc::new(PerAddress::new(settings.max_connections_per_address)),
+        per_address: Arc::new(PerAddress::exact(settings.max_connections_per_address)),
     };
     let stopping = tasks.stopping();
     tasks.spawn(served.serve(listener, stopping));

@@ -35,7 +35,8 @@ pub struct RelaySettings {
     /// Open connections at most on the listener, from every relay together (each
     /// session also has its socket's cap, `sessions.socket_max_connections`).
     pub max_connections: usize,
-    /// Open connections at most from one address (an IPv6 /64 counts as one), counted
+    /// Open connections at most from one address (each IPv6 address alone: a node's
+    /// pods may share a /64), counted
     /// from the moment each is accepted, so one pod (its agent shares its network)
     /// cannot fill the listener with connections that never finish their handshake; 0
     /// turns it off (pods whose traffic reaches the gateway from one translated

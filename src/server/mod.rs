@@ -227,6 +227,8 @@ where
 /// the relay listener's).
 pub(crate) struct PerAddress {
     cap: usize,
+    /// Whether an IPv6 address counts alone, not by its /64 ([`address_key`]).
+    exact: bool,
     open: Mutex<HashMap<IpAddr, usize>>,
 }
 
@@ -241,13 +243,26 @@ impl PerAddress {
     pub(crate) fn new(cap: usize) -> PerAddress {
         PerAddress {
             cap,
+            exact: false,
             open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// At most `cap` open connections per exact address (an IPv6 address alone, not
+    /// its /64): for peers that are pods, a node's pods sharing one /64.
+    pub(crate) fn exact(cap: usize) -> PerAddress {
+        PerAddress {
+            exact: true,
+            ..PerAddress::new(cap)
         }
     }
 
     /// A place for a connection from `peer`, or `None` when its address has `cap` open.
     pub(crate) fn admit(self: &Arc<Self>, peer: Option<SocketAddr>) -> Option<AddressShare> {
-        let key = peer.filter(|_| self.cap > 0).map(|p| address_key(p.ip()));
+        let key = peer.filter(|_| self.cap > 0).map(|p| match p.ip() {
+            IpAddr::V6(v6) if self.exact => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+            ip => address_key(ip),
+        });
         if let Some(key) = key {
             let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
             let count = open.entry(key).or_insert(0);
@@ -365,6 +380,25 @@ mod tests {
 
     fn addr(text: &str) -> Option<SocketAddr> {
         Some(text.parse().expect("address"))
+    }
+
+    #[test]
+    fn exact_addresses_do_not_share_their_slash_64() {
+        let by_net = Arc::new(PerAddress::new(1));
+        let _a = by_net.admit(addr("[fd00::1]:1000")).expect("first");
+        assert!(by_net.admit(addr("[fd00::2]:1000")).is_none(), "one /64");
+        let exact = Arc::new(PerAddress::exact(1));
+        let _a = exact.admit(addr("[fd00::1]:1000")).expect("first");
+        assert!(exact.admit(addr("[fd00::2]:1000")).is_some(), "another pod");
+        assert!(
+            exact.admit(addr("[fd00::1]:1001")).is_none(),
+            "the same pod"
+        );
+        let _v4 = exact.admit(addr("10.0.0.1:1")).expect("v4");
+        assert!(
+            exact.admit(addr("[::ffff:10.0.0.1]:2")).is_none(),
+            "mapped IPv4 is the IPv4"
+        );
     }
 
     #[test]

@@ -38,6 +38,7 @@
 //! kept in [`Seen::at`], so a test can check the wait without timing anything itself); `[scripted:slow:MS]` waits MS
 //! before answering; `[scripted:tokens:N]` reports N prompt tokens;
 //! `[scripted:malformed]` answers 200 with a body that is not JSON;
+//! `[scripted:refuse400]` answers 400 (a refusal: nothing billed);
 //! `[scripted:nousage]` answers without `usage`.
 
 mod bug_report;
@@ -281,6 +282,9 @@ async fn answer(
     }
     if scenarios::directive(&request, "flaky500").is_some_and(|n| attempt <= n) {
         return (StatusCode::SERVICE_UNAVAILABLE, "unavailable (scripted)").into_response();
+    }
+    if scenarios::flag(&request, "refuse400") {
+        return (StatusCode::BAD_REQUEST, "the request is refused (scripted)").into_response();
     }
     let step = if scenarios::flag(&request, "malformed") {
         Step::NotJson

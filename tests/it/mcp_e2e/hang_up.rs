@@ -3,8 +3,8 @@
 //! connection goes, so a wait that did not watch it ran on to its timeout (up to
 //! 300 s, reading the execution every second) with nobody to answer, and an agent that
 //! sent waits and hung up could keep any number of them: the socket's connection cap
-//! never saw them. Now each wait watches the token, and a session has at most
-//! `mcp::MAX_WAITS_PER_SESSION` at once.
+//! never saw them. Now each wait watches the token, and a session has at most as many
+//! at once as it may have calls under way.
 
 use std::time::Duration;
 
@@ -16,9 +16,10 @@ use crate::support::logs::captured_text;
 use crate::support::wait::eventually_within;
 use crate::support::world::World;
 
-/// Waits sent and cut, in all: more than one session may have at once, so were a cut
-/// wait still running, the last ones would be refused and the final wait too.
-const CUT: usize = threadgate::mcp::MAX_WAITS_PER_SESSION + 6;
+/// Waits sent and cut, in all: more than one session may have at once (twice the
+/// socket's 32 connections), so were a cut wait still running, the last ones would be
+/// refused and the final wait too.
+const CUT: usize = 2 * 32 + 6;
 /// Waits cut together, in each round.
 const AT_ONCE: usize = 10;
 

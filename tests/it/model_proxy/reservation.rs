@@ -2,8 +2,10 @@
 //! answer. Each turn reserves what it may cost at most (its request's tokens at the
 //! least, and the whole answer it may have) before it goes upstream; the tokens the
 //! upstream reports replace the reservation. A call that fails or times out keeps it:
-//! the upstream may have billed what it began. And a runner that hangs up mid-call no
-//! longer cuts it: the call runs to its answer, which is counted and audited.
+//! the upstream may have billed what it began; one the upstream refused outright (a
+//! 4xx other than 429) gives it back. And a runner that hangs up mid-call no longer
+//! cuts it: the call runs to its answer, which is counted and audited; one that hangs
+//! up while its call still waits for its turn has it given up, unsent.
 //!
 //! Before, a call counted only the tokens its answer reported: a call that timed out
 //! (each of its attempts perhaps billed) counted 0, and one whose runner hung up was
@@ -149,6 +151,67 @@ async fn a_call_whose_runner_hangs_up_runs_to_its_answer_and_is_counted() {
     // And the session goes on.
     let (status, answer) = chat(&s, customer_says("charged twice")).await;
     assert_eq!(status, 200, "{answer}");
+    assert_eq!(model_calls(&app).await.len(), 2);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_the_upstream_refuses_gives_its_reservation_back() {
+    let mw = ModelWorld::new(Provider::Openai).await;
+    let app = mw.world.start().await;
+    let s = mw
+        .world
+        .customer_session(&app, "refused@example.com", &[900])
+        .await
+        .session;
+    let (status, answer) = chat(&s, customer_says("[scripted:refuse400] charged twice")).await;
+    assert_eq!(status, 502, "{answer}");
+    assert_eq!(tokens_used(&app, &s).await, 0, "nothing was billed");
+    let calls = model_calls(&app).await;
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].0["tokens"].as_u64(), Some(0), "{}", calls[0].0);
+    assert!(calls[0].0["reserved"].as_u64().is_some_and(|r| r > 0));
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_runner_hangs_up_before_its_turn_is_never_sent() {
+    let mw = ModelWorld::new(Provider::Openai).await;
+    let app = mw.world.start().await;
+    let s = mw
+        .world
+        .customer_session(&app, "queued@example.com", &[900])
+        .await
+        .session;
+    // A slow call runs; a second waits behind it, and its runner hangs up.
+    let first = {
+        let s = s.clone();
+        tokio::spawn(async move { chat(&s, customer_says("[scripted:slow:1500] first")).await })
+    };
+    eventually_within(
+        Duration::from_secs(30),
+        "the first call reached the model",
+        || async { mw.model.seen().len() == 1 },
+    )
+    .await;
+    let second = {
+        let s = s.clone();
+        tokio::spawn(async move { chat(&s, customer_says("second")).await })
+    };
+    // Time for the second to take its place in the queue (were it not queued yet, it
+    // would never be sent either, and the test would prove less, not fail).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    second.abort();
+    assert!(second.await.is_err_and(|e| e.is_cancelled()));
+    let (status, answer) = first.await.expect("the first call");
+    assert_eq!(status, 200, "{answer}");
+
+    // A third call runs after both: the cut one, queued before it, would have reached
+    // the model first. Only the first and the third did.
+    let (status, answer) = chat(&s, customer_says("third")).await;
+    assert_eq!(status, 200, "{answer}");
+    let seen = mw.model.seen();
+    assert_eq!(seen.len(), 2, "the cut call was never sent");
     assert_eq!(model_calls(&app).await.len(), 2);
     app.stop().await;
 }
