@@ -120,6 +120,17 @@ pub(crate) async fn call(client: &Client, tool: &str, args: Value) -> CallToolRe
     }
 }
 
+/// Asks over MCP for a refund of `amount` on `charge` that the shipped policy holds
+/// (`requested_by_customer`) and answers the held execution's id; panics unless it is
+/// held.
+pub(crate) async fn held_refund(client: &Client, charge: &str, amount: u64) -> String {
+    let args =
+        serde_json::json!({"charge": charge, "amount": amount, "reason": "requested_by_customer"});
+    let held = body(&call(client, "stripe.create_refund", args).await);
+    assert_eq!(held["status"], "pending_approval", "{held}");
+    held["execution_id"].as_str().expect("id").to_owned()
+}
+
 /// The structured content of a result.
 pub(crate) fn body(result: &CallToolResult) -> Value {
     result.structured_content.clone().unwrap_or(Value::Null)

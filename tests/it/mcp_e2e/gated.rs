@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use super::client::{body, call, connect, raw_post, text};
+use super::client::{body, call, connect, held_refund, raw_post, text};
 use crate::support::plain::plain_id;
 use crate::support::world::{STRIPE_KEY, World, refunds};
 
@@ -244,10 +244,7 @@ async fn a_wait_is_bounded_by_the_approvals_ttl() {
         .customer_session(&app, "ada@example.com", &[5000])
         .await;
     let client = connect(&ada.session.socket, false).await;
-    let args = json!({"charge": ada.charges[0], "amount": 1000, "reason": "requested_by_customer"});
-    let held = body(&call(&client, "stripe.create_refund", args).await);
-    assert_eq!(held["status"], "pending_approval", "{held}");
-    let id = held["execution_id"].as_str().expect("id").to_owned();
+    let id = held_refund(&client, &ada.charges[0], 1000).await;
     let started = std::time::Instant::now();
     let waited = call(
         &client,

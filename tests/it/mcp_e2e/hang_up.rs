@@ -11,7 +11,7 @@ use std::time::Duration;
 use rmcp::model::{CallToolRequestParams, CallToolResponse};
 use serde_json::{Value, json};
 
-use super::client::{body, call, connect, connect_with_progress};
+use super::client::{body, connect, connect_with_progress, held_refund};
 use crate::support::logs::captured_text;
 use crate::support::wait::eventually_within;
 use crate::support::world::World;
@@ -31,10 +31,7 @@ async fn a_wait_whose_client_hangs_up_ends_and_frees_its_place() {
         .customer_session(&app, "ada@example.com", &[5000])
         .await;
     let client = connect(&ada.session.socket, false).await;
-    let args = json!({"charge": ada.charges[0], "amount": 1000, "reason": "requested_by_customer"});
-    let held = body(&call(&client, "stripe.create_refund", args).await);
-    assert_eq!(held["status"], "pending_approval", "{held}");
-    let id = held["execution_id"].as_str().expect("id").to_owned();
+    let id = held_refund(&client, &ada.charges[0], 1000).await;
     let ended = || {
         captured_text()
             .lines()

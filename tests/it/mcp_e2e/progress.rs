@@ -8,7 +8,7 @@ use std::time::Duration;
 use rmcp::model::{CallToolRequestParams, CallToolResponse};
 use serde_json::{Value, json};
 
-use super::client::{body, call, connect, connect_with_progress};
+use super::client::{body, connect, connect_with_progress, held_refund};
 use crate::support::world::{World, refunds};
 
 /// A liveness guard only: nothing here measures time.
@@ -22,10 +22,7 @@ async fn a_wait_with_a_progress_token_reports_progress_until_its_result() {
         .customer_session(&app, "ada@example.com", &[5000])
         .await;
     let client = connect(&ada.session.socket, false).await;
-    let args = json!({"charge": ada.charges[0], "amount": 1000, "reason": "requested_by_customer"});
-    let held = body(&call(&client, "stripe.create_refund", args).await);
-    assert_eq!(held["status"], "pending_approval", "{held}");
-    let id = held["execution_id"].as_str().expect("id").to_owned();
+    let id = held_refund(&client, &ada.charges[0], 1000).await;
 
     let (waiting, mut progress) = connect_with_progress(&ada.session.socket).await;
     let Value::Object(wait_args) = json!({"execution_id": id, "timeout_seconds": 60}) else {
